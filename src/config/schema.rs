@@ -1,0 +1,75 @@
+//! The config schema as read from a file, before validation.
+//!
+//! divvy's JSON schema is `{ "overrides": [rule...], "default": rule }`; YAML
+//! is a superset of JSON, so YAML files use that same schema, and the INI
+//! reader produces it too. Unknown fields are errors, so a typo cannot
+//! silently disable a limit.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+/// A whole config file: the ordered override rules, then the default rule.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    /// Rules in order of precedence.
+    #[serde(default)]
+    pub overrides: Vec<RawRule>,
+    /// The rule that matches every request no override matched.
+    pub default: Option<RawRule>,
+}
+
+/// One rule as written.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RawRule {
+    /// Keys the request must carry, with exact or glob values.
+    #[serde(default)]
+    pub operation: BTreeMap<String, Scalar>,
+    /// Credits per window; 0 denies everything.
+    pub credit_limit: Option<Scalar>,
+    /// Window length: integer seconds or a duration such as `90s`, `1m`, `1h`, `1d`.
+    pub reset_seconds: Option<Scalar>,
+    /// Request key whose value selects a separate counter (the actor).
+    pub actor_field: Option<String>,
+    /// `stop` (default) or `canary`.
+    pub match_policy: Option<String>,
+    /// A unique name for metrics and logs.
+    pub label: Option<String>,
+    /// Free text.
+    pub comment: Option<String>,
+    /// The Envoy domain(s) this rule applies to (glob allowed); absent means every domain.
+    pub domain: Option<String>,
+}
+
+/// A scalar value from YAML, JSON or INI: numbers and booleans are accepted
+/// where a string is expected (`foo: 3` in an operation), and strings where a
+/// number is expected (INI has only strings), then checked by the validator.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(untagged)]
+pub enum Scalar {
+    /// A non-negative integer.
+    UInt(u64),
+    /// A negative integer.
+    Int(i64),
+    /// A number with a fraction.
+    Float(f64),
+    /// `true` or `false`.
+    Bool(bool),
+    /// Text.
+    Str(String),
+}
+
+impl Scalar {
+    /// The value as the text a request would carry.
+    pub fn to_text(&self) -> String {
+        match self {
+            Scalar::UInt(n) => n.to_string(),
+            Scalar::Int(n) => n.to_string(),
+            Scalar::Float(f) => f.to_string(),
+            Scalar::Bool(b) => b.to_string(),
+            Scalar::Str(s) => s.clone(),
+        }
+    }
+}

@@ -1,0 +1,376 @@
+//! Turns a [`RawConfig`] into a validated [`Policy`], collecting every problem.
+//!
+//! Checks, as divvy performs them: numbers, labels, matchPolicy, a default
+//! rule, and unreachable rules. A rule is unreachable when an earlier `stop`
+//! rule matches every request it could match (same or broader domain, a
+//! subset of its keys, each value covering its value). The check is sound:
+//! it never rejects a reachable rule (see [`Pattern::covers`]).
+
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+
+use super::duration::parse_seconds;
+use super::schema::{RawConfig, RawRule, Scalar};
+use crate::rules::glob::Pattern;
+
+/// Longest window accepted: 100 years of 365 days.
+pub const MAX_RESET_SECONDS: u64 = 100 * 365 * 86_400;
+/// Largest credit limit accepted (fits a Redis integer).
+pub const MAX_CREDIT_LIMIT: u64 = i64::MAX as u64;
+
+/// Whether a matching rule decides or only counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MatchPolicy {
+    /// The first matching stop rule decides.
+    Stop,
+    /// Counted and charged, never decides.
+    Canary,
+}
+
+impl MatchPolicy {
+    /// The config spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MatchPolicy::Stop => "stop",
+            MatchPolicy::Canary => "canary",
+        }
+    }
+}
+
+/// A validated rule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuleSpec {
+    /// 1-based position in the file; the default rule comes last.
+    pub position: usize,
+    /// Whether this is the default (catch-all) rule.
+    pub is_default: bool,
+    /// Required request keys and their values (exact or glob), sorted by key.
+    pub operation: Vec<(String, String)>,
+    /// Credits per window; 0 denies everything.
+    pub credit_limit: u64,
+    /// Window in seconds; 0 with a positive limit allows everything.
+    pub reset_seconds: u64,
+    /// The request key naming the actor, if counters are per actor.
+    pub actor_field: Option<String>,
+    /// stop or canary.
+    pub match_policy: MatchPolicy,
+    /// Unique name.
+    pub label: Option<String>,
+    /// Free text.
+    pub comment: Option<String>,
+    /// Envoy domain pattern; `None` applies to every domain and to line-protocol HITs.
+    pub domain: Option<String>,
+}
+
+impl RuleSpec {
+    /// The operation as divvy writes it: `k=v` pairs sorted by key, joined by one space.
+    pub fn operation_text(&self) -> String {
+        let mut out = String::new();
+        for (i, (k, v)) in self.operation.iter().enumerate() {
+            if i > 0 {
+                out.push(' ');
+            }
+            out.push_str(k);
+            out.push('=');
+            out.push_str(v);
+        }
+        out
+    }
+}
+
+impl fmt::Display for RuleSpec {
+    /// `rule #3 (label cookies)`, `rule #3 (method=GET path=/x)` or `the default rule (#6)`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.is_default {
+            return write!(f, "the default rule (#{})", self.position);
+        }
+        write!(f, "rule #{} (", self.position)?;
+        match &self.label {
+            Some(label) => write!(f, "label {label}")?,
+            None => write!(f, "{}", self.operation_text())?,
+        }
+        if let Some(d) = &self.domain {
+            write!(f, ", domain {d}")?;
+        }
+        write!(f, ")")
+    }
+}
+
+/// A validated policy: override rules in order, the default rule last.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Policy {
+    /// Where it came from (for messages and the admin API).
+    pub source: String,
+    /// The rules; the last one is the default.
+    pub rules: Vec<RuleSpec>,
+}
+
+/// Validates `raw`, returning every problem found.
+pub fn validate(raw: RawConfig, file: &str) -> Result<Policy, Vec<String>> {
+    let mut problems = Vec::new();
+    let mut rules = Vec::new();
+    let count = raw.overrides.len();
+    let mut entries: Vec<(RawRule, bool)> = raw.overrides.into_iter().map(|r| (r, false)).collect();
+    match raw.default {
+        Some(d) => entries.push((d, true)),
+        None => problems.push(
+            "the config must end with a default rule (`default:` in YAML or JSON, `[default]` in INI)"
+                .to_owned(),
+        ),
+    }
+    for (idx, (raw_rule, is_default)) in entries.into_iter().enumerate() {
+        let position = idx + 1;
+        let name = if is_default {
+            format!("the default rule (#{position})")
+        } else {
+            format!("rule #{position}")
+        };
+        if let Some(rule) = check_rule(raw_rule, position, is_default, &name, &mut problems) {
+            rules.push(rule);
+        }
+    }
+    debug_assert!(rules.len() <= count + 1);
+    check_labels(&rules, &mut problems);
+    check_reachability(&rules, &mut problems);
+    if problems.is_empty() {
+        Ok(Policy {
+            source: file.to_owned(),
+            rules,
+        })
+    } else {
+        Err(problems)
+    }
+}
+
+fn check_rule(
+    raw: RawRule,
+    position: usize,
+    is_default: bool,
+    name: &str,
+    problems: &mut Vec<String>,
+) -> Option<RuleSpec> {
+    let before = problems.len();
+    let mut operation: Vec<(String, String)> = raw
+        .operation
+        .iter()
+        .map(|(k, v)| (k.clone(), v.to_text()))
+        .collect();
+    operation.sort();
+    // Name the rule by its label or operation in every message about it.
+    let who = match (&raw.label, operation.is_empty()) {
+        (Some(l), _) => format!("{name} (label {l})"),
+        (None, false) => format!(
+            "{name} ({})",
+            operation
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        ),
+        (None, true) => name.to_owned(),
+    };
+    if is_default && !operation.is_empty() {
+        problems.push(format!(
+            "{who}: the default rule must have an empty operation"
+        ));
+    }
+    let credit_limit = match &raw.credit_limit {
+        None => {
+            problems.push(format!("{who}: creditLimit is required"));
+            0
+        }
+        Some(v) => match integer(v, false) {
+            Some(n) if n <= MAX_CREDIT_LIMIT => n,
+            _ => {
+                problems.push(format!(
+                    "{who}: creditLimit must be a non-negative integer, found {}",
+                    show(v)
+                ));
+                0
+            }
+        },
+    };
+    let reset_seconds = match &raw.reset_seconds {
+        None if credit_limit > 0 => {
+            problems.push(format!(
+                "{who}: resetSeconds is required when creditLimit > 0 (write 0 explicitly for always-allow)"
+            ));
+            0
+        }
+        None => 0,
+        Some(v) => match integer(v, true) {
+            Some(n) if n <= MAX_RESET_SECONDS => n,
+            _ => {
+                problems.push(format!(
+                    "{who}: resetSeconds must be a non-negative integer number of seconds or a duration such as 90s, 1m, 1h, 1d (at most 100 years), found {}",
+                    show(v)
+                ));
+                0
+            }
+        },
+    };
+    let match_policy = match raw.match_policy.as_deref() {
+        None | Some("stop") => MatchPolicy::Stop,
+        Some("canary") => MatchPolicy::Canary,
+        Some(other) => {
+            problems.push(format!(
+                "{who}: matchPolicy must be `stop` or `canary`, found `{other}`"
+            ));
+            MatchPolicy::Stop
+        }
+    };
+    if is_default && match_policy == MatchPolicy::Canary {
+        problems.push(format!("{who}: the default rule cannot be a canary"));
+    }
+    if let Some(label) = &raw.label {
+        let ok = !label.is_empty()
+            && label.len() <= 255
+            && label
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+        if !ok {
+            problems.push(format!(
+                "{who}: label `{label}` must be 1 to 255 characters of A-Z, a-z, 0-9, _ and -"
+            ));
+        }
+    }
+    match raw.domain.as_deref() {
+        Some("") => problems.push(format!(
+            "{who}: domain must not be empty (omit it to apply the rule to every domain)"
+        )),
+        Some(_) if is_default => problems.push(format!(
+            "{who}: the default rule applies to every domain and cannot name one"
+        )),
+        _ => {}
+    }
+    if problems.len() > before {
+        return None;
+    }
+    Some(RuleSpec {
+        position,
+        is_default,
+        operation,
+        credit_limit,
+        reset_seconds,
+        actor_field: raw.actor_field.filter(|a| !a.is_empty()),
+        match_policy,
+        label: raw.label,
+        comment: raw.comment,
+        domain: raw.domain,
+    })
+}
+
+/// A non-negative integer; strings are parsed (INI), as durations if allowed.
+fn integer(v: &Scalar, duration: bool) -> Option<u64> {
+    match v {
+        Scalar::UInt(n) => Some(*n),
+        Scalar::Str(s) if duration => parse_seconds(s),
+        Scalar::Str(s) => {
+            let s = s.trim();
+            if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
+                s.parse().ok()
+            } else {
+                None
+            }
+        }
+        _ => None,
+    }
+}
+
+fn show(v: &Scalar) -> String {
+    match v {
+        Scalar::Str(s) => format!("`{s}`"),
+        other => other.to_text(),
+    }
+}
+
+fn check_labels(rules: &[RuleSpec], problems: &mut Vec<String>) {
+    let mut seen: HashMap<&str, &RuleSpec> = HashMap::new();
+    for rule in rules {
+        if let Some(label) = rule.label.as_deref() {
+            if let Some(first) = seen.insert(label, rule) {
+                problems.push(format!(
+                    "{rule}: label {label} is already used by {first}; labels must be unique"
+                ));
+            }
+        }
+    }
+}
+
+/// Reports every rule that an earlier stop rule masks.
+///
+/// An earlier rule A can mask B only if each of A's exact values appears in
+/// B as the same exact value, so stop rules are indexed by one of their exact
+/// pairs and B is only compared with the rules indexed under its own exact
+/// pairs plus those with no exact pair: large policies stay fast to check.
+fn check_reachability(rules: &[RuleSpec], problems: &mut Vec<String>) {
+    let compiled: Vec<Vec<(&str, Pattern)>> = rules
+        .iter()
+        .map(|r| {
+            r.operation
+                .iter()
+                .map(|(k, v)| (k.as_str(), Pattern::new(v)))
+                .collect()
+        })
+        .collect();
+    let domains: Vec<Option<Pattern>> = rules
+        .iter()
+        .map(|r| r.domain.as_deref().map(Pattern::new))
+        .collect();
+    let mut by_pair: HashMap<(&str, &str), Vec<usize>> = HashMap::new();
+    let mut unindexed: Vec<usize> = Vec::new();
+    for (b, rule) in rules.iter().enumerate() {
+        // Candidates: earlier stop rules whose index pair B also has exactly.
+        let mut candidates: Vec<usize> = unindexed.clone();
+        let mut seen = HashSet::new();
+        for (k, p) in &compiled[b] {
+            if let Pattern::Exact(v) = p {
+                if seen.insert((*k, v.as_str())) {
+                    if let Some(list) = by_pair.get(&(*k, v.as_str())) {
+                        candidates.extend(list);
+                    }
+                }
+            }
+        }
+        candidates.sort_unstable();
+        if let Some(&a) = candidates
+            .iter()
+            .find(|&&a| masks(&compiled[a], &domains[a], &compiled[b], &domains[b]))
+        {
+            problems.push(format!(
+                "{rule} is unreachable: the earlier stop {} matches every request it could match",
+                rules[a]
+            ));
+        }
+        if rule.match_policy == MatchPolicy::Stop {
+            let first_exact = compiled[b].iter().find_map(|(k, p)| match p {
+                Pattern::Exact(v) => Some((*k, v.as_str())),
+                _ => None,
+            });
+            match first_exact {
+                Some(pair) => by_pair.entry(pair).or_default().push(b),
+                None => unindexed.push(b),
+            }
+        }
+    }
+}
+
+/// Whether stop rule A matches every request rule B could match.
+fn masks(
+    a: &[(&str, Pattern)],
+    a_domain: &Option<Pattern>,
+    b: &[(&str, Pattern)],
+    b_domain: &Option<Pattern>,
+) -> bool {
+    let domain_ok = match (a_domain, b_domain) {
+        (None, _) => true,
+        (Some(_), None) => false,
+        (Some(pa), Some(pb)) => pa.covers(pb),
+    };
+    domain_ok
+        && a.iter().all(|(ka, pa)| {
+            b.iter()
+                .find(|(kb, _)| kb == ka)
+                .is_some_and(|(_, pb)| pa.covers(pb))
+        })
+}

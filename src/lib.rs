@@ -1,0 +1,11 @@
+//! Divvy: a global rate-limit service.
+//!
+//! One policy of ordered divvy-style rules ([`config`], [`rules`]), one core
+//! that applies it to counters ([`limiter`], [`store`]), and thin protocol
+//! adapters ([`server`]).
+
+pub mod config;
+pub mod limiter;
+pub mod rules;
+pub mod server;
+pub mod store;

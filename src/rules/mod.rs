@@ -1,0 +1,322 @@
+//! The compiled, immutable rule set and matching.
+//!
+//! A [`RuleSet`] is built once from a validated [`Policy`] and then shared
+//! (through `ArcSwap`) by every request. Matching an [`Operation`] yields a
+//! [`MatchPlan`]: the canary rules that match, in order, up to the first
+//! matching stop rule, which decides. Rules with an exact value are indexed
+//! by one (key, value) pair, the rarest one in the policy, so a descriptor is
+//! only compared with rules that share one of its exact pairs plus the rules
+//! that have no exact value at all.
+
+pub mod glob;
+pub mod operation;
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+
+use crate::config::{MatchPolicy, Policy, RuleSpec};
+use glob::Pattern;
+pub use operation::Operation;
+
+/// A compiled rule.
+#[derive(Debug, Clone)]
+pub struct Rule {
+    /// The rule as validated.
+    pub spec: RuleSpec,
+    matchers: Vec<(String, Pattern)>,
+    domain: Option<Pattern>,
+    /// `divvy:<operation>:` (or `divvy@<domain>:<operation>:` for a domain rule).
+    key_prefix: String,
+}
+
+impl Rule {
+    fn compile(spec: RuleSpec) -> Rule {
+        let matchers = spec
+            .operation
+            .iter()
+            .map(|(k, v)| (k.clone(), Pattern::new(v)))
+            .collect();
+        let domain = spec.domain.as_deref().map(Pattern::new);
+        let key_prefix = match &spec.domain {
+            None => format!("divvy:{}:", spec.operation_text()),
+            Some(d) => format!("divvy@{d}:{}:", spec.operation_text()),
+        };
+        Rule {
+            spec,
+            matchers,
+            domain,
+            key_prefix,
+        }
+    }
+
+    /// Whether this rule applies to `op` in `domain` (`None`: a line-protocol HIT).
+    pub fn matches(&self, domain: Option<&str>, op: &Operation) -> bool {
+        let domain_ok = match (&self.domain, domain) {
+            (None, _) => true,
+            (Some(_), None) => false,
+            (Some(p), Some(d)) => p.matches(d),
+        };
+        domain_ok
+            && self
+                .matchers
+                .iter()
+                .all(|(k, p)| op.get(k).is_some_and(|v| p.matches(v)))
+    }
+
+    /// The actor of `op` for this rule: the value of `actorField`, or "" when
+    /// the rule has none or the request lacks the key.
+    pub fn actor<'a>(&self, op: &'a Operation) -> &'a str {
+        self.spec
+            .actor_field
+            .as_deref()
+            .and_then(|f| op.get(f))
+            .unwrap_or("")
+    }
+
+    /// The counter key, in divvy's Redis key shape:
+    /// `divvy:<operation>:<actor>:<creditLimit>:<resetSeconds>`.
+    /// Rules with a domain use `divvy@<domain>:...` so that equal operations
+    /// in different domains never share a counter.
+    pub fn counter_key(&self, op: &Operation, credit_limit: u64, reset_seconds: u64) -> String {
+        let actor = self.actor(op);
+        let mut key = String::with_capacity(self.key_prefix.len() + actor.len() + 24);
+        key.push_str(&self.key_prefix);
+        key.push_str(actor);
+        // Writing to a String cannot fail.
+        let _ = write!(key, ":{credit_limit}:{reset_seconds}");
+        key
+    }
+
+    /// Whether this rule only counts and never decides.
+    pub fn is_canary(&self) -> bool {
+        self.spec.match_policy == MatchPolicy::Canary
+    }
+}
+
+/// The rules that apply to one operation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MatchPlan {
+    /// Indices of matching canary rules before the decider, in order.
+    pub canaries: Vec<usize>,
+    /// Index of the first matching stop rule (the default when nothing else matches).
+    pub decider: usize,
+}
+
+/// The compiled rule set.
+#[derive(Debug)]
+pub struct RuleSet {
+    rules: Vec<Rule>,
+    /// key → value → indices of rules indexed under that exact pair (ascending).
+    by_pair: HashMap<String, HashMap<String, Vec<usize>>>,
+    /// Indices of rules with no exact value (ascending), the default among them.
+    unindexed: Vec<usize>,
+    /// Where the policy came from.
+    source: String,
+}
+
+impl RuleSet {
+    /// Compiles a validated policy. The policy's last rule is the default.
+    pub fn new(policy: Policy) -> RuleSet {
+        let rules: Vec<Rule> = policy.rules.into_iter().map(Rule::compile).collect();
+        let mut frequency: HashMap<(&str, &str), usize> = HashMap::new();
+        for rule in &rules {
+            for (k, p) in &rule.matchers {
+                if let Pattern::Exact(v) = p {
+                    *frequency.entry((k.as_str(), v.as_str())).or_default() += 1;
+                }
+            }
+        }
+        let mut by_pair: HashMap<String, HashMap<String, Vec<usize>>> = HashMap::new();
+        let mut unindexed = Vec::new();
+        for (i, rule) in rules.iter().enumerate() {
+            let rarest = rule
+                .matchers
+                .iter()
+                .filter_map(|(k, p)| match p {
+                    Pattern::Exact(v) => Some((k.as_str(), v.as_str())),
+                    _ => None,
+                })
+                .min_by_key(|pair| frequency.get(pair).copied().unwrap_or(0));
+            match rarest {
+                Some((k, v)) => by_pair
+                    .entry(k.to_owned())
+                    .or_default()
+                    .entry(v.to_owned())
+                    .or_default()
+                    .push(i),
+                None => unindexed.push(i),
+            }
+        }
+        RuleSet {
+            rules,
+            by_pair,
+            unindexed,
+            source: policy.source,
+        }
+    }
+
+    /// The rules in order; the last is the default.
+    pub fn rules(&self) -> &[Rule] {
+        &self.rules
+    }
+
+    /// Rule `i`.
+    pub fn rule(&self, i: usize) -> &Rule {
+        &self.rules[i]
+    }
+
+    /// Where the policy came from.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// The canaries and the deciding rule for `op` in `domain`
+    /// (`None` for a line-protocol HIT, which only domain-less rules match).
+    pub fn plan(&self, domain: Option<&str>, op: &Operation) -> MatchPlan {
+        let mut candidates: Vec<usize> = self.unindexed.clone();
+        for (k, v) in op.pairs() {
+            if let Some(list) = self.by_pair.get(k.as_str()).and_then(|m| m.get(v.as_str())) {
+                candidates.extend_from_slice(list);
+            }
+        }
+        candidates.sort_unstable();
+        let mut canaries = Vec::new();
+        for i in candidates {
+            let rule = &self.rules[i];
+            if rule.matches(domain, op) {
+                if rule.is_canary() {
+                    canaries.push(i);
+                } else {
+                    return MatchPlan {
+                        canaries,
+                        decider: i,
+                    };
+                }
+            }
+        }
+        // Unreachable with a validated policy (the default matches everything),
+        // but never panic: fall back to the last rule.
+        MatchPlan {
+            canaries,
+            decider: self.rules.len().saturating_sub(1),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{parse_str, Format};
+
+    fn set(yaml: &str) -> RuleSet {
+        RuleSet::new(parse_str(yaml, Format::Yaml, "test.yaml").unwrap())
+    }
+
+    fn op(pairs: &[(&str, &str)]) -> Operation {
+        Operation::from_pairs(pairs.iter().copied())
+    }
+
+    const POLICY: &str = r#"
+overrides:
+  - operation: {method: GET, path: /status}
+    creditLimit: 1000
+    resetSeconds: 60
+  - operation: {method: GET, path: /pantry/cookies/special-cookie}
+    creditLimit: 1
+    resetSeconds: 1d
+    matchPolicy: canary
+  - operation: {method: GET, path: /pantry/cookies/*, ip: "*"}
+    creditLimit: 3
+    resetSeconds: 1h
+    actorField: ip
+  - operation: {path: "/img/*.png"}
+    creditLimit: 5
+    resetSeconds: 60
+  - operation: {method: POST}
+    domain: api
+    creditLimit: 7
+    resetSeconds: 60
+default:
+  creditLimit: 2
+  resetSeconds: 30
+"#;
+
+    #[test]
+    fn first_stop_rule_decides_after_canaries() {
+        let rs = set(POLICY);
+        let plan = rs.plan(
+            None,
+            &op(&[
+                ("method", "GET"),
+                ("path", "/pantry/cookies/special-cookie"),
+                ("ip", "1.2.3.4"),
+            ]),
+        );
+        assert_eq!(
+            plan,
+            MatchPlan {
+                canaries: vec![1],
+                decider: 2
+            }
+        );
+        // Without ip the cookie rule needs the key present: default decides.
+        let plan = rs.plan(
+            None,
+            &op(&[("method", "GET"), ("path", "/pantry/cookies/x")]),
+        );
+        assert_eq!(plan.decider, 5);
+        assert_eq!(rs.plan(None, &op(&[("path", "/img/a/b.png")])).decider, 3);
+        assert_eq!(rs.plan(None, &op(&[("path", "/img/a.png.gz")])).decider, 5);
+    }
+
+    #[test]
+    fn domain_rules_only_apply_in_their_domain() {
+        let rs = set(POLICY);
+        let post = op(&[("method", "POST")]);
+        assert_eq!(rs.plan(Some("api"), &post).decider, 4);
+        assert_eq!(rs.plan(Some("web"), &post).decider, 5);
+        assert_eq!(rs.plan(None, &post).decider, 5);
+    }
+
+    #[test]
+    fn counter_keys_follow_divvy() {
+        let rs = set(POLICY);
+        let o = op(&[
+            ("method", "GET"),
+            ("path", "/pantry/cookies/x"),
+            ("ip", "192.168.1.1"),
+        ]);
+        assert_eq!(
+            rs.rule(2).counter_key(&o, 3, 3600),
+            "divvy:ip=* method=GET path=/pantry/cookies/*:192.168.1.1:3:3600"
+        );
+        assert_eq!(rs.rule(5).counter_key(&o, 2, 30), "divvy:::2:30");
+        assert_eq!(
+            rs.rule(4).counter_key(&o, 7, 60),
+            "divvy@api:method=POST::7:60"
+        );
+    }
+
+    #[test]
+    fn index_finds_the_same_rule_as_a_linear_scan() {
+        let mut yaml = String::from("overrides:\n");
+        for i in 0..500 {
+            yaml.push_str(&format!(
+                "  - operation: {{user: u{i}, path: \"/p/{}*\"}}\n    creditLimit: 1\n    resetSeconds: 1\n",
+                i % 7
+            ));
+        }
+        yaml.push_str(
+            "  - operation: {path: \"/p/3*\"}\n    creditLimit: 1\n    resetSeconds: 1\n",
+        );
+        yaml.push_str("default: {creditLimit: 1, resetSeconds: 1}\n");
+        let rs = set(&yaml);
+        for i in (0..520).step_by(3) {
+            for p in ["/p/3x", "/p/1", "/q"] {
+                let o = op(&[("user", &format!("u{i}")), ("path", p)]);
+                let linear = rs.rules().iter().position(|r| r.matches(None, &o)).unwrap();
+                assert_eq!(rs.plan(None, &o).decider, linear, "user u{i} path {p}");
+            }
+        }
+    }
+}

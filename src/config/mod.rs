@@ -122,11 +122,12 @@ pub fn parse_str(text: &str, format: Format, file: &str) -> Result<Policy, Confi
                 return Err(syntax("the file is empty".to_owned()));
             }
             let de = serde_norway::Deserializer::from_str(text);
-            serde_path_to_error::deserialize(de).map_err(|e| syntax(describe_serde(&e)))?
+            serde_path_to_error::deserialize(de).map_err(|e| syntax(describe_serde(&e, false)))?
         }
         Format::Json => {
             let mut de = serde_json::Deserializer::from_str(text);
-            serde_path_to_error::deserialize(&mut de).map_err(|e| syntax(describe_serde(&e)))?
+            serde_path_to_error::deserialize(&mut de)
+                .map_err(|e| syntax(describe_serde(&e, true)))?
         }
         Format::Ini => {
             ini::parse(text).map_err(|(line, msg)| syntax(format!("line {line}: {msg}")))?
@@ -138,11 +139,23 @@ pub fn parse_str(text: &str, format: Format, file: &str) -> Result<Policy, Confi
     })
 }
 
-fn describe_serde<E: fmt::Display>(e: &serde_path_to_error::Error<E>) -> String {
+/// `rule #2: unknown field ... at line 3 column 5`: the rule by its 1-based
+/// position (as in validation messages), then the parser's own message.
+fn describe_serde<E: fmt::Display>(e: &serde_path_to_error::Error<E>, with_path: bool) -> String {
     let path = e.path().to_string();
-    if path == "." {
-        e.inner().to_string()
+    let rule = path
+        .strip_prefix("overrides[")
+        .and_then(|rest| rest.split(']').next())
+        .and_then(|n| n.parse::<usize>().ok())
+        .map(|n| format!("rule #{}: ", n + 1))
+        .or_else(|| {
+            path.starts_with("default")
+                .then(|| "the default rule: ".to_owned())
+        })
+        .unwrap_or_default();
+    if with_path && path != "." {
+        format!("{rule}at `{path}`: {}", e.inner())
     } else {
-        format!("at `{path}`: {}", e.inner())
+        format!("{rule}{}", e.inner())
     }
 }

@@ -1,1 +1,30 @@
+//! Protocol front ends. Each parses, calls the one [`Limiter`], and formats.
+
 pub mod rls;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+
+use crate::limiter::Limiter;
+use rls::{RateLimitServiceServer, RlsService};
+
+/// Serves Envoy's RateLimitService and grpc.health.v1 on `listener` until `shutdown` completes.
+pub async fn serve_grpc(
+    listener: TcpListener,
+    limiter: Arc<Limiter>,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), tonic::transport::Error> {
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_serving::<RateLimitServiceServer<RlsService>>()
+        .await;
+    let service = RateLimitServiceServer::new(RlsService::new(limiter));
+    tonic::transport::Server::builder()
+        .add_service(health_service)
+        .add_service(service)
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .await
+}

@@ -1,1 +1,210 @@
+//! Envoy's `RateLimitService` v3 (`ShouldRateLimit`) over gRPC.
+//!
+//! A thin adapter: [`to_hits`] turns a `RateLimitRequest` into limiter hits
+//! (one per descriptor, entries as key → value, the last repeated key
+//! winning), the limiter decides, and [`to_response`] formats the answer.
+//!
+//! How a rule is reported in `current_limit`: `requests_per_unit` is the
+//! creditLimit and `unit` is SECOND, MINUTE, HOUR, DAY, WEEK, MONTH (30 days)
+//! or YEAR (365 days) when resetSeconds is exactly one of those. Any other
+//! window (say 90 s) cannot be expressed as a unit without changing the
+//! limit, so `unit` is UNKNOWN and `name` ends with the exact window
+//! (`per 90s`); `duration_until_reset` always carries the exact time left.
+//! An always-allow rule has no `current_limit` (as an unlimited descriptor in
+//! envoyproxy/ratelimit); an always-deny rule reports `requests_per_unit` 0.
 
+use std::sync::Arc;
+use std::time::Duration;
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::r#type::v3::RateLimitUnit;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
+    Code, DescriptorStatus, RateLimit,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::Duration as PbDuration;
+use tonic::{Request, Response, Status};
+
+use crate::limiter::{Decisions, Hit, LimitOverride, Limiter, Outcome, Reset};
+use crate::rules::{Operation, Rule};
+
+pub use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
+
+/// The gRPC service.
+pub struct RlsService {
+    limiter: Arc<Limiter>,
+}
+
+impl RlsService {
+    /// A service deciding with `limiter`.
+    pub fn new(limiter: Arc<Limiter>) -> RlsService {
+        RlsService { limiter }
+    }
+}
+
+#[tonic::async_trait]
+impl RateLimitService for RlsService {
+    async fn should_rate_limit(
+        &self,
+        request: Request<RateLimitRequest>,
+    ) -> Result<Response<RateLimitResponse>, Status> {
+        let request = request.into_inner();
+        let hits = to_hits(&request)?;
+        let decisions = self
+            .limiter
+            .check(Some(&request.domain), &hits)
+            .await
+            .map_err(|e| Status::unavailable(e.to_string()))?;
+        Ok(Response::new(to_response(&decisions)))
+    }
+}
+
+/// Validates a request and turns its descriptors into hits.
+pub fn to_hits(request: &RateLimitRequest) -> Result<Vec<Hit>, Status> {
+    if request.domain.is_empty() {
+        return Err(Status::invalid_argument(
+            "rate limit domain must not be empty",
+        ));
+    }
+    if request.descriptors.is_empty() {
+        return Err(Status::invalid_argument(
+            "rate limit request must carry at least one descriptor",
+        ));
+    }
+    // Request-level hits_addend: 0 (unset) counts as 1.
+    let request_cost = u64::from(request.hits_addend.max(1));
+    request
+        .descriptors
+        .iter()
+        .enumerate()
+        .map(|(i, d)| to_hit(i, d, request_cost))
+        .collect()
+}
+
+fn to_hit(index: usize, d: &RateLimitDescriptor, request_cost: u64) -> Result<Hit, Status> {
+    if d.entries.is_empty() {
+        return Err(Status::invalid_argument(format!(
+            "descriptor {index} has no entries"
+        )));
+    }
+    if let Some(e) = d.entries.iter().find(|e| e.key.is_empty()) {
+        return Err(Status::invalid_argument(format!(
+            "descriptor {index} has an entry with an empty key (value {:?})",
+            e.value
+        )));
+    }
+    if d.is_negative_hits {
+        return Err(Status::invalid_argument(format!(
+            "descriptor {index}: is_negative_hits (refunding credit) is not supported"
+        )));
+    }
+    let limit_override = match &d.limit {
+        None => None,
+        Some(o) => {
+            let unit = RateLimitUnit::try_from(o.unit).unwrap_or(RateLimitUnit::Unknown);
+            let reset_seconds = override_seconds(unit).ok_or_else(|| {
+                Status::invalid_argument(format!(
+                    "descriptor {index}: limit override needs a known unit (SECOND, MINUTE, HOUR, DAY, MONTH or YEAR)"
+                ))
+            })?;
+            Some(LimitOverride {
+                credit_limit: u64::from(o.requests_per_unit),
+                reset_seconds,
+            })
+        }
+    };
+    Ok(Hit {
+        operation: Operation::from_pairs(
+            d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())),
+        ),
+        cost: d.hits_addend.map_or(request_cost, |v| v.value),
+        limit_override,
+    })
+}
+
+fn override_seconds(unit: RateLimitUnit) -> Option<u64> {
+    match unit {
+        RateLimitUnit::Second => Some(1),
+        RateLimitUnit::Minute => Some(60),
+        RateLimitUnit::Hour => Some(3600),
+        RateLimitUnit::Day => Some(86_400),
+        RateLimitUnit::Month => Some(30 * 86_400),
+        RateLimitUnit::Year => Some(365 * 86_400),
+        RateLimitUnit::Unknown => None,
+    }
+}
+
+/// The Envoy unit that is exactly `seconds` long, if any.
+pub fn unit_for(seconds: u64) -> Option<Unit> {
+    match seconds {
+        1 => Some(Unit::Second),
+        60 => Some(Unit::Minute),
+        3600 => Some(Unit::Hour),
+        86_400 => Some(Unit::Day),
+        604_800 => Some(Unit::Week),
+        2_592_000 => Some(Unit::Month),
+        31_536_000 => Some(Unit::Year),
+        _ => None,
+    }
+}
+
+/// Formats decisions as Envoy's response.
+pub fn to_response(decisions: &Decisions) -> RateLimitResponse {
+    let statuses: Vec<DescriptorStatus> = decisions
+        .items
+        .iter()
+        .map(|d| status(decisions.rules.rule(d.decider.rule), &d.decider))
+        .collect();
+    let over = statuses.iter().any(|s| s.code == Code::OverLimit as i32);
+    RateLimitResponse {
+        overall_code: if over { Code::OverLimit } else { Code::Ok } as i32,
+        statuses,
+        ..Default::default()
+    }
+}
+
+fn status(rule: &Rule, o: &Outcome) -> DescriptorStatus {
+    let name = rule
+        .spec
+        .label
+        .clone()
+        .unwrap_or_else(|| rule.spec.to_string());
+    let current_limit = match o.reset {
+        Reset::Unlimited => None,
+        _ => Some(match unit_for(o.reset_seconds) {
+            Some(unit) => RateLimit {
+                name,
+                requests_per_unit: saturate(o.credit_limit),
+                unit: unit as i32,
+            },
+            None => RateLimit {
+                name: format!("{name} per {}s", o.reset_seconds),
+                requests_per_unit: saturate(o.credit_limit),
+                unit: Unit::Unknown as i32,
+            },
+        }),
+    };
+    DescriptorStatus {
+        code: if o.allowed { Code::Ok } else { Code::OverLimit } as i32,
+        current_limit,
+        limit_remaining: saturate(o.remaining),
+        duration_until_reset: match o.reset {
+            Reset::After(d) => Some(pb_duration(d)),
+            Reset::Never | Reset::Unlimited => None,
+        },
+        quota: None,
+    }
+}
+
+fn saturate(n: u64) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+fn pb_duration(d: Duration) -> PbDuration {
+    PbDuration {
+        seconds: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+        nanos: i32::try_from(d.subsec_nanos()).unwrap_or(0),
+    }
+}

@@ -1,0 +1,120 @@
+//! Helpers for integration tests: start the real `divvy` binary on free
+//! loopback ports and talk to it.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use tonic::transport::Channel;
+
+/// Path of the binary under test.
+pub fn binary() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_divvy"))
+}
+
+/// A running `divvy serve`; killed on drop.
+pub struct Server {
+    child: Child,
+    /// The gRPC address it listens on.
+    pub grpc: SocketAddr,
+    /// Everything it logged so far is sent here, line by line.
+    pub log: mpsc::Receiver<String>,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl Server {
+    /// Writes `text` to a temp file named `policy.<ext>` and serves it.
+    pub fn with_policy(text: &str, ext: &str) -> Server {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join(format!("policy.{ext}"));
+        std::fs::write(&path, text).expect("write policy");
+        let mut s = Server::start(&path, &[]);
+        s._dir = Some(dir);
+        s
+    }
+
+    /// Serves the policy at `path` with extra arguments.
+    pub fn start(path: &Path, extra: &[&str]) -> Server {
+        let mut child = Command::new(binary())
+            .arg("serve")
+            .arg("--config")
+            .arg(path)
+            .args(["--grpc-addr", "127.0.0.1:0"])
+            .args(extra)
+            .env("DIVVY_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn divvy");
+        let stderr = child.stderr.take().expect("stderr");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut grpc = None;
+        while grpc.is_none() {
+            let line = rx
+                .recv_timeout(Duration::from_secs(30))
+                .expect("divvy did not report its gRPC address within 30 s");
+            if let Some(addr) = line.split("grpc listening on ").nth(1) {
+                grpc = Some(addr.trim().parse().expect("address"));
+            }
+        }
+        Server {
+            child,
+            grpc: grpc.unwrap(),
+            log: rx,
+            _dir: None,
+        }
+    }
+
+    /// A gRPC client connected to the server.
+    pub async fn client(&self) -> RateLimitServiceClient<Channel> {
+        RateLimitServiceClient::connect(format!("http://{}", self.grpc))
+            .await
+            .expect("connect")
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A descriptor from key/value entries.
+pub fn desc(entries: &[(&str, &str)]) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        entries: entries
+            .iter()
+            .map(|(k, v)| Entry {
+                key: (*k).to_owned(),
+                value: (*v).to_owned(),
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+/// A request in `domain`.
+pub fn request(domain: &str, descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: domain.to_owned(),
+        descriptors,
+        hits_addend: 0,
+    }
+}

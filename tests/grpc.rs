@@ -1,0 +1,419 @@
+//! The real binary, driven over gRPC with tonic's client, as Envoy drives it.
+
+mod common;
+
+use common::{desc, request, Server};
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
+use envoy_types::pb::envoy::r#type::v3::RateLimitUnit;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
+use envoy_types::pb::google::protobuf::UInt64Value;
+use tonic::Code as GrpcCode;
+
+const POLICY: &str = r#"
+overrides:
+  - label: counted
+    domain: test
+    operation: {key: counted}
+    creditLimit: 3
+    resetSeconds: 1h
+  - label: per-user
+    domain: test
+    operation: {key: per-user, user: "*"}
+    creditLimit: 2
+    resetSeconds: 1h
+    actorField: user
+  - label: canary
+    domain: test
+    matchPolicy: canary
+    operation: {key: canary}
+    creditLimit: 1
+    resetSeconds: 1h
+  - label: canary-decider
+    domain: test
+    operation: {key: canary}
+    creditLimit: 100
+    resetSeconds: 1h
+  - label: free
+    domain: test
+    operation: {key: free}
+    creditLimit: 5
+    resetSeconds: 0
+  - label: blocked
+    domain: test
+    operation: {key: blocked}
+    creditLimit: 0
+  - label: addend
+    domain: test
+    operation: {key: addend}
+    creditLimit: 10
+    resetSeconds: 1h
+  - label: odd-window
+    domain: test
+    operation: {key: odd}
+    creditLimit: 4
+    resetSeconds: 90s
+  - label: short
+    domain: test
+    operation: {key: short}
+    creditLimit: 1
+    resetSeconds: 1
+  - label: team
+    domain: "team-*"
+    operation: {key: counted}
+    creditLimit: 1
+    resetSeconds: 1h
+default:
+  label: fallback
+  creditLimit: 2
+  resetSeconds: 1h
+"#;
+
+fn codes(r: &RateLimitResponse) -> Vec<(i32, u32)> {
+    r.statuses
+        .iter()
+        .map(|s| (s.code, s.limit_remaining))
+        .collect()
+}
+
+const OK: i32 = Code::Ok as i32;
+const OVER: i32 = Code::OverLimit as i32;
+
+#[tokio::test]
+async fn counts_to_the_limit_and_past_it() {
+    let server = Server::with_policy(POLICY, "yaml");
+    let mut client = server.client().await;
+    let mut seen = Vec::new();
+    for _ in 0..5 {
+        let r = client
+            .should_rate_limit(request("test", vec![desc(&[("key", "counted")])]))
+            .await
+            .unwrap()
+            .into_inner();
+        seen.push((r.overall_code, codes(&r)[0]));
+        let s = &r.statuses[0];
+        let limit = s.current_limit.as_ref().unwrap();
+        assert_eq!(
+            (limit.requests_per_unit, limit.unit),
+            (3, Unit::Hour as i32)
+        );
+        assert_eq!(limit.name, "counted");
+        let reset = s.duration_until_reset.as_ref().unwrap();
+        assert!(reset.seconds > 3500 && reset.seconds <= 3600, "{reset:?}");
+    }
+    assert_eq!(
+        seen,
+        vec![
+            (OK, (OK, 2)),
+            (OK, (OK, 1)),
+            (OK, (OK, 0)),
+            (OVER, (OVER, 0)),
+            (OVER, (OVER, 0)),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn per_actor_counters() {
+    let server = Server::with_policy(POLICY, "yaml");
+    let mut client = server.client().await;
+    let hit = |user: &'static str| {
+        let mut c = client.clone();
+        async move {
+            let r = c
+                .should_rate_limit(request(
+                    "test",
+                    vec![desc(&[("key", "per-user"), ("user", user)])],
+                ))
+                .await
+                .unwrap()
+                .into_inner();
+            codes(&r)[0]
+        }
+    };
+    assert_eq!(hit("alice").await, (OK, 1));
+    assert_eq!(hit("alice").await, (OK, 0));
+    assert_eq!(hit("alice").await, (OVER, 0));
+    assert_eq!(hit("bob").await, (OK, 1));
+    // Without the user entry, the per-user rule does not match: the default decides.
+    let r = client
+        .should_rate_limit(request("test", vec![desc(&[("key", "per-user")])]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        r.statuses[0].current_limit.as_ref().unwrap().name,
+        "fallback"
+    );
+}
+
+#[tokio::test]
+async fn canary_consumes_but_never_decides() {
+    let server = Server::with_policy(POLICY, "yaml");
+    let mut client = server.client().await;
+    for i in 0..3u32 {
+        let r = client
+            .should_rate_limit(request("test", vec![desc(&[("key", "canary")])]))
+            .await
+            .unwrap()
+            .into_inner();
+        // The canary (1 per hour) is exhausted after the first hit, yet the
+        // decider (100 per hour) keeps allowing and is the one reported.
+        assert_eq!(codes(&r), vec![(OK, 99 - i)]);
+        assert_eq!(
+            r.statuses[0].current_limit.as_ref().unwrap().name,
+            "canary-decider"
+        );
+    }
+}
+
+#[tokio::test]
+async fn always_allow_and_always_deny() {
+    let server = Server::with_policy(POLICY, "yaml");
+    let mut client = server.client().await;
+    for _ in 0..10 {
+        let r = client
+            .should_rate_limit(request("test", vec![desc(&[("key", "free")])]))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(codes(&r), vec![(OK, 5)]);
+        assert!(r.statuses[0].current_limit.is_none());
+        assert!(r.statuses[0].duration_until_reset.is_none());
+    }
+    let r = client
+        .should_rate_limit(request("test", vec![desc(&[("key", "blocked")])]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.overall_code, OVER);
+    assert_eq!(codes(&r), vec![(OVER, 0)]);
+    assert_eq!(
+        r.statuses[0]
+            .current_limit
+            .as_ref()
+            .unwrap()
+            .requests_per_unit,
+        0
+    );
+}
+
+#[tokio::test]
+async fn hits_addend_request_and_descriptor_level() {
+    let server = Server::with_policy(POLICY, "yaml");
+    let client = server.client().await;
+    let send = |addend: u32| {
+        let mut c = client.clone();
+        async move {
+            let mut req = request("test", vec![desc(&[("key", "addend")])]);
+            req.hits_addend = addend;
+            codes(&c.should_rate_limit(req).await.unwrap().into_inner())[0]
+        }
+    };
+    assert_eq!(send(3).await, (OK, 7));
+    assert_eq!(send(7).await, (OK, 0));
+    assert_eq!(send(1).await, (OVER, 0));
+
+    // Per-descriptor addend overrides the request's; 0 checks without consuming.
+    let server = Server::with_policy(POLICY, "yaml");
+    let mut client = server.client().await;
+    let mut d = desc(&[("key", "addend")]);
+    d.hits_addend = Some(UInt64Value { value: 4 });
+    let mut check = desc(&[("key", "addend")]);
+    check.hits_addend = Some(UInt64Value { value: 0 });
+    let mut req = request("test", vec![d.clone(), check.clone(), check.clone()]);
+    req.hits_addend = 100;
+    let r = client.should_rate_limit(req).await.unwrap().into_inner();
+    assert_eq!(codes(&r), vec![(OK, 6), (OK, 6), (OK, 6)]);
+    // A hit larger than what is left is denied and not charged.
+    let mut big = desc(&[("key", "addend")]);
+    big.hits_addend = Some(UInt64Value { value: 7 });
+    let r = client
+        .should_rate_limit(request("test", vec![big, d, check]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(codes(&r), vec![(OVER, 6), (OK, 2), (OK, 2)]);
+    assert_eq!(r.overall_code, OVER);
+}
+
+#[tokio::test]
+async fn several_descriptors_with_mixed_results() {
+    let server = Server::with_policy(POLICY, "yaml");
+    let mut client = server.client().await;
+    let r = client
+        .should_rate_limit(request(
+            "test",
+            vec![
+                desc(&[("key", "free")]),
+                desc(&[("key", "blocked")]),
+                desc(&[("key", "counted")]),
+                desc(&[("key", "counted")]),
+            ],
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    // In order, each decided and charged on its own.
+    assert_eq!(codes(&r), vec![(OK, 5), (OVER, 0), (OK, 2), (OK, 1)]);
+    assert_eq!(r.overall_code, OVER);
+    let r = client
+        .should_rate_limit(request(
+            "test",
+            vec![desc(&[("key", "counted")]), desc(&[("key", "counted")])],
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(codes(&r), vec![(OK, 0), (OVER, 0)]);
+}
+
+#[tokio::test]
+async fn domains_select_rules_and_unknown_domains_fall_to_the_default() {
+    let server = Server::with_policy(POLICY, "yaml");
+    let mut client = server.client().await;
+    let name = |r: &RateLimitResponse| r.statuses[0].current_limit.as_ref().unwrap().name.clone();
+    // A domain glob.
+    let r = client
+        .should_rate_limit(request("team-blue", vec![desc(&[("key", "counted")])]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((name(&r), codes(&r)[0]), ("team".to_owned(), (OK, 0)));
+    // An unknown domain: only domain-less rules apply, here the default (2 per hour).
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let r = client
+            .should_rate_limit(request("nowhere", vec![desc(&[("key", "counted")])]))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(name(&r), "fallback");
+        seen.push(codes(&r)[0]);
+    }
+    assert_eq!(seen, vec![(OK, 1), (OK, 0), (OVER, 0)]);
+}
+
+#[tokio::test]
+async fn odd_windows_and_overrides() {
+    let server = Server::with_policy(POLICY, "yaml");
+    let mut client = server.client().await;
+    let r = client
+        .should_rate_limit(request("test", vec![desc(&[("key", "odd")])]))
+        .await
+        .unwrap()
+        .into_inner();
+    let limit = r.statuses[0].current_limit.clone().unwrap();
+    assert_eq!(limit.unit, Unit::Unknown as i32);
+    assert_eq!(limit.name, "odd-window per 90s");
+    assert!(r.statuses[0].duration_until_reset.unwrap().seconds <= 90);
+
+    // A descriptor's limit override has its own counter.
+    let mut d = desc(&[("key", "counted")]);
+    d.limit = Some(RateLimitOverride {
+        requests_per_unit: 1,
+        unit: RateLimitUnit::Minute as i32,
+    });
+    let r = client
+        .should_rate_limit(request("test", vec![d.clone(), d.clone()]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(codes(&r), vec![(OK, 0), (OVER, 0)]);
+    let limit = r.statuses[0].current_limit.clone().unwrap();
+    assert_eq!(
+        (limit.requests_per_unit, limit.unit),
+        (1, Unit::Minute as i32)
+    );
+    let r = client
+        .should_rate_limit(request("test", vec![desc(&[("key", "counted")])]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(codes(&r), vec![(OK, 2)]);
+    // An override with no unit is refused.
+    d.limit = Some(RateLimitOverride {
+        requests_per_unit: 1,
+        unit: RateLimitUnit::Unknown as i32,
+    });
+    let err = client
+        .should_rate_limit(request("test", vec![d]))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), GrpcCode::InvalidArgument);
+}
+
+#[tokio::test]
+async fn window_resets_after_reset_seconds() {
+    let server = Server::with_policy(POLICY, "yaml");
+    let client = server.client().await;
+    let send = || {
+        let mut c = client.clone();
+        async move {
+            codes(
+                &c.should_rate_limit(request("test", vec![desc(&[("key", "short")])]))
+                    .await
+                    .unwrap()
+                    .into_inner(),
+            )[0]
+        }
+    };
+    assert_eq!(send().await, (OK, 0));
+    assert_eq!(send().await, (OVER, 0));
+    tokio::time::sleep(std::time::Duration::from_millis(1300)).await;
+    assert_eq!(send().await, (OK, 0));
+}
+
+#[tokio::test]
+async fn invalid_arguments() {
+    let server = Server::with_policy(POLICY, "yaml");
+    let mut client = server.client().await;
+    let cases = vec![
+        (request("", vec![desc(&[("key", "counted")])]), "domain"),
+        (request("test", vec![]), "descriptor"),
+        (request("test", vec![desc(&[])]), "no entries"),
+        (
+            request(
+                "test",
+                vec![desc(&[("key", "counted")]), desc(&[("", "x")])],
+            ),
+            "empty key",
+        ),
+    ];
+    for (req, needle) in cases {
+        let err = client.should_rate_limit(req).await.unwrap_err();
+        assert_eq!(err.code(), GrpcCode::InvalidArgument);
+        assert!(err.message().contains(needle), "{:?}", err.message());
+    }
+    // Nothing was charged by the refused requests.
+    let r = client
+        .should_rate_limit(request("test", vec![desc(&[("key", "counted")])]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(codes(&r), vec![(OK, 2)]);
+}
+
+#[tokio::test]
+async fn health_service_reports_serving() {
+    use tonic_health::pb::health_client::HealthClient;
+    use tonic_health::pb::HealthCheckRequest;
+    let server = Server::with_policy(POLICY, "yaml");
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", server.grpc))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut health = HealthClient::new(channel);
+    for service in ["", "envoy.service.ratelimit.v3.RateLimitService"] {
+        let r = health
+            .check(HealthCheckRequest {
+                service: service.to_owned(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(r.status, 1, "service {service:?} is SERVING");
+    }
+}

@@ -335,7 +335,7 @@ fn check_reachability(rules: &[RuleSpec], problems: &mut Vec<String>) {
         candidates.sort_unstable();
         if let Some(&a) = candidates
             .iter()
-            .find(|&&a| masks(&compiled[a], &domains[a], &compiled[b], &domains[b]))
+            .find(|&&a| masks_compiled(&compiled[a], &domains[a], &compiled[b], &domains[b]))
         {
             problems.push(format!(
                 "{rule} is unreachable: the earlier stop {} matches every request it could match",
@@ -355,8 +355,21 @@ fn check_reachability(rules: &[RuleSpec], problems: &mut Vec<String>) {
     }
 }
 
-/// Whether stop rule A matches every request rule B could match.
-fn masks(
+/// Whether rule `a`, if it is a stop rule placed before `b`, matches every
+/// request `b` could match (so `b` would be unreachable). Sound: never `true`
+/// when some request matches `b` but not `a`.
+pub fn masks(a: &RuleSpec, b: &RuleSpec) -> bool {
+    fn compile(r: &RuleSpec) -> Vec<(&str, Pattern)> {
+        r.operation
+            .iter()
+            .map(|(k, v)| (k.as_str(), Pattern::new(v)))
+            .collect()
+    }
+    let domain = |r: &RuleSpec| r.domain.as_deref().map(Pattern::new);
+    masks_compiled(&compile(a), &domain(a), &compile(b), &domain(b))
+}
+
+fn masks_compiled(
     a: &[(&str, Pattern)],
     a_domain: &Option<Pattern>,
     b: &[(&str, Pattern)],

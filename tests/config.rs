@@ -1,0 +1,445 @@
+//! Config loading: every validation error class, the three syntaxes giving
+//! identical decisions, and `divvy check` on the real binary.
+
+mod common;
+
+use std::process::Command;
+use std::sync::Arc;
+
+use divvy::config::{load_file, parse_str, ConfigError, Format};
+use divvy::limiter::{Hit, Limiter};
+use divvy::rules::{Operation, RuleSet};
+use divvy::store::MemoryStore;
+
+/// Every message the config produces, one string.
+fn errors(text: &str, format: Format) -> String {
+    match parse_str(text, format, "policy.test") {
+        Ok(_) => panic!("expected an error for:\n{text}"),
+        Err(e) => e.to_string(),
+    }
+}
+
+fn yaml_errors(text: &str) -> String {
+    errors(text, Format::Yaml)
+}
+
+const DEFAULT: &str = "default: {creditLimit: 1, resetSeconds: 60}\n";
+
+fn with_default(rules: &str) -> String {
+    format!("overrides:\n{rules}{DEFAULT}")
+}
+
+fn assert_has(haystack: &str, needles: &[&str]) {
+    for n in needles {
+        assert!(haystack.contains(n), "expected {n:?} in:\n{haystack}");
+    }
+}
+
+#[test]
+fn unknown_fields_are_errors_in_every_syntax() {
+    let e = yaml_errors(&with_default(
+        "  - operation: {a: b}\n    creditLimt: 3\n    resetSeconds: 60\n",
+    ));
+    assert_has(
+        &e,
+        &[
+            "policy.test",
+            "rule #1",
+            "unknown field `creditLimt`",
+            "line 3",
+        ],
+    );
+    let e = errors(
+        r#"{"overrides": [{"operation": {"a": "b"}, "creditLimit": 1, "resetSeconds": 1, "lable": "x"}], "default": {"creditLimit": 1, "resetSeconds": 1}}"#,
+        Format::Json,
+    );
+    assert_has(&e, &["rule #1", "unknown field `lable`"]);
+    let e = errors(
+        "[a=b]\ncreditlimit = 3\n[default]\ncreditLimit = 1\nresetSeconds = 1\n",
+        Format::Ini,
+    );
+    assert_has(&e, &["line 2", "unknown field `creditlimit`"]);
+    let e = yaml_errors("overrides: []\ndefault: {creditLimit: 1, resetSeconds: 60}\nextra: 1\n");
+    assert_has(&e, &["unknown field `extra`"]);
+}
+
+#[test]
+fn a_default_rule_is_required_and_must_be_plain() {
+    let e =
+        yaml_errors("overrides:\n  - operation: {a: b}\n    creditLimit: 1\n    resetSeconds: 1\n");
+    assert_has(&e, &["must end with a default rule"]);
+    let e = errors("[a=b]\ncreditLimit = 1\nresetSeconds = 1\n", Format::Ini);
+    assert_has(&e, &["must end with a default rule"]);
+    let e = yaml_errors("default: {operation: {a: b}, creditLimit: 1, resetSeconds: 1}\n");
+    assert_has(&e, &["the default rule (#1)", "empty operation"]);
+    let e = yaml_errors("default: {domain: api, creditLimit: 1, resetSeconds: 1}\n");
+    assert_has(&e, &["the default rule", "cannot name one"]);
+    let e = yaml_errors("default: {matchPolicy: canary, creditLimit: 1, resetSeconds: 1}\n");
+    assert_has(&e, &["cannot be a canary"]);
+    // In INI the default must be the last section.
+    let e = errors(
+        "[default]\ncreditLimit = 1\nresetSeconds = 1\n[a=b]\ncreditLimit = 1\nresetSeconds = 1\n",
+        Format::Ini,
+    );
+    assert_has(&e, &["line 4", "[default] section must be the last"]);
+}
+
+#[test]
+fn numbers_are_checked() {
+    let cases = [
+        (
+            "creditLimit: -1\n    resetSeconds: 60",
+            "creditLimit must be a non-negative integer, found -1",
+        ),
+        ("creditLimit: 1.5\n    resetSeconds: 60", "found 1.5"),
+        ("creditLimit: lots\n    resetSeconds: 60", "found `lots`"),
+        ("resetSeconds: 60", "creditLimit is required"),
+        (
+            "creditLimit: 3",
+            "resetSeconds is required when creditLimit > 0",
+        ),
+        (
+            "creditLimit: 3\n    resetSeconds: -5",
+            "resetSeconds must be",
+        ),
+        ("creditLimit: 3\n    resetSeconds: 1w", "found `1w`"),
+        ("creditLimit: 3\n    resetSeconds: 2.5", "found 2.5"),
+    ];
+    for (fields, needle) in cases {
+        let e = yaml_errors(&with_default(&format!(
+            "  - label: n1\n    operation: {{a: b}}\n    {fields}\n"
+        )));
+        assert_has(&e, &["policy.test", "rule #1 (label n1)", needle]);
+    }
+    // INI numbers are text, parsed strictly.
+    let e = errors(
+        "[a=b]\ncreditLimit = 3x\nresetSeconds = 1\n[default]\ncreditLimit = 0\n",
+        Format::Ini,
+    );
+    assert_has(&e, &["rule #1 (a=b)", "found `3x`"]);
+    // creditLimit 0 needs no window; a positive limit with resetSeconds 0 is always-allow.
+    parse_str(&with_default("  - operation: {a: b}\n    creditLimit: 0\n  - operation: {a: c}\n    creditLimit: 5\n    resetSeconds: 0\n"), Format::Yaml, "ok").unwrap();
+}
+
+#[test]
+fn match_policy_labels_and_domains_are_checked() {
+    let e = yaml_errors(&with_default(
+        "  - operation: {a: b}\n    creditLimit: 1\n    resetSeconds: 1\n    matchPolicy: canery\n",
+    ));
+    assert_has(
+        &e,
+        &[
+            "rule #1 (a=b)",
+            "matchPolicy must be `stop` or `canary`, found `canery`",
+        ],
+    );
+    let e = yaml_errors(&with_default(
+        "  - operation: {a: b}\n    label: \"has space\"\n    creditLimit: 1\n    resetSeconds: 1\n",
+    ));
+    assert_has(&e, &["label `has space` must be 1 to 255 characters"]);
+    let long = "x".repeat(256);
+    let e = yaml_errors(&with_default(&format!(
+        "  - operation: {{a: b}}\n    label: {long}\n    creditLimit: 1\n    resetSeconds: 1\n"
+    )));
+    assert_has(&e, &["must be 1 to 255 characters"]);
+    let e = yaml_errors(&with_default(
+        "  - operation: {a: b}\n    label: dup\n    creditLimit: 1\n    resetSeconds: 1\n  - operation: {a: c}\n    label: dup\n    creditLimit: 1\n    resetSeconds: 1\n",
+    ));
+    assert_has(
+        &e,
+        &["rule #2 (label dup)", "already used by rule #1 (label dup)"],
+    );
+    let e = yaml_errors(&with_default(
+        "  - operation: {a: b}\n    domain: \"\"\n    creditLimit: 1\n    resetSeconds: 1\n",
+    ));
+    assert_has(&e, &["domain must not be empty"]);
+}
+
+#[test]
+fn unreachable_rules_are_reported_with_both_rules() {
+    let rule = |op: &str, extra: &str| {
+        format!("  - operation: {op}\n    creditLimit: 1\n    resetSeconds: 1\n{extra}")
+    };
+    // Exact duplicate.
+    let e = yaml_errors(&with_default(&(rule("{a: b}", "") + &rule("{a: b}", ""))));
+    assert_has(
+        &e,
+        &["rule #2 (a=b) is unreachable", "earlier stop rule #1 (a=b)"],
+    );
+    // An earlier broader glob.
+    let e = yaml_errors(&with_default(
+        &(rule("{path: \"/a/*\"}", "") + &rule("{path: \"/a/b/*\"}", "")),
+    ));
+    assert_has(
+        &e,
+        &[
+            "rule #2 (path=/a/b/*) is unreachable",
+            "rule #1 (path=/a/*)",
+        ],
+    );
+    // An earlier rule whose keys are a subset.
+    let e = yaml_errors(&with_default(
+        &(rule("{method: GET}", "") + &rule("{method: GET, path: /x}", "")),
+    ));
+    assert_has(&e, &["rule #2 (method=GET path=/x) is unreachable"]);
+    // `*` (present) covers any value of the same key.
+    let e = yaml_errors(&with_default(
+        &(rule("{ip: \"*\"}", "") + &rule("{ip: 10.0.0.1, x: y}", "")),
+    ));
+    assert_has(&e, &["rule #2 (ip=10.0.0.1 x=y) is unreachable"]);
+    // A catch-all stop rule before the default masks the default: the default is not last in effect.
+    let e = yaml_errors(&with_default(&rule("{}", "")));
+    assert_has(&e, &["the default rule (#2) is unreachable", "rule #1"]);
+    // A broader domain glob masks a narrower domain.
+    let e = yaml_errors(&with_default(
+        &(rule("{a: b}", "    domain: \"team-*\"\n") + &rule("{a: b}", "    domain: team-blue\n")),
+    ));
+    assert_has(&e, &["rule #2 (a=b, domain team-blue) is unreachable"]);
+    // Every unreachable rule is reported, not just the first.
+    let e = yaml_errors(&with_default(
+        &(rule("{a: b}", "") + &rule("{a: b}", "") + &rule("{a: b, c: d}", "")),
+    ));
+    assert_has(
+        &e,
+        &[
+            "rule #2 (a=b) is unreachable",
+            "rule #3 (a=b c=d) is unreachable",
+        ],
+    );
+}
+
+#[test]
+fn reachable_rules_are_never_rejected() {
+    let rule = |op: &str, extra: &str| {
+        format!("  - operation: {op}\n    creditLimit: 1\n    resetSeconds: 1\n{extra}")
+    };
+    let ok = [
+        // Canaries never mask.
+        rule("{a: b}", "    matchPolicy: canary\n") + &rule("{a: b}", ""),
+        // A narrower rule first, the broader one later.
+        rule("{path: /a/b}", "") + &rule("{path: \"/a/*\"}", ""),
+        // More keys first.
+        rule("{a: b, c: d}", "") + &rule("{a: b}", ""),
+        // Different domains, or a domain rule before a domain-less one.
+        rule("{a: b}", "    domain: api\n") + &rule("{a: b}", "    domain: web\n"),
+        rule("{a: b}", "    domain: api\n") + &rule("{a: b}", ""),
+        // Globs that overlap without inclusion.
+        rule("{p: \"a*\"}", "") + &rule("{p: \"*b\"}", ""),
+        rule("{p: \"a*b\"}", "") + &rule("{p: \"a*\"}", ""),
+    ];
+    for rules in ok {
+        let text = with_default(&rules);
+        parse_str(&text, Format::Yaml, "ok.yaml").unwrap_or_else(|e| panic!("{text}\n{e}"));
+    }
+}
+
+#[test]
+fn syntax_errors_and_files() {
+    assert_has(&yaml_errors("overrides: [\n"), &["policy.test"]);
+    assert_has(&yaml_errors("   \n"), &["empty"]);
+    assert_has(
+        &errors("{\"overrides\": ", Format::Json),
+        &["policy.test", "line 1"],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let odd = dir.path().join("policy.toml");
+    std::fs::write(&odd, "x").unwrap();
+    assert!(matches!(
+        load_file(&odd),
+        Err(ConfigError::UnknownFormat { .. })
+    ));
+    let missing = dir.path().join("missing.yaml");
+    let e = load_file(&missing).unwrap_err();
+    assert!(matches!(e, ConfigError::Read { .. }));
+    assert_has(&e.to_string(), &["missing.yaml", "cannot read"]);
+    let bad_utf8 = dir.path().join("bad.yaml");
+    std::fs::write(
+        &bad_utf8,
+        b"default: {creditLimit: 1, resetSeconds: 1, comment: \xff}\n",
+    )
+    .unwrap();
+    assert_has(
+        &load_file(&bad_utf8).unwrap_err().to_string(),
+        &["bad.yaml", "UTF-8"],
+    );
+}
+
+#[test]
+fn divvy_json_without_extensions_loads() {
+    // The original's JSON shape: `actorField: ""` means no actor, default with `operation: {}`.
+    let text = r#"{
+      "overrides": [
+        {"operation": {"method": "GET", "path": "/status"}, "creditLimit": 1000, "resetSeconds": 60, "actorField": "", "comment": "x"},
+        {"operation": {"method": "GET", "path": "/pantry/cookies/*", "ip": "*"}, "creditLimit": 3, "resetSeconds": 3600, "actorField": "ip"}
+      ],
+      "default": {"operation": {}, "creditLimit": 0, "resetSeconds": 0, "actorField": "", "comment": "Default deny!"}
+    }"#;
+    let policy = parse_str(text, Format::Json, "divvy.json").unwrap();
+    assert_eq!(policy.rules.len(), 3);
+    assert_eq!(policy.rules[0].actor_field, None);
+    assert_eq!(policy.rules[1].actor_field.as_deref(), Some("ip"));
+}
+
+/// Requests covering every rule of config/example.yaml, in both line-protocol and Envoy form.
+fn sample_requests() -> Vec<(Option<&'static str>, Vec<(&'static str, &'static str)>)> {
+    let mut out = Vec::new();
+    let line: Vec<Vec<(&str, &str)>> = vec![
+        vec![("method", "GET"), ("path", "/status")],
+        vec![
+            ("method", "GET"),
+            ("path", "/pantry/cookies/special-cookie"),
+            ("ip", "1.1.1.1"),
+        ],
+        vec![
+            ("method", "GET"),
+            ("path", "/pantry/cookies/oat"),
+            ("ip", "1.1.1.1"),
+        ],
+        vec![
+            ("method", "GET"),
+            ("path", "/pantry/cookies/oat"),
+            ("ip", "2.2.2.2"),
+        ],
+        vec![
+            ("method", "GET"),
+            ("path", "/pantry/jam"),
+            ("ip", "1.1.1.1"),
+        ],
+        vec![("method", "GET"), ("path", "/printer/status")],
+        vec![("method", "GET"), ("path", "/printer/supplies")],
+        vec![
+            ("method", "POST"),
+            ("path", "/printer/print"),
+            ("user", "ann"),
+            ("ip", "3.3.3.3"),
+        ],
+        vec![
+            ("method", "POST"),
+            ("path", "/printer/print"),
+            ("ip", "3.3.3.3"),
+        ],
+        vec![("path", "/admin/users")],
+        vec![("path", "/login"), ("remote_address", "9.9.9.9")],
+        vec![("something", "else")],
+    ];
+    for _ in 0..7 {
+        for pairs in &line {
+            out.push((None, pairs.clone()));
+            out.push((Some("edge"), pairs.clone()));
+        }
+        out.push((Some("edge"), vec![("path", "/api/v1/x"), ("user_id", "u1")]));
+        out.push((Some("edge"), vec![("remote_address", "8.8.8.8")]));
+    }
+    out
+}
+
+#[tokio::test]
+async fn yaml_json_and_ini_examples_give_identical_decisions() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let load =
+        |name: &str| load_file(std::path::Path::new(&format!("{root}/config/{name}"))).unwrap();
+    let yaml = load("example.yaml");
+    let json = load("example.json");
+    let ini = load("example.ini");
+    // Same rules, field by field (the source file name aside).
+    assert_eq!(yaml.rules, json.rules);
+    assert_eq!(yaml.rules, ini.rules);
+    let limiters: Vec<Limiter> = [yaml, json, ini]
+        .into_iter()
+        .map(|p| Limiter::new(RuleSet::new(p), Arc::new(MemoryStore::new())))
+        .collect();
+    let mut transcripts = vec![Vec::new(); 3];
+    for (domain, pairs) in sample_requests() {
+        for (limiter, transcript) in limiters.iter().zip(transcripts.iter_mut()) {
+            let hit = Hit::one(Operation::from_pairs(pairs.iter().copied()));
+            let d = limiter.check(domain, &[hit]).await.unwrap();
+            let item = &d.items[0];
+            transcript.push((
+                item.decider.rule,
+                item.decider.allowed,
+                item.decider.remaining,
+                item.decider.counter_key.clone(),
+                item.canaries
+                    .iter()
+                    .map(|c| (c.rule, c.allowed))
+                    .collect::<Vec<_>>(),
+            ));
+        }
+    }
+    assert_eq!(transcripts[0], transcripts[1]);
+    assert_eq!(transcripts[0], transcripts[2]);
+    // And the transcript is not trivial: denials happened, and several rules decided.
+    assert!(transcripts[0].iter().any(|t| !t.1));
+    let deciders: std::collections::BTreeSet<usize> = transcripts[0].iter().map(|t| t.0).collect();
+    assert!(deciders.len() >= 10, "{deciders:?}");
+}
+
+#[test]
+fn check_command_lists_every_error_or_summarises() {
+    let out = Command::new(common::binary())
+        .args([
+            "check",
+            concat!(env!("CARGO_MANIFEST_DIR"), "/config/example.yaml"),
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_has(
+        &text,
+        &[
+            "OK, 13 rules",
+            "cookies-per-ip",
+            "edge-login",
+            "always deny",
+        ],
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.yaml");
+    std::fs::write(
+        &bad,
+        "overrides:\n  - operation: {a: b}\n    creditLimit: -1\n  - operation: {a: b}\n    creditLimit: 1\n    resetSeconds: 1\n  - operation: {a: b}\n    creditLimit: 1\n    resetSeconds: 1\n    matchPolicy: nope\n",
+    )
+    .unwrap();
+    let out = Command::new(common::binary())
+        .arg("check")
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert_has(
+        &text,
+        &[
+            "bad.yaml",
+            "must end with a default rule",
+            "rule #1 (a=b): creditLimit must be a non-negative integer",
+            "rule #3 (a=b): matchPolicy must be",
+        ],
+    );
+}
+
+#[test]
+fn explain_command_names_rule_canaries_and_counter() {
+    let out = Command::new(common::binary())
+        .args([
+            "explain",
+            concat!(env!("CARGO_MANIFEST_DIR"), "/config/example.ini"),
+            "method=GET",
+            "path=/pantry/cookies/special-cookie",
+            "ip=192.168.1.1",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_has(
+        &text,
+        &[
+            "decides: rule #3 (label cookies-per-ip)",
+            "divvy:ip=* method=GET path=/pantry/cookies/*:192.168.1.1:3:3600",
+            "canary:  rule #2 (label special-cookie-canary)",
+        ],
+    );
+}

@@ -281,7 +281,10 @@ fn divvy_json_without_extensions_loads() {
 }
 
 /// Requests covering every rule of config/example.yaml, in both line-protocol and Envoy form.
-fn sample_requests() -> Vec<(Option<&'static str>, Vec<(&'static str, &'static str)>)> {
+/// A request: its domain (none for a line-protocol HIT) and its pairs.
+type Sample = (Option<&'static str>, Vec<(&'static str, &'static str)>);
+
+fn sample_requests() -> Vec<Sample> {
     let mut out = Vec::new();
     let line: Vec<Vec<(&str, &str)>> = vec![
         vec![("method", "GET"), ("path", "/status")],

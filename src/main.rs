@@ -12,6 +12,7 @@ use clap::{Parser, Subcommand};
 use divvy::config::{self, ConfigError, Policy};
 use divvy::limiter::Limiter;
 use divvy::rules::{Operation, RuleSet};
+use divvy::server::line::{serve_line, ConnLimits};
 use divvy::store::MemoryStore;
 use tokio::net::TcpListener;
 use tracing::{error, info};
@@ -26,7 +27,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Serve the policy: Envoy RateLimitService v3 over gRPC (with grpc.health.v1).
+    /// Serve the policy: Envoy RateLimitService v3 over gRPC (with grpc.health.v1) and the divvy line protocol over TCP.
     Serve(ServeArgs),
     /// Validate a policy file: every error, or a summary of the rules.
     Check {
@@ -54,6 +55,19 @@ struct ServeArgs {
     /// Address of the Envoy RateLimitService (gRPC).
     #[arg(long, env = "DIVVY_GRPC_ADDR", default_value = "0.0.0.0:8081")]
     grpc_addr: SocketAddr,
+    /// Address of the divvy line protocol (TCP). Without it, divvy's `PORT`
+    /// variable gives the port on 0.0.0.0; the default is 0.0.0.0:8321.
+    #[arg(long, env = "DIVVY_LINE_ADDR")]
+    line_addr: Option<SocketAddr>,
+    /// Longest accepted line-protocol request, in bytes; longer lines get an ERR.
+    #[arg(long, env = "DIVVY_LINE_MAX_BYTES", default_value_t = 16 * 1024)]
+    line_max_bytes: usize,
+    /// Most pipelined line-protocol requests decided together per connection.
+    #[arg(long, env = "DIVVY_LINE_MAX_BATCH", default_value_t = 256)]
+    line_max_batch: usize,
+    /// Close a line-protocol connection that sends nothing for this many seconds.
+    #[arg(long, env = "DIVVY_LINE_IDLE_SECONDS", default_value_t = 600)]
+    line_idle_seconds: u64,
     /// How often expired counters are reclaimed from the memory store, in seconds.
     #[arg(long, env = "DIVVY_SWEEP_SECONDS", default_value_t = 5)]
     sweep_seconds: u64,
@@ -109,15 +123,59 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         let grpc = TcpListener::bind(args.grpc_addr)
             .await
             .with_context(|| format!("cannot listen for gRPC on {}", args.grpc_addr))?;
+        let line_addr = line_addr(args.line_addr)?;
+        let line = TcpListener::bind(line_addr)
+            .await
+            .with_context(|| format!("cannot listen for the line protocol on {line_addr}"))?;
         info!("grpc listening on {}", grpc.local_addr()?);
-        let served = divvy::server::serve_grpc(grpc, limiter, shutdown_signal()).await;
-        if let Err(e) = served {
-            error!("gRPC server failed: {e}");
-            bail!("gRPC server failed: {e}");
+        info!("line protocol listening on {}", line.local_addr()?);
+        let limits = ConnLimits {
+            max_line: args.line_max_bytes.max(1),
+            max_batch: args.line_max_batch.max(1),
+            idle_timeout: Duration::from_secs(args.line_idle_seconds.max(1)),
+        };
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+            let _ = rx.wait_for(|stop| *stop).await;
+        };
+        let line_task = tokio::spawn(serve_line(
+            line,
+            limiter.clone(),
+            limits,
+            stopped(stop_rx.clone()),
+        ));
+        let grpc_task = tokio::spawn(divvy::server::serve_grpc(grpc, limiter, stopped(stop_rx)));
+        shutdown_signal().await;
+        let _ = stop_tx.send(true);
+        let _ = line_task.await;
+        match grpc_task.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                error!("gRPC server failed: {e}");
+                bail!("gRPC server failed: {e}");
+            }
+            Err(e) => bail!("gRPC server task failed: {e}"),
         }
         info!("shut down");
         Ok(())
     })
+}
+
+/// `--line-addr`, else `0.0.0.0:$PORT` (divvy's variable), else `0.0.0.0:8321`.
+fn line_addr(flag: Option<SocketAddr>) -> anyhow::Result<SocketAddr> {
+    if let Some(addr) = flag {
+        return Ok(addr);
+    }
+    match std::env::var("PORT") {
+        Ok(port) if !port.trim().is_empty() => {
+            let port: u16 = port
+                .trim()
+                .parse()
+                .with_context(|| format!("PORT must be a TCP port number, found `{port}`"))?;
+            Ok(SocketAddr::from(([0, 0, 0, 0], port)))
+        }
+        _ => Ok(SocketAddr::from(([0, 0, 0, 0], 8321))),
+    }
 }
 
 /// Completes on SIGINT or SIGTERM.

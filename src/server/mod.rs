@@ -1,5 +1,6 @@
 //! Protocol front ends. Each parses, calls the one [`Limiter`], and formats.
 
+pub mod line;
 pub mod rls;
 
 use std::future::Future;

@@ -1,0 +1,184 @@
+//! One line-protocol connection: framing, batching, answering in order.
+//!
+//! Bytes are split at `\n` (a `\r` before it is dropped; invalid UTF-8 is
+//! replaced with U+FFFD). Every complete line already received, up to
+//! `max_batch`, forms one batch: its HITs go to the limiter in one call (so
+//! they are charged in request order, and a networked store answers them in
+//! one round trip), and the answers are written back in request order. The
+//! next batch is read only after the previous one is answered, so the work in
+//! flight per connection is bounded and a client that sends faster than it
+//! reads is held back by TCP. Connections never wait for each other.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use super::parse::{parse_line, Command, LineError};
+use crate::limiter::{Hit, Limiter, Reset};
+use crate::rules::Operation;
+
+/// Limits of one connection.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnLimits {
+    /// Longest accepted line, in bytes, without its newline.
+    pub max_line: usize,
+    /// Most requests decided together (and in flight) per connection.
+    pub max_batch: usize,
+    /// A connection that sends nothing for this long is closed.
+    pub idle_timeout: Duration,
+}
+
+/// A slot in a batch: an answer known already, or a HIT to decide.
+enum Slot {
+    Ready(String),
+    Hit,
+}
+
+/// Splits complete lines off the front of a buffer, discarding over-long ones.
+struct Framer {
+    buf: BytesMut,
+    /// Whether we are skipping the rest of an over-long line.
+    discarding: bool,
+    max_line: usize,
+}
+
+/// One framed item.
+enum Frame {
+    Line(String),
+    TooLong,
+}
+
+impl Framer {
+    fn next(&mut self) -> Option<Frame> {
+        loop {
+            match self.buf.iter().position(|&b| b == b'\n') {
+                Some(at) => {
+                    let mut line = self.buf.split_to(at + 1);
+                    if self.discarding {
+                        // The tail of an over-long line, already answered.
+                        self.discarding = false;
+                        continue;
+                    }
+                    line.truncate(at);
+                    if line.last() == Some(&b'\r') {
+                        line.truncate(at - 1);
+                    }
+                    if line.len() > self.max_line {
+                        return Some(Frame::TooLong);
+                    }
+                    return Some(Frame::Line(String::from_utf8_lossy(&line).into_owned()));
+                }
+                None => {
+                    if self.buf.len() > self.max_line {
+                        // Answer now and skip the rest of the line when it comes.
+                        self.buf.clear();
+                        if !self.discarding {
+                            self.discarding = true;
+                            return Some(Frame::TooLong);
+                        }
+                    }
+                    return None;
+                }
+            }
+        }
+    }
+}
+
+/// Serves one connection until the peer closes it, goes idle, or fails.
+pub async fn serve_connection<S>(stream: S, limiter: Arc<Limiter>, limits: ConnLimits)
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let (mut reader, mut writer) = tokio::io::split(stream);
+    let mut framer = Framer {
+        buf: BytesMut::with_capacity(8 * 1024),
+        discarding: false,
+        max_line: limits.max_line,
+    };
+    let too_long = LineError::Malformed(format!(
+        "Line too long: the limit is {} bytes.",
+        limits.max_line
+    ))
+    .to_string();
+    let mut out = Vec::with_capacity(8 * 1024);
+    let mut slots: Vec<Slot> = Vec::new();
+    let mut hits: Vec<Hit> = Vec::new();
+    let mut eof = false;
+    loop {
+        slots.clear();
+        hits.clear();
+        while slots.len() < limits.max_batch {
+            match framer.next() {
+                Some(Frame::Line(line)) => match parse_line(&line) {
+                    Ok(Command::Hit(pairs)) => {
+                        hits.push(Hit::one(Operation::from_pairs(pairs)));
+                        slots.push(Slot::Hit);
+                    }
+                    Err(e) => slots.push(Slot::Ready(e.to_string())),
+                },
+                Some(Frame::TooLong) => slots.push(Slot::Ready(too_long.clone())),
+                None => break,
+            }
+        }
+        if !slots.is_empty() {
+            answer(&limiter, &slots, &hits, &mut out).await;
+            if writer.write_all(&out).await.is_err() || writer.flush().await.is_err() {
+                return;
+            }
+            out.clear();
+            continue;
+        }
+        if eof {
+            // A last line without a newline cannot be answered, so it is not executed.
+            return;
+        }
+        match tokio::time::timeout(limits.idle_timeout, reader.read_buf(&mut framer.buf)).await {
+            Err(_idle) => return,
+            Ok(Ok(0)) => eof = true,
+            Ok(Ok(_)) => {}
+            Ok(Err(_)) => return,
+        }
+    }
+}
+
+/// Decides the batch's HITs in one limiter call and writes every answer, in order, to `out`.
+async fn answer(limiter: &Limiter, slots: &[Slot], hits: &[Hit], out: &mut Vec<u8>) {
+    use std::io::Write as _;
+    let decided = if hits.is_empty() {
+        None
+    } else {
+        Some(limiter.check(None, hits).await)
+    };
+    let mut next_hit = 0;
+    for slot in slots {
+        // Writing to a Vec cannot fail.
+        let _ = match slot {
+            Slot::Ready(line) => writeln!(out, "{line}"),
+            Slot::Hit => {
+                let i = next_hit;
+                next_hit += 1;
+                match &decided {
+                    Some(Ok(d)) => match d.items.get(i) {
+                        Some(item) => {
+                            let o = &item.decider;
+                            let reset: i64 = match o.reset {
+                                Reset::Never => -1,
+                                Reset::Unlimited => 0,
+                                // Rounded to the nearest second, as Redis TTL reports it.
+                                Reset::After(t) => {
+                                    i64::try_from((t.as_millis() + 500) / 1000).unwrap_or(i64::MAX)
+                                }
+                            };
+                            writeln!(out, "OK {} {} {}", o.allowed, o.remaining, reset)
+                        }
+                        None => writeln!(out, "ERR unknown \"internal error: missing decision\""),
+                    },
+                    Some(Err(e)) => writeln!(out, "{}", LineError::Malformed(e.to_string())),
+                    None => Ok(()),
+                }
+            }
+        };
+    }
+}

@@ -25,6 +25,8 @@ pub struct Server {
     child: Child,
     /// The gRPC address it listens on.
     pub grpc: SocketAddr,
+    /// The line-protocol address it listens on.
+    pub line: SocketAddr,
     /// Everything it logged so far is sent here, line by line.
     pub log: mpsc::Receiver<String>,
     _dir: Option<tempfile::TempDir>,
@@ -33,10 +35,15 @@ pub struct Server {
 impl Server {
     /// Writes `text` to a temp file named `policy.<ext>` and serves it.
     pub fn with_policy(text: &str, ext: &str) -> Server {
+        Server::with_policy_args(text, ext, &[])
+    }
+
+    /// Like [`Server::with_policy`], with extra `serve` arguments.
+    pub fn with_policy_args(text: &str, ext: &str, extra: &[&str]) -> Server {
         let dir = tempfile::tempdir().expect("temp dir");
         let path = dir.path().join(format!("policy.{ext}"));
         std::fs::write(&path, text).expect("write policy");
-        let mut s = Server::start(&path, &[]);
+        let mut s = Server::start(&path, extra);
         s._dir = Some(dir);
         s
     }
@@ -47,7 +54,7 @@ impl Server {
             .arg("serve")
             .arg("--config")
             .arg(path)
-            .args(["--grpc-addr", "127.0.0.1:0"])
+            .args(["--grpc-addr", "127.0.0.1:0", "--line-addr", "127.0.0.1:0"])
             .args(extra)
             .env("DIVVY_LOG", "info")
             .stdin(Stdio::null())
@@ -64,21 +71,38 @@ impl Server {
                 }
             }
         });
-        let mut grpc = None;
-        while grpc.is_none() {
+        let (mut grpc, mut line_addr) = (None, None);
+        while grpc.is_none() || line_addr.is_none() {
             let line = rx
                 .recv_timeout(Duration::from_secs(30))
-                .expect("divvy did not report its gRPC address within 30 s");
+                .expect("divvy did not report its addresses within 30 s");
             if let Some(addr) = line.split("grpc listening on ").nth(1) {
                 grpc = Some(addr.trim().parse().expect("address"));
+            }
+            if let Some(addr) = line.split("line protocol listening on ").nth(1) {
+                line_addr = Some(addr.trim().parse().expect("address"));
             }
         }
         Server {
             child,
             grpc: grpc.unwrap(),
+            line: line_addr.unwrap(),
             log: rx,
             _dir: None,
         }
+    }
+
+    /// Sends `input` on one line-protocol connection, closes the write side,
+    /// and returns everything the server answered.
+    pub fn line_exchange(&self, input: &[u8]) -> String {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(self.line).expect("connect line");
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        s.write_all(input).expect("send");
+        s.shutdown(std::net::Shutdown::Write).expect("shutdown");
+        let mut out = Vec::new();
+        s.read_to_end(&mut out).expect("read answers");
+        String::from_utf8(out).expect("answers are UTF-8")
     }
 
     /// A gRPC client connected to the server.

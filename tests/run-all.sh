@@ -20,6 +20,33 @@ if command -v rustup >/dev/null 2>&1; then
   done
 fi
 
+# Debian packages the tests need, installed only when missing.
+apt_updated=0
+apt_install() {
+  if ! command -v apt-get >/dev/null 2>&1; then
+    echo "missing $* and no apt-get to install it with; install it and run this again" >&2
+    exit 1
+  fi
+  local sudo=""
+  if [ "$(id -u)" != 0 ]; then sudo="sudo"; fi
+  if [ "$apt_updated" = 0 ]; then
+    $sudo apt-get update -qq
+    apt_updated=1
+  fi
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "$@"
+}
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+  log "installing Node.js and npm (for the official divvy npm client)"
+  apt_install nodejs npm
+fi
+
+# The official divvy client, into an ignored folder (nothing from node_modules is committed).
+if [ ! -f .tools/npm/node_modules/@button/divvy-client/package.json ]; then
+  log "installing @button/divvy-client 1.0.1 into .tools/npm"
+  mkdir -p .tools/npm
+  npm install --prefix .tools/npm --no-audit --no-fund --loglevel=error @button/divvy-client@1.0.1
+fi
+
 log "cargo fmt --check"
 cargo fmt --all -- --check
 

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
+use tokio_stream::StreamExt;
 
 use crate::limiter::Limiter;
 use rls::{RateLimitServiceServer, RlsService};
@@ -23,9 +24,16 @@ pub async fn serve_grpc(
         .set_serving::<RateLimitServiceServer<RlsService>>()
         .await;
     let service = RateLimitServiceServer::new(RlsService::new(limiter));
+    // Envoy multiplexes every call on a few HTTP/2 connections: small
+    // frames must not wait for Nagle's algorithm.
+    let incoming = TcpListenerStream::new(listener).map(|conn| {
+        conn.inspect(|stream| {
+            let _ = stream.set_nodelay(true);
+        })
+    });
     tonic::transport::Server::builder()
         .add_service(health_service)
         .add_service(service)
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .serve_with_incoming_shutdown(incoming, shutdown)
         .await
 }

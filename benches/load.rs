@@ -1,0 +1,358 @@
+//! Load benchmark: the real `divvy` binary (memory store) on loopback,
+//! next to a baseline measured in the same run.
+//!
+//! Run with `cargo bench --bench load` (add `-- --seconds N` to change the
+//! length of each run). It prints requests per second and latency
+//! percentiles for:
+//! - the divvy line protocol, one connection with up to 256 requests pipelined;
+//! - the line protocol, 64 connections with one request in flight each;
+//! - Envoy's ShouldRateLimit over gRPC, 64 concurrent requests on one channel.
+//!
+//! The baseline is a trivial line server in this process that answers every
+//! line with a constant `OK` (no parsing, no rules, no counters): the cost of
+//! loopback TCP and the load generator on this machine. Figures are quoted
+//! as ratios to it, because these machines are shared and noisy.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader as TokioBufReader};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+
+const POLICY: &str = r#"
+overrides:
+  - operation: {path: "/api/*", ip: "*"}
+    creditLimit: 1000000000
+    resetSeconds: 1h
+    actorField: ip
+  - operation: {path: /login}
+    creditLimit: 5
+    resetSeconds: 1m
+default:
+  creditLimit: 1000000000
+  resetSeconds: 1h
+"#;
+
+struct Divvy {
+    child: Child,
+    grpc: SocketAddr,
+    line: SocketAddr,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Divvy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_divvy() -> Divvy {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("bench.yaml");
+    std::fs::write(&path, POLICY).expect("policy");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_divvy"))
+        .arg("serve")
+        .arg("--config")
+        .arg(&path)
+        .args(["--grpc-addr", "127.0.0.1:0", "--line-addr", "127.0.0.1:0"])
+        .env("DIVVY_LOG", "info")
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("spawn divvy");
+    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let (mut grpc, mut line) = (None, None);
+    while grpc.is_none() || line.is_none() {
+        let l = lines.next().expect("divvy exited").expect("read log");
+        if let Some(a) = l.split("grpc listening on ").nth(1) {
+            grpc = Some(a.trim().parse().expect("addr"));
+        }
+        if let Some(a) = l.split("line protocol listening on ").nth(1) {
+            line = Some(a.trim().parse().expect("addr"));
+        }
+    }
+    std::thread::spawn(move || for _ in lines {});
+    Divvy {
+        child,
+        grpc: grpc.expect("grpc"),
+        line: line.expect("line"),
+        _dir: dir,
+    }
+}
+
+/// The baseline: answers each line with a constant, batching like divvy does.
+async fn baseline_server() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let _ = s.set_nodelay(true);
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 64 * 1024];
+                let mut out = Vec::new();
+                loop {
+                    let n = match s.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => n,
+                    };
+                    for _ in buf[..n].iter().filter(|&&b| b == b'\n') {
+                        out.extend_from_slice(b"OK true 1 3600\n");
+                    }
+                    if s.write_all(&out).await.is_err() {
+                        return;
+                    }
+                    out.clear();
+                }
+            });
+        }
+    });
+    addr
+}
+
+fn request_line(i: u64) -> String {
+    format!(
+        "HIT method=GET path=/api/items ip=10.0.{}.{}\n",
+        (i / 256) % 256,
+        i % 256
+    )
+}
+
+struct Figures {
+    requests: u64,
+    elapsed: Duration,
+    latencies: Vec<Duration>,
+}
+
+impl Figures {
+    fn rate(&self) -> f64 {
+        self.requests as f64 / self.elapsed.as_secs_f64()
+    }
+    fn pct(&mut self, p: f64) -> Duration {
+        self.latencies.sort_unstable();
+        if self.latencies.is_empty() {
+            return Duration::ZERO;
+        }
+        let i = ((self.latencies.len() as f64 - 1.0) * p).round() as usize;
+        self.latencies[i]
+    }
+}
+
+/// One connection, up to `window` requests in flight.
+async fn line_pipelined(addr: SocketAddr, run: Duration, window: usize) -> Figures {
+    let stream = TcpStream::connect(addr).await.expect("connect");
+    stream.set_nodelay(true).expect("nodelay");
+    let (rd, mut wr) = stream.into_split();
+    let permits = Arc::new(Semaphore::new(window));
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Instant>();
+    let deadline = Instant::now() + run;
+    let p = permits.clone();
+    let writer = tokio::spawn(async move {
+        let mut i = 0u64;
+        while Instant::now() < deadline {
+            let permit = p.acquire().await.expect("semaphore");
+            permit.forget();
+            // Send as many as the window allows in one write.
+            let mut batch = request_line(i);
+            let mut sent = vec![Instant::now()];
+            i += 1;
+            while let Ok(permit) = p.try_acquire() {
+                permit.forget();
+                batch.push_str(&request_line(i));
+                i += 1;
+                sent.push(Instant::now());
+            }
+            if wr.write_all(batch.as_bytes()).await.is_err() {
+                break;
+            }
+            for t in sent {
+                let _ = tx.send(t);
+            }
+        }
+        drop(tx);
+        i
+    });
+    let start = Instant::now();
+    let mut reader = TokioBufReader::new(rd);
+    let mut line = String::new();
+    let mut latencies = Vec::new();
+    while let Some(sent) = rx.recv().await {
+        line.clear();
+        if reader.read_line(&mut line).await.unwrap_or(0) == 0 {
+            break;
+        }
+        assert!(line.starts_with("OK"), "unexpected answer {line:?}");
+        latencies.push(sent.elapsed());
+        permits.add_permits(1);
+    }
+    let sent = writer.await.expect("writer");
+    Figures {
+        requests: sent.min(latencies.len() as u64),
+        elapsed: start.elapsed(),
+        latencies,
+    }
+}
+
+/// `conns` connections, one request in flight on each.
+async fn line_concurrent(addr: SocketAddr, run: Duration, conns: u64) -> Figures {
+    let start = Instant::now();
+    let deadline = start + run;
+    let tasks: Vec<_> = (0..conns)
+        .map(|c| {
+            tokio::spawn(async move {
+                let stream = TcpStream::connect(addr).await.expect("connect");
+                stream.set_nodelay(true).expect("nodelay");
+                let (rd, mut wr) = stream.into_split();
+                let mut reader = TokioBufReader::new(rd);
+                let mut line = String::new();
+                let mut lat = Vec::new();
+                let mut i = c * 1_000_000;
+                while Instant::now() < deadline {
+                    let t = Instant::now();
+                    wr.write_all(request_line(i).as_bytes())
+                        .await
+                        .expect("send");
+                    line.clear();
+                    reader.read_line(&mut line).await.expect("answer");
+                    assert!(line.starts_with("OK"), "unexpected answer {line:?}");
+                    lat.push(t.elapsed());
+                    i += 1;
+                }
+                lat
+            })
+        })
+        .collect();
+    let mut latencies = Vec::new();
+    for t in tasks {
+        latencies.extend(t.await.expect("task"));
+    }
+    Figures {
+        requests: latencies.len() as u64,
+        elapsed: start.elapsed(),
+        latencies,
+    }
+}
+
+/// `concurrency` ShouldRateLimit calls in flight on one HTTP/2 channel.
+async fn grpc_concurrent(addr: SocketAddr, run: Duration, concurrency: u64) -> Figures {
+    let client = RateLimitServiceClient::connect(format!("http://{addr}"))
+        .await
+        .expect("connect");
+    let start = Instant::now();
+    let deadline = start + run;
+    let tasks: Vec<_> = (0..concurrency)
+        .map(|c| {
+            let mut client = client.clone();
+            tokio::spawn(async move {
+                let mut lat = Vec::new();
+                let mut i = c * 1_000_000;
+                while Instant::now() < deadline {
+                    let req = RateLimitRequest {
+                        domain: "bench".into(),
+                        descriptors: vec![RateLimitDescriptor {
+                            entries: vec![
+                                Entry {
+                                    key: "path".into(),
+                                    value: "/api/items".into(),
+                                },
+                                Entry {
+                                    key: "ip".into(),
+                                    value: format!("10.1.{}.{}", (i / 256) % 256, i % 256),
+                                },
+                            ],
+                            ..Default::default()
+                        }],
+                        hits_addend: 0,
+                    };
+                    let t = Instant::now();
+                    let r = client
+                        .should_rate_limit(req)
+                        .await
+                        .expect("rpc")
+                        .into_inner();
+                    assert_eq!(r.overall_code, 1);
+                    lat.push(t.elapsed());
+                    i += 1;
+                }
+                lat
+            })
+        })
+        .collect();
+    let mut latencies = Vec::new();
+    for t in tasks {
+        latencies.extend(t.await.expect("task"));
+    }
+    Figures {
+        requests: latencies.len() as u64,
+        elapsed: start.elapsed(),
+        latencies,
+    }
+}
+
+fn report(name: &str, mut f: Figures, baseline: Option<f64>) -> f64 {
+    let rate = f.rate();
+    let ratio = baseline.map_or(String::from("(baseline)"), |b| {
+        format!("{:.2}x baseline", rate / b)
+    });
+    println!(
+        "{name:<46} {rate:>10.0} req/s  p50 {:>8.1?}  p99 {:>8.1?}  {ratio}",
+        f.pct(0.50),
+        f.pct(0.99)
+    );
+    rate
+}
+
+fn main() {
+    let seconds: u64 = std::env::args()
+        .skip_while(|a| a != "--seconds")
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(4);
+    let run = Duration::from_secs(seconds);
+    let divvy = start_divvy();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let base = baseline_server().await;
+        // Warm up both.
+        line_concurrent(divvy.line, Duration::from_millis(500), 8).await;
+        line_concurrent(base, Duration::from_millis(500), 8).await;
+        println!("{seconds} s per run, 2 cores shared by load generator and server\n");
+        let b = report(
+            "baseline: line, 1 conn, 256 pipelined",
+            line_pipelined(base, run, 256).await,
+            None,
+        );
+        report(
+            "divvy: line, 1 conn, 256 pipelined",
+            line_pipelined(divvy.line, run, 256).await,
+            Some(b),
+        );
+        let b = report(
+            "baseline: line, 64 conns x 1 in flight",
+            line_concurrent(base, run, 64).await,
+            None,
+        );
+        report(
+            "divvy: line, 64 conns x 1 in flight",
+            line_concurrent(divvy.line, run, 64).await,
+            Some(b),
+        );
+        report(
+            "divvy: gRPC ShouldRateLimit, 64 in flight",
+            grpc_concurrent(divvy.grpc, run, 64).await,
+            Some(b),
+        );
+    });
+}

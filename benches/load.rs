@@ -241,16 +241,27 @@ async fn line_concurrent(addr: SocketAddr, run: Duration, conns: u64) -> Figures
     }
 }
 
-/// `concurrency` ShouldRateLimit calls in flight on one HTTP/2 channel.
-async fn grpc_concurrent(addr: SocketAddr, run: Duration, concurrency: u64) -> Figures {
-    let client = RateLimitServiceClient::connect(format!("http://{addr}"))
-        .await
-        .expect("connect");
+/// `concurrency` ShouldRateLimit calls in flight, spread over `channels`
+/// HTTP/2 connections (Envoy opens one per worker thread).
+async fn grpc_concurrent(
+    addr: SocketAddr,
+    run: Duration,
+    concurrency: u64,
+    channels: u64,
+) -> Figures {
+    let mut clients = Vec::new();
+    for _ in 0..channels {
+        clients.push(
+            RateLimitServiceClient::connect(format!("http://{addr}"))
+                .await
+                .expect("connect"),
+        );
+    }
     let start = Instant::now();
     let deadline = start + run;
     let tasks: Vec<_> = (0..concurrency)
         .map(|c| {
-            let mut client = client.clone();
+            let mut client = clients[(c % channels) as usize].clone();
             tokio::spawn(async move {
                 let mut lat = Vec::new();
                 let mut i = c * 1_000_000;
@@ -350,9 +361,29 @@ fn main() {
             Some(b),
         );
         report(
-            "divvy: gRPC ShouldRateLimit, 64 in flight",
-            grpc_concurrent(divvy.grpc, run, 64).await,
+            "divvy: gRPC, 64 in flight, 1 channel",
+            grpc_concurrent(divvy.grpc, run, 64, 1).await,
             Some(b),
+        );
+        report(
+            "divvy: gRPC, 64 in flight, 4 channels",
+            grpc_concurrent(divvy.grpc, run, 64, 4).await,
+            Some(b),
+        );
+        let b1 = report(
+            "baseline: line, 1 conn x 1 in flight",
+            line_concurrent(base, run, 1).await,
+            None,
+        );
+        report(
+            "divvy: line, 1 conn x 1 in flight",
+            line_concurrent(divvy.line, run, 1).await,
+            Some(b1),
+        );
+        report(
+            "divvy: gRPC, 1 in flight",
+            grpc_concurrent(divvy.grpc, run, 1, 1).await,
+            Some(b1),
         );
     });
 }

@@ -13,7 +13,10 @@ use divvy::config::{self, ConfigError, Policy};
 use divvy::limiter::Limiter;
 use divvy::rules::{Operation, RuleSet};
 use divvy::server::line::{serve_line, ConnLimits};
-use divvy::store::MemoryStore;
+use divvy::store::failover::{FailoverStore, FailurePolicy};
+use divvy::store::redis::{RedisOptions, RedisStore};
+use divvy::store::redis_url::{parse_redis_url, RedisTarget};
+use divvy::store::{MemoryStore, Store};
 use tokio::net::TcpListener;
 use tracing::{error, info};
 
@@ -68,6 +71,28 @@ struct ServeArgs {
     /// Close a line-protocol connection that sends nothing for this many seconds.
     #[arg(long, env = "DIVVY_LINE_IDLE_SECONDS", default_value_t = 600)]
     line_idle_seconds: u64,
+    /// Keep counters in Redis, shared by every replica: redis://[user:pass@]host:port[/db],
+    /// rediss://..., redis+cluster://host:port[,host:port...] or
+    /// redis+sentinel://host:port[,host:port...]/master-name. Without it (and
+    /// without divvy's REDIS_HOST), counters live in the embedded memory store.
+    #[arg(long, env = "DIVVY_REDIS_URL")]
+    redis_url: Option<String>,
+    /// Longest wait for one Redis command, in milliseconds.
+    #[arg(long, env = "DIVVY_REDIS_TIMEOUT_MS", default_value_t = 100)]
+    redis_timeout_ms: u64,
+    /// What requests get while Redis is failing: allow (fail open), deny
+    /// (fail closed) or local (the embedded store with a share of each limit).
+    #[arg(
+        long,
+        env = "DIVVY_ON_STORE_FAILURE",
+        value_enum,
+        default_value = "local"
+    )]
+    on_store_failure: FailurePolicy,
+    /// With --on-store-failure local, the share of each limit a replica may
+    /// grant on its own while Redis is failing.
+    #[arg(long, env = "DIVVY_LOCAL_SHARE", default_value_t = 0.5)]
+    local_share: f64,
     /// How often expired counters are reclaimed from the memory store, in seconds.
     #[arg(long, env = "DIVVY_SWEEP_SECONDS", default_value_t = 5)]
     sweep_seconds: u64,
@@ -117,8 +142,28 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .build()
         .context("cannot start the async runtime")?;
     runtime.block_on(async move {
-        let store = Arc::new(MemoryStore::new());
-        store.spawn_sweeper(Duration::from_secs(args.sweep_seconds.max(1)));
+        let store: Arc<dyn Store> = match redis_target(args.redis_url.as_deref())? {
+            None => {
+                let memory = Arc::new(MemoryStore::new());
+                memory.spawn_sweeper(Duration::from_secs(args.sweep_seconds.max(1)));
+                info!("counters in the embedded memory store");
+                memory
+            }
+            Some(target) => {
+                info!(target = ?target, policy = ?args.on_store_failure, "counters in redis");
+                let redis = RedisStore::connect(&RedisOptions {
+                    target,
+                    timeout: Duration::from_millis(args.redis_timeout_ms.max(1)),
+                })?;
+                let failover = Arc::new(FailoverStore::new(
+                    Arc::new(redis),
+                    args.on_store_failure,
+                    args.local_share,
+                ));
+                failover.spawn_probe();
+                failover
+            }
+        };
         let limiter = Arc::new(Limiter::new(RuleSet::new(policy), store));
         let grpc = TcpListener::bind(args.grpc_addr)
             .await
@@ -159,6 +204,28 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         info!("shut down");
         Ok(())
     })
+}
+
+/// `--redis-url`, else divvy's `REDIS_HOST` and `REDIS_PORT`, else none
+/// (the memory store). The password may come from `REDIS_PASSWORD`.
+fn redis_target(flag: Option<&str>) -> anyhow::Result<Option<RedisTarget>> {
+    let password = std::env::var("REDIS_PASSWORD").ok();
+    let url = match flag {
+        Some(url) => url.to_owned(),
+        None => match std::env::var("REDIS_HOST") {
+            Ok(host) if !host.trim().is_empty() => {
+                let port = std::env::var("REDIS_PORT").unwrap_or_else(|_| "6379".into());
+                let host = host.trim();
+                if host.contains(':') {
+                    format!("redis://[{host}]:{}", port.trim())
+                } else {
+                    format!("redis://{host}:{}", port.trim())
+                }
+            }
+            _ => return Ok(None),
+        },
+    };
+    Ok(Some(parse_redis_url(&url, password)?))
 }
 
 /// `--line-addr`, else `0.0.0.0:$PORT` (divvy's variable), else `0.0.0.0:8321`.

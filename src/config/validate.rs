@@ -15,8 +15,8 @@ use crate::rules::glob::Pattern;
 
 /// Longest window accepted: 100 years of 365 days.
 pub const MAX_RESET_SECONDS: u64 = 100 * 365 * 86_400;
-/// Largest credit limit accepted (fits a Redis integer).
-pub const MAX_CREDIT_LIMIT: u64 = i64::MAX as u64;
+/// Largest credit limit accepted: exact in a Lua number (2^53 - 1), so Redis scripts count it exactly.
+pub const MAX_CREDIT_LIMIT: u64 = (1 << 53) - 1;
 
 /// Whether a matching rule decides or only counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

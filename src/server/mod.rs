@@ -23,6 +23,28 @@ pub async fn serve_grpc(
     health
         .set_serving::<RateLimitServiceServer<RlsService>>()
         .await;
+    // The rate-limit service reports NOT_SERVING while its counter store is
+    // failing (and a failure policy decides); "" (the process) stays SERVING.
+    let watched = limiter.clone();
+    tokio::spawn(async move {
+        let mut last = true;
+        loop {
+            tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+            let ready = watched.store().ready();
+            if ready != last {
+                if ready {
+                    health
+                        .set_serving::<RateLimitServiceServer<RlsService>>()
+                        .await;
+                } else {
+                    health
+                        .set_not_serving::<RateLimitServiceServer<RlsService>>()
+                        .await;
+                }
+                last = ready;
+            }
+        }
+    });
     let service = RateLimitServiceServer::new(RlsService::new(limiter));
     // Envoy multiplexes every call on a few HTTP/2 connections: small
     // frames must not wait for Nagle's algorithm.

@@ -5,7 +5,10 @@
 //! The store applies each [`CounterOp`] in order with the op's algorithm and
 //! reports a [`CounterState`] per op. Protocol code never sees a store.
 
+pub mod failover;
 pub mod memory;
+pub mod redis;
+pub mod redis_url;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -74,6 +77,17 @@ pub trait Store: Send + Sync + 'static {
         &'a self,
         key: &'a str,
     ) -> StoreFuture<'a, Result<Option<CounterState>, StoreError>>;
+
+    /// Checks that the backend answers (used to close the circuit breaker).
+    fn probe(&self) -> StoreFuture<'_, Result<(), StoreError>> {
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    /// Whether counters are currently kept by the configured backend
+    /// (false while a failure policy is standing in for it).
+    fn ready(&self) -> bool {
+        true
+    }
 
     /// A short name for logs ("memory", "redis").
     fn name(&self) -> &'static str;

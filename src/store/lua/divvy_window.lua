@@ -1,0 +1,45 @@
+-- divvy's window, atomically, for every counter of one request.
+-- KEYS[i]: a counter (divvy's key shape). ARGV[3i-2]: credit limit,
+-- ARGV[3i-1]: window in seconds, ARGV[3i]: credits to take (0 = check only).
+-- Stored value: the credits left; the key's TTL is the window. This is the
+-- original divvy server's layout, so both can share one Redis.
+-- Returns, per key: allowed (1/0), credits left, milliseconds to reset.
+local out = {}
+for i = 1, #KEYS do
+  local key = KEYS[i]
+  local limit = tonumber(ARGV[3 * i - 2])
+  local window = tonumber(ARGV[3 * i - 1])
+  local cost = tonumber(ARGV[3 * i])
+  local left = tonumber(redis.call('GET', key))
+  local ttl
+  local allowed = 0
+  if left == nil then
+    -- No open window: the first hit opens one.
+    left = limit
+    ttl = window * 1000
+    if cost == 0 then
+      if limit > 0 then allowed = 1 end
+    elseif cost <= limit then
+      left = limit - cost
+      redis.call('SET', key, left, 'EX', window)
+      allowed = 1
+    end
+  else
+    ttl = redis.call('PTTL', key)
+    if ttl < 0 then
+      -- A counter without expiry would never reset: give it the window.
+      redis.call('EXPIRE', key, window)
+      ttl = window * 1000
+    end
+    if cost == 0 then
+      if left > 0 then allowed = 1 end
+    elseif left >= cost then
+      left = redis.call('DECRBY', key, cost)
+      allowed = 1
+    end
+  end
+  out[#out + 1] = allowed
+  out[#out + 1] = left
+  out[#out + 1] = ttl
+end
+return out

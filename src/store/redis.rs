@@ -1,0 +1,237 @@
+//! The Redis store: counters shared by every replica.
+//!
+//! Every check-and-consume is one Lua script (`lua/divvy_window.lua`) run
+//! with EVALSHA, over all the counters of a request at once, so a request is
+//! one round trip. In a Cluster, the counters are grouped by hash slot (a
+//! script may only touch one slot) and the groups go out in parallel; the
+//! client pipelines them per node. A lost script cache (Redis restarted,
+//! `SCRIPT FLUSH`) is detected by `NOSCRIPT` and the script reloaded on
+//! every node before the call is retried once.
+//!
+//! The client is [fred]: it supports single servers, Cluster and Sentinel
+//! (following failovers) natively, pipelines concurrent commands on one
+//! connection, and reconnects on its own.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use fred::prelude::*;
+use fred::types::config::{ClusterDiscoveryPolicy, Server, TlsConnector};
+
+use super::redis_url::{HostPort, RedisTarget, Topology};
+use super::{Algorithm, CounterOp, CounterState, Store, StoreError, StoreFuture};
+
+/// The counter script.
+pub const SCRIPT: &str = include_str!("lua/divvy_window.lua");
+
+/// Connection settings.
+#[derive(Debug, Clone)]
+pub struct RedisOptions {
+    /// Where Redis is.
+    pub target: RedisTarget,
+    /// Longest wait for one command (and for a connection attempt).
+    pub timeout: Duration,
+}
+
+/// Counters in Redis.
+pub struct RedisStore {
+    client: Client,
+    sha: String,
+    cluster: bool,
+    timeout: Duration,
+}
+
+fn server(h: &HostPort) -> Server {
+    Server::new(h.host.clone(), h.port)
+}
+
+fn store_error(e: &Error) -> StoreError {
+    StoreError::Unavailable(format!("redis: {e}"))
+}
+
+impl RedisStore {
+    /// Builds the client and starts connecting in the background; never
+    /// waits for Redis, so the service starts even when Redis is down.
+    pub fn connect(options: &RedisOptions) -> Result<RedisStore, StoreError> {
+        let t = &options.target;
+        let server_config = match &t.topology {
+            Topology::Single { server: s, .. } => ServerConfig::Centralized { server: server(s) },
+            Topology::Cluster { seeds } => ServerConfig::Clustered {
+                hosts: seeds.iter().map(server).collect(),
+                policy: ClusterDiscoveryPolicy::default(),
+            },
+            Topology::Sentinel { sentinels, master } => ServerConfig::Sentinel {
+                hosts: sentinels.iter().map(server).collect(),
+                service_name: master.clone(),
+            },
+        };
+        let tls = if t.tls {
+            Some(
+                TlsConnector::default_rustls()
+                    .map_err(|e| store_error(&e))?
+                    .into(),
+            )
+        } else {
+            None
+        };
+        let config = Config {
+            server: server_config,
+            username: t.username.clone(),
+            password: t.password.clone(),
+            database: match &t.topology {
+                Topology::Single { db, .. } => *db,
+                _ => None,
+            },
+            fail_fast: true,
+            tls,
+            ..Config::default()
+        };
+        let timeout = options.timeout;
+        let client = Builder::from_config(config)
+            .with_performance_config(|p| {
+                p.default_command_timeout = timeout;
+            })
+            .with_connection_config(|c| {
+                c.connection_timeout = timeout.max(Duration::from_millis(500));
+                c.internal_command_timeout = timeout.max(Duration::from_millis(500));
+                c.max_command_attempts = 1;
+                c.unresponsive.max_timeout = Some(timeout.max(Duration::from_millis(500)) * 4);
+                c.unresponsive.interval = Duration::from_millis(100);
+            })
+            .set_policy(ReconnectPolicy::new_constant(0, 200))
+            .build()
+            .map_err(|e| store_error(&e))?;
+        // Connection and reconnection run in the background from here on.
+        let _task = client.connect();
+        Ok(RedisStore {
+            client,
+            sha: fred::util::sha1_hash(SCRIPT),
+            cluster: matches!(t.topology, Topology::Cluster { .. }),
+            timeout,
+        })
+    }
+
+    /// Runs the script on one group of ops (all in one hash slot).
+    async fn eval_group(&self, ops: &[&CounterOp]) -> Result<Vec<CounterState>, StoreError> {
+        let keys: Vec<&str> = ops.iter().map(|op| op.key.as_str()).collect();
+        let mut args: Vec<i64> = Vec::with_capacity(ops.len() * 3);
+        for op in ops {
+            match op.algorithm {
+                Algorithm::DivvyWindow => {}
+            }
+            args.push(i64::try_from(op.limit).unwrap_or(i64::MAX));
+            args.push(i64::try_from(op.window.as_secs().max(1)).unwrap_or(i64::MAX));
+            args.push(i64::try_from(op.cost).unwrap_or(i64::MAX));
+        }
+        let first: Result<Vec<i64>, Error> = self
+            .client
+            .evalsha(self.sha.as_str(), keys.clone(), args.clone())
+            .await;
+        let raw = match first {
+            Err(e) if e.details().starts_with("NOSCRIPT") => {
+                tracing::info!("redis lost the counter script; loading it again");
+                self.client
+                    .script_load_cluster::<(), _>(SCRIPT)
+                    .await
+                    .map_err(|e| store_error(&e))?;
+                self.client
+                    .evalsha::<Vec<i64>, _, _, _>(self.sha.as_str(), keys, args)
+                    .await
+                    .map_err(|e| store_error(&e))?
+            }
+            other => other.map_err(|e| store_error(&e))?,
+        };
+        if raw.len() != ops.len() * 3 {
+            return Err(StoreError::Unavailable(format!(
+                "redis: the counter script returned {} values for {} counters",
+                raw.len(),
+                ops.len()
+            )));
+        }
+        Ok(raw
+            .chunks_exact(3)
+            .map(|c| CounterState {
+                allowed: c[0] == 1,
+                remaining: u64::try_from(c[1]).unwrap_or(0),
+                reset_after: Duration::from_millis(u64::try_from(c[2]).unwrap_or(0)),
+            })
+            .collect())
+    }
+
+    async fn apply_all(&self, ops: &[CounterOp]) -> Result<Vec<CounterState>, StoreError> {
+        if !self.cluster {
+            let all: Vec<&CounterOp> = ops.iter().collect();
+            return self.eval_group(&all).await;
+        }
+        // One script call per hash slot; ops on one key share a slot, so
+        // their order is kept. Groups run in parallel.
+        let mut groups: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
+        for (i, op) in ops.iter().enumerate() {
+            groups
+                .entry(fred::util::redis_keyslot(op.key.as_bytes()))
+                .or_default()
+                .push(i);
+        }
+        let calls = groups.values().map(|idx| {
+            let group: Vec<&CounterOp> = idx.iter().map(|&i| &ops[i]).collect();
+            async move { self.eval_group(&group).await }
+        });
+        let results = futures_util::future::join_all(calls).await;
+        let mut states = vec![
+            CounterState {
+                allowed: false,
+                remaining: 0,
+                reset_after: Duration::ZERO,
+            };
+            ops.len()
+        ];
+        for (idx, result) in groups.values().zip(results) {
+            for (&i, state) in idx.iter().zip(result?) {
+                states[i] = state;
+            }
+        }
+        Ok(states)
+    }
+}
+
+impl Store for RedisStore {
+    fn apply<'a>(
+        &'a self,
+        ops: &'a [CounterOp],
+    ) -> StoreFuture<'a, Result<Vec<CounterState>, StoreError>> {
+        Box::pin(self.apply_all(ops))
+    }
+
+    fn peek<'a>(
+        &'a self,
+        key: &'a str,
+    ) -> StoreFuture<'a, Result<Option<CounterState>, StoreError>> {
+        Box::pin(async move {
+            let value: Option<i64> = self.client.get(key).await.map_err(|e| store_error(&e))?;
+            let ttl: i64 = self.client.pttl(key).await.map_err(|e| store_error(&e))?;
+            Ok(value.map(|left| CounterState {
+                allowed: left > 0,
+                remaining: u64::try_from(left).unwrap_or(0),
+                reset_after: Duration::from_millis(u64::try_from(ttl).unwrap_or(0)),
+            }))
+        })
+    }
+
+    fn probe(&self) -> StoreFuture<'_, Result<(), StoreError>> {
+        Box::pin(async move {
+            let ping = self.client.ping::<String>(None);
+            match tokio::time::timeout(self.timeout, ping).await {
+                Ok(Ok(_)) => Ok(()),
+                Ok(Err(e)) => Err(store_error(&e)),
+                Err(_) => Err(StoreError::Unavailable(format!(
+                    "redis: no answer to PING within {:?}",
+                    self.timeout
+                ))),
+            }
+        })
+    }
+
+    fn name(&self) -> &'static str {
+        "redis"
+    }
+}

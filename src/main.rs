@@ -151,15 +151,19 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             }
             Some(target) => {
                 info!(target = ?target, policy = ?args.on_store_failure, "counters in redis");
-                let redis = RedisStore::connect(&RedisOptions {
+                let options = RedisOptions {
                     target,
                     timeout: Duration::from_millis(args.redis_timeout_ms.max(1)),
-                })?;
-                let failover = Arc::new(FailoverStore::new(
-                    Arc::new(redis),
-                    args.on_store_failure,
-                    args.local_share,
-                ));
+                };
+                let (redis, connected) =
+                    RedisStore::connect(&options, Duration::from_secs(2)).await?;
+                let failover =
+                    FailoverStore::new(Arc::new(redis), args.on_store_failure, args.local_share);
+                let failover = Arc::new(if connected {
+                    failover
+                } else {
+                    failover.start_failed()
+                });
                 failover.spawn_probe();
                 failover
             }

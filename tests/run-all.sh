@@ -40,6 +40,14 @@ if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
   apt_install nodejs npm
 fi
 
+if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-sentinel >/dev/null 2>&1 \
+  || ! command -v redis-cli >/dev/null 2>&1 || ! command -v redis-benchmark >/dev/null 2>&1; then
+  log "installing redis-server, redis-sentinel and redis-tools (the tests start their own servers)"
+  apt_install redis-server redis-sentinel redis-tools
+fi
+# The tests start their own redis-server processes on free ports; a Debian
+# install may also start a system service, which the tests never use.
+
 # The official divvy client, into an ignored folder (nothing from node_modules is committed).
 if [ ! -f .tools/npm/node_modules/@button/divvy-client/package.json ]; then
   log "installing @button/divvy-client 1.0.1 into .tools/npm"

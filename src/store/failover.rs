@@ -45,7 +45,7 @@ pub struct FailoverStore {
 }
 
 impl FailoverStore {
-    /// Wraps `primary`; `local_share` is clamped to (0, 1].
+    /// Wraps `primary` (breaker closed); `local_share` is clamped to (0, 1].
     pub fn new(primary: Arc<dyn Store>, policy: FailurePolicy, local_share: f64) -> FailoverStore {
         let local_share = if local_share.is_finite() && local_share > 0.0 {
             local_share.min(1.0)
@@ -88,6 +88,17 @@ impl FailoverStore {
                 me.local.sweep();
             }
         })
+    }
+
+    /// Starts with the breaker open when the primary is known to be down.
+    pub fn start_failed(self) -> FailoverStore {
+        self.healthy.store(false, Ordering::Release);
+        tracing::warn!(
+            store = self.primary.name(),
+            policy = ?self.policy,
+            "counter store unreachable at startup; deciding by the failure policy until it answers"
+        );
+        self
     }
 
     /// Opens the breaker (the store just failed).

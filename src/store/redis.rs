@@ -50,9 +50,14 @@ fn store_error(e: &Error) -> StoreError {
 }
 
 impl RedisStore {
-    /// Builds the client and starts connecting in the background; never
-    /// waits for Redis, so the service starts even when Redis is down.
-    pub fn connect(options: &RedisOptions) -> Result<RedisStore, StoreError> {
+    /// Builds the client, starts connecting (and reconnecting) in the
+    /// background, and waits up to `startup_wait` for the first connection.
+    /// Returns the store and whether Redis answered; the service starts
+    /// either way, and a failure policy decides until Redis is reachable.
+    pub async fn connect(
+        options: &RedisOptions,
+        startup_wait: Duration,
+    ) -> Result<(RedisStore, bool), StoreError> {
         let t = &options.target;
         let server_config = match &t.topology {
             Topology::Single { server: s, .. } => ServerConfig::Centralized { server: server(s) },
@@ -82,7 +87,8 @@ impl RedisStore {
                 Topology::Single { db, .. } => *db,
                 _ => None,
             },
-            fail_fast: true,
+            // Keep trying when Redis is down at startup too.
+            fail_fast: false,
             tls,
             ..Config::default()
         };
@@ -103,12 +109,17 @@ impl RedisStore {
             .map_err(|e| store_error(&e))?;
         // Connection and reconnection run in the background from here on.
         let _task = client.connect();
-        Ok(RedisStore {
+        let store = RedisStore {
             client,
             sha: fred::util::sha1_hash(SCRIPT),
             cluster: matches!(t.topology, Topology::Cluster { .. }),
             timeout,
-        })
+        };
+        let connected = matches!(
+            tokio::time::timeout(startup_wait, store.client.wait_for_connect()).await,
+            Ok(Ok(()))
+        ) && store.probe().await.is_ok();
+        Ok((store, connected))
     }
 
     /// Runs the script on one group of ops (all in one hash slot).

@@ -2,6 +2,8 @@
 //! loopback ports and talk to it.
 #![allow(dead_code)]
 
+pub mod redis;
+
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

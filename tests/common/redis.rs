@@ -1,0 +1,236 @@
+//! Real `redis-server` processes on free loopback ports, started and killed
+//! by the tests (never a Redis that happens to run on the machine).
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A free loopback port (bound, then released).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+/// Runs `redis-cli -p port args...` and returns its output.
+pub fn cli(port: u16, args: &[&str]) -> String {
+    let out = Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(args)
+        .output()
+        .expect("redis-cli must be installed (tests/run-all.sh installs it)");
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// A redis-server (or sentinel) process; killed on drop.
+pub struct Redis {
+    child: Option<Child>,
+    /// Its port.
+    pub port: u16,
+    args: Vec<String>,
+    dir: PathBuf,
+    _tmp: tempfile::TempDir,
+}
+
+impl Redis {
+    /// A plain server with no persistence.
+    pub fn start() -> Redis {
+        Redis::start_with(&[])
+    }
+
+    /// A server with extra arguments.
+    pub fn start_with(extra: &[&str]) -> Redis {
+        Redis::start_on(free_port(), extra)
+    }
+
+    /// A plain server on a given port.
+    pub fn start_with_port(port: u16) -> Redis {
+        Redis::start_on(port, &[])
+    }
+
+    fn start_on(port: u16, extra: &[&str]) -> Redis {
+        let tmp = tempfile::tempdir().expect("temp dir");
+        let mut args: Vec<String> = vec![
+            "--port".into(),
+            port.to_string(),
+            "--bind".into(),
+            "127.0.0.1".into(),
+            "--save".into(),
+            String::new(),
+            "--appendonly".into(),
+            "no".into(),
+            "--dir".into(),
+            tmp.path().display().to_string(),
+        ];
+        args.extend(extra.iter().map(|s| (*s).to_owned()));
+        let dir = tmp.path().to_path_buf();
+        let mut r = Redis {
+            child: None,
+            port,
+            args,
+            dir,
+            _tmp: tmp,
+        };
+        r.spawn();
+        r
+    }
+
+    /// A Sentinel watching `master_port` as `name`, quorum 1, quick failover.
+    pub fn sentinel(master_port: u16, name: &str) -> Redis {
+        let tmp = tempfile::tempdir().expect("temp dir");
+        let port = free_port();
+        let conf = tmp.path().join("sentinel.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "port {port}\nbind 127.0.0.1\ndir {dir}\n\
+                 sentinel monitor {name} 127.0.0.1 {master_port} 1\n\
+                 sentinel down-after-milliseconds {name} 1000\n\
+                 sentinel failover-timeout {name} 3000\n\
+                 sentinel parallel-syncs {name} 1\n",
+                dir = tmp.path().display()
+            ),
+        )
+        .expect("sentinel.conf");
+        let mut r = Redis {
+            child: None,
+            port,
+            args: vec![conf.display().to_string(), "--sentinel".into()],
+            dir: tmp.path().to_path_buf(),
+            _tmp: tmp,
+        };
+        r.spawn();
+        r
+    }
+
+    fn spawn(&mut self) {
+        let child = Command::new("redis-server")
+            .args(&self.args)
+            .current_dir(&self.dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server must be installed (tests/run-all.sh installs it)");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while cli(self.port, &["PING"]) != "PONG" {
+            assert!(
+                Instant::now() < deadline,
+                "redis on port {} did not start",
+                self.port
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// `redis://127.0.0.1:port`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Kills the process (SIGKILL).
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts it again, empty, on the same port.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+
+    fn signal(&self, sig: &str) {
+        if let Some(c) = &self.child {
+            let status = Command::new("kill")
+                .args([sig, &c.id().to_string()])
+                .status()
+                .expect("kill");
+            assert!(status.success());
+        }
+    }
+
+    /// SIGSTOP: the process stays, its sockets stay open, nothing answers.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// SIGCONT.
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    /// `redis-cli` against this server.
+    pub fn cli(&self, args: &[&str]) -> String {
+        cli(self.port, args)
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        self.resume();
+        self.kill();
+    }
+}
+
+/// A Redis Cluster of `n` masters (no replicas).
+pub struct Cluster {
+    /// The nodes.
+    pub nodes: Vec<Redis>,
+}
+
+impl Cluster {
+    /// Starts the nodes and joins them into a cluster.
+    pub fn start(n: usize) -> Cluster {
+        let nodes: Vec<Redis> = (0..n)
+            .map(|_| {
+                Redis::start_with(&[
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-node-timeout",
+                    "2000",
+                ])
+            })
+            .collect();
+        let mut args: Vec<String> = vec!["--cluster".into(), "create".into()];
+        args.extend(nodes.iter().map(|r| format!("127.0.0.1:{}", r.port)));
+        args.extend([
+            "--cluster-replicas".into(),
+            "0".into(),
+            "--cluster-yes".into(),
+        ]);
+        let out = Command::new("redis-cli")
+            .args(&args)
+            .output()
+            .expect("redis-cli");
+        assert!(
+            out.status.success(),
+            "cluster create failed: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let deadline = Instant::now() + Duration::from_secs(30);
+        for node in &nodes {
+            while !node.cli(&["CLUSTER", "INFO"]).contains("cluster_state:ok") {
+                assert!(Instant::now() < deadline, "cluster did not become ok");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        Cluster { nodes }
+    }
+
+    /// `redis+cluster://` with every node as a seed.
+    pub fn url(&self) -> String {
+        let seeds: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|r| format!("127.0.0.1:{}", r.port))
+            .collect();
+        format!("redis+cluster://{}", seeds.join(","))
+    }
+}

@@ -1,0 +1,413 @@
+//! The Redis store against real redis-server processes that each test starts
+//! on free loopback ports and kills: decisions, exactness across replicas,
+//! failures under each policy, Cluster and a Sentinel failover.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::redis::{Cluster, Redis};
+use common::{desc, request, Server};
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
+
+const POLICY: &str = r#"
+overrides:
+  - operation: {k: n}
+    creditLimit: 1000
+    resetSeconds: 1h
+  - operation: {k: ten, who: "*"}
+    creditLimit: 10
+    resetSeconds: 1h
+    actorField: who
+  - operation: {k: hundred}
+    creditLimit: 100
+    resetSeconds: 1h
+  - operation: {k: canary}
+    matchPolicy: canary
+    creditLimit: 1
+    resetSeconds: 1h
+  - operation: {k: free}
+    creditLimit: 5
+    resetSeconds: 0
+  - operation: {k: blocked}
+    creditLimit: 0
+default:
+  creditLimit: 3
+  resetSeconds: 1h
+"#;
+
+fn serve(redis_url: Option<&str>, extra: &[&str]) -> Server {
+    let mut args: Vec<&str> = Vec::new();
+    if let Some(url) = redis_url {
+        args.extend(["--redis-url", url]);
+    }
+    args.extend(extra);
+    Server::with_policy_args(POLICY, "yaml", &args)
+}
+
+/// One line-protocol connection that sends a line and reads its answer.
+struct Conn {
+    stream: TcpStream,
+    reader: BufReader<TcpStream>,
+}
+
+impl Conn {
+    fn open(server: &Server) -> Conn {
+        let stream = TcpStream::connect(server.line).expect("connect");
+        // A hang detector, not a timing assertion.
+        stream
+            .set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        let reader = BufReader::new(stream.try_clone().unwrap());
+        Conn { stream, reader }
+    }
+
+    fn hit(&mut self, line: &str) -> String {
+        self.stream
+            .write_all(format!("{line}\n").as_bytes())
+            .unwrap();
+        let mut answer = String::new();
+        self.reader
+            .read_line(&mut answer)
+            .expect("answered, not hung");
+        answer.trim_end().to_owned()
+    }
+}
+
+/// `(allowed, credits)` of an `OK` answer.
+fn parse(answer: &str) -> (bool, u64) {
+    let t: Vec<&str> = answer.split(' ').collect();
+    assert!(t.len() == 4 && t[0] == "OK", "unexpected answer {answer:?}");
+    (t[1] == "true", t[2].parse().unwrap())
+}
+
+fn transcript(server: &Server) -> Vec<String> {
+    let mut conn = Conn::open(server);
+    let mut out = Vec::new();
+    for line in [
+        "HIT k=ten who=a",
+        "HIT k=ten who=a",
+        "HIT k=ten who=b",
+        "HIT k=canary",
+        "HIT k=canary",
+        "HIT k=free",
+        "HIT k=blocked",
+        "HIT",
+        "HIT",
+        "HIT",
+        "HIT",
+        "HIT x=y",
+    ] {
+        let answer = conn.hit(line);
+        // Seconds to reset can differ by one across a second boundary: keep
+        // decisions and credits, and the reset's sign.
+        let t: Vec<&str> = answer.split(' ').collect();
+        let reset = t[3].parse::<i64>().unwrap();
+        out.push(format!("{} {} {} {}", t[0], t[1], t[2], reset.signum()));
+    }
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let mut client = rt.block_on(server.client());
+    let mut descriptor = desc(&[("k", "ten"), ("who", "c")]);
+    descriptor.hits_addend = Some(envoy_types::pb::google::protobuf::UInt64Value { value: 4 });
+    for _ in 0..3 {
+        let r: RateLimitResponse = rt
+            .block_on(client.should_rate_limit(request(
+                "d",
+                vec![
+                    descriptor.clone(),
+                    desc(&[("k", "hundred")]),
+                    desc(&[("k", "free")]),
+                ],
+            )))
+            .unwrap()
+            .into_inner();
+        out.push(format!(
+            "{} {:?}",
+            r.overall_code,
+            r.statuses
+                .iter()
+                .map(|s| (s.code, s.limit_remaining))
+                .collect::<Vec<_>>()
+        ));
+    }
+    out
+}
+
+#[test]
+fn redis_gives_the_same_decisions_as_the_memory_store() {
+    let redis = Redis::start();
+    let memory = transcript(&serve(None, &[]));
+    let shared = transcript(&serve(Some(&redis.url()), &[]));
+    assert_eq!(memory, shared);
+    // The counters are in Redis, in divvy's layout: credits left, TTL = window.
+    assert_eq!(redis.cli(&["GET", "divvy:k=ten who=*:a:10:3600"]), "8");
+    let ttl: i64 = redis
+        .cli(&["TTL", "divvy:k=ten who=*:a:10:3600"])
+        .parse()
+        .unwrap();
+    assert!((3590..=3600).contains(&ttl), "{ttl}");
+    assert_eq!(redis.cli(&["GET", "divvy:::3:3600"]), "0");
+}
+
+#[test]
+fn counters_written_by_the_original_layout_are_shared() {
+    let redis = Redis::start();
+    // An existing divvy deployment left this counter: 2 credits, 100 s left.
+    redis.cli(&["SET", "divvy:k=ten who=*:z:10:3600", "2", "EX", "100"]);
+    let server = serve(Some(&redis.url()), &[]);
+    let mut conn = Conn::open(&server);
+    assert_eq!(conn.hit("HIT k=ten who=z"), "OK true 1 100");
+    assert_eq!(conn.hit("HIT k=ten who=z"), "OK true 0 100");
+    assert_eq!(conn.hit("HIT k=ten who=z"), "OK false 0 100");
+}
+
+#[test]
+fn two_replicas_sharing_redis_allow_exactly_the_limit() {
+    let redis = Redis::start();
+    let a = serve(Some(&redis.url()), &[]);
+    let b = serve(Some(&redis.url()), &[]);
+    let allowed = Arc::new(AtomicUsize::new(0));
+    let answered = Arc::new(AtomicUsize::new(0));
+    let threads: Vec<_> = (0..40)
+        .map(|i| {
+            let addr = if i % 2 == 0 { a.line } else { b.line };
+            let allowed = allowed.clone();
+            let answered = answered.clone();
+            std::thread::spawn(move || {
+                let mut s = TcpStream::connect(addr).unwrap();
+                s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+                // 50 pipelined hits per connection.
+                s.write_all("HIT k=hundred\n".repeat(50).as_bytes())
+                    .unwrap();
+                let mut reader = BufReader::new(s);
+                for _ in 0..50 {
+                    let mut line = String::new();
+                    reader.read_line(&mut line).unwrap();
+                    answered.fetch_add(1, Ordering::SeqCst);
+                    if parse(line.trim_end()).0 {
+                        allowed.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert_eq!(answered.load(Ordering::SeqCst), 2000);
+    assert_eq!(allowed.load(Ordering::SeqCst), 100);
+    assert_eq!(redis.cli(&["GET", "divvy:k=hundred::100:3600"]), "0");
+}
+
+/// Hits `k=n` continuously on one connection until `stop`; every answer must
+/// be an `OK` line (none lost, none hung). Returns how many were answered.
+fn background_load(server: &Server, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<usize> {
+    let addr = server.line;
+    std::thread::spawn(move || {
+        let s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let mut reader = BufReader::new(s.try_clone().unwrap());
+        let mut w = s;
+        let mut n = 0;
+        while !stop.load(Ordering::SeqCst) {
+            w.write_all(b"HIT k=n\n").unwrap();
+            let mut line = String::new();
+            reader
+                .read_line(&mut line)
+                .expect("answered under load, not hung");
+            assert!(line.starts_with("OK "), "{line:?}");
+            n += 1;
+        }
+        n
+    })
+}
+
+/// Polls until `server` decides from Redis again: a fresh counter shows up there.
+fn wait_for_recovery(server: &Server, redis_port: u16, probe: &str) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut conn = Conn::open(server);
+    loop {
+        conn.hit(&format!("HIT k=ten who={probe}"));
+        if common::redis::cli(
+            redis_port,
+            &["EXISTS", &format!("divvy:k=ten who=*:{probe}:10:3600")],
+        ) == "1"
+        {
+            return;
+        }
+        assert!(Instant::now() < deadline, "no recovery within 15 s");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn outage(pause: bool) {
+    let mut redis = Redis::start();
+    let url = redis.url();
+    let servers: Vec<(&str, Server)> = ["allow", "deny", "local"]
+        .into_iter()
+        .map(|p| {
+            (
+                p,
+                serve(
+                    Some(&url),
+                    &["--on-store-failure", p, "--redis-timeout-ms", "100"],
+                ),
+            )
+        })
+        .collect();
+    for (policy, s) in &servers {
+        let mut c = Conn::open(s);
+        assert_eq!(
+            c.hit(&format!("HIT k=ten who=before-{policy}")),
+            "OK true 9 3600"
+        );
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let loads: Vec<_> = servers
+        .iter()
+        .map(|(_, s)| background_load(s, stop.clone()))
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    if pause {
+        redis.pause();
+    } else {
+        redis.kill();
+    }
+    for (policy, s) in &servers {
+        let mut c = Conn::open(s);
+        let line = format!("HIT k=ten who=during-{policy}");
+        let got: Vec<(bool, u64)> = (0..8).map(|_| parse(&c.hit(&line))).collect();
+        let allowed: Vec<bool> = got.iter().map(|g| g.0).collect();
+        match *policy {
+            "allow" => assert_eq!(allowed, vec![true; 8], "{policy}"),
+            "deny" => assert_eq!(allowed, vec![false; 8], "{policy}"),
+            // Limit 10 at the default share 0.5: 5 local credits.
+            _ => assert_eq!(
+                allowed,
+                [vec![true; 5], vec![false; 3]].concat(),
+                "{policy}: {got:?}"
+            ),
+        }
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    if pause {
+        redis.resume();
+    } else {
+        redis.restart();
+    }
+    for (i, (_, s)) in servers.iter().enumerate() {
+        wait_for_recovery(s, redis.port, &format!("after{i}"));
+    }
+    stop.store(true, Ordering::SeqCst);
+    for l in loads {
+        assert!(l.join().unwrap() > 0);
+    }
+    if pause {
+        // The data survived the pause: the first counter continues.
+        let mut c = Conn::open(&servers[0].1);
+        assert_eq!(parse(&c.hit("HIT k=ten who=before-allow")), (true, 8));
+    }
+}
+
+#[test]
+fn redis_killed_under_load_then_restarted_empty() {
+    outage(false);
+}
+
+#[test]
+fn redis_paused_under_load_then_resumed() {
+    outage(true);
+}
+
+#[test]
+fn a_dead_redis_at_startup_does_not_stop_the_service() {
+    let port = common::redis::free_port();
+    let url = format!("redis://127.0.0.1:{port}");
+    let server = serve(Some(&url), &["--on-store-failure", "deny"]);
+    let mut c = Conn::open(&server);
+    assert_eq!(parse(&c.hit("HIT k=ten who=x")), (false, 0));
+    // Then Redis appears on that port, and the service uses it.
+    let redis = Redis::start_with_port(port);
+    wait_for_recovery(&server, redis.port, "late");
+}
+
+#[test]
+fn cluster_of_three_masters() {
+    let cluster = Cluster::start(3);
+    let server = serve(Some(&cluster.url()), &[]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let mut client = rt.block_on(server.client());
+    let actors: Vec<String> = (0..30).map(|i| format!("actor{i}")).collect();
+    let descriptors: Vec<_> = actors
+        .iter()
+        .map(|a| desc(&[("k", "ten"), ("who", a.as_str())]))
+        .collect();
+    for round in 1..=3u32 {
+        let r = rt
+            .block_on(client.should_rate_limit(request("d", descriptors.clone())))
+            .unwrap()
+            .into_inner();
+        assert_eq!(r.statuses.len(), 30);
+        for s in &r.statuses {
+            assert_eq!((s.code, s.limit_remaining), (1, 10 - round));
+        }
+    }
+    // The counters are spread over the masters.
+    let holding = cluster
+        .nodes
+        .iter()
+        .filter(|n| n.cli(&["DBSIZE"]).parse::<u64>().unwrap_or(0) > 0)
+        .count();
+    assert!(holding >= 2, "counters on {holding} node(s)");
+    let mut c = Conn::open(&server);
+    assert_eq!(c.hit("HIT k=ten who=actor7"), "OK true 6 3600");
+}
+
+#[test]
+fn sentinel_failover_is_followed() {
+    let master = Redis::start();
+    let replica = Redis::start_with(&["--replicaof", "127.0.0.1", &master.port.to_string()]);
+    let sentinel = Redis::sentinel(master.port, "divvymaster");
+    // Wait until the replica is in sync and the sentinel knows it.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !replica
+        .cli(&["INFO", "replication"])
+        .contains("master_link_status:up")
+        || !sentinel
+            .cli(&["SENTINEL", "replicas", "divvymaster"])
+            .contains(&replica.port.to_string())
+    {
+        assert!(
+            Instant::now() < deadline,
+            "replication or sentinel not ready"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let url = format!("redis+sentinel://127.0.0.1:{}/divvymaster", sentinel.port);
+    let server = serve(Some(&url), &["--on-store-failure", "deny"]);
+    let mut c = Conn::open(&server);
+    assert_eq!(c.hit("HIT k=ten who=s"), "OK true 9 3600");
+    assert_eq!(c.hit("HIT k=ten who=s"), "OK true 8 3600");
+    master.cli(&["WAIT", "1", "2000"]);
+    let mut master = master;
+    master.kill();
+    // The sentinel promotes the replica; the service follows it.
+    let deadline = Instant::now() + Duration::from_secs(40);
+    loop {
+        let (allowed, left) = parse(&c.hit("HIT k=ten who=s"));
+        if allowed {
+            assert_eq!(left, 7, "the counter continued on the promoted replica");
+            break;
+        }
+        assert!(Instant::now() < deadline, "no failover within 40 s");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(replica.cli(&["GET", "divvy:k=ten who=*:s:10:3600"]), "7");
+    assert!(replica
+        .cli(&["INFO", "replication"])
+        .contains("role:master"));
+}

@@ -187,12 +187,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
             let _ = rx.wait_for(|stop| *stop).await;
         };
-        let line_task = tokio::spawn(serve_line(
-            line,
-            limiter.clone(),
-            limits,
-            stopped(stop_rx.clone()),
-        ));
+        let line_task = tokio::spawn(serve_line(line, limiter.clone(), limits, stop_rx.clone()));
         let grpc_task = tokio::spawn(divvy::server::serve_grpc(grpc, limiter, stopped(stop_rx)));
         shutdown_signal().await;
         let _ = stop_tx.send(true);

@@ -111,6 +111,25 @@ fn numbers_are_checked() {
         )));
         assert_has(&e, &["policy.test", "rule #1 (label n1)", needle]);
     }
+    // A whole-number float (divvy JSON files may say 3.0) is a whole number.
+    parse_str(
+        r#"{"default": {"creditLimit": 3.0, "resetSeconds": 60.0}}"#,
+        Format::Json,
+        "ok.json",
+    )
+    .unwrap();
+    // Numbers in an operation would be rewritten by YAML: they must be quoted.
+    let e = yaml_errors(&with_default(
+        "  - operation: {v: 1.10}\n    creditLimit: 1\n    resetSeconds: 1\n",
+    ));
+    assert_has(
+        &e,
+        &[
+            "rule #1",
+            "operation value of `v` is the number 1.1",
+            "quote it",
+        ],
+    );
     // INI numbers are text, parsed strictly.
     let e = errors(
         "[a=b]\ncreditLimit = 3x\nresetSeconds = 1\n[default]\ncreditLimit = 0\n",
@@ -153,6 +172,10 @@ fn match_policy_labels_and_domains_are_checked() {
         "  - operation: {a: b}\n    domain: \"\"\n    creditLimit: 1\n    resetSeconds: 1\n",
     ));
     assert_has(&e, &["domain must not be empty"]);
+    let e = yaml_errors(&with_default(
+        "  - operation: {a: b}\n    domain: \"a:b\"\n    creditLimit: 1\n    resetSeconds: 1\n",
+    ));
+    assert_has(&e, &["domain `a:b` must not contain `:`"]);
 }
 
 #[test]

@@ -222,7 +222,8 @@ fn hit_semantics_match_the_grpc_path_and_share_counters() {
     assert_eq!(line("HIT k=canary"), "OK true 7 0\n");
     // The window reopens after resetSeconds.
     assert_eq!(line("HIT k=short"), "OK true 0 1\n");
-    assert_eq!(line("HIT k=short"), "OK false 0 1\n");
+    // Seconds to reset here depend on how long the machine took: 1 or 0.
+    assert!(line("HIT k=short").starts_with("OK false 0 "));
     std::thread::sleep(Duration::from_millis(1300));
     assert_eq!(line("HIT k=short"), "OK true 0 1\n");
 }
@@ -341,4 +342,88 @@ fn thousands_of_connections_and_abrupt_disconnects() {
         drop(s);
     }
     assert_eq!(server.line_exchange(b"HIT\n"), "OK true 7 0\n");
+}
+
+#[test]
+fn a_client_that_never_reads_its_answers_is_closed() {
+    let server = Server::with_policy_args(GRAMMAR_POLICY, "yaml", &["--line-idle-seconds", "1"]);
+    let mut s = TcpStream::connect(server.line).unwrap();
+    s.set_write_timeout(Some(Duration::from_secs(5))).unwrap();
+    let chunk = "HIT w=v\n".repeat(64 * 1024);
+    // Keep writing and never read: the server's answers back up, it gives up
+    // after the idle timeout and closes, and our writes start failing.
+    let mut failed = false;
+    for _ in 0..200 {
+        if s.write_all(chunk.as_bytes()).is_err() {
+            failed = true;
+            break;
+        }
+    }
+    assert!(failed, "the server kept a connection that never reads");
+    assert_eq!(server.line_exchange(b"HIT\n"), "OK true 7 0\n");
+}
+
+#[test]
+fn a_crlf_line_at_the_limit_is_accepted_however_tcp_splits_it() {
+    let server = Server::with_policy_args(GRAMMAR_POLICY, "yaml", &["--line-max-bytes", "8"]);
+    let mut s = TcpStream::connect(server.line).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.set_nodelay(true).unwrap();
+    s.write_all(b"HIT w=v \r").unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    s.write_all(b"\nHIT w=vv \r\n").unwrap();
+    let mut reader = BufReader::new(s);
+    let mut first = String::new();
+    reader.read_line(&mut first).unwrap();
+    assert_eq!(first, "OK true 5 0\n");
+    let mut second = String::new();
+    reader.read_line(&mut second).unwrap();
+    assert_eq!(
+        second,
+        "ERR unknown \"Line too long: the limit is 8 bytes.\"\n"
+    );
+}
+
+#[test]
+fn sigterm_answers_what_was_accepted_and_exits_zero() {
+    let mut server = Server::with_policy(COUNTING_POLICY, "yaml");
+    let addr = server.line;
+    let clients: Vec<_> = (0..8)
+        .map(|_| {
+            std::thread::spawn(move || {
+                let s = TcpStream::connect(addr).unwrap();
+                s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+                let mut w = s.try_clone().unwrap();
+                let writer = std::thread::spawn(move || {
+                    for _ in 0..2000 {
+                        if w.write_all(b"HIT k=n\nHIT\n").is_err() {
+                            break;
+                        }
+                    }
+                });
+                // Every answer that arrives is whole; then the server closes cleanly.
+                let mut answers = 0;
+                let mut reader = BufReader::new(s);
+                loop {
+                    let mut line = String::new();
+                    match reader.read_line(&mut line) {
+                        Ok(0) => break,
+                        Ok(_) => {
+                            assert!(line.ends_with('\n'), "partial answer {line:?}");
+                            assert!(line.starts_with("OK "), "{line:?}");
+                            answers += 1;
+                        }
+                        Err(e) => panic!("connection broke instead of closing: {e}"),
+                    }
+                }
+                let _ = writer.join();
+                answers
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let status = server.terminate();
+    assert!(status.success(), "exit status {status:?}");
+    let answered: usize = clients.into_iter().map(|c| c.join().unwrap()).sum();
+    assert!(answered > 0);
 }

@@ -169,6 +169,14 @@ fn check_rule(
         ),
         (None, true) => name.to_owned(),
     };
+    for (k, v) in &raw.operation {
+        if let Scalar::Float(f) = v {
+            problems.push(format!(
+                "{who}: operation value of `{k}` is the number {f:?}, which YAML and JSON may rewrite \
+                 (1.10 becomes 1.1); quote it so it matches the text clients send"
+            ));
+        }
+    }
     if is_default && !operation.is_empty() {
         problems.push(format!(
             "{who}: the default rule must have an empty operation"
@@ -238,6 +246,9 @@ fn check_rule(
         Some("") => problems.push(format!(
             "{who}: domain must not be empty (omit it to apply the rule to every domain)"
         )),
+        Some(d) if d.contains(':') => problems.push(format!(
+            "{who}: domain `{d}` must not contain `:` (it separates the parts of a counter key)"
+        )),
         Some(_) if is_default => problems.push(format!(
             "{who}: the default rule applies to every domain and cannot name one"
         )),
@@ -264,6 +275,10 @@ fn check_rule(
 fn integer(v: &Scalar, duration: bool) -> Option<u64> {
     match v {
         Scalar::UInt(n) => Some(*n),
+        // divvy's JSON files may say 3.0; a whole number is a whole number.
+        Scalar::Float(f) if *f >= 0.0 && f.fract() == 0.0 && *f <= MAX_CREDIT_LIMIT as f64 => {
+            Some(*f as u64)
+        }
         Scalar::Str(s) if duration => parse_seconds(s),
         Scalar::Str(s) => {
             let s = s.trim();
@@ -280,6 +295,7 @@ fn integer(v: &Scalar, duration: bool) -> Option<u64> {
 fn show(v: &Scalar) -> String {
     match v {
         Scalar::Str(s) => format!("`{s}`"),
+        Scalar::Float(f) => format!("{f:?}"),
         other => other.to_text(),
     }
 }

@@ -71,7 +71,13 @@ impl Framer {
                     return Some(Frame::Line(String::from_utf8_lossy(&line).into_owned()));
                 }
                 None => {
-                    if self.buf.len() > self.max_line {
+                    // A trailing `\r` may be the start of this line's `\r\n`:
+                    // it does not count towards the limit yet.
+                    let pending = match self.buf.last() {
+                        Some(b'\r') => self.buf.len() - 1,
+                        _ => self.buf.len(),
+                    };
+                    if pending > self.max_line {
                         // Answer now and skip the rest of the line when it comes.
                         self.buf.clear();
                         if !self.discarding {
@@ -86,9 +92,16 @@ impl Framer {
     }
 }
 
-/// Serves one connection until the peer closes it, goes idle, or fails.
-pub async fn serve_connection<S>(stream: S, limiter: Arc<Limiter>, limits: ConnLimits)
-where
+/// Serves one connection until the peer closes it, goes idle (sends nothing,
+/// or reads none of its answers, for `idle_timeout`), fails, or `shutdown`
+/// turns true. On shutdown the batch being decided is still answered; no
+/// further line is read.
+pub async fn serve_connection<S>(
+    stream: S,
+    limiter: Arc<Limiter>,
+    limits: ConnLimits,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let (mut reader, mut writer) = tokio::io::split(stream);
@@ -124,21 +137,35 @@ where
         }
         if !slots.is_empty() {
             answer(&limiter, &slots, &hits, &mut out).await;
-            if writer.write_all(&out).await.is_err() || writer.flush().await.is_err() {
-                return;
+            let write = async {
+                writer.write_all(&out).await?;
+                writer.flush().await
+            };
+            // A client that stops reading its answers is idle too.
+            match tokio::time::timeout(limits.idle_timeout, write).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) | Err(_) => return,
             }
             out.clear();
+            if *shutdown.borrow() {
+                return;
+            }
             continue;
         }
-        if eof {
+        if eof || *shutdown.borrow() {
             // A last line without a newline cannot be answered, so it is not executed.
             return;
         }
-        match tokio::time::timeout(limits.idle_timeout, reader.read_buf(&mut framer.buf)).await {
-            Err(_idle) => return,
-            Ok(Ok(0)) => eof = true,
-            Ok(Ok(_)) => {}
-            Ok(Err(_)) => return,
+        tokio::select! {
+            read = tokio::time::timeout(limits.idle_timeout, reader.read_buf(&mut framer.buf)) => {
+                match read {
+                    Err(_idle) => return,
+                    Ok(Ok(0)) => eof = true,
+                    Ok(Ok(_)) => {}
+                    Ok(Err(_)) => return,
+                }
+            }
+            _ = shutdown.changed() => return,
         }
     }
 }

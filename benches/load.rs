@@ -55,7 +55,95 @@ impl Drop for Divvy {
     }
 }
 
+/// A redis-server of the benchmark's own on a free loopback port.
+struct RedisProc {
+    child: Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for RedisProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_redis() -> RedisProc {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port();
+    let child = Command::new("redis-server")
+        .args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .current_dir(dir.path())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("redis-server (tests/run-all.sh installs it)");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while redis_cli(port, &["PING"]) != "PONG" {
+        assert!(Instant::now() < deadline, "redis did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    RedisProc {
+        child,
+        port,
+        _dir: dir,
+    }
+}
+
+fn redis_cli(port: u16, args: &[&str]) -> String {
+    Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(args)
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default()
+}
+
+/// redis-benchmark's own EVALSHA rate for divvy's script on random counters.
+fn redis_benchmark_evalsha(port: u16, clients: u32, pipeline: u32, seconds: u64) -> f64 {
+    let sha = redis_cli(port, &["SCRIPT", "LOAD", divvy::store::redis::SCRIPT]);
+    let requests = (seconds * 60_000).to_string();
+    let out = Command::new("redis-benchmark")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(["-c", &clients.to_string(), "-P", &pipeline.to_string()])
+        .args(["-n", &requests, "-r", "100000", "-q"])
+        .args([
+            "EVALSHA",
+            &sha,
+            "1",
+            "bench:__rand_int__",
+            "1000000000",
+            "3600",
+            "1",
+        ])
+        .output()
+        .expect("redis-benchmark (tests/run-all.sh installs redis-tools)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    // "EVALSHA ...: 81234.56 requests per second, p50=..."; the last figure printed wins.
+    text.rsplit("requests per second")
+        .nth(1)
+        .and_then(|before| before.rsplit(' ').find(|w| !w.is_empty()))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
 fn start_divvy() -> Divvy {
+    start_divvy_with(&[])
+}
+
+fn start_divvy_with(extra: &[&str]) -> Divvy {
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("bench.yaml");
     std::fs::write(&path, POLICY).expect("policy");
@@ -64,6 +152,7 @@ fn start_divvy() -> Divvy {
         .arg("--config")
         .arg(&path)
         .args(["--grpc-addr", "127.0.0.1:0", "--line-addr", "127.0.0.1:0"])
+        .args(extra)
         .env("DIVVY_LOG", "info")
         .stderr(Stdio::piped())
         .stdout(Stdio::null())
@@ -328,6 +417,9 @@ fn main() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(4);
     let run = Duration::from_secs(seconds);
+    // `--redis-only` skips the memory-store section (the Redis section still
+    // measures the memory store next to the Redis store).
+    let redis_only = std::env::args().any(|a| a == "--redis-only");
     let divvy = start_divvy();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -335,6 +427,9 @@ fn main() {
         .build()
         .expect("runtime");
     rt.block_on(async {
+        if redis_only {
+            return;
+        }
         let base = baseline_server().await;
         // Warm up both.
         line_concurrent(divvy.line, Duration::from_millis(500), 8).await;
@@ -384,6 +479,60 @@ fn main() {
             "divvy: gRPC, 1 in flight",
             grpc_concurrent(divvy.grpc, run, 1, 1).await,
             Some(b1),
+        );
+    });
+
+    // The Redis store, next to the memory store and redis-benchmark's own
+    // EVALSHA figure on the same Redis, in the same run.
+    let redis = start_redis();
+    let url = format!("redis://127.0.0.1:{}", redis.port);
+    let shared = start_divvy_with(&["--redis-url", &url]);
+    println!();
+    let evalsha = redis_benchmark_evalsha(redis.port, 64, 1, seconds);
+    let evalsha_pipelined = redis_benchmark_evalsha(redis.port, 64, 16, seconds);
+    println!(
+        "{:<46} {evalsha:>10.0} req/s  (64 clients, no pipelining)",
+        "redis-benchmark: EVALSHA of divvy's script"
+    );
+    println!(
+        "{:<46} {evalsha_pipelined:>10.0} req/s  (64 clients, 16 pipelined)",
+        "redis-benchmark: EVALSHA of divvy's script"
+    );
+    rt.block_on(async {
+        line_concurrent(shared.line, Duration::from_millis(500), 8).await;
+        let m = report(
+            "memory store: line, 64 conns x 1 in flight",
+            line_concurrent(divvy.line, run, 64).await,
+            None,
+        );
+        let r = report(
+            "redis store: line, 64 conns x 1 in flight",
+            line_concurrent(shared.line, run, 64).await,
+            Some(m),
+        );
+        println!(
+            "  redis store vs redis-benchmark EVALSHA (unpipelined): {:.2}x",
+            r / evalsha.max(1.0)
+        );
+        let m = report(
+            "memory store: line, 1 conn, 256 pipelined",
+            line_pipelined(divvy.line, run, 256).await,
+            None,
+        );
+        report(
+            "redis store: line, 1 conn, 256 pipelined",
+            line_pipelined(shared.line, run, 256).await,
+            Some(m),
+        );
+        let m = report(
+            "memory store: gRPC, 64 in flight, 4 channels",
+            grpc_concurrent(divvy.grpc, run, 64, 4).await,
+            None,
+        );
+        report(
+            "redis store: gRPC, 64 in flight, 4 channels",
+            grpc_concurrent(shared.grpc, run, 64, 4).await,
+            Some(m),
         );
     });
 }

@@ -57,7 +57,7 @@ pub struct CounterState {
 }
 
 /// A store failure; the request that hit it gets an error, never a panic.
-#[derive(Debug, Error)]
+#[derive(Debug, Clone, Error)]
 pub enum StoreError {
     /// The backend could not be reached or answered wrongly.
     #[error("counter store unavailable: {0}")]

@@ -2,7 +2,13 @@
 //!
 //! Every check-and-consume is one Lua script (`lua/divvy_window.lua`) run
 //! with EVALSHA, over all the counters of a request at once, so a request is
-//! one round trip. In a Cluster, the counters are grouped by hash slot (a
+//! one round trip. On a single server (or Sentinel master), concurrent
+//! requests also share script calls: a batcher task gathers the counters of
+//! every request waiting at that moment into one EVALSHA (each request's
+//! counters contiguous and in order, so each is still applied atomically and
+//! in request order), with a few batches in flight at once. One script call
+//! then carries many requests, which is what lets one Redis serve far more
+//! requests per second than it runs scripts. In a Cluster, the counters are grouped by hash slot (a
 //! script may only touch one slot) and the groups go out in parallel; the
 //! client pipelines them per node. A lost script cache (Redis restarted,
 //! `SCRIPT FLUSH`) is detected by `NOSCRIPT` and the script reloaded on
@@ -13,7 +19,10 @@
 //! connection, and reconnects on its own.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use fred::prelude::*;
 use fred::types::config::{ClusterDiscoveryPolicy, Server, TlsConnector};
@@ -33,12 +42,29 @@ pub struct RedisOptions {
     pub timeout: Duration,
 }
 
+/// Most counters sent in one batched script call.
+pub const MAX_BATCH_KEYS: usize = 512;
+/// Most batched script calls in flight at once.
+pub const MAX_BATCHES_IN_FLIGHT: usize = 2;
+
 /// Counters in Redis.
 pub struct RedisStore {
+    core: Arc<Core>,
+    /// Requests waiting to be batched (single server and Sentinel).
+    batcher: Option<mpsc::Sender<Pending>>,
+}
+
+/// The client and the script.
+struct Core {
     client: Client,
     sha: String,
-    cluster: bool,
     timeout: Duration,
+}
+
+/// One request's counters waiting for a batch.
+struct Pending {
+    ops: Vec<CounterOp>,
+    reply: oneshot::Sender<Result<Vec<CounterState>, StoreError>>,
 }
 
 fn server(h: &HostPort) -> Server {
@@ -109,19 +135,70 @@ impl RedisStore {
             .map_err(|e| store_error(&e))?;
         // Connection and reconnection run in the background from here on.
         let _task = client.connect();
-        let store = RedisStore {
+        let cluster = matches!(t.topology, Topology::Cluster { .. });
+        let core = Arc::new(Core {
             client,
             sha: fred::util::sha1_hash(SCRIPT),
-            cluster: matches!(t.topology, Topology::Cluster { .. }),
             timeout,
-        };
+        });
+        let batcher = (!cluster).then(|| {
+            let (tx, rx) = mpsc::channel(4 * MAX_BATCH_KEYS);
+            tokio::spawn(run_batcher(core.clone(), rx));
+            tx
+        });
+        let store = RedisStore { core, batcher };
         let connected = matches!(
-            tokio::time::timeout(startup_wait, store.client.wait_for_connect()).await,
+            tokio::time::timeout(startup_wait, store.core.client.wait_for_connect()).await,
             Ok(Ok(()))
         ) && store.probe().await.is_ok();
         Ok((store, connected))
     }
+}
 
+/// Gathers waiting requests into script calls until the store is dropped.
+async fn run_batcher(core: Arc<Core>, mut rx: mpsc::Receiver<Pending>) {
+    let permits = Arc::new(Semaphore::new(MAX_BATCHES_IN_FLIGHT));
+    while let Some(first) = rx.recv().await {
+        // Wait for a free slot first: requests arriving meanwhile join this batch.
+        let Ok(permit) = permits.clone().acquire_owned().await else {
+            return;
+        };
+        let mut batch = vec![first];
+        let mut keys = batch[0].ops.len();
+        while keys < MAX_BATCH_KEYS {
+            match rx.try_recv() {
+                Ok(p) => {
+                    keys += p.ops.len();
+                    batch.push(p);
+                }
+                Err(_) => break,
+            }
+        }
+        let core = core.clone();
+        tokio::spawn(async move {
+            let all: Vec<&CounterOp> = batch.iter().flat_map(|p| p.ops.iter()).collect();
+            let result = core.eval_group(&all).await;
+            drop(all);
+            match result {
+                Ok(states) => {
+                    let mut states = states.into_iter();
+                    for p in batch {
+                        let mine: Vec<CounterState> = states.by_ref().take(p.ops.len()).collect();
+                        let _ = p.reply.send(Ok(mine));
+                    }
+                }
+                Err(e) => {
+                    for p in batch {
+                        let _ = p.reply.send(Err(e.clone()));
+                    }
+                }
+            }
+            drop(permit);
+        });
+    }
+}
+
+impl Core {
     /// Runs the script on one group of ops (all in one hash slot).
     async fn eval_group(&self, ops: &[&CounterOp]) -> Result<Vec<CounterState>, StoreError> {
         let keys: Vec<&str> = ops.iter().map(|op| op.key.as_str()).collect();
@@ -169,11 +246,8 @@ impl RedisStore {
             .collect())
     }
 
-    async fn apply_all(&self, ops: &[CounterOp]) -> Result<Vec<CounterState>, StoreError> {
-        if !self.cluster {
-            let all: Vec<&CounterOp> = ops.iter().collect();
-            return self.eval_group(&all).await;
-        }
+    /// Cluster: one script call per hash slot.
+    async fn apply_cluster(&self, ops: &[CounterOp]) -> Result<Vec<CounterState>, StoreError> {
         // One script call per hash slot; ops on one key share a slot, so
         // their order is kept. Groups run in parallel.
         let mut groups: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
@@ -210,7 +284,29 @@ impl Store for RedisStore {
         &'a self,
         ops: &'a [CounterOp],
     ) -> StoreFuture<'a, Result<Vec<CounterState>, StoreError>> {
-        Box::pin(self.apply_all(ops))
+        Box::pin(async move {
+            if ops.is_empty() {
+                return Ok(Vec::new());
+            }
+            let Some(batcher) = &self.batcher else {
+                return self.core.apply_cluster(ops).await;
+            };
+            let (reply, answer) = oneshot::channel();
+            batcher
+                .send(Pending {
+                    ops: ops.to_vec(),
+                    reply,
+                })
+                .await
+                .map_err(|_| StoreError::Unavailable("redis: the batcher stopped".into()))?;
+            // The batch's script call carries the command timeout, so an
+            // answer always comes; no timer per request.
+            answer.await.unwrap_or_else(|_| {
+                Err(StoreError::Unavailable(
+                    "redis: the batch was dropped".into(),
+                ))
+            })
+        })
     }
 
     fn peek<'a>(
@@ -218,8 +314,9 @@ impl Store for RedisStore {
         key: &'a str,
     ) -> StoreFuture<'a, Result<Option<CounterState>, StoreError>> {
         Box::pin(async move {
-            let value: Option<i64> = self.client.get(key).await.map_err(|e| store_error(&e))?;
-            let ttl: i64 = self.client.pttl(key).await.map_err(|e| store_error(&e))?;
+            let client = &self.core.client;
+            let value: Option<i64> = client.get(key).await.map_err(|e| store_error(&e))?;
+            let ttl: i64 = client.pttl(key).await.map_err(|e| store_error(&e))?;
             Ok(value.map(|left| CounterState {
                 allowed: left > 0,
                 remaining: u64::try_from(left).unwrap_or(0),
@@ -230,13 +327,13 @@ impl Store for RedisStore {
 
     fn probe(&self) -> StoreFuture<'_, Result<(), StoreError>> {
         Box::pin(async move {
-            let ping = self.client.ping::<String>(None);
-            match tokio::time::timeout(self.timeout, ping).await {
+            let timeout = self.core.timeout;
+            let ping = self.core.client.ping::<String>(None);
+            match tokio::time::timeout(timeout, ping).await {
                 Ok(Ok(_)) => Ok(()),
                 Ok(Err(e)) => Err(store_error(&e)),
                 Err(_) => Err(StoreError::Unavailable(format!(
-                    "redis: no answer to PING within {:?}",
-                    self.timeout
+                    "redis: no answer to PING within {timeout:?}"
                 ))),
             }
         })

@@ -1,19 +1,21 @@
--- divvy's window, atomically, for every counter of one request.
+-- divvy's window, atomically, for every counter of one request (or of a
+-- batch of requests, each one's counters contiguous and in order).
 -- KEYS[i]: a counter (divvy's key shape). ARGV[3i-2]: credit limit,
 -- ARGV[3i-1]: window in seconds, ARGV[3i]: credits to take (0 = check only).
 -- Stored value: the credits left; the key's TTL is the window. This is the
 -- original divvy server's layout, so both can share one Redis.
 -- Returns, per key: allowed (1/0), credits left, milliseconds to reset.
+-- The common path (an open window with credit left) costs two calls.
 local out = {}
 for i = 1, #KEYS do
   local key = KEYS[i]
   local limit = tonumber(ARGV[3 * i - 2])
   local window = tonumber(ARGV[3 * i - 1])
   local cost = tonumber(ARGV[3 * i])
-  local left = tonumber(redis.call('GET', key))
-  local ttl
+  local ttl = redis.call('PTTL', key)
   local allowed = 0
-  if left == nil then
+  local left
+  if ttl == -2 then
     -- No open window: the first hit opens one.
     left = limit
     ttl = window * 1000
@@ -25,17 +27,31 @@ for i = 1, #KEYS do
       allowed = 1
     end
   else
-    ttl = redis.call('PTTL', key)
-    if ttl < 0 then
+    if ttl == -1 then
       -- A counter without expiry would never reset: give it the window.
       redis.call('EXPIRE', key, window)
       ttl = window * 1000
     end
     if cost == 0 then
+      left = tonumber(redis.call('GET', key)) or 0
       if left > 0 then allowed = 1 end
-    elseif left >= cost then
-      left = redis.call('DECRBY', key, cost)
-      allowed = 1
+    else
+      left = redis.pcall('DECRBY', key, cost)
+      if type(left) == 'table' then
+        -- Not a number (not a counter we wrote): open a fresh window.
+        left = limit
+        if cost <= limit then
+          left = limit - cost
+          redis.call('SET', key, left, 'EX', window)
+          allowed = 1
+        end
+        ttl = window * 1000
+      elseif left >= 0 then
+        allowed = 1
+      else
+        -- Not enough credit: a denied hit is never charged.
+        left = redis.call('INCRBY', key, cost)
+      end
     end
   end
   out[#out + 1] = allowed

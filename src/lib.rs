@@ -6,6 +6,7 @@
 
 pub mod config;
 pub mod limiter;
+pub mod reload;
 pub mod rules;
 pub mod server;
 pub mod store;

@@ -11,6 +11,7 @@ use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
 use divvy::config::{self, ConfigError, Policy};
 use divvy::limiter::Limiter;
+use divvy::reload::Reloader;
 use divvy::rules::{Operation, RuleSet};
 use divvy::server::line::{serve_line, ConnLimits};
 use divvy::store::failover::{FailoverStore, FailurePolicy};
@@ -93,6 +94,9 @@ struct ServeArgs {
     /// grant on its own while Redis is failing.
     #[arg(long, env = "DIVVY_LOCAL_SHARE", default_value_t = 0.5)]
     local_share: f64,
+    /// Do not watch the policy file for changes (SIGHUP still reloads it).
+    #[arg(long, env = "DIVVY_NO_WATCH")]
+    no_watch: bool,
     /// How often expired counters are reclaimed from the memory store, in seconds.
     #[arg(long, env = "DIVVY_SWEEP_SECONDS", default_value_t = 5)]
     sweep_seconds: u64,
@@ -131,7 +135,7 @@ fn init_logging() {
 
 fn serve(args: ServeArgs) -> anyhow::Result<()> {
     init_logging();
-    let policy = config::load_file(&args.config)?;
+    let (policy, hash) = divvy::reload::load_with_hash(&args.config)?;
     info!(
         rules = policy.rules.len(),
         source = %policy.source,
@@ -169,6 +173,8 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             }
         };
         let limiter = Arc::new(Limiter::new(RuleSet::new(policy), store));
+        let reloader = Arc::new(Reloader::new(args.config.clone(), limiter.clone(), hash));
+        reloader.clone().spawn(!args.no_watch);
         let grpc = TcpListener::bind(args.grpc_addr)
             .await
             .with_context(|| format!("cannot listen for gRPC on {}", args.grpc_addr))?;

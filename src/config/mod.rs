@@ -96,18 +96,24 @@ impl fmt::Display for Problems<'_> {
 
 /// Reads, parses and validates a policy file.
 pub fn load_file(path: &Path) -> Result<Policy, ConfigError> {
+    let bytes = std::fs::read(path).map_err(|source| ConfigError::Read {
+        file: path.display().to_string(),
+        source,
+    })?;
+    load_bytes(path, &bytes)
+}
+
+/// Parses and validates `bytes`, the content of the file at `path` (whose
+/// extension chooses the syntax).
+pub fn load_bytes(path: &Path, bytes: &[u8]) -> Result<Policy, ConfigError> {
     let file = path.display().to_string();
     let format =
         Format::from_path(path).ok_or_else(|| ConfigError::UnknownFormat { file: file.clone() })?;
-    let bytes = std::fs::read(path).map_err(|source| ConfigError::Read {
+    let text = std::str::from_utf8(bytes).map_err(|e| ConfigError::Syntax {
         file: file.clone(),
-        source,
+        message: format!("not valid UTF-8 (at byte {})", e.valid_up_to()),
     })?;
-    let text = String::from_utf8(bytes).map_err(|e| ConfigError::Syntax {
-        file: file.clone(),
-        message: format!("not valid UTF-8 (at byte {})", e.utf8_error().valid_up_to()),
-    })?;
-    parse_str(&text, format, &file)
+    parse_str(text, format, &file)
 }
 
 /// Parses and validates config text; `file` names it in errors.

@@ -107,6 +107,11 @@ impl Server {
         String::from_utf8(out).expect("answers are UTF-8")
     }
 
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Sends SIGTERM and waits for the process to exit.
     pub fn terminate(&mut self) -> std::process::ExitStatus {
         let status = Command::new("kill")

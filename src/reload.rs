@@ -1,0 +1,256 @@
+//! Hot reload of the policy file.
+//!
+//! The file's directory is watched (not the file), so every way a file gets
+//! replaced is seen: a write in place, an editor's rename-over, delete and
+//! recreate, and a Kubernetes ConfigMap update (the `..data` symlink swapped
+//! atomically). Events are debounced; SIGHUP forces a reload. Each reload
+//! reads, parses and validates the file on a blocking thread, off the
+//! request path, and installs the new rule set in one atomic store: a
+//! request sees the old rules or the new ones, never a mix. A file that does
+//! not load changes nothing; the error is logged with its location and kept
+//! in [`ReloadStatus`]. Counters are keyed by rule content, so the counters
+//! of unchanged rules carry on and those of changed rules start fresh.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use notify::{RecursiveMode, Watcher};
+use sha2::{Digest, Sha256};
+use tokio::sync::mpsc;
+
+use crate::config::{self, Policy};
+use crate::limiter::Limiter;
+use crate::rules::RuleSet;
+
+/// Quiet time after the last file event before reloading.
+pub const DEBOUNCE: Duration = Duration::from_millis(150);
+
+/// What is known about the rules in force and the last reload attempt.
+#[derive(Debug, Default)]
+pub struct ReloadStatus {
+    generation: AtomicU64,
+    successes: AtomicU64,
+    failures: AtomicU64,
+    state: Mutex<StatusText>,
+}
+
+#[derive(Debug, Default, Clone)]
+struct StatusText {
+    hash: String,
+    loaded_at: Option<SystemTime>,
+    last_error: Option<String>,
+}
+
+/// A copy of [`ReloadStatus`] at one moment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StatusSnapshot {
+    /// 1 for the rules loaded at startup, +1 per successful reload that changed them.
+    pub generation: u64,
+    /// SHA-256 of the file content in force (hex).
+    pub hash: String,
+    /// When the rules in force were loaded.
+    pub loaded_at: Option<SystemTime>,
+    /// The last failed reload's error, cleared by the next success.
+    pub last_error: Option<String>,
+    /// Reloads that installed new rules.
+    pub successes: u64,
+    /// Reloads that failed and changed nothing.
+    pub failures: u64,
+}
+
+impl ReloadStatus {
+    /// A snapshot for the admin API and logs.
+    pub fn snapshot(&self) -> StatusSnapshot {
+        let text = self.state.lock().map(|s| s.clone()).unwrap_or_default();
+        StatusSnapshot {
+            generation: self.generation.load(Ordering::Acquire),
+            hash: text.hash,
+            loaded_at: text.loaded_at,
+            last_error: text.last_error,
+            successes: self.successes.load(Ordering::Acquire),
+            failures: self.failures.load(Ordering::Acquire),
+        }
+    }
+
+    fn installed(&self, hash: String) {
+        if let Ok(mut s) = self.state.lock() {
+            s.hash = hash;
+            s.loaded_at = Some(SystemTime::now());
+            s.last_error = None;
+        }
+        self.generation.fetch_add(1, Ordering::AcqRel);
+    }
+
+    fn failed(&self, error: String) {
+        if let Ok(mut s) = self.state.lock() {
+            s.last_error = Some(error);
+        }
+        self.failures.fetch_add(1, Ordering::AcqRel);
+    }
+
+    fn current_hash(&self) -> String {
+        self.state
+            .lock()
+            .map(|s| s.hash.clone())
+            .unwrap_or_default()
+    }
+}
+
+/// SHA-256 of `bytes`, in hex.
+pub fn content_hash(bytes: &[u8]) -> String {
+    let digest = Sha256::digest(bytes);
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Reloads one policy file into one limiter.
+pub struct Reloader {
+    path: PathBuf,
+    limiter: Arc<Limiter>,
+    status: Arc<ReloadStatus>,
+}
+
+/// The outcome of one reload attempt.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Reloaded {
+    /// New rules are in force.
+    Installed,
+    /// The file's content did not change.
+    Unchanged,
+}
+
+impl Reloader {
+    /// A reloader for the rules already in `limiter`, loaded from `path`
+    /// whose content hashed to `hash` (generation 1).
+    pub fn new(path: PathBuf, limiter: Arc<Limiter>, hash: String) -> Reloader {
+        let status = Arc::new(ReloadStatus::default());
+        status.installed(hash);
+        Reloader {
+            path,
+            limiter,
+            status,
+        }
+    }
+
+    /// The status shared with the admin API.
+    pub fn status(&self) -> Arc<ReloadStatus> {
+        self.status.clone()
+    }
+
+    /// Reads, validates and installs the file now (on a blocking thread).
+    pub async fn reload(&self) -> Result<Reloaded, String> {
+        let path = self.path.clone();
+        let loaded = tokio::task::spawn_blocking(move || load_with_hash(&path)).await;
+        let outcome = match loaded {
+            Ok(Ok((policy, hash))) => {
+                if hash == self.status.current_hash() {
+                    return Ok(Reloaded::Unchanged);
+                }
+                let rules = policy.rules.len();
+                self.limiter.install(RuleSet::new(policy));
+                self.status.installed(hash.clone());
+                self.status.successes.fetch_add(1, Ordering::AcqRel);
+                tracing::info!(
+                    rules,
+                    generation = self.status.generation.load(Ordering::Acquire),
+                    hash = %&hash[..12],
+                    "policy reloaded"
+                );
+                Ok(Reloaded::Installed)
+            }
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(e) => Err(format!("reload task failed: {e}")),
+        };
+        if let Err(e) = &outcome {
+            tracing::error!("policy reload failed; the rules in force are unchanged: {e}");
+            self.status.failed(e.clone());
+        }
+        outcome
+    }
+
+    /// Watches the file's directory and reloads on changes (debounced), and
+    /// on SIGHUP. Runs until the runtime stops. A watcher that cannot start
+    /// is reported; SIGHUP still works.
+    pub fn spawn(self: Arc<Self>, watch: bool) -> tokio::task::JoinHandle<()> {
+        let (tx, mut rx) = mpsc::channel::<()>(64);
+        let watcher = if watch {
+            match watch_dir(&self.path, tx.clone()) {
+                Ok(w) => Some(w),
+                Err(e) => {
+                    tracing::error!(
+                        "cannot watch {} for changes ({e}); reload with SIGHUP",
+                        self.path.display()
+                    );
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        spawn_sighup(tx);
+        tokio::spawn(async move {
+            // Keep the watcher alive as long as this task.
+            let _watcher = watcher;
+            while rx.recv().await.is_some() {
+                // Debounce: wait until events stop for DEBOUNCE.
+                loop {
+                    match tokio::time::timeout(DEBOUNCE, rx.recv()).await {
+                        Ok(Some(())) => continue,
+                        Ok(None) => return,
+                        Err(_) => break,
+                    }
+                }
+                let _ = self.reload().await;
+            }
+        })
+    }
+}
+
+/// Loads a policy and hashes the bytes it was loaded from.
+pub fn load_with_hash(path: &Path) -> Result<(Policy, String), config::ConfigError> {
+    let bytes = std::fs::read(path).map_err(|source| config::ConfigError::Read {
+        file: path.display().to_string(),
+        source,
+    })?;
+    let hash = content_hash(&bytes);
+    let policy = config::load_bytes(path, &bytes)?;
+    Ok((policy, hash))
+}
+
+fn watch_dir(path: &Path, tx: mpsc::Sender<()>) -> notify::Result<notify::RecommendedWatcher> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        // Any change in the directory may be ours (the file, a temp file
+        // renamed over it, the `..data` symlink): the reload compares hashes.
+        if event.is_ok() {
+            let _ = tx.try_send(());
+        }
+    })?;
+    watcher.watch(&dir, RecursiveMode::NonRecursive)?;
+    Ok(watcher)
+}
+
+#[cfg(unix)]
+fn spawn_sighup(tx: mpsc::Sender<()>) {
+    use tokio::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::hangup()) {
+        Ok(mut hup) => {
+            tokio::spawn(async move {
+                while hup.recv().await.is_some() {
+                    tracing::info!("SIGHUP: reloading the policy");
+                    if tx.send(()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+        Err(e) => tracing::warn!("cannot handle SIGHUP: {e}"),
+    }
+}
+
+#[cfg(not(unix))]
+fn spawn_sighup(_tx: mpsc::Sender<()>) {}

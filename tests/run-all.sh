@@ -62,4 +62,4 @@ log "cargo clippy (warnings are errors)"
 cargo clippy --locked --all-targets -- -D warnings
 
 log "cargo test"
-cargo test --locked --all-targets
+cargo test --locked --lib --bins --tests

@@ -6,7 +6,9 @@
 
 pub mod config;
 pub mod limiter;
+pub mod metrics;
 pub mod reload;
 pub mod rules;
 pub mod server;
+pub mod statsd;
 pub mod store;

@@ -22,6 +22,7 @@ use tokio::sync::mpsc;
 
 use crate::config::{self, Policy};
 use crate::limiter::Limiter;
+use crate::metrics::metrics;
 use crate::rules::RuleSet;
 
 /// Quiet time after the last file event before reloading.
@@ -74,16 +75,23 @@ impl ReloadStatus {
         }
     }
 
-    fn installed(&self, hash: String) {
+    fn installed(&self, hash: String, rules: usize) {
+        metrics()
+            .rules
+            .set(i64::try_from(rules).unwrap_or(i64::MAX));
         if let Ok(mut s) = self.state.lock() {
             s.hash = hash;
             s.loaded_at = Some(SystemTime::now());
             s.last_error = None;
         }
-        self.generation.fetch_add(1, Ordering::AcqRel);
+        let generation = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
+        metrics()
+            .generation
+            .set(i64::try_from(generation).unwrap_or(i64::MAX));
     }
 
     fn failed(&self, error: String) {
+        metrics().reloads.with_label_values(&["failure"]).inc();
         if let Ok(mut s) = self.state.lock() {
             s.last_error = Some(error);
         }
@@ -125,7 +133,7 @@ impl Reloader {
     /// whose content hashed to `hash` (generation 1).
     pub fn new(path: PathBuf, limiter: Arc<Limiter>, hash: String) -> Reloader {
         let status = Arc::new(ReloadStatus::default());
-        status.installed(hash);
+        status.installed(hash, limiter.rules().rules().len());
         Reloader {
             path,
             limiter,
@@ -149,8 +157,9 @@ impl Reloader {
                 }
                 let rules = policy.rules.len();
                 self.limiter.install(RuleSet::new(policy));
-                self.status.installed(hash.clone());
+                self.status.installed(hash.clone(), rules);
                 self.status.successes.fetch_add(1, Ordering::AcqRel);
+                metrics().reloads.with_label_values(&["success"]).inc();
                 tracing::info!(
                     rules,
                     generation = self.status.generation.load(Ordering::Acquire),

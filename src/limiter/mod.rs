@@ -6,9 +6,11 @@
 //! [`Decision`] per descriptor. Protocol adapters only translate in and out.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
+
+use crate::metrics::{metrics, HitStatus};
 
 use crate::rules::{Operation, RuleSet};
 use crate::store::{Algorithm, CounterOp, Store, StoreError};
@@ -126,6 +128,7 @@ impl Limiter {
     ///
     /// `domain` is the Envoy domain, or `None` for a line-protocol HIT.
     pub async fn check(&self, domain: Option<&str>, hits: &[Hit]) -> Result<Decisions, StoreError> {
+        let started = Instant::now();
         let rules = self.rules.load_full();
         let mut items = Vec::with_capacity(hits.len());
         let mut ops = Vec::new();
@@ -157,7 +160,12 @@ impl Limiter {
             items.push(Decision { decider, canaries });
         }
         if !ops.is_empty() {
-            let states = self.store.apply(&ops).await?;
+            let store_started = Instant::now();
+            let applied = self.store.apply(&ops).await;
+            metrics()
+                .store_duration
+                .observe(store_started.elapsed().as_secs_f64());
+            let states = applied.inspect_err(|_| metrics().store_errors.inc())?;
             if states.len() != ops.len() {
                 return Err(StoreError::Unavailable(format!(
                     "store answered {} counters for {} asked",
@@ -175,7 +183,49 @@ impl Limiter {
                 outcome.reset = Reset::After(state.reset_after);
             }
         }
+        record(&rules, &items);
+        // Each descriptor (each line-protocol HIT) is one hit, timed as its request.
+        let elapsed = started.elapsed();
+        for _ in &items {
+            metrics().hit_time(elapsed);
+        }
         Ok(Decisions { rules, items })
+    }
+}
+
+/// Counts every outcome in the metrics, and logs the deciding rule's comment at debug level.
+fn record(rules: &RuleSet, items: &[Decision]) {
+    let m = metrics();
+    for item in items {
+        for c in &item.canaries {
+            let status = if c.allowed {
+                HitStatus::CanaryAccepted
+            } else {
+                HitStatus::CanaryRejected
+            };
+            m.hit(status, rules.rule(c.rule).spec.label.as_deref());
+        }
+        let spec = &rules.rule(item.decider.rule).spec;
+        let (status, code) = if item.decider.allowed {
+            (HitStatus::Accepted, "ok")
+        } else {
+            (HitStatus::Rejected, "over_limit")
+        };
+        m.hit(status, spec.label.as_deref());
+        m.decisions
+            .with_label_values(&[
+                spec.domain.as_deref().unwrap_or(""),
+                spec.label.as_deref().unwrap_or(""),
+                code,
+            ])
+            .inc();
+        tracing::debug!(
+            rule = %spec,
+            comment = spec.comment.as_deref().unwrap_or(""),
+            allowed = item.decider.allowed,
+            remaining = item.decider.remaining,
+            "decided"
+        );
     }
 }
 

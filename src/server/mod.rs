@@ -1,5 +1,7 @@
 //! Protocol front ends. Each parses, calls the one [`Limiter`], and formats.
 
+pub mod http;
+pub mod json;
 pub mod line;
 pub mod rls;
 

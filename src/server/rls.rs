@@ -28,6 +28,7 @@ use envoy_types::pb::google::protobuf::Duration as PbDuration;
 use tonic::{Request, Response, Status};
 
 use crate::limiter::{Decisions, Hit, LimitOverride, Limiter, Outcome, Reset};
+use crate::metrics::metrics;
 use crate::rules::{Operation, Rule};
 
 pub use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
@@ -51,12 +52,15 @@ impl RateLimitService for RlsService {
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
         let request = request.into_inner();
-        let hits = to_hits(&request)?;
+        let hits = to_hits(&request).inspect_err(|_| metrics().error("invalid-argument"))?;
         let decisions = self
             .limiter
             .check(Some(&request.domain), &hits)
             .await
-            .map_err(|e| Status::unavailable(e.to_string()))?;
+            .map_err(|e| {
+                metrics().error("unavailable");
+                Status::unavailable(e.to_string())
+            })?;
         Ok(Response::new(to_response(&decisions)))
     }
 }

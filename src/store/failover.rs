@@ -19,6 +19,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::metrics::metrics;
+
 use super::{CounterOp, CounterState, MemoryStore, Store, StoreError, StoreFuture};
 
 /// How often the background probe checks a failed store.
@@ -77,6 +79,7 @@ impl FailoverStore {
                 match me.primary.probe().await {
                     Ok(()) => {
                         if !me.healthy.swap(true, Ordering::AcqRel) {
+                            metrics().store_ready.set(1);
                             tracing::info!(
                                 store = me.primary.name(),
                                 "counter store answers again; failure policy lifted"
@@ -93,6 +96,7 @@ impl FailoverStore {
     /// Starts with the breaker open when the primary is known to be down.
     pub fn start_failed(self) -> FailoverStore {
         self.healthy.store(false, Ordering::Release);
+        metrics().store_ready.set(0);
         tracing::warn!(
             store = self.primary.name(),
             policy = ?self.policy,
@@ -101,9 +105,23 @@ impl FailoverStore {
         self
     }
 
+    fn policy_name(&self) -> &'static str {
+        match self.policy {
+            FailurePolicy::Allow => "allow",
+            FailurePolicy::Deny => "deny",
+            FailurePolicy::Local => "local",
+        }
+    }
+
     /// Opens the breaker (the store just failed).
     fn trip(&self, error: &StoreError) {
+        metrics().store_errors.inc();
         if self.healthy.swap(false, Ordering::AcqRel) {
+            metrics().store_ready.set(0);
+            metrics()
+                .failure_activations
+                .with_label_values(&[self.policy_name()])
+                .inc();
             tracing::warn!(
                 store = self.primary.name(),
                 policy = ?self.policy,
@@ -118,6 +136,10 @@ impl FailoverStore {
     }
 
     fn fallback(&self, ops: &[CounterOp]) -> Vec<CounterState> {
+        metrics()
+            .failure_decisions
+            .with_label_values(&[self.policy_name()])
+            .inc_by(ops.len() as u64);
         ops.iter()
             .map(|op| match self.policy {
                 FailurePolicy::Allow => CounterState {

@@ -29,6 +29,8 @@ pub struct Server {
     pub grpc: SocketAddr,
     /// The line-protocol address it listens on.
     pub line: SocketAddr,
+    /// The HTTP admin address it listens on.
+    pub http: SocketAddr,
     /// Everything it logged so far is sent here, line by line.
     pub log: mpsc::Receiver<String>,
     _dir: Option<tempfile::TempDir>,
@@ -52,13 +54,20 @@ impl Server {
 
     /// Serves the policy at `path` with extra arguments.
     pub fn start(path: &Path, extra: &[&str]) -> Server {
+        Server::start_env(path, extra, &[])
+    }
+
+    /// Serves the policy at `path` with extra arguments and environment variables.
+    pub fn start_env(path: &Path, extra: &[&str], envs: &[(&str, &str)]) -> Server {
         let mut child = Command::new(binary())
             .arg("serve")
             .arg("--config")
             .arg(path)
             .args(["--grpc-addr", "127.0.0.1:0", "--line-addr", "127.0.0.1:0"])
+            .args(["--http-addr", "127.0.0.1:0"])
             .args(extra)
             .env("DIVVY_LOG", "info")
+            .envs(envs.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -73,8 +82,8 @@ impl Server {
                 }
             }
         });
-        let (mut grpc, mut line_addr) = (None, None);
-        while grpc.is_none() || line_addr.is_none() {
+        let (mut grpc, mut line_addr, mut http) = (None, None, None);
+        while grpc.is_none() || line_addr.is_none() || http.is_none() {
             let line = rx
                 .recv_timeout(Duration::from_secs(30))
                 .expect("divvy did not report its addresses within 30 s");
@@ -84,11 +93,15 @@ impl Server {
             if let Some(addr) = line.split("line protocol listening on ").nth(1) {
                 line_addr = Some(addr.trim().parse().expect("address"));
             }
+            if let Some(addr) = line.split("http listening on ").nth(1) {
+                http = Some(addr.trim().parse().expect("address"));
+            }
         }
         Server {
             child,
             grpc: grpc.unwrap(),
             line: line_addr.unwrap(),
+            http: http.unwrap(),
             log: rx,
             _dir: None,
         }
@@ -105,6 +118,31 @@ impl Server {
         let mut out = Vec::new();
         s.read_to_end(&mut out).expect("read answers");
         String::from_utf8(out).expect("answers are UTF-8")
+    }
+
+    /// An HTTP/1.1 request to the admin API: `(status, body)`.
+    pub fn http(&self, method: &str, path: &str, body: &str) -> (u16, String) {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(self.http).expect("connect http");
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        write!(
+            s,
+            "{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut raw = String::new();
+        s.read_to_string(&mut raw).expect("http answer");
+        let status = raw
+            .split(' ')
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .expect("status line");
+        let body = raw
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_owned())
+            .unwrap_or_default();
+        (status, body)
     }
 
     /// The process id.

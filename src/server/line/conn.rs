@@ -17,6 +17,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::parse::{parse_line, Command, LineError};
 use crate::limiter::{Hit, Limiter, Reset};
+use crate::metrics::metrics;
 use crate::rules::Operation;
 
 /// Limits of one connection.
@@ -92,6 +93,22 @@ impl Framer {
     }
 }
 
+/// Counts an open connection in the metrics for as long as it lives.
+struct OpenConnection;
+
+impl OpenConnection {
+    fn new() -> OpenConnection {
+        metrics().connections(1);
+        OpenConnection
+    }
+}
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        metrics().connections(-1);
+    }
+}
+
 /// Serves one connection until the peer closes it, goes idle (sends nothing,
 /// or reads none of its answers, for `idle_timeout`), fails, or `shutdown`
 /// turns true. On shutdown the batch being decided is still answered; no
@@ -104,6 +121,7 @@ pub async fn serve_connection<S>(
 ) where
     S: AsyncRead + AsyncWrite + Unpin,
 {
+    let _open = OpenConnection::new();
     let (mut reader, mut writer) = tokio::io::split(stream);
     let mut framer = Framer {
         buf: BytesMut::with_capacity(8 * 1024),
@@ -129,9 +147,15 @@ pub async fn serve_connection<S>(
                         hits.push(Hit::one(Operation::from_pairs(pairs)));
                         slots.push(Slot::Hit);
                     }
-                    Err(e) => slots.push(Slot::Ready(e.to_string())),
+                    Err(e) => {
+                        metrics().error(e.code());
+                        slots.push(Slot::Ready(e.to_string()));
+                    }
                 },
-                Some(Frame::TooLong) => slots.push(Slot::Ready(too_long.clone())),
+                Some(Frame::TooLong) => {
+                    metrics().error("unknown");
+                    slots.push(Slot::Ready(too_long.clone()));
+                }
                 None => break,
             }
         }
@@ -202,7 +226,10 @@ async fn answer(limiter: &Limiter, slots: &[Slot], hits: &[Hit], out: &mut Vec<u
                         }
                         None => writeln!(out, "ERR unknown \"internal error: missing decision\""),
                     },
-                    Some(Err(e)) => writeln!(out, "{}", LineError::Malformed(e.to_string())),
+                    Some(Err(e)) => {
+                        metrics().error("unknown");
+                        writeln!(out, "{}", LineError::Malformed(e.to_string()))
+                    }
                     None => Ok(()),
                 }
             }

@@ -19,13 +19,23 @@ pub enum LineError {
     Malformed(String),
 }
 
+impl LineError {
+    /// The error code on the `ERR` line.
+    pub fn code(&self) -> &'static str {
+        match self {
+            LineError::UnknownCommand(_) => "unknown-command",
+            LineError::Malformed(_) => "unknown",
+        }
+    }
+}
+
 impl fmt::Display for LineError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             LineError::UnknownCommand(word) => {
-                write!(f, "ERR unknown-command \"Unrecognized command: {word}\"")
+                write!(f, "ERR {} \"Unrecognized command: {word}\"", self.code())
             }
-            LineError::Malformed(message) => write!(f, "ERR unknown \"{message}\""),
+            LineError::Malformed(message) => write!(f, "ERR {} \"{message}\"", self.code()),
         }
     }
 }

@@ -1,0 +1,133 @@
+//! `divvy check` and `divvy explain`: read a policy file, serve nothing.
+
+use std::path::Path;
+
+use anyhow::bail;
+use divvy::config::{self, ConfigError, Policy};
+use divvy::rules::{Operation, RuleSet};
+
+fn load_for_cli(file: &Path) -> anyhow::Result<Policy> {
+    match config::load_file(file) {
+        Ok(p) => Ok(p),
+        Err(ConfigError::Invalid { problems, file }) => {
+            bail!(
+                "{} problem(s) in {file}:\n{}",
+                problems.len(),
+                problems
+                    .iter()
+                    .map(|p| format!("  - {p}"))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            )
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+pub fn check(file: &Path) -> anyhow::Result<()> {
+    let policy = load_for_cli(file)?;
+    print!("{}", summary(&policy));
+    Ok(())
+}
+
+/// A one-screen table of the rules.
+fn summary(policy: &Policy) -> String {
+    const SHOWN: usize = 40;
+    let rules = &policy.rules;
+    let canaries = rules
+        .iter()
+        .filter(|r| r.match_policy == config::MatchPolicy::Canary)
+        .count();
+    let mut out = format!(
+        "{}: OK, {} rules ({} stop, {} canary, 1 default)\n",
+        policy.source,
+        rules.len(),
+        rules.len() - canaries - 1,
+        canaries
+    );
+    let mut rows: Vec<[String; 7]> = vec![[
+        "#".into(),
+        "label".into(),
+        "policy".into(),
+        "domain".into(),
+        "limit".into(),
+        "actor".into(),
+        "operation".into(),
+    ]];
+    for r in rules.iter().take(SHOWN) {
+        let limit = match (r.credit_limit, r.reset_seconds) {
+            (0, _) => "always deny".to_owned(),
+            (n, 0) => format!("always allow ({n})"),
+            (n, s) => format!("{n} per {s}s"),
+        };
+        let op = if r.is_default {
+            "(default)".to_owned()
+        } else {
+            r.operation_text()
+        };
+        rows.push([
+            r.position.to_string(),
+            r.label.clone().unwrap_or_else(|| "-".into()),
+            r.match_policy.as_str().into(),
+            r.domain.clone().unwrap_or_else(|| "*".into()),
+            limit,
+            r.actor_field.clone().unwrap_or_else(|| "-".into()),
+            op,
+        ]);
+    }
+    let mut widths = [0usize; 7];
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    for row in &rows {
+        let line: Vec<String> = row
+            .iter()
+            .zip(widths)
+            .map(|(cell, w)| format!("{cell:<w$}"))
+            .collect();
+        out.push_str(line.join("  ").trim_end());
+        out.push('\n');
+    }
+    if rules.len() > SHOWN {
+        out.push_str(&format!("  ... and {} more rules\n", rules.len() - SHOWN));
+    }
+    out
+}
+
+pub fn explain(file: &Path, domain: Option<&str>, pairs: &[String]) -> anyhow::Result<()> {
+    let policy = load_for_cli(file)?;
+    let mut kv = Vec::with_capacity(pairs.len());
+    for p in pairs {
+        let Some((k, v)) = p.split_once('=') else {
+            bail!("`{p}` is not a key=value pair");
+        };
+        kv.push((k, v));
+    }
+    let op = Operation::from_pairs(kv);
+    let rules = RuleSet::new(policy);
+    let plan = rules.plan(domain, &op);
+    let describe = |i: usize| {
+        let rule = rules.rule(i);
+        let spec = &rule.spec;
+        let what = match (spec.credit_limit, spec.reset_seconds) {
+            (0, _) => "always denies (creditLimit 0); no counter".to_owned(),
+            (_, 0) => "always allows (resetSeconds 0); no counter".to_owned(),
+            (n, s) => format!("{n} per {s}s; counter {}", rule.counter_key(&op, n, s)),
+        };
+        format!("{spec}: {what}")
+    };
+    match domain {
+        Some(d) => println!("request (domain {d}): {}", pairs.join(" ")),
+        None => println!("request (line protocol): {}", pairs.join(" ")),
+    }
+    println!("decides: {}", describe(plan.decider));
+    if plan.canaries.is_empty() {
+        println!("canaries: none");
+    }
+    for c in plan.canaries {
+        println!("canary:  {}", describe(c));
+    }
+    Ok(())
+}

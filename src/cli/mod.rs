@@ -1,0 +1,4 @@
+//! The binary's subcommands.
+
+pub mod inspect;
+pub mod serve;

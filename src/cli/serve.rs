@@ -1,0 +1,321 @@
+//! `divvy serve`: starts the store, the rule set, the reloader and the
+//! three listeners (gRPC, line protocol, HTTP admin), and shuts them down
+//! gracefully on SIGTERM or SIGINT.
+
+use std::io::IsTerminal;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use divvy::limiter::Limiter;
+use divvy::reload::Reloader;
+use divvy::rules::RuleSet;
+use divvy::server::http::{serve_http, AdminState};
+use divvy::server::line::{serve_line, ConnLimits};
+use divvy::statsd::StatsdConfig;
+use divvy::store::failover::{FailoverStore, FailurePolicy};
+use divvy::store::redis::{RedisOptions, RedisStore};
+use divvy::store::redis_url::{parse_redis_url, RedisTarget};
+use divvy::store::{MemoryStore, Store};
+use tokio::net::TcpListener;
+use tracing::{error, info};
+
+#[derive(clap::Args)]
+pub struct ServeArgs {
+    /// The policy file (.yaml, .yml, .json or .ini).
+    #[arg(long, env = "DIVVY_CONFIG")]
+    config: PathBuf,
+    /// Address of the Envoy RateLimitService (gRPC).
+    #[arg(long, env = "DIVVY_GRPC_ADDR", default_value = "0.0.0.0:8081")]
+    grpc_addr: SocketAddr,
+    /// Address of the divvy line protocol (TCP). Without it, divvy's `PORT`
+    /// variable gives the port on 0.0.0.0; the default is 0.0.0.0:8321.
+    #[arg(long, env = "DIVVY_LINE_ADDR")]
+    line_addr: Option<SocketAddr>,
+    /// Longest accepted line-protocol request, in bytes; longer lines get an ERR.
+    #[arg(long, env = "DIVVY_LINE_MAX_BYTES", default_value_t = 16 * 1024)]
+    line_max_bytes: usize,
+    /// Most pipelined line-protocol requests decided together per connection.
+    #[arg(long, env = "DIVVY_LINE_MAX_BATCH", default_value_t = 256)]
+    line_max_batch: usize,
+    /// Close a line-protocol connection that sends nothing for this many seconds.
+    #[arg(long, env = "DIVVY_LINE_IDLE_SECONDS", default_value_t = 600)]
+    line_idle_seconds: u64,
+    /// Keep counters in Redis, shared by every replica: redis://[user:pass@]host:port[/db],
+    /// rediss://..., redis+cluster://host:port[,host:port...] or
+    /// redis+sentinel://host:port[,host:port...]/master-name. Without it (and
+    /// without divvy's REDIS_HOST), counters live in the embedded memory store.
+    #[arg(long, env = "DIVVY_REDIS_URL")]
+    redis_url: Option<String>,
+    /// Longest wait for one Redis command, in milliseconds.
+    #[arg(long, env = "DIVVY_REDIS_TIMEOUT_MS", default_value_t = 100)]
+    redis_timeout_ms: u64,
+    /// What requests get while Redis is failing: allow (fail open), deny
+    /// (fail closed) or local (the embedded store with a share of each limit).
+    #[arg(
+        long,
+        env = "DIVVY_ON_STORE_FAILURE",
+        value_enum,
+        default_value = "local"
+    )]
+    on_store_failure: FailurePolicy,
+    /// With --on-store-failure local, the share of each limit a replica may
+    /// grant on its own while Redis is failing.
+    #[arg(long, env = "DIVVY_LOCAL_SHARE", default_value_t = 0.5)]
+    local_share: f64,
+    /// Address of the HTTP admin API (health, metrics, config, explain, /json).
+    /// Without it, divvy's `HTTP_SERVICE_PORT` gives the port on 0.0.0.0; the
+    /// default is 0.0.0.0:8080.
+    #[arg(long, env = "DIVVY_HTTP_ADDR")]
+    http_addr: Option<SocketAddr>,
+    /// Path of the Prometheus metrics (also served at /metrics).
+    #[arg(long, env = "PROMETHEUS_METRICS_PATH", default_value = "/metrics")]
+    metrics_path: String,
+    /// statsd host; with --statsd-port, divvy's metrics also go to statsd.
+    #[arg(long, env = "STATSD_HOST")]
+    statsd_host: Option<String>,
+    /// statsd port.
+    #[arg(long, env = "STATSD_PORT")]
+    statsd_port: Option<u16>,
+    /// Prepended to every statsd name as is (e.g. `divvy.`).
+    #[arg(long, env = "STATSD_PREFIX", default_value = "")]
+    statsd_prefix: String,
+    /// Any non-empty value sends statsd over TCP instead of UDP.
+    #[arg(long, env = "STATSD_USE_TCP")]
+    statsd_use_tcp: Option<String>,
+    /// Log format on stderr.
+    #[arg(long, env = "DIVVY_LOG_FORMAT", value_enum, default_value = "text")]
+    log_format: LogFormat,
+    /// Do not watch the policy file for changes (SIGHUP still reloads it).
+    #[arg(long, env = "DIVVY_NO_WATCH")]
+    no_watch: bool,
+    /// How often expired counters are reclaimed from the memory store, in seconds.
+    #[arg(long, env = "DIVVY_SWEEP_SECONDS", default_value_t = 5)]
+    sweep_seconds: u64,
+}
+
+/// How logs are written.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// How long shutdown waits for requests in flight.
+const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(15);
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("DIVVY_LOG")
+        .or_else(|_| tracing_subscriber::EnvFilter::try_from_default_env())
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.with_ansi(std::io::stderr().is_terminal()).init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    init_logging(args.log_format);
+    let (policy, hash) = divvy::reload::load_with_hash(&args.config)?;
+    info!(
+        rules = policy.rules.len(),
+        source = %policy.source,
+        "policy loaded"
+    );
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    let served = runtime.block_on(async move {
+        let store: Arc<dyn Store> = match redis_target(args.redis_url.as_deref())? {
+            None => {
+                let memory = Arc::new(MemoryStore::new());
+                memory.spawn_sweeper(Duration::from_secs(args.sweep_seconds.max(1)));
+                info!("counters in the embedded memory store");
+                memory
+            }
+            Some(target) => {
+                info!(target = ?target, policy = ?args.on_store_failure, "counters in redis");
+                let options = RedisOptions {
+                    target,
+                    timeout: Duration::from_millis(args.redis_timeout_ms.max(1)),
+                };
+                let (redis, connected) =
+                    RedisStore::connect(&options, Duration::from_secs(2)).await?;
+                let failover =
+                    FailoverStore::new(Arc::new(redis), args.on_store_failure, args.local_share);
+                let failover = Arc::new(if connected {
+                    failover
+                } else {
+                    failover.start_failed()
+                });
+                failover.spawn_probe();
+                failover
+            }
+        };
+        let limiter = Arc::new(Limiter::new(RuleSet::new(policy), store));
+        let reloader = Arc::new(Reloader::new(args.config.clone(), limiter.clone(), hash));
+        reloader.clone().spawn(!args.no_watch);
+        let grpc = TcpListener::bind(args.grpc_addr)
+            .await
+            .with_context(|| format!("cannot listen for gRPC on {}", args.grpc_addr))?;
+        let line_addr = line_addr(args.line_addr)?;
+        let line = TcpListener::bind(line_addr)
+            .await
+            .with_context(|| format!("cannot listen for the line protocol on {line_addr}"))?;
+        info!("grpc listening on {}", grpc.local_addr()?);
+        info!("line protocol listening on {}", line.local_addr()?);
+        let limits = ConnLimits {
+            max_line: args.line_max_bytes.max(1),
+            max_batch: args.line_max_batch.max(1),
+            idle_timeout: Duration::from_secs(args.line_idle_seconds.max(1)),
+        };
+        let http_addr = http_addr(args.http_addr)?;
+        let http = TcpListener::bind(http_addr)
+            .await
+            .with_context(|| format!("cannot listen for HTTP on {http_addr}"))?;
+        info!("http listening on {}", http.local_addr()?);
+        if let (Some(host), Some(port)) = (args.statsd_host.clone(), args.statsd_port) {
+            let tcp = args
+                .statsd_use_tcp
+                .as_deref()
+                .is_some_and(|v| !v.is_empty());
+            info!(%host, port, tcp, "sending statsd metrics");
+            divvy::statsd::init(StatsdConfig {
+                host,
+                port,
+                prefix: args.statsd_prefix.clone(),
+                tcp,
+            });
+        }
+        let shutting_down = Arc::new(AtomicBool::new(false));
+        let admin = AdminState {
+            limiter: limiter.clone(),
+            status: reloader.status(),
+            shutting_down: shutting_down.clone(),
+        };
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+            let _ = rx.wait_for(|stop| *stop).await;
+        };
+        let line_task = tokio::spawn(serve_line(line, limiter.clone(), limits, stop_rx.clone()));
+        let grpc_task = tokio::spawn(divvy::server::serve_grpc(
+            grpc,
+            limiter,
+            stopped(stop_rx.clone()),
+        ));
+        let metrics_path = args.metrics_path.clone();
+        let http_stop = stopped(stop_rx);
+        let http_task =
+            tokio::spawn(async move { serve_http(http, admin, &metrics_path, http_stop).await });
+        shutdown_signal().await;
+        // Readiness goes false, listeners close, requests in flight finish.
+        shutting_down.store(true, Ordering::Release);
+        let _ = stop_tx.send(true);
+        let drained = tokio::time::timeout(SHUTDOWN_TIMEOUT, async {
+            let _ = line_task.await;
+            let grpc = grpc_task.await;
+            let http = http_task.await;
+            (grpc, http)
+        })
+        .await;
+        match drained {
+            Err(_) => error!("requests still in flight after {SHUTDOWN_TIMEOUT:?}; exiting anyway"),
+            Ok((grpc, http)) => {
+                if let Ok(Err(e)) = grpc {
+                    error!("gRPC server failed: {e}");
+                    bail!("gRPC server failed: {e}");
+                }
+                if let Ok(Err(e)) = http {
+                    error!("HTTP server failed: {e}");
+                    bail!("HTTP server failed: {e}");
+                }
+            }
+        }
+        info!("shut down");
+        Ok(())
+    });
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    served
+}
+
+/// `--http-addr`, else `0.0.0.0:$HTTP_SERVICE_PORT` (divvy's variable), else `0.0.0.0:8080`.
+fn http_addr(flag: Option<SocketAddr>) -> anyhow::Result<SocketAddr> {
+    port_or(flag, "HTTP_SERVICE_PORT", 8080)
+}
+
+/// `flag`, else `0.0.0.0:$<var>`, else `0.0.0.0:<default>`.
+fn port_or(flag: Option<SocketAddr>, var: &str, default: u16) -> anyhow::Result<SocketAddr> {
+    if let Some(addr) = flag {
+        return Ok(addr);
+    }
+    match std::env::var(var) {
+        Ok(port) if !port.trim().is_empty() => {
+            let port: u16 = port
+                .trim()
+                .parse()
+                .with_context(|| format!("{var} must be a TCP port number, found `{port}`"))?;
+            Ok(SocketAddr::from(([0, 0, 0, 0], port)))
+        }
+        _ => Ok(SocketAddr::from(([0, 0, 0, 0], default))),
+    }
+}
+
+/// `--redis-url`, else divvy's `REDIS_HOST` and `REDIS_PORT`, else none
+/// (the memory store). The password may come from `REDIS_PASSWORD`.
+fn redis_target(flag: Option<&str>) -> anyhow::Result<Option<RedisTarget>> {
+    let password = std::env::var("REDIS_PASSWORD").ok();
+    let url = match flag {
+        Some(url) => url.to_owned(),
+        None => match std::env::var("REDIS_HOST") {
+            Ok(host) if !host.trim().is_empty() => {
+                let port = std::env::var("REDIS_PORT").unwrap_or_else(|_| "6379".into());
+                let host = host.trim();
+                if host.contains(':') {
+                    format!("redis://[{host}]:{}", port.trim())
+                } else {
+                    format!("redis://{host}:{}", port.trim())
+                }
+            }
+            _ => return Ok(None),
+        },
+    };
+    Ok(Some(parse_redis_url(&url, password)?))
+}
+
+/// `--line-addr`, else `0.0.0.0:$PORT` (divvy's variable), else `0.0.0.0:8321`.
+fn line_addr(flag: Option<SocketAddr>) -> anyhow::Result<SocketAddr> {
+    port_or(flag, "PORT", 8321)
+}
+
+/// Completes on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+    info!("shutdown signal received");
+}

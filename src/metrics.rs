@@ -1,0 +1,223 @@
+//! Prometheus metrics (and the statsd mirror of divvy's own).
+//!
+//! Every label value comes from the config (a rule's label or domain
+//! pattern) or from a fixed set (statuses, error codes, results), never from
+//! request values, so the number of series stays bounded whatever clients
+//! send. Rules without a label are counted under `rule_label=""`.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+    TextEncoder,
+};
+
+use crate::statsd;
+
+/// Every metric the service exports.
+pub struct Metrics {
+    registry: Registry,
+    /// `divvy_hits_total{status,rule_label}`: status accepted, rejected, canary-accepted, canary-rejected.
+    pub hits: IntCounterVec,
+    /// `divvy_hit_duration_seconds`: time to decide one request (all its descriptors).
+    pub hit_duration: Histogram,
+    /// `divvy_tcp_connections_total`: open line-protocol connections (a gauge, as divvy named it).
+    pub tcp_connections: IntGauge,
+    /// `divvy_errors_total{code}`: errors answered (line `ERR` codes, gRPC invalid arguments).
+    pub errors: IntCounterVec,
+    /// `divvy_decisions_total{domain,rule_label,code}`: deciding-rule outcomes; domain is the rule's domain pattern.
+    pub decisions: IntCounterVec,
+    /// `divvy_store_errors_total`: failed store calls.
+    pub store_errors: IntCounter,
+    /// `divvy_store_duration_seconds`: time of one store call (all counters of a request).
+    pub store_duration: Histogram,
+    /// `divvy_failure_policy_activations_total{policy}`: times the circuit breaker opened.
+    pub failure_activations: IntCounterVec,
+    /// `divvy_failure_policy_decisions_total{policy}`: counters decided by the failure policy.
+    pub failure_decisions: IntCounterVec,
+    /// `divvy_store_ready`: 1 while the configured store is in use, 0 while a failure policy stands in.
+    pub store_ready: IntGauge,
+    /// `divvy_reloads_total{result}`: policy reloads, success or failure.
+    pub reloads: IntCounterVec,
+    /// `divvy_rules_generation`: generation of the rules in force.
+    pub generation: IntGauge,
+    /// `divvy_rules`: number of rules in force.
+    pub rules: IntGauge,
+}
+
+fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    let c = IntCounterVec::new(Opts::new(name, help), labels).expect("static metric definition");
+    registry
+        .register(Box::new(c.clone()))
+        .expect("unique metric name");
+    c
+}
+
+fn gauge(registry: &Registry, name: &str, help: &str) -> IntGauge {
+    let g = IntGauge::new(name, help).expect("static metric definition");
+    registry
+        .register(Box::new(g.clone()))
+        .expect("unique metric name");
+    g
+}
+
+fn histogram(registry: &Registry, name: &str, help: &str) -> Histogram {
+    let buckets = vec![
+        0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+    ];
+    let h = Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets))
+        .expect("static metric definition");
+    registry
+        .register(Box::new(h.clone()))
+        .expect("unique metric name");
+    h
+}
+
+impl Metrics {
+    fn new() -> Metrics {
+        let r = Registry::new();
+        let store_ready = gauge(
+            &r,
+            "divvy_store_ready",
+            "1 while the configured counter store is in use, 0 while a failure policy decides",
+        );
+        store_ready.set(1);
+        Metrics {
+            hits: counter_vec(
+                &r,
+                "divvy_hits_total",
+                "Hits by outcome and rule label",
+                &["status", "rule_label"],
+            ),
+            hit_duration: histogram(
+                &r,
+                "divvy_hit_duration_seconds",
+                "Time to decide one request",
+            ),
+            tcp_connections: gauge(
+                &r,
+                "divvy_tcp_connections_total",
+                "Open divvy line-protocol connections",
+            ),
+            errors: counter_vec(
+                &r,
+                "divvy_errors_total",
+                "Errors answered, by code",
+                &["code"],
+            ),
+            decisions: counter_vec(
+                &r,
+                "divvy_decisions_total",
+                "Decisions by rule domain, rule label and code",
+                &["domain", "rule_label", "code"],
+            ),
+            store_errors: {
+                let c = IntCounter::new("divvy_store_errors_total", "Failed counter store calls")
+                    .expect("static metric definition");
+                r.register(Box::new(c.clone())).expect("unique metric name");
+                c
+            },
+            store_duration: histogram(
+                &r,
+                "divvy_store_duration_seconds",
+                "Time of one counter store call",
+            ),
+            failure_activations: counter_vec(
+                &r,
+                "divvy_failure_policy_activations_total",
+                "Times the store circuit breaker opened",
+                &["policy"],
+            ),
+            failure_decisions: counter_vec(
+                &r,
+                "divvy_failure_policy_decisions_total",
+                "Counters decided by the failure policy",
+                &["policy"],
+            ),
+            store_ready,
+            reloads: counter_vec(
+                &r,
+                "divvy_reloads_total",
+                "Policy reloads by result",
+                &["result"],
+            ),
+            generation: gauge(
+                &r,
+                "divvy_rules_generation",
+                "Generation of the rules in force",
+            ),
+            rules: gauge(&r, "divvy_rules", "Number of rules in force"),
+            registry: r,
+        }
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut out = Vec::new();
+        // Encoding into a Vec cannot fail for well-formed metrics.
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
+        String::from_utf8(out).unwrap_or_default()
+    }
+
+    /// Counts one rule's outcome for a hit (and mirrors it to statsd).
+    pub fn hit(&self, status: HitStatus, label: Option<&str>) {
+        self.hits
+            .with_label_values(&[status.as_str(), label.unwrap_or("")])
+            .inc();
+        statsd::count(&format!("hit.{}", status.as_str()));
+        if let Some(label) = label {
+            statsd::count(&format!("hit.{}.{label}", status.as_str()));
+        }
+    }
+
+    /// Counts an error answered with `code`.
+    pub fn error(&self, code: &str) {
+        self.errors.with_label_values(&[code]).inc();
+        statsd::count(&format!("error.{code}"));
+    }
+
+    /// Observes the time to decide one request.
+    pub fn hit_time(&self, d: Duration) {
+        self.hit_duration.observe(d.as_secs_f64());
+        statsd::timing("hit", d);
+    }
+
+    /// Adds `delta` to the open line-protocol connections.
+    pub fn connections(&self, delta: i64) {
+        self.tcp_connections.add(delta);
+        statsd::gauge("connections", self.tcp_connections.get());
+    }
+}
+
+/// A rule's outcome for one hit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HitStatus {
+    /// The deciding rule allowed it.
+    Accepted,
+    /// The deciding rule denied it.
+    Rejected,
+    /// A canary had credit.
+    CanaryAccepted,
+    /// A canary had none.
+    CanaryRejected,
+}
+
+impl HitStatus {
+    /// divvy's name for it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HitStatus::Accepted => "accepted",
+            HitStatus::Rejected => "rejected",
+            HitStatus::CanaryAccepted => "canary-accepted",
+            HitStatus::CanaryRejected => "canary-rejected",
+        }
+    }
+}
+
+static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
+
+/// The process's metrics.
+pub fn metrics() -> &'static Metrics {
+    &METRICS
+}

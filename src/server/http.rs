@@ -1,0 +1,239 @@
+//! The HTTP admin API (default port 8080).
+//!
+//! - `GET /healthz`: the process is alive (200).
+//! - `GET /readyz`: 200 when rules are loaded, the counter store is in use
+//!   and the service is not shutting down; 503 with the reason otherwise.
+//! - `GET /metrics` (or `PROMETHEUS_METRICS_PATH`): Prometheus text format.
+//! - `GET /config`: the rules in force as JSON, with source file, content
+//!   hash, load time, generation, reload counts and the last reload error.
+//! - `GET /explain?key=value&...[&domain=D]`: which rule decides, which
+//!   canaries run, each counter key and its current state; consumes nothing.
+//!   `domain` names the Envoy domain (without it, a line-protocol HIT).
+//! - `POST /json`: a `RateLimitRequest` in protobuf JSON, answered as a
+//!   `RateLimitResponse` in JSON: 200 when OK, 429 when over limit, 400 with
+//!   a message for a bad body or request, 503 when the store fails.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::UNIX_EPOCH;
+
+use axum::body::Bytes;
+use axum::extract::{RawQuery, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::{json, Value};
+use tokio::net::TcpListener;
+
+use super::json::{format_response, parse_request};
+use super::rls::{to_hits, to_response};
+use crate::limiter::Limiter;
+use crate::metrics::metrics;
+use crate::reload::ReloadStatus;
+use crate::rules::Operation;
+
+/// What the admin API reads.
+#[derive(Clone)]
+pub struct AdminState {
+    /// The limiter (rules and store).
+    pub limiter: Arc<Limiter>,
+    /// Reload status of the policy file.
+    pub status: Arc<ReloadStatus>,
+    /// Set when shutdown begins: readiness turns false.
+    pub shutting_down: Arc<AtomicBool>,
+}
+
+/// The admin routes; `metrics_path` is where Prometheus scrapes.
+pub fn router(state: AdminState, metrics_path: &str) -> Router {
+    let mut router = Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .route("/config", get(config))
+        .route("/explain", get(explain))
+        .route("/json", post(json_check))
+        .route("/metrics", get(prometheus));
+    if metrics_path != "/metrics" && metrics_path.starts_with('/') {
+        router = router.route(metrics_path, get(prometheus));
+    }
+    router.with_state(state)
+}
+
+/// Serves the admin API on `listener` until `shutdown` completes.
+pub async fn serve_http(
+    listener: TcpListener,
+    state: AdminState,
+    metrics_path: &str,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(state, metrics_path))
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+async fn readyz(State(s): State<AdminState>) -> Response {
+    if s.shutting_down.load(Ordering::Acquire) {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: shutting down\n",
+        )
+            .into_response();
+    }
+    if !s.limiter.store().ready() {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "not ready: the {} counter store is failing; a failure policy decides\n",
+                s.limiter.store().name()
+            ),
+        )
+            .into_response();
+    }
+    "ready\n".into_response()
+}
+
+async fn prometheus() -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        metrics().render(),
+    )
+        .into_response()
+}
+
+async fn config(State(s): State<AdminState>) -> Json<Value> {
+    let rules = s.limiter.rules();
+    let status = s.status.snapshot();
+    let list: Vec<Value> = rules
+        .rules()
+        .iter()
+        .map(|r| {
+            let spec = &r.spec;
+            let operation: serde_json::Map<String, Value> = spec
+                .operation
+                .iter()
+                .map(|(k, v)| (k.clone(), json!(v)))
+                .collect();
+            json!({
+                "position": spec.position,
+                "default": spec.is_default,
+                "label": spec.label,
+                "domain": spec.domain,
+                "operation": operation,
+                "creditLimit": spec.credit_limit,
+                "resetSeconds": spec.reset_seconds,
+                "actorField": spec.actor_field,
+                "matchPolicy": spec.match_policy.as_str(),
+                "comment": spec.comment,
+            })
+        })
+        .collect();
+    Json(json!({
+        "source": rules.source(),
+        "hash": status.hash,
+        "generation": status.generation,
+        "loadedAt": status.loaded_at.and_then(|t| t.duration_since(UNIX_EPOCH).ok()).map(|d| d.as_secs_f64()),
+        "lastReloadError": status.last_error,
+        "reloads": {"succeeded": status.successes, "failed": status.failures},
+        "store": s.limiter.store().name(),
+        "rules": list,
+    }))
+}
+
+async fn explain(State(s): State<AdminState>, RawQuery(query): RawQuery) -> Response {
+    let query = query.unwrap_or_default();
+    let mut domain = None;
+    let mut pairs = Vec::new();
+    for (k, v) in form_urlencoded::parse(query.as_bytes()) {
+        if k == "domain" {
+            domain = Some(v.into_owned());
+        } else {
+            pairs.push((k.into_owned(), v.into_owned()));
+        }
+    }
+    let op = Operation::from_pairs(pairs);
+    let rules = s.limiter.rules();
+    let plan = rules.plan(domain.as_deref(), &op);
+    let store = s.limiter.store();
+    let mut describe = Vec::new();
+    for (i, role) in plan
+        .canaries
+        .iter()
+        .map(|&c| (c, "canary"))
+        .chain(std::iter::once((plan.decider, "decider")))
+    {
+        let rule = rules.rule(i);
+        let spec = &rule.spec;
+        let (kind, key) = match (spec.credit_limit, spec.reset_seconds) {
+            (0, _) => ("always deny", None),
+            (_, 0) => ("always allow", None),
+            (n, w) => ("counted", Some(rule.counter_key(&op, n, w))),
+        };
+        let state = match &key {
+            None => Value::Null,
+            Some(k) => match store.peek(k).await {
+                Ok(None) => json!({"open": false, "remaining": spec.credit_limit}),
+                Ok(Some(st)) => json!({
+                    "open": true,
+                    "remaining": st.remaining,
+                    "resetSeconds": st.reset_after.as_secs_f64(),
+                }),
+                Err(e) => json!({"error": e.to_string()}),
+            },
+        };
+        describe.push(json!({
+            "role": role,
+            "rule": spec.to_string(),
+            "position": spec.position,
+            "label": spec.label,
+            "comment": spec.comment,
+            "kind": kind,
+            "creditLimit": spec.credit_limit,
+            "resetSeconds": spec.reset_seconds,
+            "counterKey": key,
+            "counter": state,
+        }));
+    }
+    let decider = describe.pop().unwrap_or(Value::Null);
+    Json(json!({
+        "domain": domain,
+        "request": op.pairs().iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>(),
+        "decider": decider,
+        "canaries": describe,
+    }))
+    .into_response()
+}
+
+async fn json_check(State(s): State<AdminState>, body: Bytes) -> Response {
+    let bad = |message: String| {
+        metrics().error("invalid-argument");
+        (StatusCode::BAD_REQUEST, Json(json!({"error": message}))).into_response()
+    };
+    let request = match parse_request(&body) {
+        Ok(r) => r,
+        Err(e) => return bad(e),
+    };
+    let hits = match to_hits(&request) {
+        Ok(h) => h,
+        Err(status) => return bad(status.message().to_owned()),
+    };
+    match s.limiter.check(Some(&request.domain), &hits).await {
+        Ok(decisions) => {
+            let response = to_response(&decisions);
+            let code = if response.overall_code == 2 {
+                StatusCode::TOO_MANY_REQUESTS
+            } else {
+                StatusCode::OK
+            };
+            (code, Json(format_response(&response))).into_response()
+        }
+        Err(e) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"error": e.to_string()})),
+        )
+            .into_response(),
+    }
+}

@@ -417,3 +417,66 @@ async fn health_service_reports_serving() {
         assert_eq!(r.status, 1, "service {service:?} is SERVING");
     }
 }
+
+fn headers(r: &RateLimitResponse) -> Vec<(String, String)> {
+    r.response_headers_to_add
+        .iter()
+        .map(|h| (h.key.clone(), h.value.clone()))
+        .collect()
+}
+
+#[tokio::test]
+async fn rate_limit_headers_draft_and_legacy() {
+    let server = Server::with_policy_args(POLICY, "yaml", &["--rate-limit-headers", "draft"]);
+    let mut client = server.client().await;
+    let odd = request(
+        "test",
+        vec![desc(&[("key", "odd")]), desc(&[("key", "free")])],
+    );
+    let r = client
+        .should_rate_limit(odd.clone())
+        .await
+        .unwrap()
+        .into_inner();
+    let h = headers(&r);
+    assert_eq!(
+        h[0],
+        ("RateLimit-Policy".into(), "\"odd-window\";q=4;w=90".into())
+    );
+    assert_eq!(h[1].0, "RateLimit");
+    assert!(h[1].1.starts_with("\"odd-window\";r=3;t="), "{h:?}");
+    assert_eq!(h.len(), 2);
+    for _ in 0..3 {
+        client.should_rate_limit(odd.clone()).await.unwrap();
+    }
+    let r = client.should_rate_limit(odd).await.unwrap().into_inner();
+    let h = headers(&r);
+    assert!(h[1].1.starts_with("\"odd-window\";r=0;t="), "{h:?}");
+    assert_eq!(h[2].0, "Retry-After");
+    let wait: u64 = h[2].1.parse().unwrap();
+    assert!((1..=90).contains(&wait), "{h:?}");
+
+    let server = Server::with_policy_args(POLICY, "yaml", &["--rate-limit-headers", "legacy"]);
+    let mut client = server.client().await;
+    // The most restrictive descriptor decides the headers.
+    let req = request(
+        "test",
+        vec![desc(&[("key", "addend")]), desc(&[("key", "counted")])],
+    );
+    let r = client.should_rate_limit(req).await.unwrap().into_inner();
+    let h = headers(&r);
+    assert_eq!(h[0], ("X-RateLimit-Limit".into(), "3".into()));
+    assert_eq!(h[1], ("X-RateLimit-Remaining".into(), "2".into()));
+    assert_eq!(h[2].0, "X-RateLimit-Reset");
+    let reset: u64 = h[2].1.parse().unwrap();
+    assert!((3590..=3600).contains(&reset));
+    // Without the flag, no headers.
+    let server = Server::with_policy(POLICY, "yaml");
+    let mut client = server.client().await;
+    let r = client
+        .should_rate_limit(request("test", vec![desc(&[("key", "counted")])]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(r.response_headers_to_add.is_empty());
+}

@@ -13,6 +13,7 @@ use anyhow::{bail, Context};
 use divvy::limiter::Limiter;
 use divvy::reload::Reloader;
 use divvy::rules::RuleSet;
+use divvy::server::headers::HeaderStyle;
 use divvy::server::http::{serve_http, AdminState};
 use divvy::server::line::{serve_line, ConnLimits};
 use divvy::statsd::StatsdConfig;
@@ -86,6 +87,15 @@ pub struct ServeArgs {
     /// Any non-empty value sends statsd over TCP instead of UDP.
     #[arg(long, env = "STATSD_USE_TCP")]
     statsd_use_tcp: Option<String>,
+    /// Rate-limit headers for Envoy to add to responses: none, draft
+    /// (RateLimit, RateLimit-Policy) or legacy (X-RateLimit-*); Retry-After on denial.
+    #[arg(
+        long,
+        env = "DIVVY_RATE_LIMIT_HEADERS",
+        value_enum,
+        default_value = "none"
+    )]
+    rate_limit_headers: HeaderStyle,
     /// Log format on stderr.
     #[arg(long, env = "DIVVY_LOG_FORMAT", value_enum, default_value = "text")]
     log_format: LogFormat,
@@ -210,6 +220,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         let grpc_task = tokio::spawn(divvy::server::serve_grpc(
             grpc,
             limiter,
+            args.rate_limit_headers,
             stopped(stop_rx.clone()),
         ));
         let metrics_path = args.metrics_path.clone();

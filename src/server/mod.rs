@@ -1,5 +1,6 @@
 //! Protocol front ends. Each parses, calls the one [`Limiter`], and formats.
 
+pub mod headers;
 pub mod http;
 pub mod json;
 pub mod line;
@@ -13,12 +14,15 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tokio_stream::StreamExt;
 
 use crate::limiter::Limiter;
+use headers::HeaderStyle;
 use rls::{RateLimitServiceServer, RlsService};
 
-/// Serves Envoy's RateLimitService and grpc.health.v1 on `listener` until `shutdown` completes.
+/// Serves Envoy's RateLimitService (with rate-limit headers in `headers`
+/// style) and grpc.health.v1 on `listener` until `shutdown` completes.
 pub async fn serve_grpc(
     listener: TcpListener,
     limiter: Arc<Limiter>,
+    headers: HeaderStyle,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
     let (health, health_service) = tonic_health::server::health_reporter();
@@ -47,7 +51,7 @@ pub async fn serve_grpc(
             }
         }
     });
-    let service = RateLimitServiceServer::new(RlsService::new(limiter));
+    let service = RateLimitServiceServer::new(RlsService::new(limiter, headers));
     // Envoy multiplexes every call on a few HTTP/2 connections: small
     // frames must not wait for Nagle's algorithm.
     let incoming = TcpListenerStream::new(listener).map(|conn| {

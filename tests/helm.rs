@@ -1,0 +1,26 @@
+//! The Helm chart, linted and rendered offline with Helm's own engine for
+//! several value sets, every manifest checked against Kubernetes schemas
+//! (tests/helm/check_chart.py, in the venv tests/run-all.sh installs).
+
+use std::path::PathBuf;
+use std::process::Command;
+
+#[test]
+fn chart_lints_renders_and_validates() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let python = root.join(".tools/venv/bin/python");
+    assert!(
+        python.exists(),
+        "the Python venv is missing at {}; run `bash tests/run-all.sh` (it installs helm-python-sdk and kubernetes-validate)",
+        python.display()
+    );
+    let out = Command::new(&python)
+        .arg(root.join("tests/helm/check_chart.py"))
+        .output()
+        .expect("run check_chart.py");
+    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    for set in ["defaults", "redis-with-secret", "autoscaling-and-servicemonitor"] {
+        assert!(text.contains(&format!("ok: {set}:")), "{text}");
+    }
+}

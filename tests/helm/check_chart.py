@@ -1,0 +1,138 @@
+"""Lints and renders helm/divvy offline for several value sets and checks
+every rendered manifest against the Kubernetes schemas.
+
+Run by tests/helm.rs with the venv that tests/run-all.sh installs
+(helm-python-sdk: Helm's own engine, no helm binary; kubernetes-validate:
+bundled Kubernetes JSON schemas). The ServiceMonitor, a prometheus-operator
+custom resource that kubernetes-validate has no schema for, is checked
+against tests/helm/servicemonitor.schema.json (the fields the chart uses, as
+the CRD defines them). Exits non-zero on the first problem.
+"""
+import json
+import os
+import sys
+
+import helm_python as helm
+import jsonschema
+import kubernetes_validate
+import yaml
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CHART = os.path.join(HERE, "..", "..", "helm", "divvy")
+KUBE = "1.33.0"
+
+VALUE_SETS = {
+    "defaults": {},
+    "redis-with-secret": {
+        "redis": {
+            "url": "redis+sentinel://sentinel-0.redis:26379,sentinel-1.redis:26379/mymaster",
+            "existingSecret": "redis-auth",
+            "existingSecretPasswordKey": "password",
+            "onFailure": "deny",
+        },
+        "rateLimitHeaders": "draft",
+        "extraEnv": [{"name": "STATSD_HOST", "value": "statsd.monitoring"}, {"name": "STATSD_PORT", "value": "8125"}],
+    },
+    "autoscaling-and-servicemonitor": {
+        "autoscaling": {"enabled": True, "minReplicas": 3, "maxReplicas": 12, "targetCPUUtilizationPercentage": 60},
+        "serviceMonitor": {"enabled": True, "interval": "15s", "labels": {"release": "prometheus"}},
+        "podDisruptionBudget": {"enabled": True, "minAvailable": 2},
+        "existingConfigMap": "my-rules",
+        "configFileName": "rules.ini",
+    },
+}
+
+
+def fail(message):
+    print(f"FAIL: {message}")
+    sys.exit(1)
+
+
+def documents(manifests):
+    for path, text in sorted(manifests.items()):
+        if path.endswith("NOTES.txt"):
+            continue
+        for doc in yaml.safe_load_all(text):
+            if doc:
+                yield path, doc
+
+
+def main():
+    with open(os.path.join(HERE, "servicemonitor.schema.json")) as f:
+        servicemonitor_schema = json.load(f)
+    chart = helm.Chart.load(CHART)
+    checked = 0
+    for name, values in VALUE_SETS.items():
+        report = helm.lint(CHART, values, strict=True, kube_version=f"v{KUBE}")
+        problems = [m for m in report.get("messages", []) if m.get("severity", 0) >= 2]
+        if report.get("errors") or problems:
+            fail(f"{name}: helm lint: {report}")
+        manifests = chart.render(values, name="divvy", namespace="divvy", is_install=True)
+        kinds = {}
+        for path, doc in documents(manifests):
+            kind = doc.get("kind")
+            kinds[kind] = doc
+            if kind == "ServiceMonitor":
+                try:
+                    jsonschema.validate(doc, servicemonitor_schema)
+                except jsonschema.ValidationError as e:
+                    fail(f"{name}: {path}: {e.message}")
+            else:
+                try:
+                    kubernetes_validate.validate(doc, KUBE, strict=True)
+                except Exception as e:  # the library raises several error types
+                    fail(f"{name}: {path}: {type(e).__name__}: {e}")
+            checked += 1
+        deployment = kinds.get("Deployment") or fail(f"{name}: no Deployment")
+        pod = deployment["spec"]["template"]["spec"]
+        container = pod["containers"][0]
+        if not container["securityContext"].get("readOnlyRootFilesystem"):
+            fail(f"{name}: root filesystem is writable")
+        if not pod["securityContext"].get("runAsNonRoot"):
+            fail(f"{name}: runs as root")
+        if container["livenessProbe"]["httpGet"]["path"] != "/healthz":
+            fail(f"{name}: liveness probe")
+        if container["readinessProbe"]["httpGet"]["path"] != "/readyz":
+            fail(f"{name}: readiness probe")
+        mount = container["volumeMounts"][0]
+        if "subPath" in mount or mount["mountPath"] != "/etc/divvy":
+            fail(f"{name}: the rules must be mounted as a directory without subPath")
+        ports = {p["name"]: p["port"] for p in kinds["Service"]["spec"]["ports"]}
+        if ports != {"grpc": 8081, "divvy": 8321, "http": 8080}:
+            fail(f"{name}: service ports {ports}")
+        args = container["args"]
+        if name == "defaults":
+            if "ConfigMap" not in kinds or "divvy.yaml" not in kinds["ConfigMap"]["data"]:
+                fail("defaults: the inline rules ConfigMap is missing")
+            if any(a.startswith("--redis-url") for a in args):
+                fail("defaults: redis must be off")
+            if "HorizontalPodAutoscaler" in kinds or "ServiceMonitor" in kinds:
+                fail("defaults: HPA and ServiceMonitor are opt-in")
+        if name == "redis-with-secret":
+            env = {e["name"]: e for e in container["env"]}
+            ref = env["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"]
+            if ref != {"name": "redis-auth", "key": "password"}:
+                fail(f"redis-with-secret: password reference {ref}")
+            if "--redis-url=redis+sentinel://sentinel-0.redis:26379,sentinel-1.redis:26379/mymaster" not in args:
+                fail(f"redis-with-secret: args {args}")
+            if "--on-store-failure=deny" not in args or "--rate-limit-headers=draft" not in args:
+                fail(f"redis-with-secret: args {args}")
+        if name == "autoscaling-and-servicemonitor":
+            hpa = kinds.get("HorizontalPodAutoscaler") or fail("no HPA")
+            if hpa["spec"]["maxReplicas"] != 12 or "replicas" in deployment["spec"]:
+                fail("autoscaling: the HPA owns the replica count")
+            if "ServiceMonitor" not in kinds:
+                fail("no ServiceMonitor")
+            if "ConfigMap" in kinds:
+                fail("existingConfigMap: the chart must not create one")
+            if pod["volumes"][0]["configMap"]["name"] != "my-rules":
+                fail("existingConfigMap is not mounted")
+            if "--config=/etc/divvy/rules.ini" not in args:
+                fail(f"configFileName: args {args}")
+            if kinds["PodDisruptionBudget"]["spec"].get("minAvailable") != 2:
+                fail("PDB minAvailable")
+        print(f"ok: {name}: lint clean, {len(kinds)} kinds rendered and valid")
+    print(f"{checked} manifests valid")
+
+
+main()

@@ -18,9 +18,14 @@ fn chart_lints_renders_and_validates() {
         .arg(root.join("tests/helm/check_chart.py"))
         .output()
         .expect("run check_chart.py");
-    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{text}");
-    for set in ["defaults", "redis-with-secret", "autoscaling-and-servicemonitor"] {
+    for set in [
+        "defaults",
+        "redis-with-secret",
+        "autoscaling-and-servicemonitor",
+    ] {
         assert!(text.contains(&format!("ok: {set}:")), "{text}");
     }
 }

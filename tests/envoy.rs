@@ -122,8 +122,11 @@ fn start_envoy(divvy_grpc: u16, upstream: u16) -> Envoy {
     envoy
 }
 
-/// A GET through `port`: status, lower-cased headers, body.
-fn get(port: u16, path: &str, extra: &str) -> Option<(u16, Vec<(String, String)>, String)> {
+/// An HTTP answer: status, lower-cased headers, body.
+type Answer = (u16, Vec<(String, String)>, String);
+
+/// A GET through `port`.
+fn get(port: u16, path: &str, extra: &str) -> Option<Answer> {
     let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(20))).ok()?;
     write!(

@@ -27,6 +27,8 @@ use crate::rules::RuleSet;
 
 /// Quiet time after the last file event before reloading.
 pub const DEBOUNCE: Duration = Duration::from_millis(150);
+/// Longest a burst of events may postpone a reload.
+pub const MAX_DEBOUNCE: Duration = Duration::from_secs(1);
 
 /// What is known about the rules in force and the last reload attempt.
 #[derive(Debug, Default)]
@@ -98,6 +100,12 @@ impl ReloadStatus {
         self.failures.fetch_add(1, Ordering::AcqRel);
     }
 
+    fn clear_error(&self) {
+        if let Ok(mut s) = self.state.lock() {
+            s.last_error = None;
+        }
+    }
+
     fn current_hash(&self) -> String {
         self.state
             .lock()
@@ -147,14 +155,29 @@ impl Reloader {
     }
 
     /// Reads, validates and installs the file now (on a blocking thread).
+    /// Content identical to the rules in force is not even parsed.
     pub async fn reload(&self) -> Result<Reloaded, String> {
         let path = self.path.clone();
-        let loaded = tokio::task::spawn_blocking(move || load_with_hash(&path)).await;
+        let current = self.status.current_hash();
+        let loaded = tokio::task::spawn_blocking(move || {
+            let bytes = std::fs::read(&path).map_err(|source| config::ConfigError::Read {
+                file: path.display().to_string(),
+                source,
+            })?;
+            let hash = content_hash(&bytes);
+            if hash == current {
+                return Ok(None);
+            }
+            config::load_bytes(&path, &bytes).map(|policy| Some((policy, hash)))
+        })
+        .await;
         let outcome = match loaded {
-            Ok(Ok((policy, hash))) => {
-                if hash == self.status.current_hash() {
-                    return Ok(Reloaded::Unchanged);
-                }
+            Ok(Ok(None)) => {
+                // Back to the content in force: an earlier error no longer applies.
+                self.status.clear_error();
+                return Ok(Reloaded::Unchanged);
+            }
+            Ok(Ok(Some((policy, hash)))) => {
                 let rules = policy.rules.len();
                 self.limiter.install(RuleSet::new(policy));
                 self.status.installed(hash.clone(), rules);
@@ -197,14 +220,24 @@ impl Reloader {
         } else {
             None
         };
+        // The file may have changed between the first load and the watcher
+        // starting: look once more (free when the content is the same).
+        let _ = tx.try_send(());
         spawn_sighup(tx);
         tokio::spawn(async move {
             // Keep the watcher alive as long as this task.
             let _watcher = watcher;
             while rx.recv().await.is_some() {
-                // Debounce: wait until events stop for DEBOUNCE.
+                // Debounce: wait until events stop for DEBOUNCE, but never
+                // longer than MAX_DEBOUNCE in all.
+                let give_up = tokio::time::Instant::now() + MAX_DEBOUNCE;
                 loop {
-                    match tokio::time::timeout(DEBOUNCE, rx.recv()).await {
+                    let wait = DEBOUNCE
+                        .min(give_up.saturating_duration_since(tokio::time::Instant::now()));
+                    if wait.is_zero() {
+                        break;
+                    }
+                    match tokio::time::timeout(wait, rx.recv()).await {
                         Ok(Some(())) => continue,
                         Ok(None) => return,
                         Err(_) => break,
@@ -232,10 +265,21 @@ fn watch_dir(path: &Path, tx: mpsc::Sender<()>) -> notify::Result<notify::Recomm
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => PathBuf::from("."),
     };
+    let name = path.file_name().map(|n| n.to_os_string());
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-        // Any change in the directory may be ours (the file, a temp file
-        // renamed over it, the `..data` symlink): the reload compares hashes.
-        if event.is_ok() {
+        // Changes to the file itself (written, renamed over, deleted,
+        // recreated) or to the ConfigMap's `..data` symlink; never mere
+        // reads, which include our own.
+        let Ok(event) = event else { return };
+        if matches!(event.kind, notify::EventKind::Access(_)) {
+            return;
+        }
+        let ours = event.paths.iter().any(|p| {
+            p.file_name().is_some_and(|f| {
+                Some(f) == name.as_deref() || f.to_string_lossy().starts_with("..data")
+            })
+        });
+        if ours {
             let _ = tx.try_send(());
         }
     })?;

@@ -333,3 +333,58 @@ fn readiness_follows_the_store_and_the_metrics_path_is_configurable() {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+#[test]
+fn ready_without_store_keeps_readiness_while_the_policy_answers() {
+    let port = common::redis::free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("policy.yaml");
+    std::fs::write(&path, POLICY).unwrap();
+    let url = format!("redis://127.0.0.1:{port}");
+    let server = Server::start(&path, &["--redis-url", &url, "--ready-without-store"]);
+    assert_eq!(server.http("GET", "/readyz", "").0, 200);
+    let (_, text) = server.http("GET", "/metrics", "");
+    assert!(text.contains("divvy_store_ready 0"), "{text}");
+}
+
+#[test]
+fn sigterm_turns_readiness_false_during_the_shutdown_delay() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("policy.yaml");
+    std::fs::write(&path, POLICY).unwrap();
+    let mut server = Server::start(&path, &["--shutdown-delay-seconds", "3"]);
+    assert_eq!(server.http("GET", "/readyz", "").0, 200);
+    std::process::Command::new("kill")
+        .args(["-TERM", &server.pid().to_string()])
+        .status()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, body) = server.http("GET", "/readyz", "");
+        if status == 503 {
+            assert!(body.contains("shutting down"), "{body}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "readiness stayed true");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Still answering during the delay.
+    assert_eq!(server.line_exchange(b"HIT\n"), "OK true 100 0\n");
+    assert!(server.terminate().success());
+}
+
+#[test]
+fn a_bad_metrics_path_is_refused_at_startup() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("policy.yaml");
+    std::fs::write(&path, POLICY).unwrap();
+    let out = std::process::Command::new(common::binary())
+        .args(["serve", "--config"])
+        .arg(&path)
+        .args(["--metrics-path", "/healthz", "--http-addr", "127.0.0.1:0"])
+        .args(["--grpc-addr", "127.0.0.1:0", "--line-addr", "127.0.0.1:0"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("metrics path `/healthz`"));
+}

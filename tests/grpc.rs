@@ -470,6 +470,23 @@ async fn rate_limit_headers_draft_and_legacy() {
     assert_eq!(h[2].0, "X-RateLimit-Reset");
     let reset: u64 = h[2].1.parse().unwrap();
     assert!((3590..=3600).contains(&reset));
+    // Several denied descriptors: Retry-After is the longest wait.
+    let both = request(
+        "test",
+        vec![desc(&[("key", "short")]), desc(&[("key", "counted")])],
+    );
+    client.should_rate_limit(both.clone()).await.unwrap();
+    client.should_rate_limit(both.clone()).await.unwrap();
+    let r = client.should_rate_limit(both).await.unwrap().into_inner();
+    let h = headers(&r);
+    let retry: u64 = h
+        .iter()
+        .find(|(k, _)| k == "Retry-After")
+        .unwrap()
+        .1
+        .parse()
+        .unwrap();
+    assert!(retry > 3000, "{h:?}");
     // Without the flag, no headers.
     let server = Server::with_policy(POLICY, "yaml");
     let mut client = server.client().await;

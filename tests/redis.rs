@@ -166,6 +166,21 @@ fn counters_written_by_the_original_layout_are_shared() {
 }
 
 #[test]
+fn a_foreign_value_under_a_counter_key_harms_nothing_else() {
+    let redis = Redis::start();
+    // Something else wrote a hash where a counter would live, and a string.
+    redis.cli(&["HSET", "divvy:k=ten who=*:h:10:3600", "f", "v"]);
+    redis.cli(&["SET", "divvy:k=ten who=*:s:10:3600", "abc"]);
+    let server = serve(Some(&redis.url()), &["--on-store-failure", "deny"]);
+    // Pipelined with good counters: one script call for the whole batch.
+    let answers = server
+        .line_exchange(b"HIT k=ten who=ok\nHIT k=ten who=h\nHIT k=ten who=s\nHIT k=ten who=ok\n");
+    let got: Vec<(bool, u64)> = answers.lines().map(parse).collect();
+    assert_eq!(got, vec![(true, 9), (true, 9), (true, 9), (true, 8)]);
+    assert_eq!(redis.cli(&["GET", "divvy:k=ten who=*:ok:10:3600"]), "8");
+}
+
+#[test]
 fn two_replicas_sharing_redis_allow_exactly_the_limit() {
     let redis = Redis::start();
     let a = serve(Some(&redis.url()), &[]);

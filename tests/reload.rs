@@ -130,6 +130,19 @@ fn an_invalid_file_changes_nothing_and_is_reported() {
         }
     }
     let reported = reported.unwrap();
+    // Reported once: reading the file does not trigger another reload.
+    let again = Instant::now() + Duration::from_millis(1500);
+    while let Ok(line) = rx.recv_timeout(again.saturating_duration_since(Instant::now())) {
+        assert!(
+            !line.contains("policy reload failed"),
+            "reloaded again: {line}"
+        );
+    }
+    let (_, metrics) = s.server.http("GET", "/metrics", "");
+    assert!(
+        metrics.contains("divvy_reloads_total{result=\"failure\"} 1"),
+        "{metrics}"
+    );
     assert!(reported.contains("policy.yaml"), "{reported}");
     assert!(
         reported.contains("unknown field `creditLimt`"),

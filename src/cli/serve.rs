@@ -96,6 +96,15 @@ pub struct ServeArgs {
         default_value = "none"
     )]
     rate_limit_headers: HeaderStyle,
+    /// Keep /readyz (and the gRPC health of the rate-limit service) true while
+    /// Redis fails, since the failure policy still answers. By default
+    /// readiness follows the store's health.
+    #[arg(long, env = "DIVVY_READY_WITHOUT_STORE")]
+    ready_without_store: bool,
+    /// Seconds between SIGTERM (readiness turns false) and closing the
+    /// listeners, so load balancers stop sending first.
+    #[arg(long, env = "DIVVY_SHUTDOWN_DELAY_SECONDS", default_value_t = 0)]
+    shutdown_delay_seconds: u64,
     /// Log format on stderr.
     #[arg(long, env = "DIVVY_LOG_FORMAT", value_enum, default_value = "text")]
     log_format: LogFormat,
@@ -144,7 +153,12 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
+    validate_metrics_path(&args.metrics_path)?;
     let served = runtime.block_on(async move {
+        // Take SIGHUP over before anything slow (Redis) so an early one
+        // cannot kill the process; the reloader acts on later ones.
+        #[cfg(unix)]
+        let _ = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup());
         let store: Arc<dyn Store> = match redis_target(args.redis_url.as_deref())? {
             None => {
                 let memory = Arc::new(MemoryStore::new());
@@ -211,6 +225,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
             limiter: limiter.clone(),
             status: reloader.status(),
             shutting_down: shutting_down.clone(),
+            ready_requires_store: !args.ready_without_store,
         };
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
@@ -221,6 +236,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
             grpc,
             limiter,
             args.rate_limit_headers,
+            !args.ready_without_store,
             stopped(stop_rx.clone()),
         ));
         let metrics_path = args.metrics_path.clone();
@@ -228,8 +244,16 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         let http_task =
             tokio::spawn(async move { serve_http(http, admin, &metrics_path, http_stop).await });
         shutdown_signal().await;
-        // Readiness goes false, listeners close, requests in flight finish.
+        // Readiness goes false; after the delay (time for load balancers to
+        // notice) the listeners close and requests in flight finish.
         shutting_down.store(true, Ordering::Release);
+        if args.shutdown_delay_seconds > 0 {
+            info!(
+                seconds = args.shutdown_delay_seconds,
+                "not ready; still serving until the shutdown delay ends"
+            );
+            tokio::time::sleep(Duration::from_secs(args.shutdown_delay_seconds)).await;
+        }
         let _ = stop_tx.send(true);
         let drained = tokio::time::timeout(SHUTDOWN_TIMEOUT, async {
             let _ = line_task.await;
@@ -256,6 +280,23 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     });
     runtime.shutdown_timeout(Duration::from_secs(1));
     served
+}
+
+/// The metrics path must be a plain absolute path that no other admin route uses.
+fn validate_metrics_path(path: &str) -> anyhow::Result<()> {
+    let plain = path.starts_with('/')
+        && path.len() > 1
+        && path
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"/-_.".contains(&b))
+        && !path.contains("//");
+    let taken = ["/healthz", "/readyz", "/config", "/explain", "/json"].contains(&path);
+    if !plain || taken {
+        bail!(
+            "the metrics path `{path}` must be an absolute path of letters, digits, `-`, `_`, `.` and `/`, other than /healthz, /readyz, /config, /explain and /json"
+        );
+    }
+    Ok(())
 }
 
 /// `--http-addr`, else `0.0.0.0:$HTTP_SERVICE_PORT` (divvy's variable), else `0.0.0.0:8080`.

@@ -28,24 +28,34 @@ pub enum HeaderStyle {
     Legacy,
 }
 
-/// The outcome that decides the headers, if any.
+/// The outcome that decides the headers, if any: among denied descriptors
+/// the one that resets last (so a client waiting as told is not denied
+/// again), else the one with the fewest credits left.
 fn deciding(decisions: &Decisions) -> Option<&Outcome> {
-    let limited = decisions
-        .items
-        .iter()
-        .map(|d| &d.decider)
-        .filter(|o| o.reset != Reset::Unlimited);
-    let mut best: Option<&Outcome> = None;
-    for o in limited {
-        best = match best {
-            None => Some(o),
-            Some(b) if !b.allowed => Some(b),
-            Some(_) if !o.allowed => Some(o),
-            Some(b) if o.remaining < b.remaining => Some(o),
-            keep => keep,
-        };
-    }
-    best
+    let limited = || {
+        decisions
+            .items
+            .iter()
+            .map(|d| &d.decider)
+            .filter(|o| o.reset != Reset::Unlimited)
+    };
+    let wait = |o: &Outcome| match o.reset {
+        Reset::After(d) => d,
+        Reset::Never | Reset::Unlimited => std::time::Duration::ZERO,
+    };
+    let denied =
+        limited()
+            .filter(|o| !o.allowed)
+            .fold(None, |best: Option<&Outcome>, o| match best {
+                Some(b) if wait(b) >= wait(o) => Some(b),
+                _ => Some(o),
+            });
+    denied.or_else(|| {
+        limited().fold(None, |best: Option<&Outcome>, o| match best {
+            Some(b) if b.remaining <= o.remaining => Some(b),
+            _ => Some(o),
+        })
+    })
 }
 
 /// The headers for `decisions` in `style`, as (name, value) pairs.

@@ -43,6 +43,8 @@ pub struct AdminState {
     pub status: Arc<ReloadStatus>,
     /// Set when shutdown begins: readiness turns false.
     pub shutting_down: Arc<AtomicBool>,
+    /// Whether readiness also requires the counter store to be in use.
+    pub ready_requires_store: bool,
 }
 
 /// The admin routes; `metrics_path` is where Prometheus scrapes.
@@ -54,7 +56,7 @@ pub fn router(state: AdminState, metrics_path: &str) -> Router {
         .route("/explain", get(explain))
         .route("/json", post(json_check))
         .route("/metrics", get(prometheus));
-    if metrics_path != "/metrics" && metrics_path.starts_with('/') {
+    if metrics_path != "/metrics" {
         router = router.route(metrics_path, get(prometheus));
     }
     router.with_state(state)
@@ -80,7 +82,7 @@ async fn readyz(State(s): State<AdminState>) -> Response {
         )
             .into_response();
     }
-    if !s.limiter.store().ready() {
+    if s.ready_requires_store && !s.limiter.store().ready() {
         return (
             StatusCode::SERVICE_UNAVAILABLE,
             format!(
@@ -149,6 +151,13 @@ async fn explain(State(s): State<AdminState>, RawQuery(query): RawQuery) -> Resp
     let mut pairs = Vec::new();
     for (k, v) in form_urlencoded::parse(query.as_bytes()) {
         if k == "domain" {
+            if v.is_empty() {
+                return (
+                    StatusCode::BAD_REQUEST,
+                    Json(json!({"error": "domain must not be empty (omit it to explain a line-protocol HIT)"})),
+                )
+                    .into_response();
+            }
             domain = Some(v.into_owned());
         } else {
             pairs.push((k.into_owned(), v.into_owned()));

@@ -100,8 +100,8 @@ fn descriptor(v: &Value, i: usize) -> Result<RateLimitDescriptor, String> {
             let eobj = object(e, &ewhat)?;
             only(eobj, &ewhat, &[("key", "key"), ("value", "value")])?;
             entries.push(Entry {
-                key: string(eobj.get("key"), &format!("{ewhat}.key"))?,
-                value: string(eobj.get("value"), &format!("{ewhat}.value"))?,
+                key: string(field(eobj, "key", "key"), &format!("{ewhat}.key"))?,
+                value: string(field(eobj, "value", "value"), &format!("{ewhat}.value"))?,
             });
         }
     }

@@ -23,6 +23,7 @@ pub async fn serve_grpc(
     listener: TcpListener,
     limiter: Arc<Limiter>,
     headers: HeaderStyle,
+    ready_requires_store: bool,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
     let (health, health_service) = tonic_health::server::health_reporter();
@@ -36,7 +37,7 @@ pub async fn serve_grpc(
         let mut last = true;
         loop {
             tokio::time::sleep(std::time::Duration::from_millis(250)).await;
-            let ready = watched.store().ready();
+            let ready = !ready_requires_store || watched.store().ready();
             if ready != last {
                 if ready {
                     health
@@ -54,10 +55,18 @@ pub async fn serve_grpc(
     let service = RateLimitServiceServer::new(RlsService::new(limiter, headers));
     // Envoy multiplexes every call on a few HTTP/2 connections: small
     // frames must not wait for Nagle's algorithm.
-    let incoming = TcpListenerStream::new(listener).map(|conn| {
-        conn.inspect(|stream| {
-            let _ = stream.set_nodelay(true);
-        })
+    // Accept errors (out of file descriptors) back off instead of spinning.
+    let incoming = TcpListenerStream::new(listener).then(|conn| async move {
+        match &conn {
+            Ok(stream) => {
+                let _ = stream.set_nodelay(true);
+            }
+            Err(e) => {
+                tracing::warn!("gRPC: accept failed: {e}");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+        }
+        conn
     });
     tonic::transport::Server::builder()
         .add_service(health_service)

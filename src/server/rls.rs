@@ -35,6 +35,12 @@ use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 
 pub use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 
+/// Most descriptors accepted in one request (Envoy sends a handful): one
+/// request cannot hold a shared store for long.
+pub const MAX_DESCRIPTORS: usize = 256;
+/// Most entries accepted in one descriptor.
+pub const MAX_ENTRIES: usize = 256;
+
 /// The gRPC service.
 pub struct RlsService {
     limiter: Arc<Limiter>,
@@ -89,6 +95,12 @@ pub fn to_hits(request: &RateLimitRequest) -> Result<Vec<Hit>, Status> {
             "rate limit request must carry at least one descriptor",
         ));
     }
+    if request.descriptors.len() > MAX_DESCRIPTORS {
+        return Err(Status::invalid_argument(format!(
+            "rate limit request carries {} descriptors; at most {MAX_DESCRIPTORS} are accepted",
+            request.descriptors.len()
+        )));
+    }
     // Request-level hits_addend: 0 (unset) counts as 1.
     let request_cost = u64::from(request.hits_addend.max(1));
     request
@@ -103,6 +115,12 @@ fn to_hit(index: usize, d: &RateLimitDescriptor, request_cost: u64) -> Result<Hi
     if d.entries.is_empty() {
         return Err(Status::invalid_argument(format!(
             "descriptor {index} has no entries"
+        )));
+    }
+    if d.entries.len() > MAX_ENTRIES {
+        return Err(Status::invalid_argument(format!(
+            "descriptor {index} has {} entries; at most {MAX_ENTRIES} are accepted",
+            d.entries.len()
         )));
     }
     if let Some(e) = d.entries.iter().find(|e| e.key.is_empty()) {

@@ -73,6 +73,8 @@ impl FailoverStore {
             loop {
                 tick.tick().await;
                 let Some(me) = me.upgrade() else { return };
+                // Local counters of past outages expire like any others.
+                me.local.sweep();
                 if me.healthy.load(Ordering::Acquire) {
                     continue;
                 }
@@ -88,7 +90,6 @@ impl FailoverStore {
                     }
                     Err(e) => tracing::debug!("counter store still failing: {e}"),
                 }
-                me.local.sweep();
             }
         })
     }

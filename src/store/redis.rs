@@ -5,8 +5,9 @@
 //! one round trip. On a single server (or Sentinel master), concurrent
 //! requests also share script calls: a batcher task gathers the counters of
 //! every request waiting at that moment into one EVALSHA (each request's
-//! counters contiguous and in order, so each is still applied atomically and
-//! in request order), with a few batches in flight at once. One script call
+//! counters contiguous and in order, so each request is still applied
+//! atomically and its counters in its own order), with a few batches in
+//! flight at once; batches in flight together may reach Redis in any order. One script call
 //! then carries many requests, which is what lets one Redis serve far more
 //! requests per second than it runs scripts. In a Cluster, the counters are grouped by hash slot (a
 //! script may only touch one slot) and the groups go out in parallel; the
@@ -42,6 +43,9 @@ pub struct RedisOptions {
     pub timeout: Duration,
 }
 
+/// The key the health probe writes (one credit, expiring after a second).
+pub const PROBE_KEY: &str = "divvy:__probe__";
+
 /// Most counters sent in one batched script call.
 pub const MAX_BATCH_KEYS: usize = 512;
 /// Most batched script calls in flight at once.
@@ -58,7 +62,6 @@ pub struct RedisStore {
 struct Core {
     client: Client,
     sha: String,
-    timeout: Duration,
 }
 
 /// One request's counters waiting for a batch.
@@ -139,7 +142,6 @@ impl RedisStore {
         let core = Arc::new(Core {
             client,
             sha: fred::util::sha1_hash(SCRIPT),
-            timeout,
         });
         let batcher = (!cluster).then(|| {
             let (tx, rx) = mpsc::channel(4 * MAX_BATCH_KEYS);
@@ -325,17 +327,19 @@ impl Store for RedisStore {
         })
     }
 
+    /// Runs the counter script on a probe key (one credit, one second), so
+    /// a Redis that answers PING but cannot write (a read-only replica after
+    /// a failover, out of memory, still loading) counts as failing.
     fn probe(&self) -> StoreFuture<'_, Result<(), StoreError>> {
         Box::pin(async move {
-            let timeout = self.core.timeout;
-            let ping = self.core.client.ping::<String>(None);
-            match tokio::time::timeout(timeout, ping).await {
-                Ok(Ok(_)) => Ok(()),
-                Ok(Err(e)) => Err(store_error(&e)),
-                Err(_) => Err(StoreError::Unavailable(format!(
-                    "redis: no answer to PING within {timeout:?}"
-                ))),
-            }
+            let op = CounterOp {
+                key: PROBE_KEY.to_owned(),
+                limit: 1,
+                window: Duration::from_secs(1),
+                cost: 1,
+                algorithm: Algorithm::DivvyWindow,
+            };
+            self.core.eval_group(&[&op]).await.map(|_| ())
         })
     }
 

@@ -30,6 +30,7 @@ VALUE_SETS = {
             "existingSecretPasswordKey": "password",
             "onFailure": "deny",
         },
+        "readinessRequiresStore": False,
         "rateLimitHeaders": "draft",
         "extraEnv": [{"name": "STATSD_HOST", "value": "statsd.monitoring"}, {"name": "STATSD_PORT", "value": "8125"}],
     },
@@ -115,6 +116,8 @@ def main():
                 fail(f"redis-with-secret: password reference {ref}")
             if "--redis-url=redis+sentinel://sentinel-0.redis:26379,sentinel-1.redis:26379/mymaster" not in args:
                 fail(f"redis-with-secret: args {args}")
+            if "--ready-without-store" not in args:
+                fail(f"redis-with-secret: readinessRequiresStore false: args {args}")
             if "--on-store-failure=deny" not in args or "--rate-limit-headers=draft" not in args:
                 fail(f"redis-with-secret: args {args}")
         if name == "autoscaling-and-servicemonitor":

@@ -27,14 +27,18 @@ for i = 1, #KEYS do
       allowed = 1
     end
   else
-    if ttl == -1 then
-      -- A counter without expiry would never reset: give it the window.
-      redis.call('EXPIRE', key, window)
-      ttl = window * 1000
-    end
+    local fresh = false
     if cost == 0 then
-      left = tonumber(redis.call('GET', key)) or 0
-      if left > 0 then allowed = 1 end
+      left = tonumber(redis.pcall('GET', key))
+      if left == nil then
+        -- Not a counter we wrote: a check sees a fresh window, changes nothing.
+        fresh = true
+        left = limit
+        if limit > 0 then allowed = 1 end
+        ttl = window * 1000
+      elseif left > 0 then
+        allowed = 1
+      end
     else
       left = redis.pcall('DECRBY', key, cost)
       if type(left) == 'table' then
@@ -46,12 +50,18 @@ for i = 1, #KEYS do
           allowed = 1
         end
         ttl = window * 1000
+        fresh = true
       elseif left >= 0 then
         allowed = 1
       else
         -- Not enough credit: a denied hit is never charged.
         left = redis.call('INCRBY', key, cost)
       end
+    end
+    if ttl == -1 and not fresh then
+      -- A counter without expiry would never reset: give it the window.
+      redis.call('EXPIRE', key, window)
+      ttl = window * 1000
     end
   end
   out[#out + 1] = allowed

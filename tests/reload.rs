@@ -151,10 +151,8 @@ fn an_invalid_file_changes_nothing_and_is_reported() {
     assert!(reported.contains("line 3"), "{reported}");
     // The old rules still serve, counters intact.
     assert_eq!(mark(&s.server), 1);
-    assert_eq!(
-        s.server.line_exchange(b"HIT k=counted\n"),
-        "OK true 8 3600\n"
-    );
+    let counted = s.server.line_exchange(b"HIT k=counted\n");
+    assert!(counted.starts_with("OK true 8 "), "{counted}");
     // Then a valid file takes effect.
     rename_over(&s.path, &policy(5, 10));
     wait_for_mark(&s.server, 5);

@@ -152,6 +152,7 @@ fn start_divvy_with(extra: &[&str]) -> Divvy {
         .arg("--config")
         .arg(&path)
         .args(["--grpc-addr", "127.0.0.1:0", "--line-addr", "127.0.0.1:0"])
+        .args(["--http-addr", "127.0.0.1:0"])
         .args(extra)
         .env("DIVVY_LOG", "info")
         .stderr(Stdio::piped())

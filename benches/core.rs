@@ -123,6 +123,7 @@ fn memory() {
             limit: 100,
             window: Duration::from_secs(60),
             cost: 1,
+            refund: false,
             algorithm: Algorithm::DivvyWindow,
         };
         black_box(store.apply_one(&op));

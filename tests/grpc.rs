@@ -497,3 +497,46 @@ async fn rate_limit_headers_draft_and_legacy() {
         .into_inner();
     assert!(r.response_headers_to_add.is_empty());
 }
+
+#[tokio::test]
+async fn negative_hits_give_credit_back_up_to_the_limit() {
+    let server = Server::with_policy(POLICY, "yaml");
+    let mut client = server.client().await;
+    let with = |addend: u64, negative: bool| {
+        let mut d = desc(&[("key", "addend")]);
+        d.hits_addend = Some(UInt64Value { value: addend });
+        d.is_negative_hits = negative;
+        request("test", vec![d])
+    };
+    // No open window: a refund changes nothing and opens nothing.
+    let r = client
+        .should_rate_limit(with(5, true))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(codes(&r), vec![(OK, 10)]);
+    let r = client
+        .should_rate_limit(with(7, false))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(codes(&r), vec![(OK, 3)]);
+    let r = client
+        .should_rate_limit(with(4, true))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(codes(&r), vec![(OK, 7)]);
+    let r = client
+        .should_rate_limit(with(100, true))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(codes(&r), vec![(OK, 10)]);
+    let r = client
+        .should_rate_limit(with(10, false))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(codes(&r), vec![(OK, 0)]);
+}

@@ -113,6 +113,21 @@ fn transcript(server: &Server) -> Vec<String> {
     let mut client = rt.block_on(server.client());
     let mut descriptor = desc(&[("k", "ten"), ("who", "c")]);
     descriptor.hits_addend = Some(envoy_types::pb::google::protobuf::UInt64Value { value: 4 });
+    // Credit given back (Envoy's is_negative_hits), capped at the limit.
+    let mut refund = desc(&[("k", "ten"), ("who", "a")]);
+    refund.hits_addend = Some(envoy_types::pb::google::protobuf::UInt64Value { value: 5 });
+    refund.is_negative_hits = true;
+    let r: RateLimitResponse = rt
+        .block_on(client.should_rate_limit(request("d", vec![refund.clone(), refund])))
+        .unwrap()
+        .into_inner();
+    out.push(format!(
+        "refund {:?}",
+        r.statuses
+            .iter()
+            .map(|s| (s.code, s.limit_remaining))
+            .collect::<Vec<_>>()
+    ));
     for _ in 0..3 {
         let r: RateLimitResponse = rt
             .block_on(client.should_rate_limit(request(
@@ -144,7 +159,7 @@ fn redis_gives_the_same_decisions_as_the_memory_store() {
     let shared = transcript(&serve(Some(&redis.url()), &[]));
     assert_eq!(memory, shared);
     // The counters are in Redis, in divvy's layout: credits left, TTL = window.
-    assert_eq!(redis.cli(&["GET", "divvy:k=ten who=*:a:10:3600"]), "8");
+    assert_eq!(redis.cli(&["GET", "divvy:k=ten who=*:a:10:3600"]), "10");
     let ttl: i64 = redis
         .cli(&["TTL", "divvy:k=ten who=*:a:10:3600"])
         .parse()

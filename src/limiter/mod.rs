@@ -31,6 +31,8 @@ pub struct Hit {
     pub operation: Operation,
     /// Credits to take; 0 checks without consuming.
     pub cost: u64,
+    /// Give the credits back instead of taking them.
+    pub refund: bool,
     /// A limit to use instead of the deciding rule's.
     pub limit_override: Option<LimitOverride>,
 }
@@ -41,6 +43,7 @@ impl Hit {
         Hit {
             operation,
             cost: 1,
+            refund: false,
             limit_override: None,
         }
     }
@@ -264,6 +267,7 @@ fn prepare(
         limit: credit_limit,
         window: Duration::from_secs(reset_seconds),
         cost: hit.cost,
+        refund: hit.refund,
         algorithm: Algorithm::DivvyWindow,
     };
     (outcome, Some(op))

@@ -129,11 +129,6 @@ fn to_hit(index: usize, d: &RateLimitDescriptor, request_cost: u64) -> Result<Hi
             e.value
         )));
     }
-    if d.is_negative_hits {
-        return Err(Status::invalid_argument(format!(
-            "descriptor {index}: is_negative_hits (refunding credit) is not supported"
-        )));
-    }
     let limit_override = match &d.limit {
         None => None,
         Some(o) => {
@@ -154,6 +149,7 @@ fn to_hit(index: usize, d: &RateLimitDescriptor, request_cost: u64) -> Result<Hi
             d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())),
         ),
         cost: d.hits_addend.map_or(request_cost, |v| v.value),
+        refund: d.is_negative_hits,
         limit_override,
     })
 }

@@ -143,6 +143,12 @@ impl FailoverStore {
             .inc_by(ops.len() as u64);
         ops.iter()
             .map(|op| match self.policy {
+                // A refund is never refused; there is nothing to give back to.
+                _ if op.refund && self.policy != FailurePolicy::Local => CounterState {
+                    allowed: true,
+                    remaining: op.limit,
+                    reset_after: op.window,
+                },
                 FailurePolicy::Allow => CounterState {
                     allowed: true,
                     remaining: op.limit,
@@ -259,6 +265,7 @@ mod tests {
             limit,
             window: Duration::from_secs(60),
             cost: 1,
+            refund: false,
             algorithm: Algorithm::DivvyWindow,
         }
     }

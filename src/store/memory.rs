@@ -119,6 +119,9 @@ impl MemoryStore {
 
     fn divvy_window(&self, op: &CounterOp) -> CounterState {
         let now = self.clock.now();
+        if op.refund {
+            return self.refund(op, now);
+        }
         let fresh = |c: &Counter| c.expires_at > now;
         // Fast path: an open window is updated under the shard's write lock
         // without allocating the key.
@@ -152,6 +155,27 @@ impl MemoryStore {
             };
         }
         spend(&mut entry, op, now)
+    }
+}
+
+impl MemoryStore {
+    /// Gives credits back to an open window, never above the limit.
+    fn refund(&self, op: &CounterOp, now: Duration) -> CounterState {
+        if let Some(mut c) = self.counters.get_mut(op.key.as_str()) {
+            if c.expires_at > now {
+                c.remaining = c.remaining.saturating_add(op.cost).min(op.limit);
+                return CounterState {
+                    allowed: true,
+                    remaining: c.remaining,
+                    reset_after: c.expires_at.saturating_sub(now),
+                };
+            }
+        }
+        CounterState {
+            allowed: true,
+            remaining: op.limit,
+            reset_after: op.window,
+        }
     }
 }
 
@@ -236,6 +260,7 @@ mod tests {
             limit,
             window: Duration::from_secs(secs),
             cost,
+            refund: false,
             algorithm: Algorithm::DivvyWindow,
         }
     }

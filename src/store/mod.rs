@@ -41,6 +41,9 @@ pub struct CounterOp {
     pub window: Duration,
     /// Credits to take. 0 checks without consuming: allowed while at least one credit is left.
     pub cost: u64,
+    /// Give `cost` credits back instead (Envoy's `is_negative_hits`), never
+    /// above the limit; a counter with no open window is left alone.
+    pub refund: bool,
     /// The algorithm.
     pub algorithm: Algorithm,
 }

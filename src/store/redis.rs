@@ -205,13 +205,15 @@ impl Core {
     async fn eval_group(&self, ops: &[&CounterOp]) -> Result<Vec<CounterState>, StoreError> {
         let keys: Vec<&str> = ops.iter().map(|op| op.key.as_str()).collect();
         let mut args: Vec<i64> = Vec::with_capacity(ops.len() * 3);
+        // A refund is sent as a negative cost.
         for op in ops {
             match op.algorithm {
                 Algorithm::DivvyWindow => {}
             }
             args.push(i64::try_from(op.limit).unwrap_or(i64::MAX));
             args.push(i64::try_from(op.window.as_secs().max(1)).unwrap_or(i64::MAX));
-            args.push(i64::try_from(op.cost).unwrap_or(i64::MAX));
+            let cost = i64::try_from(op.cost).unwrap_or(i64::MAX);
+            args.push(if op.refund { -cost } else { cost });
         }
         let first: Result<Vec<i64>, Error> = self
             .client
@@ -337,6 +339,7 @@ impl Store for RedisStore {
                 limit: 1,
                 window: Duration::from_secs(1),
                 cost: 1,
+                refund: false,
                 algorithm: Algorithm::DivvyWindow,
             };
             self.core.eval_group(&[&op]).await.map(|_| ())

@@ -1,7 +1,8 @@
 -- divvy's window, atomically, for every counter of one request (or of a
 -- batch of requests, each one's counters contiguous and in order).
 -- KEYS[i]: a counter (divvy's key shape). ARGV[3i-2]: credit limit,
--- ARGV[3i-1]: window in seconds, ARGV[3i]: credits to take (0 = check only).
+-- ARGV[3i-1]: window in seconds, ARGV[3i]: credits to take (0 = check only;
+-- negative = give that many back to an open window, never above the limit).
 -- Stored value: the credits left; the key's TTL is the window. This is the
 -- original divvy server's layout, so both can share one Redis.
 -- Returns, per key: allowed (1/0), credits left, milliseconds to reset.
@@ -15,7 +16,24 @@ for i = 1, #KEYS do
   local ttl = redis.call('PTTL', key)
   local allowed = 0
   local left
-  if ttl == -2 then
+  if cost < 0 then
+    -- A refund: only an open window of ours gets credit back.
+    allowed = 1
+    left = limit
+    local current = ttl ~= -2 and tonumber(redis.pcall('GET', key)) or nil
+    if current == nil then
+      ttl = window * 1000
+    else
+      left = math.min(limit, current - cost)
+      if left ~= current then
+        redis.call('SET', key, left, 'KEEPTTL')
+      end
+      if ttl == -1 then
+        redis.call('EXPIRE', key, window)
+        ttl = window * 1000
+      end
+    end
+  elseif ttl == -2 then
     -- No open window: the first hit opens one.
     left = limit
     ttl = window * 1000

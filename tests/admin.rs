@@ -286,7 +286,8 @@ fn explain_consumes_nothing_and_config_shows_the_rules() {
     assert_eq!(v["canaries"][0]["label"], "watch");
     assert_eq!(v["canaries"][0]["counter"]["open"], false);
     // Nothing was consumed by explaining.
-    assert_eq!(server.line_exchange(b"HIT k=lab\n"), "OK true 0 3600\n");
+    let answer = server.line_exchange(b"HIT k=lab\n");
+    assert!(answer.starts_with("OK true 0 "), "{answer}");
 
     let (status, text) = server.http("GET", "/config", "");
     assert_eq!(status, 200);

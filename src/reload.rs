@@ -159,18 +159,7 @@ impl Reloader {
     pub async fn reload(&self) -> Result<Reloaded, String> {
         let path = self.path.clone();
         let current = self.status.current_hash();
-        let loaded = tokio::task::spawn_blocking(move || {
-            let bytes = std::fs::read(&path).map_err(|source| config::ConfigError::Read {
-                file: path.display().to_string(),
-                source,
-            })?;
-            let hash = content_hash(&bytes);
-            if hash == current {
-                return Ok(None);
-            }
-            config::load_bytes(&path, &bytes).map(|policy| Some((policy, hash)))
-        })
-        .await;
+        let loaded = tokio::task::spawn_blocking(move || load_if_changed(&path, &current)).await;
         let outcome = match loaded {
             Ok(Ok(None)) => {
                 // Back to the content in force: an earlier error no longer applies.
@@ -251,13 +240,31 @@ impl Reloader {
 
 /// Loads a policy and hashes the bytes it was loaded from.
 pub fn load_with_hash(path: &Path) -> Result<(Policy, String), config::ConfigError> {
+    let (bytes, hash) = read_hashed(path)?;
+    Ok((config::load_bytes(path, &bytes)?, hash))
+}
+
+/// Reads the file once and hashes it; parses and validates it only when
+/// its hash differs from `current`.
+fn load_if_changed(
+    path: &Path,
+    current: &str,
+) -> Result<Option<(Policy, String)>, config::ConfigError> {
+    let (bytes, hash) = read_hashed(path)?;
+    if hash == current {
+        return Ok(None);
+    }
+    config::load_bytes(path, &bytes).map(|policy| Some((policy, hash)))
+}
+
+/// The file's bytes and their hash.
+fn read_hashed(path: &Path) -> Result<(Vec<u8>, String), config::ConfigError> {
     let bytes = std::fs::read(path).map_err(|source| config::ConfigError::Read {
         file: path.display().to_string(),
         source,
     })?;
     let hash = content_hash(&bytes);
-    let policy = config::load_bytes(path, &bytes)?;
-    Ok((policy, hash))
+    Ok((bytes, hash))
 }
 
 fn watch_dir(path: &Path, tx: mpsc::Sender<()>) -> notify::Result<notify::RecommendedWatcher> {

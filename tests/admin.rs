@@ -323,6 +323,12 @@ fn readiness_follows_the_store_and_the_metrics_path_is_configurable() {
     let (status, text) = server.http("GET", "/custom-metrics", "");
     assert_eq!(status, 200);
     assert!(text.contains("divvy_store_ready 0"), "{text}");
+    // The gRPC health of the rate-limit service follows too; the process stays SERVING.
+    assert_eq!(
+        grpc_health(&server, "envoy.service.ratelimit.v3.RateLimitService"),
+        2
+    );
+    assert_eq!(grpc_health(&server, ""), 1);
     // Redis appears; readiness follows.
     let _redis = common::redis::Redis::start_with_port(port);
     let deadline = Instant::now() + Duration::from_secs(15);
@@ -333,6 +339,35 @@ fn readiness_follows_the_store_and_the_metrics_path_is_configurable() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+    while grpc_health(&server, "envoy.service.ratelimit.v3.RateLimitService") != 1 {
+        assert!(
+            Instant::now() < deadline,
+            "gRPC health not SERVING within 15 s of Redis answering"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The grpc.health.v1 status of `service` (1 SERVING, 2 NOT_SERVING).
+fn grpc_health(server: &Server, service: &str) -> i32 {
+    use tonic_health::pb::health_client::HealthClient;
+    use tonic_health::pb::HealthCheckRequest;
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let channel = tonic::transport::Channel::from_shared(format!("http://{}", server.grpc))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        HealthClient::new(channel)
+            .check(HealthCheckRequest {
+                service: service.to_owned(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .status
+    })
 }
 
 #[test]

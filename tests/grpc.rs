@@ -86,11 +86,11 @@ async fn counts_to_the_limit_and_past_it() {
     let mut client = server.client().await;
     let mut seen = Vec::new();
     for _ in 0..5 {
-        let r = client
-            .should_rate_limit(request("test", vec![desc(&[("key", "counted")])]))
-            .await
-            .unwrap()
-            .into_inner();
+        let r = common::ask(
+            &mut client,
+            request("test", vec![desc(&[("key", "counted")])]),
+        )
+        .await;
         seen.push((r.overall_code, codes(&r)[0]));
         let s = &r.statuses[0];
         let limit = s.current_limit.as_ref().unwrap();
@@ -121,14 +121,11 @@ async fn per_actor_counters() {
     let hit = |user: &'static str| {
         let mut c = client.clone();
         async move {
-            let r = c
-                .should_rate_limit(request(
-                    "test",
-                    vec![desc(&[("key", "per-user"), ("user", user)])],
-                ))
-                .await
-                .unwrap()
-                .into_inner();
+            let r = common::ask(
+                &mut c,
+                request("test", vec![desc(&[("key", "per-user"), ("user", user)])]),
+            )
+            .await;
             codes(&r)[0]
         }
     };
@@ -137,11 +134,11 @@ async fn per_actor_counters() {
     assert_eq!(hit("alice").await, (OVER, 0));
     assert_eq!(hit("bob").await, (OK, 1));
     // Without the user entry, the per-user rule does not match: the default decides.
-    let r = client
-        .should_rate_limit(request("test", vec![desc(&[("key", "per-user")])]))
-        .await
-        .unwrap()
-        .into_inner();
+    let r = common::ask(
+        &mut client,
+        request("test", vec![desc(&[("key", "per-user")])]),
+    )
+    .await;
     assert_eq!(
         r.statuses[0].current_limit.as_ref().unwrap().name,
         "fallback"
@@ -153,11 +150,11 @@ async fn canary_consumes_but_never_decides() {
     let server = Server::with_policy(POLICY, "yaml");
     let mut client = server.client().await;
     for i in 0..3u32 {
-        let r = client
-            .should_rate_limit(request("test", vec![desc(&[("key", "canary")])]))
-            .await
-            .unwrap()
-            .into_inner();
+        let r = common::ask(
+            &mut client,
+            request("test", vec![desc(&[("key", "canary")])]),
+        )
+        .await;
         // The canary (1 per hour) is exhausted after the first hit, yet the
         // decider (100 per hour) keeps allowing and is the one reported.
         assert_eq!(codes(&r), vec![(OK, 99 - i)]);
@@ -173,20 +170,16 @@ async fn always_allow_and_always_deny() {
     let server = Server::with_policy(POLICY, "yaml");
     let mut client = server.client().await;
     for _ in 0..10 {
-        let r = client
-            .should_rate_limit(request("test", vec![desc(&[("key", "free")])]))
-            .await
-            .unwrap()
-            .into_inner();
+        let r = common::ask(&mut client, request("test", vec![desc(&[("key", "free")])])).await;
         assert_eq!(codes(&r), vec![(OK, 5)]);
         assert!(r.statuses[0].current_limit.is_none());
         assert!(r.statuses[0].duration_until_reset.is_none());
     }
-    let r = client
-        .should_rate_limit(request("test", vec![desc(&[("key", "blocked")])]))
-        .await
-        .unwrap()
-        .into_inner();
+    let r = common::ask(
+        &mut client,
+        request("test", vec![desc(&[("key", "blocked")])]),
+    )
+    .await;
     assert_eq!(r.overall_code, OVER);
     assert_eq!(codes(&r), vec![(OVER, 0)]);
     assert_eq!(
@@ -208,7 +201,7 @@ async fn hits_addend_request_and_descriptor_level() {
         async move {
             let mut req = request("test", vec![desc(&[("key", "addend")])]);
             req.hits_addend = addend;
-            codes(&c.should_rate_limit(req).await.unwrap().into_inner())[0]
+            codes(&common::ask(&mut c, req).await)[0]
         }
     };
     assert_eq!(send(3).await, (OK, 7));
@@ -224,16 +217,12 @@ async fn hits_addend_request_and_descriptor_level() {
     check.hits_addend = Some(UInt64Value { value: 0 });
     let mut req = request("test", vec![d.clone(), check.clone(), check.clone()]);
     req.hits_addend = 100;
-    let r = client.should_rate_limit(req).await.unwrap().into_inner();
+    let r = common::ask(&mut client, req).await;
     assert_eq!(codes(&r), vec![(OK, 6), (OK, 6), (OK, 6)]);
     // A hit larger than what is left is denied and not charged.
     let mut big = desc(&[("key", "addend")]);
     big.hits_addend = Some(UInt64Value { value: 7 });
-    let r = client
-        .should_rate_limit(request("test", vec![big, d, check]))
-        .await
-        .unwrap()
-        .into_inner();
+    let r = common::ask(&mut client, request("test", vec![big, d, check])).await;
     assert_eq!(codes(&r), vec![(OVER, 6), (OK, 2), (OK, 2)]);
     assert_eq!(r.overall_code, OVER);
 }
@@ -242,8 +231,9 @@ async fn hits_addend_request_and_descriptor_level() {
 async fn several_descriptors_with_mixed_results() {
     let server = Server::with_policy(POLICY, "yaml");
     let mut client = server.client().await;
-    let r = client
-        .should_rate_limit(request(
+    let r = common::ask(
+        &mut client,
+        request(
             "test",
             vec![
                 desc(&[("key", "free")]),
@@ -251,21 +241,20 @@ async fn several_descriptors_with_mixed_results() {
                 desc(&[("key", "counted")]),
                 desc(&[("key", "counted")]),
             ],
-        ))
-        .await
-        .unwrap()
-        .into_inner();
+        ),
+    )
+    .await;
     // In order, each decided and charged on its own.
     assert_eq!(codes(&r), vec![(OK, 5), (OVER, 0), (OK, 2), (OK, 1)]);
     assert_eq!(r.overall_code, OVER);
-    let r = client
-        .should_rate_limit(request(
+    let r = common::ask(
+        &mut client,
+        request(
             "test",
             vec![desc(&[("key", "counted")]), desc(&[("key", "counted")])],
-        ))
-        .await
-        .unwrap()
-        .into_inner();
+        ),
+    )
+    .await;
     assert_eq!(codes(&r), vec![(OK, 0), (OVER, 0)]);
 }
 
@@ -275,20 +264,20 @@ async fn domains_select_rules_and_unknown_domains_fall_to_the_default() {
     let mut client = server.client().await;
     let name = |r: &RateLimitResponse| r.statuses[0].current_limit.as_ref().unwrap().name.clone();
     // A domain glob.
-    let r = client
-        .should_rate_limit(request("team-blue", vec![desc(&[("key", "counted")])]))
-        .await
-        .unwrap()
-        .into_inner();
+    let r = common::ask(
+        &mut client,
+        request("team-blue", vec![desc(&[("key", "counted")])]),
+    )
+    .await;
     assert_eq!((name(&r), codes(&r)[0]), ("team".to_owned(), (OK, 0)));
     // An unknown domain: only domain-less rules apply, here the default (2 per hour).
     let mut seen = Vec::new();
     for _ in 0..3 {
-        let r = client
-            .should_rate_limit(request("nowhere", vec![desc(&[("key", "counted")])]))
-            .await
-            .unwrap()
-            .into_inner();
+        let r = common::ask(
+            &mut client,
+            request("nowhere", vec![desc(&[("key", "counted")])]),
+        )
+        .await;
         assert_eq!(name(&r), "fallback");
         seen.push(codes(&r)[0]);
     }
@@ -299,11 +288,7 @@ async fn domains_select_rules_and_unknown_domains_fall_to_the_default() {
 async fn odd_windows_and_overrides() {
     let server = Server::with_policy(POLICY, "yaml");
     let mut client = server.client().await;
-    let r = client
-        .should_rate_limit(request("test", vec![desc(&[("key", "odd")])]))
-        .await
-        .unwrap()
-        .into_inner();
+    let r = common::ask(&mut client, request("test", vec![desc(&[("key", "odd")])])).await;
     let limit = r.statuses[0].current_limit.clone().unwrap();
     assert_eq!(limit.unit, Unit::Unknown as i32);
     assert_eq!(limit.name, "odd-window per 90s");
@@ -315,22 +300,18 @@ async fn odd_windows_and_overrides() {
         requests_per_unit: 1,
         unit: RateLimitUnit::Minute as i32,
     });
-    let r = client
-        .should_rate_limit(request("test", vec![d.clone(), d.clone()]))
-        .await
-        .unwrap()
-        .into_inner();
+    let r = common::ask(&mut client, request("test", vec![d.clone(), d.clone()])).await;
     assert_eq!(codes(&r), vec![(OK, 0), (OVER, 0)]);
     let limit = r.statuses[0].current_limit.clone().unwrap();
     assert_eq!(
         (limit.requests_per_unit, limit.unit),
         (1, Unit::Minute as i32)
     );
-    let r = client
-        .should_rate_limit(request("test", vec![desc(&[("key", "counted")])]))
-        .await
-        .unwrap()
-        .into_inner();
+    let r = common::ask(
+        &mut client,
+        request("test", vec![desc(&[("key", "counted")])]),
+    )
+    .await;
     assert_eq!(codes(&r), vec![(OK, 2)]);
     // An override with no unit is refused.
     d.limit = Some(RateLimitOverride {
@@ -351,12 +332,7 @@ async fn window_resets_after_reset_seconds() {
     let send = || {
         let mut c = client.clone();
         async move {
-            codes(
-                &c.should_rate_limit(request("test", vec![desc(&[("key", "short")])]))
-                    .await
-                    .unwrap()
-                    .into_inner(),
-            )[0]
+            codes(&common::ask(&mut c, request("test", vec![desc(&[("key", "short")])])).await)[0]
         }
     };
     assert_eq!(send().await, (OK, 0));
@@ -387,11 +363,11 @@ async fn invalid_arguments() {
         assert!(err.message().contains(needle), "{:?}", err.message());
     }
     // Nothing was charged by the refused requests.
-    let r = client
-        .should_rate_limit(request("test", vec![desc(&[("key", "counted")])]))
-        .await
-        .unwrap()
-        .into_inner();
+    let r = common::ask(
+        &mut client,
+        request("test", vec![desc(&[("key", "counted")])]),
+    )
+    .await;
     assert_eq!(codes(&r), vec![(OK, 2)]);
 }
 
@@ -433,11 +409,7 @@ async fn rate_limit_headers_draft_and_legacy() {
         "test",
         vec![desc(&[("key", "odd")]), desc(&[("key", "free")])],
     );
-    let r = client
-        .should_rate_limit(odd.clone())
-        .await
-        .unwrap()
-        .into_inner();
+    let r = common::ask(&mut client, odd.clone()).await;
     let h = headers(&r);
     assert_eq!(
         h[0],
@@ -449,7 +421,7 @@ async fn rate_limit_headers_draft_and_legacy() {
     for _ in 0..3 {
         client.should_rate_limit(odd.clone()).await.unwrap();
     }
-    let r = client.should_rate_limit(odd).await.unwrap().into_inner();
+    let r = common::ask(&mut client, odd).await;
     let h = headers(&r);
     assert!(h[1].1.starts_with("\"odd-window\";r=0;t="), "{h:?}");
     assert_eq!(h[2].0, "Retry-After");
@@ -463,7 +435,7 @@ async fn rate_limit_headers_draft_and_legacy() {
         "test",
         vec![desc(&[("key", "addend")]), desc(&[("key", "counted")])],
     );
-    let r = client.should_rate_limit(req).await.unwrap().into_inner();
+    let r = common::ask(&mut client, req).await;
     let h = headers(&r);
     assert_eq!(h[0], ("X-RateLimit-Limit".into(), "3".into()));
     assert_eq!(h[1], ("X-RateLimit-Remaining".into(), "2".into()));
@@ -477,7 +449,7 @@ async fn rate_limit_headers_draft_and_legacy() {
     );
     client.should_rate_limit(both.clone()).await.unwrap();
     client.should_rate_limit(both.clone()).await.unwrap();
-    let r = client.should_rate_limit(both).await.unwrap().into_inner();
+    let r = common::ask(&mut client, both).await;
     let h = headers(&r);
     let retry: u64 = h
         .iter()
@@ -490,11 +462,11 @@ async fn rate_limit_headers_draft_and_legacy() {
     // Without the flag, no headers.
     let server = Server::with_policy(POLICY, "yaml");
     let mut client = server.client().await;
-    let r = client
-        .should_rate_limit(request("test", vec![desc(&[("key", "counted")])]))
-        .await
-        .unwrap()
-        .into_inner();
+    let r = common::ask(
+        &mut client,
+        request("test", vec![desc(&[("key", "counted")])]),
+    )
+    .await;
     assert!(r.response_headers_to_add.is_empty());
 }
 
@@ -509,34 +481,14 @@ async fn negative_hits_give_credit_back_up_to_the_limit() {
         request("test", vec![d])
     };
     // No open window: a refund changes nothing and opens nothing.
-    let r = client
-        .should_rate_limit(with(5, true))
-        .await
-        .unwrap()
-        .into_inner();
+    let r = common::ask(&mut client, with(5, true)).await;
     assert_eq!(codes(&r), vec![(OK, 10)]);
-    let r = client
-        .should_rate_limit(with(7, false))
-        .await
-        .unwrap()
-        .into_inner();
+    let r = common::ask(&mut client, with(7, false)).await;
     assert_eq!(codes(&r), vec![(OK, 3)]);
-    let r = client
-        .should_rate_limit(with(4, true))
-        .await
-        .unwrap()
-        .into_inner();
+    let r = common::ask(&mut client, with(4, true)).await;
     assert_eq!(codes(&r), vec![(OK, 7)]);
-    let r = client
-        .should_rate_limit(with(100, true))
-        .await
-        .unwrap()
-        .into_inner();
+    let r = common::ask(&mut client, with(100, true)).await;
     assert_eq!(codes(&r), vec![(OK, 10)]);
-    let r = client
-        .should_rate_limit(with(10, false))
-        .await
-        .unwrap()
-        .into_inner();
+    let r = common::ask(&mut client, with(10, false)).await;
     assert_eq!(codes(&r), vec![(OK, 0)]);
 }

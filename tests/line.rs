@@ -6,7 +6,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::time::Duration;
 
-use common::{desc, request, Server};
+use common::{desc, parse_ok, request, Server};
 
 /// Each rule answers with a distinct creditLimit, so an answer shows which
 /// rule the parsed request matched.
@@ -168,13 +168,6 @@ default:
   creditLimit: 7
   resetSeconds: 0
 "#;
-
-fn parse_ok(line: &str) -> (bool, u64, i64) {
-    let t: Vec<&str> = line.split(' ').collect();
-    assert_eq!(t.len(), 4, "{line}");
-    assert_eq!(t[0], "OK", "{line}");
-    (t[1] == "true", t[2].parse().unwrap(), t[3].parse().unwrap())
-}
 
 #[test]
 fn a_thousand_pipelined_requests_are_answered_in_order() {

@@ -80,9 +80,8 @@ impl Conn {
 
 /// `(allowed, credits)` of an `OK` answer.
 fn parse(answer: &str) -> (bool, u64) {
-    let t: Vec<&str> = answer.split(' ').collect();
-    assert!(t.len() == 4 && t[0] == "OK", "unexpected answer {answer:?}");
-    (t[1] == "true", t[2].parse().unwrap())
+    let (allowed, credits, _) = common::parse_ok(answer);
+    (allowed, credits)
 }
 
 fn transcript(server: &Server) -> Vec<String> {

@@ -176,11 +176,12 @@ impl Limiter {
                     ops.len()
                 )));
             }
-            for ((d, canary), state) in slots.into_iter().zip(states) {
+            for (((d, canary), state), op) in slots.into_iter().zip(states).zip(ops) {
                 let outcome = match canary {
                     Some(c) => &mut items[d].canaries[c],
                     None => &mut items[d].decider,
                 };
+                outcome.counter_key = Some(op.key);
                 outcome.allowed = state.allowed;
                 outcome.remaining = state.remaining;
                 outcome.reset = Reset::After(state.reset_after);
@@ -261,7 +262,6 @@ fn prepare(
     let key = rules
         .rule(rule)
         .counter_key(&hit.operation, credit_limit, reset_seconds);
-    outcome.counter_key = Some(key.clone());
     let op = CounterOp {
         key,
         limit: credit_limit,

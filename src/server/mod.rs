@@ -12,6 +12,7 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tokio_stream::StreamExt;
+use tonic_health::server::HealthReporter;
 
 use crate::limiter::Limiter;
 use headers::HeaderStyle;
@@ -27,35 +28,38 @@ pub async fn serve_grpc(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
     let (health, health_service) = tonic_health::server::health_reporter();
-    health
-        .set_serving::<RateLimitServiceServer<RlsService>>()
-        .await;
     // The rate-limit service reports NOT_SERVING while its counter store is
     // failing (and a failure policy decides); "" (the process) stays SERVING.
+    // The status is set before the first request can arrive, then followed.
     let watched = limiter.clone();
+    let ready_now = move || !ready_requires_store || watched.store().ready();
+    let set_status = |health: HealthReporter, ready: bool| async move {
+        if ready {
+            health
+                .set_serving::<RateLimitServiceServer<RlsService>>()
+                .await;
+        } else {
+            health
+                .set_not_serving::<RateLimitServiceServer<RlsService>>()
+                .await;
+        }
+    };
+    let mut last = ready_now();
+    set_status(health.clone(), last).await;
     tokio::spawn(async move {
-        let mut last = true;
         loop {
             tokio::time::sleep(std::time::Duration::from_millis(250)).await;
-            let ready = !ready_requires_store || watched.store().ready();
+            let ready = ready_now();
             if ready != last {
-                if ready {
-                    health
-                        .set_serving::<RateLimitServiceServer<RlsService>>()
-                        .await;
-                } else {
-                    health
-                        .set_not_serving::<RateLimitServiceServer<RlsService>>()
-                        .await;
-                }
+                set_status(health.clone(), ready).await;
                 last = ready;
             }
         }
     });
     let service = RateLimitServiceServer::new(RlsService::new(limiter, headers));
     // Envoy multiplexes every call on a few HTTP/2 connections: small
-    // frames must not wait for Nagle's algorithm.
-    // Accept errors (out of file descriptors) back off instead of spinning.
+    // frames must not wait for Nagle's algorithm. Accept errors (out of file
+    // descriptors) back off instead of spinning.
     let incoming = TcpListenerStream::new(listener).then(|conn| async move {
         match &conn {
             Ok(stream) => {

@@ -189,6 +189,29 @@ pub fn desc(entries: &[(&str, &str)]) -> RateLimitDescriptor {
     }
 }
 
+/// Sends one `ShouldRateLimit` and returns the answer (panics on a gRPC error).
+pub async fn ask(
+    client: &mut RateLimitServiceClient<Channel>,
+    request: RateLimitRequest,
+) -> envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse {
+    client
+        .should_rate_limit(request)
+        .await
+        .expect("ShouldRateLimit")
+        .into_inner()
+}
+
+/// `(allowed, credits, seconds to reset)` of a line-protocol `OK` answer.
+pub fn parse_ok(line: &str) -> (bool, u64, i64) {
+    let t: Vec<&str> = line.trim_end().split(' ').collect();
+    assert!(t.len() == 4 && t[0] == "OK", "unexpected answer {line:?}");
+    (
+        t[1] == "true",
+        t[2].parse().expect("credits"),
+        t[3].parse().expect("seconds"),
+    )
+}
+
 /// A request in `domain`.
 pub fn request(domain: &str, descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
     RateLimitRequest {

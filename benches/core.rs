@@ -113,19 +113,18 @@ fn memory() {
     for i in 0..ACTORS {
         let now = i * HOUR_MS / ACTORS;
         clock.0.store(now, Ordering::Relaxed);
-        let op = CounterOp {
-            key: format!(
+        let op = CounterOp::new(
+            format!(
                 "divvy:ip=* path=/api/*:10.{}.{}.{}:100:60",
                 (i >> 16) & 255,
                 (i >> 8) & 255,
                 i & 255
             ),
-            limit: 100,
-            window: Duration::from_secs(60),
-            cost: 1,
-            refund: false,
-            algorithm: Algorithm::DivvyWindow,
-        };
+            Algorithm::Window,
+            100,
+            Duration::from_secs(60),
+            1,
+        );
         black_box(store.apply_one(&op));
         if now - last_sweep >= 5_000 {
             store.sweep();

@@ -299,8 +299,11 @@ fn divvy_json_without_extensions_loads() {
     }"#;
     let policy = parse_str(text, Format::Json, "divvy.json").unwrap();
     assert_eq!(policy.rules.len(), 3);
-    assert_eq!(policy.rules[0].actor_field, None);
-    assert_eq!(policy.rules[1].actor_field.as_deref(), Some("ip"));
+    assert_eq!(policy.rules[0].first_limit().actor_field, None);
+    assert_eq!(
+        policy.rules[1].first_limit().actor_field.as_deref(),
+        Some("ip")
+    );
 }
 
 /// Requests covering every rule of config/example.yaml, in both line-protocol and Envoy form.

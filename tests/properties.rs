@@ -3,12 +3,12 @@
 
 use std::sync::Arc;
 
-use divvy::config::{parse_str, validate::masks, Format, MatchPolicy, RuleSpec};
+use divvy::config::{parse_str, validate::masks, Format, LimitSpec, MatchPolicy, RuleSpec};
 use divvy::limiter::{Hit, Limiter};
 use divvy::rules::glob::Pattern;
 use divvy::rules::{Operation, RuleSet};
 use divvy::server::rls::{to_hits, to_response};
-use divvy::store::MemoryStore;
+use divvy::store::{Algorithm, MemoryStore};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
     Entry, RateLimitOverride,
 };
@@ -147,9 +147,15 @@ proptest! {
             position: 1,
             is_default: false,
             operation: ops.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
-            credit_limit: 1,
-            reset_seconds: 1,
-            actor_field: None,
+            limits: vec![LimitSpec {
+                credit_limit: 1,
+                reset_seconds: 1,
+                algorithm: Algorithm::Window,
+                burst: 1,
+                actor_field: None,
+                label: None,
+            }],
+            multi: false,
             match_policy: MatchPolicy::Stop,
             label: None,
             comment: None,

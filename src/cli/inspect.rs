@@ -55,11 +55,17 @@ fn summary(policy: &Policy) -> String {
         "operation".into(),
     ]];
     for r in rules.iter().take(SHOWN) {
-        let limit = match (r.credit_limit, r.reset_seconds) {
-            (0, _) => "always deny".to_owned(),
-            (n, 0) => format!("always allow ({n})"),
-            (n, s) => format!("{n} per {s}s"),
-        };
+        let limit = r
+            .limits
+            .iter()
+            .map(|l| l.describe())
+            .collect::<Vec<_>>()
+            .join(" + ");
+        let actors: Vec<&str> = r
+            .limits
+            .iter()
+            .map(|l| l.actor_field.as_deref().unwrap_or("-"))
+            .collect();
         let op = if r.is_default {
             "(default)".to_owned()
         } else {
@@ -71,7 +77,7 @@ fn summary(policy: &Policy) -> String {
             r.match_policy.as_str().into(),
             r.domain.clone().unwrap_or_else(|| "*".into()),
             limit,
-            r.actor_field.clone().unwrap_or_else(|| "-".into()),
+            actors.join(" + "),
             op,
         ]);
     }
@@ -111,12 +117,35 @@ pub fn explain(file: &Path, domain: Option<&str>, pairs: &[String]) -> anyhow::R
     let describe = |i: usize| {
         let rule = rules.rule(i);
         let spec = &rule.spec;
-        let what = match (spec.credit_limit, spec.reset_seconds) {
-            (0, _) => "always denies (creditLimit 0); no counter".to_owned(),
-            (_, 0) => "always allows (resetSeconds 0); no counter".to_owned(),
-            (n, s) => format!("{n} per {s}s; counter {}", rule.counter_key(&op, n, s)),
-        };
-        format!("{spec}: {what}")
+        let what: Vec<String> = spec
+            .limits
+            .iter()
+            .map(|l| {
+                let name = l
+                    .label
+                    .as_deref()
+                    .map(|n| format!("[{n}] "))
+                    .unwrap_or_default();
+                match (l.credit_limit, l.reset_seconds) {
+                    (0, _) => format!("{name}always denies (creditLimit 0); no counter"),
+                    (_, 0) => format!("{name}always allows (resetSeconds 0); no counter"),
+                    _ => format!(
+                        "{name}{}; counter {}",
+                        l.describe(),
+                        rule.counter_key(&op, l)
+                    ),
+                }
+            })
+            .collect();
+        if what.len() == 1 {
+            format!("{spec}: {}", what[0])
+        } else {
+            format!(
+                "{spec}: {} limits, all must allow:\n           {}",
+                what.len(),
+                what.join("\n           ")
+            )
+        }
     };
     match domain {
         Some(d) => println!("request (domain {d}): {}", pairs.join(" ")),

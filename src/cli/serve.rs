@@ -171,6 +171,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 let options = RedisOptions {
                     target,
                     timeout: Duration::from_millis(args.redis_timeout_ms.max(1)),
+                    clock: None,
                 };
                 let (redis, connected) =
                     RedisStore::connect(&options, Duration::from_secs(2)).await?;

@@ -14,7 +14,11 @@
 //!
 //! Each section name is the rule's operation as whitespace-separated `k=v`
 //! pairs (split at the first `=`); `[default]` is the default rule and must be
-//! the last section. Values may be wrapped in single or double quotes; an
+//! the last section. A section takes the keys of a YAML rule (`algorithm`
+//! and `burst` too); a rule with several limits writes them as
+//! `limits.<n>.<field> = value` (`limits.1.creditLimit = 40`), numbered
+//! from 1 in order. `charge = all-or-nothing` before the first section sets
+//! the policy's charging. Values may be wrapped in single or double quotes; an
 //! unquoted value ends at a `;` or `#` comment. Unlike the original's INI
 //! reader, dots in section names are plain characters. A small reader of our
 //! own (rather than a general INI crate) keeps those divvy rules exact and
@@ -22,7 +26,7 @@
 
 use std::collections::BTreeMap;
 
-use super::schema::{RawConfig, RawRule, Scalar};
+use super::schema::{RawConfig, RawLimit, RawRule, Scalar};
 
 /// Parses INI text; an error carries the 1-based line and what is wrong.
 pub fn parse(text: &str) -> Result<RawConfig, (usize, String)> {
@@ -77,8 +81,19 @@ pub fn parse(text: &str) -> Result<RawConfig, (usize, String)> {
         let key = key.trim();
         let value = unquote(value.trim());
         let Some((rule, _, _)) = current.as_mut() else {
-            return Err((line_no, format!("`{key}` appears before any [section]")));
+            if key == "charge" && config.charge.is_none() {
+                config.charge = Some(value);
+                continue;
+            }
+            return Err((
+                line_no,
+                format!("`{key}` appears before any [section] (only `charge` may, once)"),
+            ));
         };
+        if let Some(rest) = key.strip_prefix("limits.") {
+            set_limit_field(rule, rest, value).map_err(|e| (line_no, e))?;
+            continue;
+        }
         let slot = match key {
             "creditLimit" => set_scalar(&mut rule.credit_limit, value),
             "resetSeconds" => set_scalar(&mut rule.reset_seconds, value),
@@ -87,12 +102,15 @@ pub fn parse(text: &str) -> Result<RawConfig, (usize, String)> {
             "label" => set_text(&mut rule.label, value),
             "comment" => set_text(&mut rule.comment, value),
             "domain" => set_text(&mut rule.domain, value),
+            "algorithm" => set_text(&mut rule.algorithm, value),
+            "burst" => set_scalar(&mut rule.burst, value),
             other => {
                 return Err((
                     line_no,
                     format!(
                         "unknown field `{other}`; expected one of creditLimit, resetSeconds, \
-                         actorField, matchPolicy, label, comment, domain"
+                         actorField, matchPolicy, label, comment, domain, algorithm, burst, \
+                         limits.<n>.<field>"
                     ),
                 ))
             }
@@ -103,6 +121,48 @@ pub fn parse(text: &str) -> Result<RawConfig, (usize, String)> {
     }
     finish(&mut config, current.take());
     Ok(config)
+}
+
+/// `limits.<n>.<field> = value`: `rest` is `<n>.<field>`.
+fn set_limit_field(rule: &mut RawRule, rest: &str, value: String) -> Result<(), String> {
+    let (n, field) = rest
+        .split_once('.')
+        .ok_or_else(|| format!("`limits.{rest}` must be written limits.<n>.<field>"))?;
+    let n: usize = n
+        .parse()
+        .ok()
+        .filter(|&n| (1..=64).contains(&n))
+        .ok_or_else(|| format!("`limits.{rest}`: the limit number must be 1 to 64"))?;
+    let limits = rule.limits.get_or_insert_with(Vec::new);
+    if n > limits.len() + 1 {
+        return Err(format!(
+            "`limits.{rest}`: limits are numbered in order from 1; limit {} comes first",
+            limits.len() + 1
+        ));
+    }
+    if n == limits.len() + 1 {
+        limits.push(RawLimit::default());
+    }
+    let limit = &mut limits[n - 1];
+    let fresh = match field {
+        "creditLimit" => set_scalar(&mut limit.credit_limit, value),
+        "resetSeconds" => set_scalar(&mut limit.reset_seconds, value),
+        "algorithm" => set_text(&mut limit.algorithm, value),
+        "burst" => set_scalar(&mut limit.burst, value),
+        "actorField" => set_text(&mut limit.actor_field, value),
+        "label" => set_text(&mut limit.label, value),
+        other => {
+            return Err(format!(
+                "unknown limit field `{other}`; expected one of creditLimit, resetSeconds, \
+                 algorithm, burst, actorField, label"
+            ))
+        }
+    };
+    if fresh {
+        Ok(())
+    } else {
+        Err(format!("`limits.{rest}` is set twice in this section"))
+    }
 }
 
 fn finish(config: &mut RawConfig, section: Option<(RawRule, bool, usize)>) {
@@ -193,5 +253,24 @@ mod tests {
             3
         );
         assert_eq!(parse("[a=b]\njunk\n").unwrap_err().0, 2);
+        assert_eq!(parse("[a=b]\nlimits.2.creditLimit=1\n").unwrap_err().0, 2);
+        assert_eq!(parse("[a=b]\nlimits.1.rate=1\n").unwrap_err().0, 2);
+        assert_eq!(parse("charge=each\ncharge=each\n").unwrap_err().0, 2);
+    }
+
+    #[test]
+    fn reads_limits_algorithms_and_charge() {
+        let cfg = parse(
+            "charge = all-or-nothing\n[path=/api/*]\nlimits.1.creditLimit = 40\nlimits.1.resetSeconds = 1\n\
+             limits.1.algorithm = token_bucket\nlimits.1.burst = 80\nlimits.1.actorField = apiKey\n\
+             limits.2.creditLimit = 120\nlimits.2.resetSeconds = 1\n[default]\ncreditLimit=1\nresetSeconds=1\nalgorithm=sliding\n",
+        )
+        .unwrap();
+        assert_eq!(cfg.charge.as_deref(), Some("all-or-nothing"));
+        let limits = cfg.overrides[0].limits.as_ref().unwrap();
+        assert_eq!(limits.len(), 2);
+        assert_eq!(limits[0].burst, Some(Scalar::Str("80".into())));
+        assert_eq!(limits[1].credit_limit, Some(Scalar::Str("120".into())));
+        assert_eq!(cfg.default.unwrap().algorithm.as_deref(), Some("sliding"));
     }
 }

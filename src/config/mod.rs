@@ -16,7 +16,7 @@ use std::path::Path;
 
 use thiserror::Error;
 
-pub use validate::{MatchPolicy, Policy, RuleSpec};
+pub use validate::{LimitSpec, MatchPolicy, Policy, RuleSpec};
 
 /// The syntax of a config file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

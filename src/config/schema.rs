@@ -13,6 +13,9 @@ use serde::Deserialize;
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawConfig {
+    /// How the descriptors of one request are charged: `each` (default) or
+    /// `all-or-nothing`.
+    pub charge: Option<String>,
     /// Rules in order of precedence.
     #[serde(default)]
     pub overrides: Vec<RawRule>,
@@ -41,6 +44,31 @@ pub struct RawRule {
     pub comment: Option<String>,
     /// The Envoy domain(s) this rule applies to (glob allowed); absent means every domain.
     pub domain: Option<String>,
+    /// `window` (default), `fixed`, `sliding` or `token_bucket`.
+    pub algorithm: Option<String>,
+    /// Token bucket capacity (default: creditLimit); only with `token_bucket`.
+    pub burst: Option<Scalar>,
+    /// Several limits, each with its own counter, instead of creditLimit and
+    /// resetSeconds: a hit is allowed only if every one allows it.
+    pub limits: Option<Vec<RawLimit>>,
+}
+
+/// One limit of a rule's `limits`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RawLimit {
+    /// Credits per window (per refill period for a token bucket).
+    pub credit_limit: Option<Scalar>,
+    /// Window length (refill period): integer seconds or a duration.
+    pub reset_seconds: Option<Scalar>,
+    /// `window` (default), `fixed`, `sliding` or `token_bucket`.
+    pub algorithm: Option<String>,
+    /// Token bucket capacity (default: creditLimit).
+    pub burst: Option<Scalar>,
+    /// Request key whose value selects this limit's counter.
+    pub actor_field: Option<String>,
+    /// A unique name (for knobs, metrics and explain).
+    pub label: Option<String>,
 }
 
 /// A scalar value from YAML, JSON or INI: numbers and booleans are accepted

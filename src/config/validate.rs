@@ -10,13 +10,17 @@ use std::collections::{HashMap, HashSet};
 use std::fmt;
 
 use super::duration::parse_seconds;
-use super::schema::{RawConfig, RawRule, Scalar};
+use super::schema::{RawConfig, RawLimit, RawRule, Scalar};
 use crate::rules::glob::Pattern;
+use crate::store::{Algorithm, Charge};
 
 /// Longest window accepted: 100 years of 365 days.
 pub const MAX_RESET_SECONDS: u64 = 100 * 365 * 86_400;
 /// Largest credit limit accepted: exact in a Lua number (2^53 - 1), so Redis scripts count it exactly.
 pub const MAX_CREDIT_LIMIT: u64 = (1 << 53) - 1;
+/// Largest `(creditLimit + 1) × window ms` (sliding) and `burst × window ms`
+/// (token bucket): the scripts' products stay exact in a Lua number.
+pub const MAX_CREDIT_MS: u64 = 1 << 52;
 
 /// Whether a matching rule decides or only counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,6 +41,41 @@ impl MatchPolicy {
     }
 }
 
+/// One validated limit of a rule: a rule written with `creditLimit` has
+/// one, a rule written with `limits` has one per entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LimitSpec {
+    /// Credits per window (refill period); 0 denies everything.
+    pub credit_limit: u64,
+    /// Window (refill period) in seconds; 0 with a positive limit allows everything.
+    pub reset_seconds: u64,
+    /// How the counter is spent and refilled.
+    pub algorithm: Algorithm,
+    /// Token bucket capacity in credits (equal to `credit_limit` for other algorithms).
+    pub burst: u64,
+    /// The request key naming the actor, if counters are per actor.
+    pub actor_field: Option<String>,
+    /// The limit's own label (a `limits` entry's).
+    pub label: Option<String>,
+}
+
+impl LimitSpec {
+    /// `40 per 1s`, `token bucket 40 per 1s, burst 80`, `always deny`, ...
+    pub fn describe(&self) -> String {
+        match (self.credit_limit, self.reset_seconds) {
+            (0, _) => "always deny".to_owned(),
+            (n, 0) => format!("always allow ({n})"),
+            (n, s) => match self.algorithm {
+                Algorithm::Window => format!("{n} per {s}s"),
+                Algorithm::TokenBucket => {
+                    format!("token bucket {n} per {s}s, burst {}", self.burst)
+                }
+                a => format!("{} {n} per {s}s", a.as_str()),
+            },
+        }
+    }
+}
+
 /// A validated rule.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RuleSpec {
@@ -46,12 +85,10 @@ pub struct RuleSpec {
     pub is_default: bool,
     /// Required request keys and their values (exact or glob), sorted by key.
     pub operation: Vec<(String, String)>,
-    /// Credits per window; 0 denies everything.
-    pub credit_limit: u64,
-    /// Window in seconds; 0 with a positive limit allows everything.
-    pub reset_seconds: u64,
-    /// The request key naming the actor, if counters are per actor.
-    pub actor_field: Option<String>,
+    /// The limits (at least one); a hit is allowed only if every one allows it.
+    pub limits: Vec<LimitSpec>,
+    /// Whether the rule was written with `limits` (its counter keys name each limit's actor field).
+    pub multi: bool,
     /// stop or canary.
     pub match_policy: MatchPolicy,
     /// Unique name.
@@ -63,6 +100,12 @@ pub struct RuleSpec {
 }
 
 impl RuleSpec {
+    /// The first limit (a rule written with `creditLimit` has only this one).
+    pub fn first_limit(&self) -> &LimitSpec {
+        // Validation guarantees at least one limit.
+        &self.limits[0]
+    }
+
     /// The operation as divvy writes it: `k=v` pairs sorted by key, joined by one space.
     pub fn operation_text(&self) -> String {
         let mut out = String::new();
@@ -103,12 +146,24 @@ pub struct Policy {
     pub source: String,
     /// The rules; the last one is the default.
     pub rules: Vec<RuleSpec>,
+    /// How the descriptors of one request are charged.
+    pub charge: Charge,
 }
 
 /// Validates `raw`, returning every problem found.
 pub fn validate(raw: RawConfig, file: &str) -> Result<Policy, Vec<String>> {
     let mut problems = Vec::new();
     let mut rules = Vec::new();
+    let charge = match raw.charge.as_deref() {
+        None | Some("each") => Charge::Each,
+        Some("all-or-nothing") => Charge::AllOrNothing,
+        Some(other) => {
+            problems.push(format!(
+                "charge must be `each` or `all-or-nothing`, found `{other}`"
+            ));
+            Charge::Each
+        }
+    };
     let count = raw.overrides.len();
     let mut entries: Vec<(RawRule, bool)> = raw.overrides.into_iter().map(|r| (r, false)).collect();
     match raw.default {
@@ -136,6 +191,7 @@ pub fn validate(raw: RawConfig, file: &str) -> Result<Policy, Vec<String>> {
         Ok(Policy {
             source: file.to_owned(),
             rules,
+            charge,
         })
     } else {
         Err(problems)
@@ -182,40 +238,51 @@ fn check_rule(
             "{who}: the default rule must have an empty operation"
         ));
     }
-    let credit_limit = match &raw.credit_limit {
+    let (limits, multi) = match &raw.limits {
         None => {
-            problems.push(format!("{who}: creditLimit is required"));
-            0
+            let single = RawLimit {
+                credit_limit: raw.credit_limit.clone(),
+                reset_seconds: raw.reset_seconds.clone(),
+                algorithm: raw.algorithm.clone(),
+                burst: raw.burst.clone(),
+                actor_field: raw.actor_field.clone(),
+                label: None,
+            };
+            (check_limit(&single, &who, "", problems).into_iter().collect(), false)
         }
-        Some(v) => match integer(v, false) {
-            Some(n) if n <= MAX_CREDIT_LIMIT => n,
-            _ => {
-                problems.push(format!(
-                    "{who}: creditLimit must be a non-negative integer, found {}",
-                    show(v)
-                ));
-                0
+        Some(list) => {
+            for (field, set) in [
+                ("creditLimit", raw.credit_limit.is_some()),
+                ("resetSeconds", raw.reset_seconds.is_some()),
+                ("algorithm", raw.algorithm.is_some()),
+                ("burst", raw.burst.is_some()),
+                ("actorField", raw.actor_field.is_some()),
+            ] {
+                if set {
+                    problems.push(format!(
+                        "{who}: `{field}` cannot stand beside `limits`; set it on each limit"
+                    ));
+                }
             }
-        },
-    };
-    let reset_seconds = match &raw.reset_seconds {
-        None if credit_limit > 0 => {
-            problems.push(format!(
-                "{who}: resetSeconds is required when creditLimit > 0 (write 0 explicitly for always-allow)"
-            ));
-            0
+            if list.is_empty() {
+                problems.push(format!(
+                    "{who}: `limits` is empty; give at least one limit (or use creditLimit and resetSeconds)"
+                ));
+            }
+            let limits: Vec<LimitSpec> = list
+                .iter()
+                .enumerate()
+                .filter_map(|(i, l)| check_limit(l, &who, &format!("limits[{i}]."), problems))
+                .collect();
+            for (i, a) in limits.iter().enumerate() {
+                if let Some(j) = limits[..i].iter().position(|b| same_counter(a, b)) {
+                    problems.push(format!(
+                        "{who}: limits[{i}] counts exactly what limits[{j}] counts (same actorField, algorithm, creditLimit and resetSeconds); remove one"
+                    ));
+                }
+            }
+            (limits, true)
         }
-        None => 0,
-        Some(v) => match integer(v, true) {
-            Some(n) if n <= MAX_RESET_SECONDS => n,
-            _ => {
-                problems.push(format!(
-                    "{who}: resetSeconds must be a non-negative integer number of seconds or a duration such as 90s, 1m, 1h, 1d (at most 100 years), found {}",
-                    show(v)
-                ));
-                0
-            }
-        },
     };
     let match_policy = match raw.match_policy.as_deref() {
         None | Some("stop") => MatchPolicy::Stop,
@@ -231,16 +298,7 @@ fn check_rule(
         problems.push(format!("{who}: the default rule cannot be a canary"));
     }
     if let Some(label) = &raw.label {
-        let ok = !label.is_empty()
-            && label.len() <= 255
-            && label
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
-        if !ok {
-            problems.push(format!(
-                "{who}: label `{label}` must be 1 to 255 characters of A-Z, a-z, 0-9, _ and -"
-            ));
-        }
+        check_label(label, &who, "", problems);
     }
     match raw.domain.as_deref() {
         Some("") => problems.push(format!(
@@ -261,13 +319,136 @@ fn check_rule(
         position,
         is_default,
         operation,
-        credit_limit,
-        reset_seconds,
-        actor_field: raw.actor_field.filter(|a| !a.is_empty()),
+        limits,
+        multi,
         match_policy,
         label: raw.label,
         comment: raw.comment,
         domain: raw.domain,
+    })
+}
+
+fn check_label(label: &str, who: &str, field: &str, problems: &mut Vec<String>) {
+    let ok = !label.is_empty()
+        && label.len() <= 255
+        && label
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    if !ok {
+        problems.push(format!(
+            "{who}: {field}label `{label}` must be 1 to 255 characters of A-Z, a-z, 0-9, _ and -"
+        ));
+    }
+}
+
+/// Whether two limits of one rule would count in one counter.
+fn same_counter(a: &LimitSpec, b: &LimitSpec) -> bool {
+    a.actor_field == b.actor_field
+        && a.algorithm == b.algorithm
+        && a.credit_limit == b.credit_limit
+        && a.reset_seconds == b.reset_seconds
+        && a.credit_limit > 0
+        && a.reset_seconds > 0
+}
+
+/// Validates one limit; `field` prefixes field names (`limits[1].`).
+fn check_limit(
+    raw: &RawLimit,
+    who: &str,
+    field: &str,
+    problems: &mut Vec<String>,
+) -> Option<LimitSpec> {
+    let before = problems.len();
+    let credit_limit = match &raw.credit_limit {
+        None => {
+            problems.push(format!("{who}: {field}creditLimit is required"));
+            0
+        }
+        Some(v) => match integer(v, false) {
+            Some(n) if n <= MAX_CREDIT_LIMIT => n,
+            _ => {
+                problems.push(format!(
+                    "{who}: {field}creditLimit must be a non-negative integer, found {}",
+                    show(v)
+                ));
+                0
+            }
+        },
+    };
+    let reset_seconds = match &raw.reset_seconds {
+        None if credit_limit > 0 => {
+            problems.push(format!(
+                "{who}: {field}resetSeconds is required when creditLimit > 0 (write 0 explicitly for always-allow)"
+            ));
+            0
+        }
+        None => 0,
+        Some(v) => match integer(v, true) {
+            Some(n) if n <= MAX_RESET_SECONDS => n,
+            _ => {
+                problems.push(format!(
+                    "{who}: {field}resetSeconds must be a non-negative integer number of seconds or a duration such as 90s, 1m, 1h, 1d (at most 100 years), found {}",
+                    show(v)
+                ));
+                0
+            }
+        },
+    };
+    let algorithm = match raw.algorithm.as_deref() {
+        None => Algorithm::Window,
+        Some(text) => Algorithm::parse(text).unwrap_or_else(|| {
+            problems.push(format!(
+                "{who}: {field}algorithm must be one of window, fixed, sliding, token_bucket; found `{text}`"
+            ));
+            Algorithm::Window
+        }),
+    };
+    let burst = match &raw.burst {
+        None => credit_limit,
+        Some(_) if algorithm != Algorithm::TokenBucket => {
+            problems.push(format!(
+                "{who}: {field}burst applies only to algorithm token_bucket (this limit's algorithm is {})",
+                algorithm.as_str()
+            ));
+            credit_limit
+        }
+        Some(v) => match integer(v, false) {
+            Some(n) if (1..=MAX_CREDIT_LIMIT).contains(&n) => n,
+            _ => {
+                problems.push(format!(
+                    "{who}: {field}burst must be an integer of at least 1, found {}",
+                    show(v)
+                ));
+                credit_limit
+            }
+        },
+    };
+    let window_ms = reset_seconds.saturating_mul(1000);
+    let product = match algorithm {
+        Algorithm::Sliding => Some(credit_limit.saturating_add(1).saturating_mul(window_ms)),
+        Algorithm::TokenBucket => Some(burst.saturating_mul(window_ms)),
+        _ => None,
+    };
+    if credit_limit > 0 && product.is_some_and(|p| p > MAX_CREDIT_MS) {
+        problems.push(format!(
+            "{who}: {field}{} × resetSeconds is too large for the {} algorithm (at most {MAX_CREDIT_MS} credit-milliseconds, so every store counts exactly)",
+            if algorithm == Algorithm::Sliding { "creditLimit" } else { "burst" },
+            algorithm.as_str()
+        ));
+    }
+    if let Some(label) = &raw.label {
+        check_label(label, who, field, problems);
+    }
+    if problems.len() > before {
+        return None;
+    }
+    Some(LimitSpec {
+        credit_limit,
+        reset_seconds,
+        algorithm,
+        burst,
+        actor_field: raw.actor_field.clone().filter(|a| !a.is_empty()),
+        label: raw.label.clone(),
     })
 }
 
@@ -300,13 +481,21 @@ fn show(v: &Scalar) -> String {
     }
 }
 
+/// Labels are unique across rules and the limits of rules.
 fn check_labels(rules: &[RuleSpec], problems: &mut Vec<String>) {
     let mut seen: HashMap<&str, &RuleSpec> = HashMap::new();
     for rule in rules {
-        if let Some(label) = rule.label.as_deref() {
+        let own = rule.label.as_deref().into_iter();
+        let of_limits = rule.limits.iter().filter_map(|l| l.label.as_deref());
+        for label in own.chain(of_limits) {
             if let Some(first) = seen.insert(label, rule) {
+                let whose = if std::ptr::eq(first, rule) {
+                    "another label of this rule".to_owned()
+                } else {
+                    first.to_string()
+                };
                 problems.push(format!(
-                    "{rule}: label {label} is already used by {first}; labels must be unique"
+                    "{rule}: label {label} is already used by {whose}; labels must be unique"
                 ));
             }
         }

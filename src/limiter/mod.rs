@@ -12,8 +12,9 @@ use arc_swap::ArcSwap;
 
 use crate::metrics::{metrics, HitStatus};
 
-use crate::rules::{Operation, RuleSet};
-use crate::store::{Algorithm, CounterOp, Store, StoreError};
+use crate::config::LimitSpec;
+use crate::rules::{Operation, Rule, RuleSet};
+use crate::store::{Algorithm, Charge, CounterOp, Store, StoreError};
 
 /// A limit that replaces the deciding rule's own (Envoy's `RateLimitOverride`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,27 +57,109 @@ pub enum Reset {
     Never,
     /// Always allowed (resetSeconds 0): nothing to reset (divvy answers `0`).
     Unlimited,
-    /// The open window ends after this long.
+    /// Allowed: the counter is full again after this long (window over,
+    /// bucket full). Denied: the same hit would be allowed after this long.
     After(Duration),
 }
 
-/// What one rule said about one descriptor.
+/// What one limit of a rule said.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LimitOutcome {
+    /// Index of the limit in the rule's limits.
+    pub limit: usize,
+    /// Whether this limit allows the hit.
+    pub allowed: bool,
+    /// Credits left in it.
+    pub remaining: u64,
+    /// Its creditLimit (the override's, if any).
+    pub credit_limit: u64,
+    /// Its window in seconds.
+    pub reset_seconds: u64,
+    /// Its algorithm.
+    pub algorithm: Algorithm,
+    /// When its credit comes back.
+    pub reset: Reset,
+    /// Its counter, if any (none for always-allow and always-deny).
+    pub counter_key: Option<String>,
+}
+
+/// What one rule said about one descriptor: the limit that speaks for the
+/// rule (allowed: the one with the fewest credits left; denied: the denying
+/// one with the longest wait), and every limit when the rule has several.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Outcome {
     /// Index of the rule in the rule set.
     pub rule: usize,
-    /// Whether the hit was allowed (and its credits taken).
+    /// Whether the hit was allowed (every limit allowed it).
     pub allowed: bool,
-    /// Credits left.
+    /// Credits left: the smallest of the rule's limits.
     pub remaining: u64,
-    /// The limit applied (the override's, if any).
+    /// The speaking limit's creditLimit (the override's, if any).
     pub credit_limit: u64,
-    /// The window applied, in seconds.
+    /// The speaking limit's window, in seconds.
     pub reset_seconds: u64,
-    /// When credit comes back.
+    /// The speaking limit's algorithm.
+    pub algorithm: Algorithm,
+    /// When credit comes back (denied: when the same hit would be allowed).
     pub reset: Reset,
-    /// The counter touched, if any (none for always-allow and always-deny).
+    /// The speaking limit's counter, if any.
     pub counter_key: Option<String>,
+    /// Every limit's outcome, for a rule with several (empty otherwise).
+    pub limits: Vec<LimitOutcome>,
+}
+
+impl Outcome {
+    /// The rule's outcome from its limits' (at least one).
+    fn from_limits(rule: usize, mut limits: Vec<LimitOutcome>) -> Outcome {
+        let wait = |l: &LimitOutcome| match l.reset {
+            Reset::Never => Duration::MAX,
+            Reset::After(d) => d,
+            Reset::Unlimited => Duration::ZERO,
+        };
+        let allowed = limits.iter().all(|l| l.allowed);
+        let remaining = limits.iter().map(|l| l.remaining).min().unwrap_or(0);
+        let speaker = if allowed {
+            // The fewest credits left; on a tie, the longest until full.
+            limits
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, l)| (l.remaining, std::cmp::Reverse(wait(l))))
+        } else {
+            limits
+                .iter()
+                .enumerate()
+                .filter(|(_, l)| !l.allowed)
+                .max_by_key(|(_, l)| wait(l))
+        }
+        .map_or(0, |(i, _)| i);
+        let mut outcome = Outcome {
+            rule,
+            allowed,
+            remaining,
+            credit_limit: 0,
+            reset_seconds: 0,
+            algorithm: Algorithm::Window,
+            reset: Reset::Never,
+            counter_key: None,
+            limits: Vec::new(),
+        };
+        if limits.len() == 1 {
+            let l = limits.swap_remove(0);
+            outcome.credit_limit = l.credit_limit;
+            outcome.reset_seconds = l.reset_seconds;
+            outcome.algorithm = l.algorithm;
+            outcome.reset = l.reset;
+            outcome.counter_key = l.counter_key;
+        } else if let Some(l) = limits.get(speaker) {
+            outcome.credit_limit = l.credit_limit;
+            outcome.reset_seconds = l.reset_seconds;
+            outcome.algorithm = l.algorithm;
+            outcome.reset = l.reset;
+            outcome.counter_key = l.counter_key.clone();
+            outcome.limits = limits;
+        }
+        outcome
+    }
 }
 
 /// The answer for one descriptor.
@@ -103,6 +186,15 @@ pub struct Limiter {
     store: Arc<dyn Store>,
 }
 
+/// A rule's limits prepared for one hit: the outcome of each limit, and
+/// for each counted one the index of its op.
+struct Prepared {
+    rule: usize,
+    limits: Vec<LimitOutcome>,
+    /// (index in `limits`, index in the request's ops).
+    counted: Vec<(usize, usize)>,
+}
+
 impl Limiter {
     /// A limiter over `rules` and `store`.
     pub fn new(rules: RuleSet, store: Arc<dyn Store>) -> Limiter {
@@ -127,48 +219,49 @@ impl Limiter {
         &self.store
     }
 
-    /// Decides and charges every descriptor of one request, in order.
+    /// Decides and charges every descriptor of one request, in order, with
+    /// one store call: each rule's limits are charged together or not at
+    /// all, and under the policy's `charge: all-or-nothing` nothing is
+    /// charged when any descriptor is denied.
     ///
     /// `domain` is the Envoy domain, or `None` for a line-protocol HIT.
     pub async fn check(&self, domain: Option<&str>, hits: &[Hit]) -> Result<Decisions, StoreError> {
         let started = Instant::now();
         let rules = self.rules.load_full();
-        let mut items = Vec::with_capacity(hits.len());
         let mut ops = Vec::new();
-        // For each outcome that needs a counter: (descriptor, canary index or None).
-        let mut slots: Vec<(usize, Option<usize>)> = Vec::new();
-        for (d, hit) in hits.iter().enumerate() {
+        let mut prepared: Vec<(Vec<Prepared>, Prepared)> = Vec::with_capacity(hits.len());
+        // A deciding rule that denies without a counter (creditLimit 0).
+        let mut denied_outside = false;
+        for hit in hits {
             let plan = rules.plan(domain, &hit.operation);
-            let mut canaries = Vec::with_capacity(plan.canaries.len());
-            for (c, &rule) in plan.canaries.iter().enumerate() {
-                let spec = &rules.rule(rule).spec;
-                let (outcome, op) =
-                    prepare(&rules, rule, hit, spec.credit_limit, spec.reset_seconds);
-                if let Some(op) = op {
-                    ops.push(op);
-                    slots.push((d, Some(c)));
-                }
-                canaries.push(outcome);
-            }
-            let spec = &rules.rule(plan.decider).spec;
-            let (limit, reset) = match hit.limit_override {
-                Some(o) => (o.credit_limit, o.reset_seconds),
-                None => (spec.credit_limit, spec.reset_seconds),
-            };
-            let (decider, op) = prepare(&rules, plan.decider, hit, limit, reset);
-            if let Some(op) = op {
-                ops.push(op);
-                slots.push((d, None));
-            }
-            items.push(Decision { decider, canaries });
+            let canaries = plan
+                .canaries
+                .iter()
+                .map(|&rule| prepare(&rules, rule, hit, None, false, &mut ops))
+                .collect();
+            let decider = prepare(
+                &rules,
+                plan.decider,
+                hit,
+                hit.limit_override,
+                true,
+                &mut ops,
+            );
+            denied_outside |= decider.limits.iter().any(|l| l.reset == Reset::Never);
+            prepared.push((canaries, decider));
         }
+        let charge = match rules.charge() {
+            Charge::AllOrNothing if denied_outside => Charge::Denied,
+            other => other,
+        };
+        let mut states = Vec::new();
         if !ops.is_empty() {
             let store_started = Instant::now();
-            let applied = self.store.apply(&ops).await;
+            let applied = self.store.apply(&ops, charge).await;
             metrics()
                 .store_duration
                 .observe(store_started.elapsed().as_secs_f64());
-            let states = applied.inspect_err(|_| metrics().store_errors.inc())?;
+            states = applied.inspect_err(|_| metrics().store_errors.inc())?;
             if states.len() != ops.len() {
                 return Err(StoreError::Unavailable(format!(
                     "store answered {} counters for {} asked",
@@ -176,17 +269,27 @@ impl Limiter {
                     ops.len()
                 )));
             }
-            for (((d, canary), state), op) in slots.into_iter().zip(states).zip(ops) {
-                let outcome = match canary {
-                    Some(c) => &mut items[d].canaries[c],
-                    None => &mut items[d].decider,
-                };
-                outcome.counter_key = Some(op.key);
-                outcome.allowed = state.allowed;
-                outcome.remaining = state.remaining;
-                outcome.reset = Reset::After(state.reset_after);
-            }
         }
+        let mut keys: Vec<Option<String>> = ops.into_iter().map(|op| Some(op.key)).collect();
+        let mut finish = |p: Prepared| {
+            let mut limits = p.limits;
+            for (l, i) in p.counted {
+                let state = &states[i];
+                let o = &mut limits[l];
+                o.allowed = state.allowed;
+                o.remaining = state.remaining;
+                o.reset = Reset::After(state.reset_after);
+                o.counter_key = keys[i].take();
+            }
+            Outcome::from_limits(p.rule, limits)
+        };
+        let items: Vec<Decision> = prepared
+            .into_iter()
+            .map(|(canaries, decider)| Decision {
+                canaries: canaries.into_iter().map(&mut finish).collect(),
+                decider: finish(decider),
+            })
+            .collect();
         record(&rules, &items);
         // Each descriptor (each line-protocol HIT) is one hit, timed as its request.
         let elapsed = started.elapsed();
@@ -233,44 +336,93 @@ fn record(rules: &RuleSet, items: &[Decision]) {
     }
 }
 
-/// The outcome skeleton for `rule` and, when a counter is involved, its op.
+/// The counter op of `limit` of `rule` for `operation` (cost 1).
+pub fn counter_op(rule: &Rule, operation: &Operation, limit: &LimitSpec) -> CounterOp {
+    CounterOp {
+        burst: limit.burst,
+        ..CounterOp::new(
+            rule.counter_key(operation, limit),
+            limit.algorithm,
+            limit.credit_limit,
+            Duration::from_secs(limit.reset_seconds),
+            1,
+        )
+    }
+}
+
+/// The limits of `rule` for `hit` (an override replaces them with one
+/// limit of its own numbers and the rule's first limit's algorithm and
+/// actor), with an op per counted limit appended to `ops`.
 fn prepare(
     rules: &RuleSet,
     rule: usize,
     hit: &Hit,
-    credit_limit: u64,
-    reset_seconds: u64,
-) -> (Outcome, Option<CounterOp>) {
-    let mut outcome = Outcome {
+    limit_override: Option<LimitOverride>,
+    decides: bool,
+    ops: &mut Vec<CounterOp>,
+) -> Prepared {
+    let compiled = rules.rule(rule);
+    let overridden;
+    let limits: &[LimitSpec] = match limit_override {
+        None => &compiled.spec.limits,
+        Some(o) => {
+            let first = compiled.spec.first_limit();
+            overridden = [LimitSpec {
+                credit_limit: o.credit_limit,
+                reset_seconds: o.reset_seconds,
+                burst: o.credit_limit,
+                label: None,
+                ..first.clone()
+            }];
+            &overridden
+        }
+    };
+    let mut outcomes = Vec::with_capacity(limits.len());
+    let mut counted = Vec::new();
+    let always_deny = limits.iter().position(|l| l.credit_limit == 0);
+    for (i, limit) in limits.iter().enumerate() {
+        let mut o = LimitOutcome {
+            limit: i,
+            allowed: false,
+            remaining: 0,
+            credit_limit: limit.credit_limit,
+            reset_seconds: limit.reset_seconds,
+            algorithm: limit.algorithm,
+            reset: Reset::Never,
+            counter_key: None,
+        };
+        if always_deny.is_some() {
+            // One limit denies every hit: no counter of the rule is touched.
+            if always_deny == Some(i) {
+                return Prepared {
+                    rule,
+                    limits: vec![o],
+                    counted: Vec::new(),
+                };
+            }
+            continue;
+        }
+        if limit.reset_seconds == 0 {
+            o.allowed = true;
+            o.remaining = limit.credit_limit;
+            o.reset = Reset::Unlimited;
+        } else {
+            counted.push((i, ops.len()));
+            ops.push(CounterOp {
+                cost: hit.cost,
+                refund: hit.refund,
+                joint: counted.len() > 1,
+                decides,
+                ..counter_op(compiled, &hit.operation, limit)
+            });
+        }
+        outcomes.push(o);
+    }
+    Prepared {
         rule,
-        allowed: false,
-        remaining: 0,
-        credit_limit,
-        reset_seconds,
-        reset: Reset::Never,
-        counter_key: None,
-    };
-    if credit_limit == 0 {
-        return (outcome, None);
+        limits: outcomes,
+        counted,
     }
-    if reset_seconds == 0 {
-        outcome.allowed = true;
-        outcome.remaining = credit_limit;
-        outcome.reset = Reset::Unlimited;
-        return (outcome, None);
-    }
-    let key = rules
-        .rule(rule)
-        .counter_key(&hit.operation, credit_limit, reset_seconds);
-    let op = CounterOp {
-        key,
-        limit: credit_limit,
-        window: Duration::from_secs(reset_seconds),
-        cost: hit.cost,
-        refund: hit.refund,
-        algorithm: Algorithm::DivvyWindow,
-    };
-    (outcome, Some(op))
 }
 
 #[cfg(test)]

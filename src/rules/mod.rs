@@ -14,7 +14,8 @@ pub mod operation;
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
-use crate::config::{MatchPolicy, Policy, RuleSpec};
+use crate::config::{LimitSpec, MatchPolicy, Policy, RuleSpec};
+use crate::store::{Algorithm, Charge};
 use glob::Pattern;
 pub use operation::Operation;
 
@@ -63,27 +64,41 @@ impl Rule {
                 .all(|(k, p)| op.get(k).is_some_and(|v| p.matches(v)))
     }
 
-    /// The actor of `op` for this rule: the value of `actorField`, or "" when
-    /// the rule has none or the request lacks the key.
-    pub fn actor<'a>(&self, op: &'a Operation) -> &'a str {
-        self.spec
+    /// The actor of `op` for `limit`: the value of its `actorField`, or ""
+    /// when it has none or the request lacks the key.
+    pub fn actor<'a>(&self, op: &'a Operation, limit: &LimitSpec) -> &'a str {
+        limit
             .actor_field
             .as_deref()
             .and_then(|f| op.get(f))
             .unwrap_or("")
     }
 
-    /// The counter key, in divvy's Redis key shape:
-    /// `divvy:<operation>:<actor>:<creditLimit>:<resetSeconds>`.
-    /// Rules with a domain use `divvy@<domain>:...` so that equal operations
-    /// in different domains never share a counter.
-    pub fn counter_key(&self, op: &Operation, credit_limit: u64, reset_seconds: u64) -> String {
-        let actor = self.actor(op);
-        let mut key = String::with_capacity(self.key_prefix.len() + actor.len() + 24);
+    /// The counter key of `limit` for `op`, in divvy's Redis key shape:
+    /// `divvy:<operation>:<actor>:<creditLimit>:<resetSeconds>`, as divvy
+    /// writes it for a rule with divvy's window. Other algorithms append
+    /// `:<algorithm>` (`fixed`, `sliding`, `token_bucket`); a rule written
+    /// with `limits` appends it always and writes the actor as
+    /// `<actorField>=<value>`, so its limits never share a counter. Rules
+    /// with a domain use `divvy@<domain>:...` so that equal operations in
+    /// different domains never share a counter.
+    pub fn counter_key(&self, op: &Operation, limit: &LimitSpec) -> String {
+        let actor = self.actor(op, limit);
+        let mut key = String::with_capacity(self.key_prefix.len() + actor.len() + 40);
         key.push_str(&self.key_prefix);
+        if self.spec.multi {
+            if let Some(field) = &limit.actor_field {
+                key.push_str(field);
+                key.push('=');
+            }
+        }
         key.push_str(actor);
         // Writing to a String cannot fail.
-        let _ = write!(key, ":{credit_limit}:{reset_seconds}");
+        let _ = write!(key, ":{}:{}", limit.credit_limit, limit.reset_seconds);
+        if self.spec.multi || limit.algorithm != Algorithm::Window {
+            key.push(':');
+            key.push_str(limit.algorithm.as_str());
+        }
         key
     }
 
@@ -112,6 +127,8 @@ pub struct RuleSet {
     unindexed: Vec<usize>,
     /// Where the policy came from.
     source: String,
+    /// How the descriptors of one request are charged.
+    charge: Charge,
 }
 
 impl RuleSet {
@@ -152,6 +169,7 @@ impl RuleSet {
             by_pair,
             unindexed,
             source: policy.source,
+            charge: policy.charge,
         }
     }
 
@@ -168,6 +186,11 @@ impl RuleSet {
     /// Where the policy came from.
     pub fn source(&self) -> &str {
         &self.source
+    }
+
+    /// How the descriptors of one request are charged.
+    pub fn charge(&self) -> Charge {
+        self.charge
     }
 
     /// The canaries and the deciding rule for `op` in `domain`
@@ -286,14 +309,45 @@ default:
             ("path", "/pantry/cookies/x"),
             ("ip", "192.168.1.1"),
         ]);
+        let key = |i: usize| rs.rule(i).counter_key(&o, rs.rule(i).spec.first_limit());
         assert_eq!(
-            rs.rule(2).counter_key(&o, 3, 3600),
+            key(2),
             "divvy:ip=* method=GET path=/pantry/cookies/*:192.168.1.1:3:3600"
         );
-        assert_eq!(rs.rule(5).counter_key(&o, 2, 30), "divvy:::2:30");
+        assert_eq!(key(5), "divvy:::2:30");
+        assert_eq!(key(4), "divvy@api:method=POST::7:60");
+    }
+
+    #[test]
+    fn other_algorithms_and_limits_have_their_own_key_shape() {
+        let rs = set(r#"
+overrides:
+  - operation: {path: "/api/*"}
+    limits:
+      - {creditLimit: 40, resetSeconds: 1, algorithm: token_bucket, burst: 80, actorField: key}
+      - {creditLimit: 40, resetSeconds: 1, algorithm: token_bucket, actorField: customer}
+      - {creditLimit: 1000, resetSeconds: 1h}
+  - operation: {path: /s}
+    creditLimit: 5
+    resetSeconds: 60
+    algorithm: sliding
+    actorField: ip
+default: {creditLimit: 2, resetSeconds: 30}
+"#);
+        let o = op(&[("path", "/api/x"), ("key", "k1"), ("customer", "k1"), ("ip", "1")]);
+        let keys: Vec<String> = rs.rule(0).spec.limits.iter().map(|l| rs.rule(0).counter_key(&o, l)).collect();
         assert_eq!(
-            rs.rule(4).counter_key(&o, 7, 60),
-            "divvy@api:method=POST::7:60"
+            keys,
+            vec![
+                "divvy:path=/api/*:key=k1:40:1:token_bucket",
+                "divvy:path=/api/*:customer=k1:40:1:token_bucket",
+                "divvy:path=/api/*::1000:3600:window",
+            ]
+        );
+        let o = op(&[("path", "/s"), ("ip", "1.2.3.4")]);
+        assert_eq!(
+            rs.rule(1).counter_key(&o, rs.rule(1).spec.first_limit()),
+            "divvy:path=/s:1.2.3.4:5:60:sliding"
         );
     }
 

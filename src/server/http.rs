@@ -29,10 +29,12 @@ use tokio::net::TcpListener;
 
 use super::json::{format_response, parse_request};
 use super::rls::{to_hits, to_response};
-use crate::limiter::Limiter;
+use crate::config::LimitSpec;
+use crate::limiter::{counter_op, Limiter};
 use crate::metrics::metrics;
 use crate::reload::ReloadStatus;
 use crate::rules::Operation;
+use crate::store::Charge;
 
 /// What the admin API reads.
 #[derive(Clone)]
@@ -119,15 +121,19 @@ async fn config(State(s): State<AdminState>) -> Json<Value> {
                 .iter()
                 .map(|(k, v)| (k.clone(), json!(v)))
                 .collect();
+            let first = spec.first_limit();
             json!({
                 "position": spec.position,
                 "default": spec.is_default,
                 "label": spec.label,
                 "domain": spec.domain,
                 "operation": operation,
-                "creditLimit": spec.credit_limit,
-                "resetSeconds": spec.reset_seconds,
-                "actorField": spec.actor_field,
+                "creditLimit": first.credit_limit,
+                "resetSeconds": first.reset_seconds,
+                "algorithm": first.algorithm.as_str(),
+                "burst": first.burst,
+                "actorField": first.actor_field,
+                "limits": spec.limits.iter().map(limit_json).collect::<Vec<_>>(),
                 "matchPolicy": spec.match_policy.as_str(),
                 "comment": spec.comment,
             })
@@ -141,6 +147,10 @@ async fn config(State(s): State<AdminState>) -> Json<Value> {
         "lastReloadError": status.last_error,
         "reloads": {"succeeded": status.successes, "failed": status.failures},
         "store": s.limiter.store().name(),
+        "charge": match rules.charge() {
+            Charge::AllOrNothing => "all-or-nothing",
+            _ => "each",
+        },
         "rules": list,
     }))
 }
@@ -176,34 +186,44 @@ async fn explain(State(s): State<AdminState>, RawQuery(query): RawQuery) -> Resp
     {
         let rule = rules.rule(i);
         let spec = &rule.spec;
-        let (kind, key) = match (spec.credit_limit, spec.reset_seconds) {
-            (0, _) => ("always deny", None),
-            (_, 0) => ("always allow", None),
-            (n, w) => ("counted", Some(rule.counter_key(&op, n, w))),
-        };
-        let state = match &key {
-            None => Value::Null,
-            Some(k) => match store.peek(k).await {
-                Ok(None) => json!({"open": false, "remaining": spec.credit_limit}),
-                Ok(Some(st)) => json!({
-                    "open": true,
-                    "remaining": st.remaining,
-                    "resetSeconds": st.reset_after.as_secs_f64(),
-                }),
-                Err(e) => json!({"error": e.to_string()}),
-            },
-        };
+        let mut limits = Vec::with_capacity(spec.limits.len());
+        for limit in &spec.limits {
+            let mut v = limit_json(limit);
+            let (kind, op) = match (limit.credit_limit, limit.reset_seconds) {
+                (0, _) => ("always deny", None),
+                (_, 0) => ("always allow", None),
+                _ => ("counted", Some(counter_op(rule, &op, limit))),
+            };
+            v["kind"] = json!(kind);
+            v["counterKey"] = json!(op.as_ref().map(|o| o.key.clone()));
+            v["counter"] = match &op {
+                None => Value::Null,
+                Some(o) => match store.peek(o).await {
+                    Ok(None) => json!({"open": false, "remaining": limit.burst}),
+                    Ok(Some(st)) => json!({
+                        "open": true,
+                        "remaining": st.remaining,
+                        "resetSeconds": st.reset_after.as_secs_f64(),
+                    }),
+                    Err(e) => json!({"error": e.to_string()}),
+                },
+            };
+            limits.push(v);
+        }
+        let first = limits.first().cloned().unwrap_or(Value::Null);
         describe.push(json!({
             "role": role,
             "rule": spec.to_string(),
             "position": spec.position,
             "label": spec.label,
             "comment": spec.comment,
-            "kind": kind,
-            "creditLimit": spec.credit_limit,
-            "resetSeconds": spec.reset_seconds,
-            "counterKey": key,
-            "counter": state,
+            "kind": first["kind"],
+            "creditLimit": first["creditLimit"],
+            "resetSeconds": first["resetSeconds"],
+            "algorithm": first["algorithm"],
+            "counterKey": first["counterKey"],
+            "counter": first["counter"],
+            "limits": limits,
         }));
     }
     let decider = describe.pop().unwrap_or(Value::Null);
@@ -214,6 +234,19 @@ async fn explain(State(s): State<AdminState>, RawQuery(query): RawQuery) -> Resp
         "canaries": describe,
     }))
     .into_response()
+}
+
+/// A limit as `/config` and `/explain` show it.
+fn limit_json(l: &LimitSpec) -> Value {
+    json!({
+        "label": l.label,
+        "creditLimit": l.credit_limit,
+        "resetSeconds": l.reset_seconds,
+        "algorithm": l.algorithm.as_str(),
+        "burst": l.burst,
+        "actorField": l.actor_field,
+        "describe": l.describe(),
+    })
 }
 
 async fn json_check(State(s): State<AdminState>, body: Bytes) -> Response {

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use crate::metrics::metrics;
 
-use super::{CounterOp, CounterState, MemoryStore, Store, StoreError, StoreFuture};
+use super::{Charge, CounterOp, CounterState, MemoryStore, Store, StoreError, StoreFuture};
 
 /// How often the background probe checks a failed store.
 pub const PROBE_EVERY: Duration = Duration::from_millis(250);
@@ -136,11 +136,22 @@ impl FailoverStore {
         ((limit as f64 * self.local_share).floor() as u64).clamp(1, limit.max(1))
     }
 
-    fn fallback(&self, ops: &[CounterOp]) -> Vec<CounterState> {
+    fn fallback(&self, ops: &[CounterOp], charge: Charge) -> Vec<CounterState> {
         metrics()
             .failure_decisions
             .with_label_values(&[self.policy_name()])
             .inc_by(ops.len() as u64);
+        if self.policy == FailurePolicy::Local {
+            let local: Vec<CounterOp> = ops
+                .iter()
+                .map(|op| CounterOp {
+                    limit: self.share(op.limit),
+                    burst: self.share(op.burst),
+                    ..op.clone()
+                })
+                .collect();
+            return self.local.apply_now(&local, charge);
+        }
         ops.iter()
             .map(|op| match self.policy {
                 // A refund is never refused; there is nothing to give back to.
@@ -154,16 +165,11 @@ impl FailoverStore {
                     remaining: op.limit,
                     reset_after: op.window,
                 },
-                FailurePolicy::Deny => CounterState {
+                FailurePolicy::Deny | FailurePolicy::Local => CounterState {
                     allowed: false,
                     remaining: 0,
                     reset_after: op.window,
                 },
-                FailurePolicy::Local => {
-                    let mut local = op.clone();
-                    local.limit = self.share(op.limit);
-                    self.local.apply_one(&local)
-                }
             })
             .collect()
     }
@@ -178,16 +184,17 @@ impl Store for FailoverStore {
     fn apply<'a>(
         &'a self,
         ops: &'a [CounterOp],
+        charge: Charge,
     ) -> StoreFuture<'a, Result<Vec<CounterState>, StoreError>> {
         Box::pin(async move {
             if !self.healthy() {
-                return Ok(self.fallback(ops));
+                return Ok(self.fallback(ops, charge));
             }
-            match self.primary.apply(ops).await {
+            match self.primary.apply(ops, charge).await {
                 Ok(states) => Ok(states),
                 Err(e) => {
                     self.trip(&e);
-                    Ok(self.fallback(ops))
+                    Ok(self.fallback(ops, charge))
                 }
             }
         })
@@ -195,9 +202,9 @@ impl Store for FailoverStore {
 
     fn peek<'a>(
         &'a self,
-        key: &'a str,
+        op: &'a CounterOp,
     ) -> StoreFuture<'a, Result<Option<CounterState>, StoreError>> {
-        self.primary.peek(key)
+        self.primary.peek(op)
     }
 
     fn probe(&self) -> StoreFuture<'_, Result<(), StoreError>> {
@@ -230,6 +237,7 @@ mod tests {
         fn apply<'a>(
             &'a self,
             ops: &'a [CounterOp],
+            charge: Charge,
         ) -> StoreFuture<'a, Result<Vec<CounterState>, StoreError>> {
             self.calls.fetch_add(1, Ordering::SeqCst);
             if self.down.load(Ordering::SeqCst) {
@@ -237,14 +245,14 @@ mod tests {
                     "down".into(),
                 ))))
             } else {
-                self.inner.apply(ops)
+                self.inner.apply(ops, charge)
             }
         }
         fn peek<'a>(
             &'a self,
-            key: &'a str,
+            op: &'a CounterOp,
         ) -> StoreFuture<'a, Result<Option<CounterState>, StoreError>> {
-            self.inner.peek(key)
+            self.inner.peek(op)
         }
         fn probe(&self) -> StoreFuture<'_, Result<(), StoreError>> {
             let r = if self.down.load(Ordering::SeqCst) {
@@ -260,14 +268,7 @@ mod tests {
     }
 
     fn op(limit: u64) -> CounterOp {
-        CounterOp {
-            key: "k".into(),
-            limit,
-            window: Duration::from_secs(60),
-            cost: 1,
-            refund: false,
-            algorithm: Algorithm::DivvyWindow,
-        }
+        CounterOp::new("k", Algorithm::Window, limit, Duration::from_secs(60), 1)
     }
 
     fn flaky() -> Arc<Flaky> {
@@ -293,7 +294,7 @@ mod tests {
             let store = FailoverStore::new(primary.clone(), policy, 0.5);
             let mut got = Vec::new();
             for _ in 0..6 {
-                got.push(store.apply(&[op(10)]).await.unwrap()[0].allowed);
+                got.push(store.apply(&[op(10)], Charge::Each).await.unwrap()[0].allowed);
             }
             assert_eq!(got, expect, "{policy:?}");
             // Only the first request reached the failing store.
@@ -311,7 +312,7 @@ mod tests {
             0.5,
         ));
         let _probe = store.spawn_probe();
-        assert!(!store.apply(&[op(3)]).await.unwrap()[0].allowed);
+        assert!(!store.apply(&[op(3)], Charge::Each).await.unwrap()[0].allowed);
         primary.down.store(false, Ordering::SeqCst);
         for _ in 0..100 {
             if store.ready() {
@@ -320,7 +321,7 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         assert!(store.ready());
-        let s = store.apply(&[op(3)]).await.unwrap()[0];
+        let s = store.apply(&[op(3)], Charge::Each).await.unwrap()[0];
         assert!(s.allowed && s.remaining == 2);
     }
 

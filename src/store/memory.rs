@@ -1,52 +1,70 @@
 //! The embedded in-memory store: the default, no other process needed.
 //!
-//! Counters live in a [`DashMap`] (a sharded hash map: a lock per shard, no
-//! global lock), keyed by divvy's counter key. A counter holds the credits
-//! left and the instant its window ends, exactly what divvy keeps in Redis
-//! (value and TTL). Expired counters are ignored on access and reclaimed by
-//! [`MemoryStore::sweep`], which [`MemoryStore::spawn_sweeper`] runs
-//! periodically, so memory is bounded by the counters whose window is still
-//! open, however many distinct actors come and go.
+//! Counters live in a sharded hash map of our own: a mutex per shard, no
+//! global lock, many more shards than cores. A request's counters are
+//! applied under the locks of their shards, taken in shard order (so two
+//! requests never deadlock), which makes every request atomic: the limits
+//! of a rule and an all-or-nothing request are charged together or not at
+//! all. Each counter holds its algorithm's state (see [`super::algorithm`])
+//! and the time after which it no longer matters; [`MemoryStore::sweep`]
+//! (run periodically by [`MemoryStore::spawn_sweeper`]) drops those, so
+//! memory is bounded by the counters still in use, however many distinct
+//! actors come and go.
 
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use dashmap::DashMap;
+use super::algorithm::{self, Params, State, States};
+use super::{Charge, CounterOp, CounterState, Store, StoreError, StoreFuture};
 
-use super::{Algorithm, CounterOp, CounterState, Store, StoreError, StoreFuture};
-
-/// A source of monotonic time, replaceable in tests.
+/// A source of time, replaceable in tests.
 pub trait Clock: Send + Sync + 'static {
-    /// Time elapsed since an arbitrary fixed origin.
+    /// Time since the Unix epoch (epoch-aligned windows need wall time).
     fn now(&self) -> Duration;
 }
 
-/// The real monotonic clock.
+/// The real clock: the wall time read at start, advanced by the monotonic
+/// clock, so it never goes back when the system clock is stepped.
 #[derive(Debug)]
-pub struct SystemClock(Instant);
+pub struct SystemClock {
+    at_start: Duration,
+    start: Instant,
+}
 
 impl Default for SystemClock {
     fn default() -> Self {
-        SystemClock(Instant::now())
+        SystemClock {
+            at_start: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap_or_default(),
+            start: Instant::now(),
+        }
     }
 }
 
 impl Clock for SystemClock {
     fn now(&self) -> Duration {
-        self.0.elapsed()
+        self.at_start + self.start.elapsed()
     }
 }
 
+/// One stored counter.
 #[derive(Debug, Clone, Copy)]
-struct Counter {
-    remaining: u64,
-    /// Clock time at which the window ends.
-    expires_at: Duration,
+struct Entry {
+    state: State,
+    /// Epoch ms after which the counter answers like a fresh one.
+    expires_at: u64,
 }
+
+type Shard = HashMap<Box<str>, Entry>;
 
 /// The embedded store.
 pub struct MemoryStore {
-    counters: DashMap<Box<str>, Counter>,
+    shards: Box<[Mutex<Shard>]>,
+    /// Chooses a key's shard (the maps inside hash with their own keys).
+    hasher: RandomState,
     clock: Arc<dyn Clock>,
 }
 
@@ -54,6 +72,11 @@ impl Default for MemoryStore {
     fn default() -> Self {
         MemoryStore::with_clock(Arc::new(SystemClock::default()))
     }
+}
+
+fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
+    // A panic elsewhere never stops the store: the map itself is always consistent.
+    shard.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl MemoryStore {
@@ -67,27 +90,46 @@ impl MemoryStore {
         let shards =
             (std::thread::available_parallelism().map_or(4, |n| n.get()) * 32).next_power_of_two();
         MemoryStore {
-            counters: DashMap::with_shard_amount(shards),
+            shards: (0..shards).map(|_| Mutex::new(Shard::new())).collect(),
+            hasher: RandomState::new(),
             clock,
         }
     }
 
-    /// Number of counters held (open windows plus expired ones not yet swept).
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.clock.now().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    fn shard_of(&self, key: &str) -> usize {
+        // The top bits: the maps inside use the low ones of their own hash.
+        (self.hasher.hash_one(key) >> 32) as usize & (self.shards.len() - 1)
+    }
+
+    /// Number of counters held (live ones plus expired ones not yet swept).
     pub fn len(&self) -> usize {
-        self.counters.len()
+        self.shards.iter().map(|s| lock(s).len()).sum()
     }
 
     /// Whether no counter is held.
     pub fn is_empty(&self) -> bool {
-        self.counters.is_empty()
+        self.len() == 0
     }
 
     /// Drops every expired counter; returns how many were dropped.
     pub fn sweep(&self) -> usize {
-        let now = self.clock.now();
-        let before = self.counters.len();
-        self.counters.retain(|_, c| c.expires_at > now);
-        before.saturating_sub(self.counters.len())
+        let now = self.now_ms();
+        let mut dropped = 0;
+        for shard in self.shards.iter() {
+            let mut map = lock(shard);
+            let before = map.len();
+            map.retain(|_, e| e.expires_at > now);
+            dropped += before - map.len();
+            if map.capacity() > 64 && map.len() < map.capacity() / 4 {
+                // Give memory back after a flood of short-lived counters.
+                map.shrink_to_fit();
+            }
+        }
+        dropped
     }
 
     /// Runs [`sweep`](Self::sweep) every `every` on the current tokio runtime.
@@ -110,97 +152,83 @@ impl MemoryStore {
         })
     }
 
-    /// Applies one op; the shard lock is held only for this counter.
+    /// Applies one op of its own (a convenience for tests and benchmarks).
     pub fn apply_one(&self, op: &CounterOp) -> CounterState {
-        match op.algorithm {
-            Algorithm::DivvyWindow => self.divvy_window(op),
-        }
+        self.apply_now(std::slice::from_ref(op), Charge::Each)
+            .pop()
+            .unwrap_or(CounterState {
+                allowed: false,
+                remaining: 0,
+                reset_after: Duration::ZERO,
+            })
     }
 
-    fn divvy_window(&self, op: &CounterOp) -> CounterState {
-        let now = self.clock.now();
-        if op.refund {
-            return self.refund(op, now);
-        }
-        let fresh = |c: &Counter| c.expires_at > now;
-        // Fast path: an open window is updated under the shard's write lock
-        // without allocating the key.
-        if let Some(mut c) = self.counters.get_mut(op.key.as_str()) {
-            if !fresh(&c) {
-                if op.cost == 0 || op.cost > op.limit {
-                    // Nothing is taken, so no window opens; the sweeper drops it.
-                    return unopened(op);
-                }
-                *c = Counter {
-                    remaining: op.limit,
-                    expires_at: now + op.window,
-                };
-            }
-            return spend(&mut c, op, now);
-        }
-        if op.cost == 0 || op.cost > op.limit {
-            return unopened(op);
-        }
-        let mut entry = self
-            .counters
-            .entry(op.key.as_str().into())
-            .or_insert(Counter {
-                remaining: op.limit,
-                expires_at: now + op.window,
-            });
-        if !fresh(&entry) {
-            *entry = Counter {
-                remaining: op.limit,
-                expires_at: now + op.window,
+    /// Applies the ops of one request atomically (see [`algorithm::apply_request`]).
+    pub fn apply_now(&self, ops: &[CounterOp], charge: Charge) -> Vec<CounterState> {
+        let now = self.now_ms();
+        if let [op] = ops {
+            let mut guard = lock(&self.shards[self.shard_of(&op.key)]);
+            let mut states = Locked {
+                ops,
+                guards: std::slice::from_mut(&mut guard),
+                slot: &[0],
+                now,
             };
+            return algorithm::apply_request(&mut states, now, ops, &[0], charge);
         }
-        spend(&mut entry, op, now)
+        let shard_ids: Vec<usize> = ops.iter().map(|op| self.shard_of(&op.key)).collect();
+        let mut order = shard_ids.clone();
+        order.sort_unstable();
+        order.dedup();
+        // Locks in ascending shard order: no two requests can deadlock.
+        let mut guards: Vec<MutexGuard<'_, Shard>> =
+            order.iter().map(|&i| lock(&self.shards[i])).collect();
+        let slot: Vec<usize> = shard_ids
+            .iter()
+            .map(|id| order.binary_search(id).unwrap_or(0))
+            .collect();
+        let same = algorithm::same_keys(ops);
+        let mut states = Locked {
+            ops,
+            guards: &mut guards,
+            slot: &slot,
+            now,
+        };
+        algorithm::apply_request(&mut states, now, ops, &same, charge)
     }
 }
 
-impl MemoryStore {
-    /// Gives credits back to an open window, never above the limit.
-    fn refund(&self, op: &CounterOp, now: Duration) -> CounterState {
-        if let Some(mut c) = self.counters.get_mut(op.key.as_str()) {
-            if c.expires_at > now {
-                c.remaining = c.remaining.saturating_add(op.cost).min(op.limit);
-                return CounterState {
-                    allowed: true,
-                    remaining: c.remaining,
-                    reset_after: c.expires_at.saturating_sub(now),
-                };
+/// The counters of one request, their shards locked.
+struct Locked<'a, 'g> {
+    ops: &'a [CounterOp],
+    guards: &'a mut [MutexGuard<'g, Shard>],
+    /// Per op: the index of its shard's guard.
+    slot: &'a [usize],
+    now: u64,
+}
+
+impl States for Locked<'_, '_> {
+    fn load(&mut self, i: usize) -> Option<State> {
+        self.guards[self.slot[i]]
+            .get(self.ops[i].key.as_str())
+            .map(|e| e.state)
+    }
+
+    fn save(&mut self, i: usize, state: State) {
+        let op = &self.ops[i];
+        let expires_at = algorithm::expires_at(&state, &Params::of(op));
+        let map = &mut self.guards[self.slot[i]];
+        if expires_at <= self.now {
+            map.remove(op.key.as_str());
+            return;
+        }
+        let entry = Entry { state, expires_at };
+        match map.get_mut(op.key.as_str()) {
+            Some(e) => *e = entry,
+            None => {
+                map.insert(op.key.as_str().into(), entry);
             }
         }
-        CounterState {
-            allowed: true,
-            remaining: op.limit,
-            reset_after: op.window,
-        }
-    }
-}
-
-/// The answer for a counter with no open window that an op does not open.
-fn unopened(op: &CounterOp) -> CounterState {
-    CounterState {
-        allowed: op.cost <= op.limit && op.limit > 0,
-        remaining: op.limit,
-        reset_after: op.window,
-    }
-}
-
-fn spend(c: &mut Counter, op: &CounterOp, now: Duration) -> CounterState {
-    let allowed = if op.cost == 0 {
-        c.remaining > 0
-    } else if c.remaining >= op.cost {
-        c.remaining -= op.cost;
-        true
-    } else {
-        false
-    };
-    CounterState {
-        allowed,
-        remaining: c.remaining,
-        reset_after: c.expires_at.saturating_sub(now),
     }
 }
 
@@ -208,22 +236,27 @@ impl Store for MemoryStore {
     fn apply<'a>(
         &'a self,
         ops: &'a [CounterOp],
+        charge: Charge,
     ) -> StoreFuture<'a, Result<Vec<CounterState>, StoreError>> {
-        let states = ops.iter().map(|op| self.apply_one(op)).collect();
-        Box::pin(std::future::ready(Ok(states)))
+        Box::pin(std::future::ready(Ok(self.apply_now(ops, charge))))
     }
 
     fn peek<'a>(
         &'a self,
-        key: &'a str,
+        op: &'a CounterOp,
     ) -> StoreFuture<'a, Result<Option<CounterState>, StoreError>> {
-        let now = self.clock.now();
-        let state = self.counters.get(key).and_then(|c| {
-            (c.expires_at > now).then(|| CounterState {
-                allowed: c.remaining > 0,
-                remaining: c.remaining,
-                reset_after: c.expires_at.saturating_sub(now),
-            })
+        let now = self.now_ms();
+        let entry = lock(&self.shards[self.shard_of(&op.key)])
+            .get(op.key.as_str())
+            .copied();
+        let state = entry.filter(|e| e.expires_at > now).map(|e| {
+            let (remaining, reset_ms) =
+                algorithm::view(op.algorithm, Some(e.state), now, &Params::of(op));
+            CounterState {
+                allowed: remaining > 0,
+                remaining,
+                reset_after: Duration::from_millis(reset_ms),
+            }
         });
         Box::pin(std::future::ready(Ok(state)))
     }
@@ -236,9 +269,10 @@ impl Store for MemoryStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::Algorithm;
     use std::sync::atomic::{AtomicU64, Ordering};
 
-    /// A clock the test moves by hand.
+    /// A clock the test moves by hand (ms since the epoch).
     #[derive(Default)]
     struct ManualClock(AtomicU64);
 
@@ -255,19 +289,17 @@ mod tests {
     }
 
     fn op(key: &str, limit: u64, secs: u64, cost: u64) -> CounterOp {
-        CounterOp {
-            key: key.to_owned(),
-            limit,
-            window: Duration::from_secs(secs),
-            cost,
-            refund: false,
-            algorithm: Algorithm::DivvyWindow,
-        }
+        CounterOp::new(key, Algorithm::Window, limit, Duration::from_secs(secs), cost)
     }
 
     fn store() -> (MemoryStore, Arc<ManualClock>) {
         let clock = Arc::new(ManualClock::default());
+        clock.advance(Duration::from_secs(1_700_000_000));
         (MemoryStore::with_clock(clock.clone()), clock)
+    }
+
+    fn has(s: &MemoryStore, key: &str) -> bool {
+        lock(&s.shards[s.shard_of(key)]).contains_key(key)
     }
 
     #[test]
@@ -308,11 +340,11 @@ mod tests {
         // A check (cost 0) never opens a window or takes credit.
         let st = s.apply_one(&op("fresh", 10, 60, 0));
         assert!(st.allowed && st.remaining == 10);
-        assert!(s.counters.get("fresh").is_none());
+        assert!(!has(&s, "fresh"));
         // Too big a hit on a fresh counter is denied and opens nothing.
         let st = s.apply_one(&op("big", 2, 60, 3));
         assert!(!st.allowed && st.remaining == 2);
-        assert!(s.counters.get("big").is_none());
+        assert!(!has(&s, "big"));
         // Denied hits are not charged.
         s.apply_one(&op("p", 5, 60, 4));
         assert!(!s.apply_one(&op("p", 5, 60, 2)).allowed);
@@ -320,15 +352,25 @@ mod tests {
     }
 
     #[test]
-    fn sweep_reclaims_expired_counters() {
+    fn sweep_reclaims_expired_counters_of_every_algorithm() {
         let (s, clock) = store();
-        for round in 0..10u64 {
-            for i in 0..10_000u64 {
-                s.apply_one(&op(&format!("ip-{round}-{i}"), 5, 60, 1));
+        for algorithm in [
+            Algorithm::Window,
+            Algorithm::Fixed,
+            Algorithm::Sliding,
+            Algorithm::TokenBucket,
+        ] {
+            for round in 0..5u64 {
+                for i in 0..10_000u64 {
+                    let mut o = op(&format!("ip-{round}-{i}"), 5, 60, 1);
+                    o.algorithm = algorithm;
+                    s.apply_one(&o);
+                }
+                assert!(s.len() >= 10_000);
+                clock.advance(Duration::from_secs(121));
+                s.sweep();
+                assert_eq!(s.len(), 0, "{algorithm:?} round {round}");
             }
-            clock.advance(Duration::from_secs(61));
-            s.sweep();
-            assert_eq!(s.len(), 0, "round {round}");
         }
         s.apply_one(&op("live", 5, 60, 1));
         clock.advance(Duration::from_secs(30));
@@ -336,6 +378,41 @@ mod tests {
         clock.advance(Duration::from_secs(31));
         assert_eq!(s.sweep(), 1);
         assert_eq!(s.len(), 1);
+    }
+
+    #[test]
+    fn a_group_is_charged_together_or_not_at_all() {
+        let (s, _) = store();
+        let a = op("a", 2, 60, 1);
+        let mut b = op("b", 1, 60, 1);
+        b.joint = true;
+        let got = s.apply_now(&[a.clone(), b.clone()], Charge::Each);
+        assert!(got[0].allowed && got[1].allowed);
+        // b is spent: a is allowed on its own but not charged.
+        let got = s.apply_now(&[a.clone(), b], Charge::Each);
+        assert!(got[0].allowed && !got[1].allowed);
+        assert_eq!(got[0].remaining, 1);
+        assert_eq!(s.apply_one(&a).remaining, 0);
+    }
+
+    #[test]
+    fn all_or_nothing_charges_nothing_when_a_deciding_group_is_denied() {
+        let (s, _) = store();
+        let a = op("a", 5, 60, 1);
+        let spent = op("spent", 1, 60, 1);
+        s.apply_one(&spent);
+        let mut canary = op("canary", 1, 60, 1);
+        canary.decides = false;
+        s.apply_one(&canary);
+        // A denied canary does not block the request.
+        let got = s.apply_now(&[a.clone(), canary.clone()], Charge::AllOrNothing);
+        assert!(got[0].allowed && got[0].remaining == 4);
+        let got = s.apply_now(&[a.clone(), spent.clone()], Charge::AllOrNothing);
+        assert!(got[0].allowed && !got[1].allowed);
+        assert_eq!(got[0].remaining, 4, "allowed but not charged: unchanged");
+        let got = s.apply_now(&[a.clone()], Charge::Denied);
+        assert_eq!((got[0].allowed, got[0].remaining), (true, 4));
+        assert_eq!(s.apply_one(&a).remaining, 3);
     }
 
     #[test]
@@ -359,5 +436,35 @@ mod tests {
             t.join().unwrap();
         }
         assert_eq!(allowed.load(Ordering::SeqCst), 777);
+    }
+
+    #[test]
+    fn concurrent_groups_never_exceed_either_limit_nor_deadlock() {
+        let s = Arc::new(MemoryStore::new());
+        let threads: Vec<_> = (0..8)
+            .map(|t| {
+                let s = s.clone();
+                std::thread::spawn(move || {
+                    let mut allowed = 0u64;
+                    for i in 0..2000u64 {
+                        // Keys in both orders, so shard locks are taken in
+                        // every order a naive store would deadlock on.
+                        let (x, y) = if (t + i) % 2 == 0 { ("k1", "c") } else { ("c", "k1") };
+                        let mut first = op(x, 300, 600, 1);
+                        first.limit = if x == "c" { 100 } else { 300 };
+                        let mut second = op(y, if y == "c" { 100 } else { 300 }, 600, 1);
+                        second.joint = true;
+                        first.burst = first.limit;
+                        let got = s.apply_now(&[first, second], Charge::Each);
+                        if got[0].allowed && got[1].allowed {
+                            allowed += 1;
+                        }
+                    }
+                    allowed
+                })
+            })
+            .collect();
+        let total: u64 = threads.into_iter().map(|t| t.join().unwrap()).sum();
+        assert_eq!(total, 100);
     }
 }

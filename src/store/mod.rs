@@ -5,6 +5,7 @@
 //! The store applies each [`CounterOp`] in order with the op's algorithm and
 //! reports a [`CounterState`] per op. Protocol code never sees a store.
 
+pub mod algorithm;
 pub mod failover;
 pub mod memory;
 pub mod redis;
@@ -21,13 +22,67 @@ pub use memory::MemoryStore;
 /// A boxed future returned by [`Store`] methods.
 pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// How a counter is spent and refilled.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// How a counter is spent and refilled. The arithmetic of each lives in
+/// [`algorithm`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
 pub enum Algorithm {
     /// divvy's window: it opens at the counter's first hit with `limit`
     /// credits and lasts `window`; a hit of N takes N credits if N are left.
     #[default]
-    DivvyWindow,
+    Window,
+    /// Windows aligned to the Unix epoch, `[floor(now/W)·W, +W)`.
+    Fixed,
+    /// Epoch-aligned windows, the previous one weighted by the time left of it.
+    Sliding,
+    /// A token bucket (GCRA) refilling `limit` per `window`, holding `burst`.
+    TokenBucket,
+}
+
+impl Algorithm {
+    /// The config spelling (`window`, `fixed`, `sliding`, `token_bucket`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Algorithm::Window => "window",
+            Algorithm::Fixed => "fixed",
+            Algorithm::Sliding => "sliding",
+            Algorithm::TokenBucket => "token_bucket",
+        }
+    }
+
+    /// The algorithm a config spelling names.
+    pub fn parse(text: &str) -> Option<Algorithm> {
+        [
+            Algorithm::Window,
+            Algorithm::Fixed,
+            Algorithm::Sliding,
+            Algorithm::TokenBucket,
+        ]
+        .into_iter()
+        .find(|a| a.as_str() == text)
+    }
+
+    /// The number the Redis script knows the algorithm by.
+    pub fn code(self) -> i64 {
+        match self {
+            Algorithm::Window => 0,
+            Algorithm::Fixed => 1,
+            Algorithm::Sliding => 2,
+            Algorithm::TokenBucket => 3,
+        }
+    }
+}
+
+/// How the counters of one request are charged together.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Charge {
+    /// Each group (each rule's limits) is charged if it is allowed.
+    #[default]
+    Each,
+    /// If any deciding group is denied, nothing of the request is charged.
+    AllOrNothing,
+    /// The request is already denied (by a rule with no counter); nothing is
+    /// charged, the counters only answer.
+    Denied,
 }
 
 /// One check-and-consume on one counter.
@@ -35,17 +90,48 @@ pub enum Algorithm {
 pub struct CounterOp {
     /// Counter identity (divvy's Redis key shape).
     pub key: String,
+    /// The algorithm.
+    pub algorithm: Algorithm,
     /// Credits per window (> 0).
     pub limit: u64,
-    /// Window length (> 0).
+    /// Window (refill period for a token bucket; > 0).
     pub window: Duration,
+    /// Token bucket capacity in credits; equal to `limit` for other algorithms.
+    pub burst: u64,
     /// Credits to take. 0 checks without consuming: allowed while at least one credit is left.
     pub cost: u64,
     /// Give `cost` credits back instead (Envoy's `is_negative_hits`), never
-    /// above the limit; a counter with no open window is left alone.
+    /// above the limit; a counter with nothing open is left alone.
     pub refund: bool,
-    /// The algorithm.
-    pub algorithm: Algorithm,
+    /// Whether this op belongs to the group of the op before it (the limits
+    /// of one rule): a group is charged only if every op in it is allowed.
+    pub joint: bool,
+    /// Whether a denial of this op's group denies the request (false for a
+    /// canary rule's counters); matters for [`Charge::AllOrNothing`].
+    pub decides: bool,
+}
+
+impl CounterOp {
+    /// A deciding op of its own group, taking `cost` credits.
+    pub fn new(
+        key: impl Into<String>,
+        algorithm: Algorithm,
+        limit: u64,
+        window: Duration,
+        cost: u64,
+    ) -> CounterOp {
+        CounterOp {
+            key: key.into(),
+            algorithm,
+            limit,
+            window,
+            burst: limit,
+            cost,
+            refund: false,
+            joint: false,
+            decides: true,
+        }
+    }
 }
 
 /// A counter after an op.
@@ -55,7 +141,8 @@ pub struct CounterState {
     pub allowed: bool,
     /// Credits left after the op.
     pub remaining: u64,
-    /// Time until the window ends (the full window when no window is open).
+    /// Allowed: time until the counter is full again (window over, bucket
+    /// full). Denied: time until the same hit would be allowed.
     pub reset_after: Duration,
 }
 
@@ -69,16 +156,20 @@ pub enum StoreError {
 
 /// A counter store.
 pub trait Store: Send + Sync + 'static {
-    /// Applies `ops` in order, atomically per op, and returns one state per op.
+    /// Applies the ops of one request atomically and in order (see
+    /// [`algorithm::apply_request`] for groups and `charge`), and returns one
+    /// state per op.
     fn apply<'a>(
         &'a self,
         ops: &'a [CounterOp],
+        charge: Charge,
     ) -> StoreFuture<'a, Result<Vec<CounterState>, StoreError>>;
 
-    /// The current state of a counter without changing it (`None`: no open window).
+    /// The current state of the counter of `op` without changing it (`None`:
+    /// no counter is stored, it is full).
     fn peek<'a>(
         &'a self,
-        key: &'a str,
+        op: &'a CounterOp,
     ) -> StoreFuture<'a, Result<Option<CounterState>, StoreError>>;
 
     /// Checks that the backend answers (used to close the circuit breaker).

@@ -1,8 +1,11 @@
 //! The Redis store: counters shared by every replica.
 //!
-//! Every check-and-consume is one Lua script (`lua/divvy_window.lua`) run
-//! with EVALSHA, over all the counters of a request at once, so a request is
-//! one round trip. On a single server (or Sentinel master), concurrent
+//! Every check-and-consume is one Lua script (`lua/counters.lua`, the
+//! mirror of [`super::algorithm`]) run with EVALSHA, over all the counters
+//! of a request at once, so a request is one round trip and atomic: the
+//! limits of a rule, and an all-or-nothing request, are charged together or
+//! not at all. The script reads the time from Redis `TIME`, so replicas
+//! with skewed clocks agree. On a single server (or Sentinel master), concurrent
 //! requests also share script calls: a batcher task gathers the counters of
 //! every request waiting at that moment into one EVALSHA (each request's
 //! counters contiguous and in order, so each request is still applied
@@ -11,7 +14,11 @@
 //! then carries many requests, which is what lets one Redis serve far more
 //! requests per second than it runs scripts. In a Cluster, the counters are grouped by hash slot (a
 //! script may only touch one slot) and the groups go out in parallel; the
-//! client pipelines them per node. A lost script cache (Redis restarted,
+//! client pipelines them per node. A group of counters that must be charged
+//! together but lies in several slots is charged slot by slot, and the
+//! charges are given back if any slot denies (see [`RedisStore::apply`]):
+//! never more than the limits, but for that instant a concurrent request
+//! may see the credit taken. A lost script cache (Redis restarted,
 //! `SCRIPT FLUSH`) is detected by `NOSCRIPT` and the script reloaded on
 //! every node before the call is retried once.
 //!
@@ -28,19 +35,24 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 use fred::prelude::*;
 use fred::types::config::{ClusterDiscoveryPolicy, Server, TlsConnector};
 
+use super::algorithm::window_ms;
+use super::memory::Clock;
 use super::redis_url::{HostPort, RedisTarget, Topology};
-use super::{Algorithm, CounterOp, CounterState, Store, StoreError, StoreFuture};
+use super::{Algorithm, Charge, CounterOp, CounterState, Store, StoreError, StoreFuture};
 
 /// The counter script.
-pub const SCRIPT: &str = include_str!("lua/divvy_window.lua");
+pub const SCRIPT: &str = include_str!("lua/counters.lua");
 
 /// Connection settings.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct RedisOptions {
     /// Where Redis is.
     pub target: RedisTarget,
     /// Longest wait for one command (and for a connection attempt).
     pub timeout: Duration,
+    /// A clock to send the script instead of letting it read Redis `TIME`:
+    /// only for tests that run both stores on one simulated clock.
+    pub clock: Option<Arc<dyn Clock>>,
 }
 
 /// The key the health probe writes (one credit, expiring after a second).
@@ -62,13 +74,18 @@ pub struct RedisStore {
 struct Core {
     client: Client,
     sha: String,
+    clock: Option<Arc<dyn Clock>>,
 }
 
 /// One request's counters waiting for a batch.
 struct Pending {
     ops: Vec<CounterOp>,
+    charge: Charge,
     reply: oneshot::Sender<Result<Vec<CounterState>, StoreError>>,
 }
+
+/// The counters of one request as the script takes them.
+type Part<'a> = (&'a [CounterOp], Charge);
 
 fn server(h: &HostPort) -> Server {
     Server::new(h.host.clone(), h.port)
@@ -142,6 +159,7 @@ impl RedisStore {
         let core = Arc::new(Core {
             client,
             sha: fred::util::sha1_hash(SCRIPT),
+            clock: options.clock.clone(),
         });
         let batcher = (!cluster).then(|| {
             let (tx, rx) = mpsc::channel(4 * MAX_BATCH_KEYS);
@@ -178,9 +196,9 @@ async fn run_batcher(core: Arc<Core>, mut rx: mpsc::Receiver<Pending>) {
         }
         let core = core.clone();
         tokio::spawn(async move {
-            let all: Vec<&CounterOp> = batch.iter().flat_map(|p| p.ops.iter()).collect();
-            let result = core.eval_group(&all).await;
-            drop(all);
+            let parts: Vec<Part<'_>> = batch.iter().map(|p| (p.ops.as_slice(), p.charge)).collect();
+            let result = core.eval(&parts).await;
+            drop(parts);
             match result {
                 Ok(states) => {
                     let mut states = states.into_iter();
@@ -201,19 +219,45 @@ async fn run_batcher(core: Arc<Core>, mut rx: mpsc::Receiver<Pending>) {
 }
 
 impl Core {
-    /// Runs the script on one group of ops (all in one hash slot).
-    async fn eval_group(&self, ops: &[&CounterOp]) -> Result<Vec<CounterState>, StoreError> {
-        let keys: Vec<&str> = ops.iter().map(|op| op.key.as_str()).collect();
-        let mut args: Vec<i64> = Vec::with_capacity(ops.len() * 3);
-        // A refund is sent as a negative cost.
-        for op in ops {
-            match op.algorithm {
-                Algorithm::DivvyWindow => {}
+    /// Runs the script once over the counters of several requests (all in
+    /// one hash slot in a Cluster); answers in order.
+    async fn eval(&self, parts: &[Part<'_>]) -> Result<Vec<CounterState>, StoreError> {
+        let count: usize = parts.iter().map(|(ops, _)| ops.len()).sum();
+        let mut keys: Vec<&str> = Vec::with_capacity(count);
+        let mut args: Vec<i64> = Vec::with_capacity(1 + count * 6);
+        let now = self.clock.as_ref().map_or(-1, |c| {
+            i64::try_from(c.now().as_millis()).unwrap_or(i64::MAX)
+        });
+        args.push(now);
+        let int = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        for (ops, charge) in parts {
+            for (i, op) in ops.iter().enumerate() {
+                keys.push(op.key.as_str());
+                let mut flags = 0;
+                if i == 0 {
+                    flags |= 4;
+                    match charge {
+                        Charge::Each => {}
+                        Charge::AllOrNothing => flags |= 8,
+                        Charge::Denied => flags |= 16,
+                    }
+                } else if op.joint {
+                    flags |= 1;
+                }
+                if !op.decides {
+                    flags |= 2;
+                }
+                // A refund is sent as a negative cost.
+                let cost = int(op.cost);
+                args.extend([
+                    op.algorithm.code(),
+                    int(op.limit),
+                    int(window_ms(op.window)),
+                    int(op.burst.max(1)),
+                    if op.refund { -cost } else { cost },
+                    flags,
+                ]);
             }
-            args.push(i64::try_from(op.limit).unwrap_or(i64::MAX));
-            args.push(i64::try_from(op.window.as_secs().max(1)).unwrap_or(i64::MAX));
-            let cost = i64::try_from(op.cost).unwrap_or(i64::MAX);
-            args.push(if op.refund { -cost } else { cost });
         }
         let first: Result<Vec<i64>, Error> = self
             .client
@@ -233,11 +277,11 @@ impl Core {
             }
             other => other.map_err(|e| store_error(&e))?,
         };
-        if raw.len() != ops.len() * 3 {
+        if raw.len() != count * 3 {
             return Err(StoreError::Unavailable(format!(
                 "redis: the counter script returned {} values for {} counters",
                 raw.len(),
-                ops.len()
+                count
             )));
         }
         Ok(raw
@@ -250,21 +294,44 @@ impl Core {
             .collect())
     }
 
-    /// Cluster: one script call per hash slot.
-    async fn apply_cluster(&self, ops: &[CounterOp]) -> Result<Vec<CounterState>, StoreError> {
-        // One script call per hash slot; ops on one key share a slot, so
-        // their order is kept. Groups run in parallel.
-        let mut groups: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
+    /// Cluster: one script call per hash slot, in parallel; then the charges
+    /// of groups (or all-or-nothing requests) that another slot denied are
+    /// given back.
+    async fn apply_cluster(
+        &self,
+        ops: &[CounterOp],
+        charge: Charge,
+    ) -> Result<Vec<CounterState>, StoreError> {
+        // Group ids from the joint flags.
+        let mut group = Vec::with_capacity(ops.len());
         for (i, op) in ops.iter().enumerate() {
-            groups
+            let g = if i > 0 && op.joint { group[i - 1] } else { i };
+            group.push(g);
+        }
+        // Ops on one key share a slot, so their order is kept.
+        let mut slots: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
+        for (i, op) in ops.iter().enumerate() {
+            slots
                 .entry(fred::util::redis_keyslot(op.key.as_bytes()))
                 .or_default()
                 .push(i);
         }
-        let calls = groups.values().map(|idx| {
-            let group: Vec<&CounterOp> = idx.iter().map(|&i| &ops[i]).collect();
-            async move { self.eval_group(&group).await }
-        });
+        let sub: Vec<Vec<CounterOp>> = slots
+            .values()
+            .map(|idx| {
+                idx.iter()
+                    .enumerate()
+                    .map(|(n, &i)| {
+                        let mut op = ops[i].clone();
+                        op.joint = n > 0 && group[idx[n - 1]] == group[i];
+                        op
+                    })
+                    .collect()
+            })
+            .collect();
+        let calls = sub
+            .iter()
+            .map(|part| async move { self.eval(&[(part.as_slice(), charge)]).await });
         let results = futures_util::future::join_all(calls).await;
         let mut states = vec![
             CounterState {
@@ -274,31 +341,98 @@ impl Core {
             };
             ops.len()
         ];
-        for (idx, result) in groups.values().zip(results) {
-            for (&i, state) in idx.iter().zip(result?) {
+        // Whether each op was charged in its slot.
+        let mut charged = vec![false; ops.len()];
+        for ((idx, part), result) in slots.values().zip(&sub).zip(results) {
+            let got = result?;
+            let local = charged_in_slot(part, &got, charge);
+            for ((&i, state), was) in idx.iter().zip(got).zip(local) {
                 states[i] = state;
+                charged[i] = was;
             }
+        }
+        if slots.len() < 2 {
+            return Ok(states);
+        }
+        // What the request as a whole decided.
+        let mut group_ok = vec![true; ops.len()];
+        for (i, s) in states.iter().enumerate() {
+            group_ok[group[i]] &= s.allowed;
+        }
+        let blocked = charge == Charge::Denied
+            || (charge == Charge::AllOrNothing
+                && (0..ops.len()).any(|i| ops[i].decides && !group_ok[group[i]]));
+        let undo: Vec<usize> = (0..ops.len())
+            .filter(|&i| charged[i] && (blocked || !group_ok[group[i]]))
+            .collect();
+        if undo.is_empty() {
+            return Ok(states);
+        }
+        let refunds: Vec<CounterOp> = undo
+            .iter()
+            .map(|&i| CounterOp {
+                refund: true,
+                joint: false,
+                decides: true,
+                ..ops[i].clone()
+            })
+            .collect();
+        tracing::debug!(
+            counters = refunds.len(),
+            "giving back charges another cluster slot denied"
+        );
+        let given = Box::pin(self.apply_cluster(&refunds, Charge::Each)).await?;
+        for (&i, state) in undo.iter().zip(given) {
+            states[i] = CounterState {
+                allowed: true,
+                ..state
+            };
         }
         Ok(states)
     }
+}
+
+/// Which ops of one script call were charged: a charging op (cost > 0, not a
+/// refund) whose group was allowed in full, in a request not blocked there.
+fn charged_in_slot(part: &[CounterOp], got: &[CounterState], charge: Charge) -> Vec<bool> {
+    let mut group_ok = Vec::with_capacity(part.len());
+    let mut start = 0;
+    while start < part.len() {
+        let mut end = start + 1;
+        while end < part.len() && part[end].joint {
+            end += 1;
+        }
+        let ok = got[start..end].iter().all(|s| s.allowed);
+        group_ok.extend(std::iter::repeat_n(ok, end - start));
+        start = end;
+    }
+    let blocked = charge == Charge::Denied
+        || (charge == Charge::AllOrNothing
+            && part.iter().zip(&group_ok).any(|(op, ok)| op.decides && !ok));
+    part.iter()
+        .zip(group_ok)
+        .map(|(op, ok)| ok && !blocked && op.cost > 0 && !op.refund)
+        .collect()
 }
 
 impl Store for RedisStore {
     fn apply<'a>(
         &'a self,
         ops: &'a [CounterOp],
+        charge: Charge,
     ) -> StoreFuture<'a, Result<Vec<CounterState>, StoreError>> {
         Box::pin(async move {
             if ops.is_empty() {
                 return Ok(Vec::new());
             }
             let Some(batcher) = &self.batcher else {
-                return self.core.apply_cluster(ops).await;
+                return self.core.apply_cluster(ops, charge).await;
             };
             let (reply, answer) = oneshot::channel();
             batcher
                 .send(Pending {
                     ops: ops.to_vec(),
+                    charge,
                     reply,
                 })
                 .await
@@ -315,17 +449,30 @@ impl Store for RedisStore {
 
     fn peek<'a>(
         &'a self,
-        key: &'a str,
+        op: &'a CounterOp,
     ) -> StoreFuture<'a, Result<Option<CounterState>, StoreError>> {
         Box::pin(async move {
-            let client = &self.core.client;
-            let value: Option<i64> = client.get(key).await.map_err(|e| store_error(&e))?;
-            let ttl: i64 = client.pttl(key).await.map_err(|e| store_error(&e))?;
-            Ok(value.map(|left| CounterState {
-                allowed: left > 0,
-                remaining: u64::try_from(left).unwrap_or(0),
-                reset_after: Duration::from_millis(u64::try_from(ttl).unwrap_or(0)),
-            }))
+            let exists: i64 = self
+                .core
+                .client
+                .exists(op.key.as_str())
+                .await
+                .map_err(|e| store_error(&e))?;
+            if exists == 0 {
+                return Ok(None);
+            }
+            // A check (cost 0) through the script: the same arithmetic, no change.
+            let check = CounterOp {
+                cost: 0,
+                refund: false,
+                joint: false,
+                ..op.clone()
+            };
+            let states = self
+                .core
+                .eval(&[(std::slice::from_ref(&check), Charge::Each)])
+                .await?;
+            Ok(states.into_iter().next())
         })
     }
 
@@ -334,15 +481,11 @@ impl Store for RedisStore {
     /// a failover, out of memory, still loading) counts as failing.
     fn probe(&self) -> StoreFuture<'_, Result<(), StoreError>> {
         Box::pin(async move {
-            let op = CounterOp {
-                key: PROBE_KEY.to_owned(),
-                limit: 1,
-                window: Duration::from_secs(1),
-                cost: 1,
-                refund: false,
-                algorithm: Algorithm::DivvyWindow,
-            };
-            self.core.eval_group(&[&op]).await.map(|_| ())
+            let op = CounterOp::new(PROBE_KEY, Algorithm::Window, 1, Duration::from_secs(1), 1);
+            self.core
+                .eval(&[(std::slice::from_ref(&op), Charge::Each)])
+                .await
+                .map(|_| ())
         })
     }
 

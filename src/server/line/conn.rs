@@ -17,6 +17,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::parse::{parse_line, Command, LineError};
 use crate::limiter::{Hit, Limiter, Reset};
+use crate::store::Algorithm;
 use crate::metrics::metrics;
 use crate::rules::Operation;
 
@@ -217,9 +218,15 @@ async fn answer(limiter: &Limiter, slots: &[Slot], hits: &[Hit], out: &mut Vec<u
                             let reset: i64 = match o.reset {
                                 Reset::Never => -1,
                                 Reset::Unlimited => 0,
-                                // Rounded to the nearest second, as Redis TTL reports it.
-                                Reset::After(t) => {
+                                // divvy's window: rounded to the nearest second, as
+                                // Redis TTL reports it.
+                                Reset::After(t) if o.algorithm == Algorithm::Window => {
                                     i64::try_from((t.as_millis() + 500) / 1000).unwrap_or(i64::MAX)
+                                }
+                                // Other algorithms: rounded up, so a client waiting as
+                                // told is not denied again.
+                                Reset::After(t) => {
+                                    i64::try_from(t.as_millis().div_ceil(1000)).unwrap_or(i64::MAX)
                                 }
                             };
                             writeln!(out, "OK {} {} {}", o.allowed, o.remaining, reset)

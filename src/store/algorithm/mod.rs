@@ -1,0 +1,334 @@
+//! The arithmetic of every counting algorithm, once.
+//!
+//! Each algorithm is a pure function from (the counter's stored state, the
+//! time now, the op) to a [`Verdict`]: whether the op's credits are
+//! available, what the answer says, and the state to store if the op is
+//! charged. The memory store runs these functions under its shard locks; the
+//! Redis script (`lua/counters.lua`) mirrors them line for line, and a
+//! property test runs random sequences through both stores and compares the
+//! answers.
+//!
+//! Time is whole milliseconds since the Unix epoch (the epoch-aligned
+//! windows need wall time). All arithmetic is on integers that the config
+//! validator keeps below 2^53, so a Lua number (a double) holds every value
+//! exactly and both stores compute the same answers.
+//!
+//! [`apply_request`] applies the counters of one request: ops are grouped
+//! (all the limits of one rule form a group: a hit is allowed only if every
+//! limit of the group allows it, and then every one is charged), and a
+//! request may be all-or-nothing (if any deciding group is denied, nothing
+//! at all is charged).
+
+pub mod fixed;
+pub mod sliding;
+pub mod token_bucket;
+pub mod window;
+
+use super::{Algorithm, Charge, CounterOp, CounterState};
+use std::time::Duration;
+
+/// What a counter holds between requests. Each algorithm has its own shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum State {
+    /// divvy's window: credits left, and when the window ends (ms).
+    Window {
+        /// Credits left.
+        remaining: u64,
+        /// Epoch ms at which the window ends.
+        expires_at: u64,
+    },
+    /// Epoch-aligned fixed window: its start (ms) and the credits used in it.
+    Fixed {
+        /// Epoch ms at which the counted window starts.
+        start: u64,
+        /// Credits used in it.
+        count: u64,
+    },
+    /// Sliding window: the current window's start (ms), the previous
+    /// window's count and the current one's.
+    Sliding {
+        /// Epoch ms at which the current window starts.
+        start: u64,
+        /// Credits used in the previous window.
+        prev: u64,
+        /// Credits used in the current window.
+        cur: u64,
+    },
+    /// Token bucket (GCRA): credits used, in units of `window_ms` per credit,
+    /// as of time `at` (ms). The bucket refills `limit` units per millisecond.
+    Bucket {
+        /// Used capacity, `credits × window_ms`.
+        used: u64,
+        /// Epoch ms the `used` figure is valid at.
+        at: u64,
+    },
+}
+
+/// The numbers of one op an algorithm needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Params {
+    /// Credits per window (> 0).
+    pub limit: u64,
+    /// Window (or refill period) in ms (> 0).
+    pub window_ms: u64,
+    /// Token bucket capacity in credits (the limit for other algorithms).
+    pub burst: u64,
+    /// Credits to take (or give back); 0 checks without consuming.
+    pub cost: u64,
+    /// Give `cost` back instead of taking it.
+    pub refund: bool,
+}
+
+impl Params {
+    /// The numbers of `op`.
+    pub fn of(op: &CounterOp) -> Params {
+        Params {
+            limit: op.limit,
+            window_ms: window_ms(op.window),
+            burst: op.burst,
+            cost: op.cost,
+            refund: op.refund,
+        }
+    }
+}
+
+/// A window in whole milliseconds, at least 1.
+pub fn window_ms(window: Duration) -> u64 {
+    u64::try_from(window.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+/// The outcome of one op against one counter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Verdict {
+    /// Whether the credits are available (a refund always is).
+    pub allowed: bool,
+    /// Whole credits left (after the charge when allowed).
+    pub remaining: u64,
+    /// Allowed: ms until the counter is full again (bucket full, window
+    /// over). Denied: ms until the same hit would be allowed.
+    pub reset_ms: u64,
+    /// The state to store if this op is charged; `None`: nothing to store.
+    pub next: Option<State>,
+}
+
+impl Verdict {
+    /// The answer the store returns for this verdict.
+    pub fn answer(&self) -> CounterState {
+        CounterState {
+            allowed: self.allowed,
+            remaining: self.remaining,
+            reset_after: Duration::from_millis(self.reset_ms),
+        }
+    }
+}
+
+/// Applies `p` to a counter of `algorithm` holding `state` at time `now` (ms).
+pub fn step(algorithm: Algorithm, state: Option<State>, now: u64, p: &Params) -> Verdict {
+    match algorithm {
+        Algorithm::Window => window::step(state, now, p),
+        Algorithm::Fixed => fixed::step(state, now, p),
+        Algorithm::Sliding => sliding::step(state, now, p),
+        Algorithm::TokenBucket => token_bucket::step(state, now, p),
+    }
+}
+
+/// What a counter holding `state` shows without being charged: credits
+/// left and ms until it is full again.
+pub fn view(algorithm: Algorithm, state: Option<State>, now: u64, p: &Params) -> (u64, u64) {
+    let check = Params {
+        cost: 0,
+        refund: false,
+        ..*p
+    };
+    let v = step(algorithm, state, now, &check);
+    (v.remaining, full_in(algorithm, state, now, p).unwrap_or(v.reset_ms))
+}
+
+/// Ms until a counter holding `state` is full again, where that differs
+/// from a check's reset (a denied check reports its wait instead).
+fn full_in(algorithm: Algorithm, state: Option<State>, now: u64, p: &Params) -> Option<u64> {
+    match algorithm {
+        Algorithm::TokenBucket => Some(token_bucket::full_in(state, now, p)),
+        Algorithm::Sliding => Some(sliding::window_end_in(state, now, p)),
+        Algorithm::Fixed => Some(fixed::window_end_in(state, now, p)),
+        Algorithm::Window => None,
+    }
+}
+
+/// Epoch ms after which `state` no longer matters (a fresh counter answers
+/// the same): the memory store drops it then, the Redis key expires then.
+pub fn expires_at(state: &State, p: &Params) -> u64 {
+    match *state {
+        State::Window { expires_at, .. } => expires_at,
+        State::Fixed { start, .. } => start.saturating_add(p.window_ms),
+        State::Sliding { start, .. } => start.saturating_add(p.window_ms.saturating_mul(2)),
+        State::Bucket { used, at } => at.saturating_add(used.div_ceil(p.limit.max(1))),
+    }
+}
+
+/// `a × b / c`, floored, without overflow.
+pub(crate) fn mul_div(a: u64, b: u64, c: u64) -> u64 {
+    let q = u128::from(a) * u128::from(b) / u128::from(c.max(1));
+    u64::try_from(q).unwrap_or(u64::MAX)
+}
+
+/// Access to the stored states of the counters one request touches.
+pub trait States {
+    /// The stored state of op `i`'s counter (`None`: no counter).
+    fn load(&mut self, i: usize) -> Option<State>;
+    /// Stores the state of op `i`'s counter (called once per op that changed it, in order).
+    fn save(&mut self, i: usize, state: State);
+}
+
+/// Applies the counter ops of one request in order and returns one answer
+/// per op (each op's own verdict; the caller combines a group's).
+///
+/// - Ops with `joint` set belong to the group of the op before them. A group
+///   is charged only if every op in it is allowed; otherwise none is.
+/// - [`Charge::AllOrNothing`]: if any group whose ops `decide` is denied,
+///   nothing of the request is charged. [`Charge::Denied`]: the request is
+///   already denied elsewhere; nothing is charged.
+/// - An op that was allowed but not charged answers allowed with the
+///   counter's unchanged credits.
+///
+/// Several ops on one counter see each other's charges in order; `same[i]`
+/// is the index of the first op with op `i`'s key (see [`same_keys`]).
+pub fn apply_request<S: States>(
+    states: &mut S,
+    now: u64,
+    ops: &[CounterOp],
+    same: &[usize],
+    charge: Charge,
+) -> Vec<CounterState> {
+    let n = ops.len();
+    // Per distinct counter (indexed by `same`): the stored state, loaded on
+    // first use, and the state after the groups charged so far.
+    let mut stored: Vec<Option<Option<State>>> = vec![None; n];
+    let mut charged_state: Vec<Option<Option<State>>> = vec![None; n];
+    let mut verdicts = Vec::with_capacity(n);
+    // Per op: the state it saw, and whether its group was charged.
+    let mut before: Vec<Option<State>> = Vec::with_capacity(n);
+    let mut charged = vec![false; n];
+    let mut blocked = charge == Charge::Denied;
+    let mut start = 0;
+    while start < n {
+        let mut end = start + 1;
+        while end < n && ops[end].joint {
+            end += 1;
+        }
+        // The group's tentative states (a rule has a handful of limits).
+        let mut overlay: Vec<(usize, Option<State>)> = Vec::with_capacity(end - start);
+        let mut all = true;
+        for (i, op) in ops.iter().enumerate().take(end).skip(start) {
+            let k = same[i];
+            let st = match overlay.iter().rev().find(|(j, _)| *j == k) {
+                Some(&(_, s)) => s,
+                None => match charged_state[k] {
+                    Some(s) => s,
+                    None => load(states, &mut stored, k),
+                },
+            };
+            let v = step(op.algorithm, st, now, &Params::of(op));
+            all &= v.allowed;
+            overlay.push((k, v.next.or(st)));
+            before.push(st);
+            verdicts.push(v);
+        }
+        if all {
+            for (k, s) in overlay {
+                charged_state[k] = Some(s);
+            }
+            charged[start..end].fill(true);
+        } else if ops[start].decides && charge != Charge::Each {
+            blocked = true;
+        }
+        start = end;
+    }
+    let mut out = Vec::with_capacity(n);
+    for (i, v) in verdicts.iter().enumerate() {
+        if v.allowed && v.next.is_some() && (blocked || !charged[i]) {
+            // Allowed, but its group (or the request) was denied: the counter
+            // stays as it was.
+            let st = if blocked {
+                load(states, &mut stored, same[i])
+            } else {
+                before[i]
+            };
+            let op = &ops[i];
+            let (remaining, reset_ms) = view(op.algorithm, st, now, &Params::of(op));
+            out.push(CounterState {
+                allowed: true,
+                remaining,
+                reset_after: Duration::from_millis(reset_ms),
+            });
+        } else {
+            out.push(v.answer());
+        }
+    }
+    if !blocked {
+        for k in 0..n {
+            if same[k] != k {
+                continue;
+            }
+            if let Some(Some(new)) = charged_state[k] {
+                if stored[k] != Some(Some(new)) {
+                    states.save(k, new);
+                }
+            }
+        }
+    }
+    out
+}
+
+fn load<S: States>(states: &mut S, stored: &mut [Option<Option<State>>], k: usize) -> Option<State> {
+    *stored[k].get_or_insert_with(|| states.load(k))
+}
+
+/// `same[i]`: the index of the first op with op `i`'s key.
+pub fn same_keys(ops: &[CounterOp]) -> Vec<usize> {
+    if ops.len() <= 16 {
+        return ops
+            .iter()
+            .enumerate()
+            .map(|(i, op)| ops[..i].iter().position(|o| o.key == op.key).unwrap_or(i))
+            .collect();
+    }
+    let mut first: std::collections::HashMap<&str, usize> =
+        std::collections::HashMap::with_capacity(ops.len());
+    ops.iter()
+        .enumerate()
+        .map(|(i, op)| *first.entry(op.key.as_str()).or_insert(i))
+        .collect()
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// Params with the cost given.
+    pub fn params(limit: u64, window_ms: u64, burst: u64, cost: u64) -> Params {
+        Params {
+            limit,
+            window_ms,
+            burst,
+            cost,
+            refund: false,
+        }
+    }
+
+    /// Runs `(time, params)` steps on one counter, charging allowed ones:
+    /// `(allowed, remaining, reset_ms)` per step.
+    pub fn run(algorithm: Algorithm, steps: &[(u64, Params)]) -> Vec<(bool, u64, u64)> {
+        let mut state = None;
+        steps
+            .iter()
+            .map(|(now, p)| {
+                let v = step(algorithm, state, *now, p);
+                if let Some(next) = v.next {
+                    state = Some(next);
+                }
+                (v.allowed, v.remaining, v.reset_ms)
+            })
+            .collect()
+    }
+}

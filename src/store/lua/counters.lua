@@ -1,0 +1,288 @@
+-- Every counter of one or several requests, atomically: the Redis mirror of
+-- src/store/algorithm (same arithmetic, same integers; a property test runs
+-- random sequences through both and compares the answers).
+--
+-- ARGV[1]: the time in ms since the epoch, or -1 to read Redis TIME (so
+-- replicas with skewed clocks agree). Then 6 values per key:
+--   algorithm (0 divvy window, 1 fixed, 2 sliding, 3 token bucket),
+--   limit, window in ms, burst, cost (negative: give that many back), flags:
+--   1 the op belongs to the group of the op before it (one rule's limits);
+--   2 the op's group does not decide (a canary);
+--   4 a request starts at this op; with 4: 8 the request is all-or-nothing,
+--   16 the request is already denied (charge nothing, only answer).
+-- Stored values: divvy window: credits left, TTL = the window (divvy's own
+-- layout); fixed: "start:count"; sliding: "start:prev:cur"; token bucket:
+-- "used:at" (used capacity, credits x window ms; at: ms it is valid at).
+-- Returns 3 values per key: allowed (1/0), credits left, ms to reset.
+local floor, min, max = math.floor, math.min, math.max
+local now = tonumber(ARGV[1])
+if now < 0 then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + floor(tonumber(t[2]) / 1000)
+end
+local function fmt(x) return string.format('%.0f', x) end
+local function ceil_div(a, b) return floor((a + b - 1) / b) end
+local function has(f, bit) return f % (bit * 2) >= bit end
+
+-- Loading and saving ----------------------------------------------------
+local function decode(alg, key, W)
+  local v = redis.call('GET', key)
+  if not v then return nil end
+  if alg == 0 then
+    local r = tonumber(v)
+    if r == nil then return nil end
+    local ttl = redis.call('PTTL', key)
+    if ttl < 0 then ttl = W end
+    return {r = r, e = now + ttl}
+  elseif alg == 1 then
+    local s, c = string.match(v, '^(%d+):(%d+)$')
+    if not s then return nil end
+    return {s = tonumber(s), c = tonumber(c)}
+  elseif alg == 2 then
+    local s, p, c = string.match(v, '^(%d+):(%d+):(%d+)$')
+    if not s then return nil end
+    return {s = tonumber(s), p = tonumber(p), c = tonumber(c)}
+  end
+  local u, a = string.match(v, '^(%d+):(%d+)$')
+  if not u then return nil end
+  return {u = tonumber(u), a = tonumber(a)}
+end
+
+local function expires(alg, st, L, W)
+  if alg == 0 then return st.e
+  elseif alg == 1 then return st.s + W
+  elseif alg == 2 then return st.s + 2 * W end
+  return st.a + ceil_div(st.u, L)
+end
+
+local function encode(alg, st)
+  if alg == 0 then return fmt(st.r)
+  elseif alg == 1 then return fmt(st.s) .. ':' .. fmt(st.c)
+  elseif alg == 2 then return fmt(st.s) .. ':' .. fmt(st.p) .. ':' .. fmt(st.c) end
+  return fmt(st.u) .. ':' .. fmt(st.a)
+end
+
+-- The algorithms: each returns allowed, remaining, reset ms, next state --
+local function window_step(st, L, W, B, cost, refund)
+  if st == nil or st.e <= now then
+    if not refund and cost > 0 and cost <= L then
+      return 1, L - cost, W, {r = L - cost, e = now + W}
+    end
+    return (refund or cost <= L) and 1 or 0, L, W, nil
+  end
+  local reset = st.e - now
+  if refund then
+    local left = min(st.r + cost, L)
+    return 1, left, reset, (left ~= st.r) and {r = left, e = st.e} or nil
+  end
+  if cost == 0 then return (st.r > 0) and 1 or 0, st.r, reset, nil end
+  if st.r >= cost then return 1, st.r - cost, reset, {r = st.r - cost, e = st.e} end
+  return 0, st.r, reset, nil
+end
+
+local function fixed_current(st, W)
+  local s0 = now - now % W
+  if st ~= nil and st.s >= s0 then return st.s, st.c end
+  return s0, 0
+end
+
+local function fixed_step(st, L, W, B, cost, refund)
+  local s, c = fixed_current(st, W)
+  local reset = max(s + W - now, 0)
+  if refund then
+    local left = max(c - cost, 0)
+    return 1, max(L - left, 0), reset, (left ~= c) and {s = s, c = left} or nil
+  end
+  if cost == 0 then return (c < L) and 1 or 0, max(L - c, 0), reset, nil end
+  if cost <= L and c <= L - cost then return 1, L - c - cost, reset, {s = s, c = c + cost} end
+  return 0, max(L - c, 0), reset, nil
+end
+
+local function sliding_current(st, W)
+  local s0 = now - now % W
+  if st ~= nil then
+    if st.s >= s0 then return st.s, st.p, st.c end
+    if st.s + W == s0 then return s0, st.c, 0 end
+  end
+  return s0, 0, 0
+end
+
+local function first_time_weighing(p, k, W)
+  if p <= k then return 0 end
+  return max(W - floor(((k + 1) * W - 1) / p), 0)
+end
+
+local function sliding_step(st, L, W, B, cost, refund)
+  local s, p, c = sliding_current(st, W)
+  local e = min(max(now - s, 0), W - 1)
+  local weighted = floor(min(p, L) * (W - e) / W)
+  local used = weighted + c
+  local reset = max(s + W - now, 0)
+  if refund then
+    local left = max(c - cost, 0)
+    return 1, max(L - (weighted + left), 0), reset, (left ~= c) and {s = s, p = p, c = left} or nil
+  end
+  local need = max(cost, 1)
+  if need <= L and used <= L - need then
+    return 1, L - (used + cost), reset, (cost > 0) and {s = s, p = p, c = c + cost} or nil
+  end
+  local at
+  if need > L then
+    at = s + W
+  elseif c + need <= L then
+    at = s + first_time_weighing(min(p, L), L - c - need, W)
+  else
+    at = s + W + first_time_weighing(min(c, L), L - need, W)
+  end
+  return 0, max(L - used, 0), max(at - now, 1), nil
+end
+
+local function bucket_current(st, L)
+  if st == nil then return 0, now end
+  if now > st.a then
+    local el = now - st.a
+    if el >= ceil_div(st.u, L) then return 0, now end
+    return st.u - el * L, now
+  end
+  return st.u, st.a
+end
+
+local function bucket_step(st, L, W, B, cost, refund)
+  local used, at = bucket_current(st, L)
+  local cap = B * W
+  local ahead = max(at - now, 0)
+  if refund then
+    local left = max(used - cost * W, 0)
+    return 1, floor(max(cap - left, 0) / W), ahead + ceil_div(left, L),
+      (left ~= used) and {u = left, a = at} or nil
+  end
+  local needc = max(cost, 1)
+  if needc > B then
+    return 0, floor(max(cap - used, 0) / W), ahead + ceil_div(used, L), nil
+  end
+  local need = needc * W
+  if used <= cap - need then
+    local after = used
+    if cost > 0 then after = used + need end
+    return 1, floor((cap - after) / W), ahead + ceil_div(after, L),
+      (cost > 0) and {u = after, a = at} or nil
+  end
+  return 0, floor(max(cap - used, 0) / W), ahead + ceil_div(used + need - cap, L), nil
+end
+
+local steps = {[0] = window_step, [1] = fixed_step, [2] = sliding_step, [3] = bucket_step}
+
+-- What a counter shows uncharged: credits left, ms until it is full.
+local function view(alg, st, L, W, B)
+  local _, r, t = steps[alg](st, L, W, B, 0, false)
+  if alg == 1 then
+    local s = fixed_current(st, W)
+    t = max(s + W - now, 0)
+  elseif alg == 2 then
+    local s = sliding_current(st, W)
+    t = max(s + W - now, 0)
+  elseif alg == 3 then
+    local used, at = bucket_current(st, L)
+    t = max(at - now, 0) + ceil_div(used, L)
+  end
+  return r, t
+end
+
+-- Requests ----------------------------------------------------------------
+local n = #KEYS
+local alg, lim, win, bur, cost, flags = {}, {}, {}, {}, {}, {}
+for i = 1, n do
+  local b = 6 * (i - 1) + 1
+  alg[i] = tonumber(ARGV[b + 1])
+  lim[i] = tonumber(ARGV[b + 2])
+  win[i] = tonumber(ARGV[b + 3])
+  bur[i] = tonumber(ARGV[b + 4])
+  cost[i] = tonumber(ARGV[b + 5])
+  flags[i] = tonumber(ARGV[b + 6])
+end
+
+local stored = {}  -- key -> committed state (false: none)
+local owner = {}   -- key -> op whose numbers save it
+local dirty = {}
+local function load(o)
+  local k = KEYS[o]
+  local s = stored[k]
+  if s == nil then
+    s = decode(alg[o], k, win[o]) or false
+    stored[k] = s
+  end
+  return s or nil
+end
+
+local out = {}
+local rs = 1
+while rs <= n do
+  local re = rs
+  while re < n and not has(flags[re + 1], 4) do re = re + 1 end
+  local aon = has(flags[rs], 8) or has(flags[rs], 16)
+  local blocked = has(flags[rs], 16)
+  local charged_state, before, charged = {}, {}, {}
+  local ra, rr, rt, rn = {}, {}, {}, {}
+  local i = rs
+  while i <= re do
+    local j = i
+    while j < re and has(flags[j + 1], 1) do j = j + 1 end
+    local overlay = {}
+    local all = true
+    for o = i, j do
+      local k = KEYS[o]
+      local st = overlay[k]
+      if st == nil then st = charged_state[k] end
+      if st == nil then st = load(o) or false end
+      local s = st or nil
+      local c = cost[o]
+      local a, r, t, nx = steps[alg[o]](s, lim[o], win[o], bur[o], math.abs(c), c < 0)
+      if a ~= 1 then all = false end
+      overlay[k] = nx or st
+      before[o] = st
+      ra[o], rr[o], rt[o], rn[o] = a, r, t, nx ~= nil
+    end
+    if all then
+      for k, v in pairs(overlay) do charged_state[k] = v end
+      for o = i, j do charged[o] = true; owner[KEYS[o]] = o end
+    elseif aon and not has(flags[i], 2) then
+      blocked = true
+    end
+    i = j + 1
+  end
+  for o = rs, re do
+    if ra[o] == 1 and rn[o] and (blocked or not charged[o]) then
+      local st
+      if blocked then st = load(o) else st = before[o] or nil end
+      local r, t = view(alg[o], st, lim[o], win[o], bur[o])
+      out[#out + 1] = 1
+      out[#out + 1] = r
+      out[#out + 1] = t
+    else
+      out[#out + 1] = ra[o]
+      out[#out + 1] = rr[o]
+      out[#out + 1] = rt[o]
+    end
+  end
+  if not blocked then
+    for k, v in pairs(charged_state) do
+      if v and v ~= stored[k] then
+        stored[k] = v
+        dirty[k] = true
+      end
+    end
+  end
+  rs = re + 1
+end
+
+for k, _ in pairs(dirty) do
+  local o = owner[k]
+  local st = stored[k]
+  local ttl = expires(alg[o], st, lim[o], win[o]) - now
+  if ttl <= 0 then
+    redis.call('DEL', k)
+  else
+    redis.call('SET', k, encode(alg[o], st), 'PX', fmt(ttl))
+  end
+end
+return out

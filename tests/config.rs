@@ -358,6 +358,19 @@ fn sample_requests() -> Vec<Sample> {
         }
         out.push((Some("edge"), vec![("path", "/api/v1/x"), ("user_id", "u1")]));
         out.push((Some("edge"), vec![("remote_address", "8.8.8.8")]));
+        out.push((
+            Some("edge"),
+            vec![("path", "/search"), ("remote_address", "8.8.8.8")],
+        ));
+    }
+    // Bursts on two keys of one customer: the key's burst, then the customer's.
+    for key in ["k1", "k2", "k3", "k4"] {
+        for _ in 0..90 {
+            out.push((
+                Some("edge"),
+                vec![("path", "/v2/items"), ("api_key", key), ("customer", "c1")],
+            ));
+        }
     }
     out
 }
@@ -373,9 +386,22 @@ async fn yaml_json_and_ini_examples_give_identical_decisions() {
     // Same rules, field by field (the source file name aside).
     assert_eq!(yaml.rules, json.rules);
     assert_eq!(yaml.rules, ini.rules);
+    // One frozen clock: token buckets refill with time, and the three must see the same.
+    struct Frozen(std::time::Duration);
+    impl divvy::store::memory::Clock for Frozen {
+        fn now(&self) -> std::time::Duration {
+            self.0
+        }
+    }
+    let clock = Arc::new(Frozen(std::time::Duration::from_secs(1_700_000_000)));
     let limiters: Vec<Limiter> = [yaml, json, ini]
         .into_iter()
-        .map(|p| Limiter::new(RuleSet::new(p), Arc::new(MemoryStore::new())))
+        .map(|p| {
+            Limiter::new(
+                RuleSet::new(p),
+                Arc::new(MemoryStore::with_clock(clock.clone())),
+            )
+        })
         .collect();
     let mut transcripts = vec![Vec::new(); 3];
     for (domain, pairs) in sample_requests() {
@@ -400,7 +426,17 @@ async fn yaml_json_and_ini_examples_give_identical_decisions() {
     // And the transcript is not trivial: denials happened, and several rules decided.
     assert!(transcripts[0].iter().any(|t| !t.1));
     let deciders: std::collections::BTreeSet<usize> = transcripts[0].iter().map(|t| t.0).collect();
-    assert!(deciders.len() >= 10, "{deciders:?}");
+    assert!(deciders.len() >= 12, "{deciders:?}");
+    // The API rule: 80 per key (its burst), then the customer's 240 in all.
+    let api: Vec<bool> = transcripts[0][transcripts[0].len() - 360..]
+        .iter()
+        .map(|t| t.1)
+        .collect();
+    let per_key: Vec<usize> = api
+        .chunks(90)
+        .map(|c| c.iter().filter(|a| **a).count())
+        .collect();
+    assert_eq!(per_key, vec![80, 80, 80, 0]);
 }
 
 #[test]
@@ -417,7 +453,9 @@ fn check_command_lists_every_error_or_summarises() {
     assert_has(
         &text,
         &[
-            "OK, 13 rules",
+            "OK, 15 rules",
+            "token bucket 40 per 1s, burst 80 + token bucket 120 per 1s, burst 240",
+            "sliding 30 per 60s",
             "cookies-per-ip",
             "edge-login",
             "always deny",

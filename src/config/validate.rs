@@ -248,7 +248,12 @@ fn check_rule(
                 actor_field: raw.actor_field.clone(),
                 label: None,
             };
-            (check_limit(&single, &who, "", problems).into_iter().collect(), false)
+            (
+                check_limit(&single, &who, "", problems)
+                    .into_iter()
+                    .collect(),
+                false,
+            )
         }
         Some(list) => {
             for (field, set) in [

@@ -334,8 +334,19 @@ overrides:
     actorField: ip
 default: {creditLimit: 2, resetSeconds: 30}
 "#);
-        let o = op(&[("path", "/api/x"), ("key", "k1"), ("customer", "k1"), ("ip", "1")]);
-        let keys: Vec<String> = rs.rule(0).spec.limits.iter().map(|l| rs.rule(0).counter_key(&o, l)).collect();
+        let o = op(&[
+            ("path", "/api/x"),
+            ("key", "k1"),
+            ("customer", "k1"),
+            ("ip", "1"),
+        ]);
+        let keys: Vec<String> = rs
+            .rule(0)
+            .spec
+            .limits
+            .iter()
+            .map(|l| rs.rule(0).counter_key(&o, l))
+            .collect();
         assert_eq!(
             keys,
             vec![

@@ -289,7 +289,13 @@ mod tests {
     }
 
     fn op(key: &str, limit: u64, secs: u64, cost: u64) -> CounterOp {
-        CounterOp::new(key, Algorithm::Window, limit, Duration::from_secs(secs), cost)
+        CounterOp::new(
+            key,
+            Algorithm::Window,
+            limit,
+            Duration::from_secs(secs),
+            cost,
+        )
     }
 
     fn store() -> (MemoryStore, Arc<ManualClock>) {
@@ -449,7 +455,11 @@ mod tests {
                     for i in 0..2000u64 {
                         // Keys in both orders, so shard locks are taken in
                         // every order a naive store would deadlock on.
-                        let (x, y) = if (t + i) % 2 == 0 { ("k1", "c") } else { ("c", "k1") };
+                        let (x, y) = if (t + i) % 2 == 0 {
+                            ("k1", "c")
+                        } else {
+                            ("c", "k1")
+                        };
                         let mut first = op(x, 300, 600, 1);
                         first.limit = if x == "c" { 100 } else { 300 };
                         let mut second = op(y, if y == "c" { 100 } else { 300 }, 600, 1);

@@ -17,9 +17,9 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::parse::{parse_line, Command, LineError};
 use crate::limiter::{Hit, Limiter, Reset};
-use crate::store::Algorithm;
 use crate::metrics::metrics;
 use crate::rules::Operation;
+use crate::store::Algorithm;
 
 /// Limits of one connection.
 #[derive(Debug, Clone, Copy)]

@@ -71,7 +71,13 @@ mod tests {
         let t = 1_000_003_000;
         let seq = run(
             Algorithm::Fixed,
-            &[(t, p), (t + 1, p), (t + 2, p), (t + 6_999, p), (t + 7_000, p)],
+            &[
+                (t, p),
+                (t + 1, p),
+                (t + 2, p),
+                (t + 6_999, p),
+                (t + 7_000, p),
+            ],
         );
         assert_eq!(
             seq,
@@ -91,7 +97,10 @@ mod tests {
         let p2 = params(5, 1000, 5, 2);
         let p1 = params(5, 1000, 5, 1);
         let check = params(5, 1000, 5, 0);
-        let seq = run(Algorithm::Fixed, &[(0, p3), (1, p3), (2, p2), (3, check), (4, p1)]);
+        let seq = run(
+            Algorithm::Fixed,
+            &[(0, p3), (1, p3), (2, p2), (3, check), (4, p1)],
+        );
         assert_eq!(
             seq,
             vec![
@@ -111,6 +120,9 @@ mod tests {
         let p = params(2, 1000, 2, 1);
         let seq = run(Algorithm::Fixed, &[(5_500, p), (4_900, p), (4_950, p)]);
         // The second and third hits are counted in the window of the first.
-        assert_eq!(seq, vec![(true, 1, 500), (true, 0, 1_100), (false, 0, 1_050)]);
+        assert_eq!(
+            seq,
+            vec![(true, 1, 500), (true, 0, 1_100), (false, 0, 1_050)]
+        );
     }
 }

@@ -141,7 +141,10 @@ pub fn view(algorithm: Algorithm, state: Option<State>, now: u64, p: &Params) ->
         ..*p
     };
     let v = step(algorithm, state, now, &check);
-    (v.remaining, full_in(algorithm, state, now, p).unwrap_or(v.reset_ms))
+    (
+        v.remaining,
+        full_in(algorithm, state, now, p).unwrap_or(v.reset_ms),
+    )
 }
 
 /// Ms until a counter holding `state` is full again, where that differs
@@ -280,7 +283,11 @@ pub fn apply_request<S: States>(
     out
 }
 
-fn load<S: States>(states: &mut S, stored: &mut [Option<Option<State>>], k: usize) -> Option<State> {
+fn load<S: States>(
+    states: &mut S,
+    stored: &mut [Option<Option<State>>],
+    k: usize,
+) -> Option<State> {
     *stored[k].get_or_insert_with(|| states.load(k))
 }
 

@@ -104,7 +104,10 @@ mod tests {
         seq.extend([(12_500, p), (12_500, p), (12_500, p), (12_500, p)]);
         let got = run(Algorithm::Sliding, &seq);
         assert_eq!(got[9], (true, 0, 5_000));
-        assert_eq!(&got[10..13], &[(true, 2, 7_500), (true, 1, 7_500), (true, 0, 7_500)]);
+        assert_eq!(
+            &got[10..13],
+            &[(true, 2, 7_500), (true, 1, 7_500), (true, 0, 7_500)]
+        );
         // Denied: prev 10 and cur 3 with a hit of 1 needs the weight ≤ 6:
         // floor(10·(10 000−e)/10 000) ≤ 6 from e = 3 001 ms, 501 ms from now.
         assert_eq!(got[13], (false, 0, 501));
@@ -128,7 +131,10 @@ mod tests {
         let p = params(3, 1000, 3, 3);
         let check = params(3, 1000, 3, 0);
         let big = params(3, 1000, 3, 4);
-        let got = run(Algorithm::Sliding, &[(999, p), (999, check), (1000, check), (1000, big)]);
+        let got = run(
+            Algorithm::Sliding,
+            &[(999, p), (999, check), (1000, check), (1000, big)],
+        );
         assert_eq!(got[0], (true, 0, 1));
         assert_eq!(got[1], (false, 0, 2));
         // At the boundary the previous window weighs fully, 1 ms later 2.99.
@@ -144,15 +150,17 @@ mod tests {
                 for cur in 0..=limit {
                     let w = 50;
                     let p = params(limit, w, limit, 1);
-                    let st = Some(State::Sliding { start: 1000, prev, cur });
+                    let st = Some(State::Sliding {
+                        start: 1000,
+                        prev,
+                        cur,
+                    });
                     for now in 1000..1050 {
                         let v = step(st, now, &p);
                         if v.allowed {
                             continue;
                         }
-                        let t = (now..now + 200)
-                            .find(|&t| step(st, t, &p).allowed)
-                            .unwrap();
+                        let t = (now..now + 200).find(|&t| step(st, t, &p).allowed).unwrap();
                         assert_eq!(v.reset_ms, t - now, "l{limit} p{prev} c{cur} now {now}");
                     }
                 }

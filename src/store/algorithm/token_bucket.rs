@@ -122,7 +122,10 @@ mod tests {
         assert_eq!(got[82], (true, 0, 2000));
         assert!(!got[83].0);
         // After a long idle period it is full, not fuller.
-        let got = run(Algorithm::TokenBucket, &[(0, p), (1_000_000, params(40, 1000, 80, 0))]);
+        let got = run(
+            Algorithm::TokenBucket,
+            &[(0, p), (1_000_000, params(40, 1000, 80, 0))],
+        );
         assert_eq!(got[1], (true, 80, 0));
     }
 
@@ -131,7 +134,10 @@ mod tests {
         let p = params(10, 1000, 5, 5);
         let big = params(10, 1000, 5, 6);
         let check = params(10, 1000, 5, 0);
-        let got = run(Algorithm::TokenBucket, &[(0, big), (0, p), (0, check), (0, big)]);
+        let got = run(
+            Algorithm::TokenBucket,
+            &[(0, big), (0, p), (0, check), (0, big)],
+        );
         assert_eq!(got[0], (false, 5, 0));
         assert_eq!(got[1], (true, 0, 500));
         // A check needs one credit: back in 100 ms.
@@ -144,10 +150,16 @@ mod tests {
         let p = params(1, 1000, 3, 1);
         let mut refund = params(1, 1000, 3, 5);
         refund.refund = true;
-        let got = run(Algorithm::TokenBucket, &[(5_000, p), (5_000, p), (5_000, refund)]);
+        let got = run(
+            Algorithm::TokenBucket,
+            &[(5_000, p), (5_000, p), (5_000, refund)],
+        );
         assert_eq!(got[2], (true, 3, 0));
         // The clock goes back 2 s: the bucket neither refills nor breaks.
-        let got = run(Algorithm::TokenBucket, &[(5_000, p), (3_000, p), (3_000, p), (3_000, p)]);
+        let got = run(
+            Algorithm::TokenBucket,
+            &[(5_000, p), (3_000, p), (3_000, p), (3_000, p)],
+        );
         assert_eq!(got[1], (true, 1, 4000));
         assert_eq!(got[2], (true, 0, 5000));
         assert_eq!(got[3], (false, 0, 3000));

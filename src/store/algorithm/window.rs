@@ -105,6 +105,9 @@ mod tests {
         let big = params(3, 1000, 3, 4);
         let one = params(3, 1000, 3, 1);
         let seq = run(Algorithm::Window, &[(0, check), (0, big), (5, one)]);
-        assert_eq!(seq, vec![(true, 3, 1000), (false, 3, 1000), (true, 2, 1000)]);
+        assert_eq!(
+            seq,
+            vec![(true, 3, 1000), (false, 3, 1000), (true, 2, 1000)]
+        );
     }
 }

@@ -26,8 +26,10 @@ local function has(f, bit) return f % (bit * 2) >= bit end
 
 -- Loading and saving ----------------------------------------------------
 local function decode(alg, key, W)
-  local v = redis.call('GET', key)
-  if not v then return nil end
+  -- pcall: a key of another type (not a counter we wrote) reads as no counter
+  -- and is overwritten by the first charge.
+  local v = redis.pcall('GET', key)
+  if type(v) ~= 'string' then return nil end
   if alg == 0 then
     local r = tonumber(v)
     if r == nil then return nil end

@@ -226,6 +226,26 @@ impl Limiter {
     ///
     /// `domain` is the Envoy domain, or `None` for a line-protocol HIT.
     pub async fn check(&self, domain: Option<&str>, hits: &[Hit]) -> Result<Decisions, StoreError> {
+        self.decide(domain, hits, false).await
+    }
+
+    /// Decides several independent requests of one descriptor each (a line
+    /// connection's pipelined HITs) in one store call: each is charged on
+    /// its own, whatever the policy's `charge`.
+    pub async fn check_each(
+        &self,
+        domain: Option<&str>,
+        hits: &[Hit],
+    ) -> Result<Decisions, StoreError> {
+        self.decide(domain, hits, true).await
+    }
+
+    async fn decide(
+        &self,
+        domain: Option<&str>,
+        hits: &[Hit],
+        independent: bool,
+    ) -> Result<Decisions, StoreError> {
         let started = Instant::now();
         let rules = self.rules.load_full();
         let mut ops = Vec::new();
@@ -247,10 +267,15 @@ impl Limiter {
                 true,
                 &mut ops,
             );
-            denied_outside |= decider.limits.iter().any(|l| l.reset == Reset::Never);
+            // Counted limits are decided by the store; an always-deny rule has none.
+            denied_outside |=
+                decider.counted.is_empty() && decider.limits.iter().any(|l| !l.allowed);
             prepared.push((canaries, decider));
         }
+        // With one descriptor per request, all-or-nothing is what each rule's
+        // limits already are: charging each group on its own is the same.
         let charge = match rules.charge() {
+            _ if independent => Charge::Each,
             Charge::AllOrNothing if denied_outside => Charge::Denied,
             other => other,
         };
@@ -523,5 +548,97 @@ default: {creditLimit: 100, resetSeconds: 60}
         );
         // The default's own counter is untouched.
         assert_eq!(one(&l, &[("path", "/x")]).await.decider.remaining, 99);
+    }
+
+    const AON: &str = r#"
+charge: all-or-nothing
+overrides:
+  - operation: {k: canary}
+    matchPolicy: canary
+    creditLimit: 1
+    resetSeconds: 1h
+  - operation: {k: a}
+    creditLimit: 5
+    resetSeconds: 1h
+    algorithm: fixed
+  - operation: {k: b}
+    creditLimit: 1
+    resetSeconds: 1h
+    algorithm: token_bucket
+  - operation: {k: zero}
+    creditLimit: 0
+  - operation: {k: multi}
+    limits:
+      - {creditLimit: 3, resetSeconds: 1h, actorField: key, algorithm: sliding}
+      - {creditLimit: 4, resetSeconds: 1h, actorField: customer}
+default: {creditLimit: 100, resetSeconds: 60}
+"#;
+
+    fn aon() -> Limiter {
+        let policy = parse_str(AON, Format::Yaml, "t.yaml").unwrap();
+        Limiter::new(RuleSet::new(policy), Arc::new(MemoryStore::new()))
+    }
+
+    #[tokio::test]
+    async fn all_or_nothing_charges_nothing_when_a_descriptor_is_denied() {
+        let l = aon();
+        let (a, b) = (hit(&[("k", "a")]), hit(&[("k", "b")]));
+        let d = l.check(Some("d"), &[a.clone(), b.clone()]).await.unwrap();
+        assert_eq!(
+            (d.items[0].decider.remaining, d.items[1].decider.remaining),
+            (4, 0)
+        );
+        // b is spent: a is allowed but not charged, and says so.
+        let d = l.check(Some("d"), &[a.clone(), b.clone()]).await.unwrap();
+        assert!(d.items[0].decider.allowed && !d.items[1].decider.allowed);
+        assert_eq!(d.items[0].decider.remaining, 4);
+        // A rule that always denies blocks the request too.
+        let d = l
+            .check(Some("d"), &[a.clone(), hit(&[("k", "zero")])])
+            .await
+            .unwrap();
+        assert!(d.items[0].decider.allowed && !d.items[1].decider.allowed);
+        assert_eq!(d.items[0].decider.remaining, 4);
+        assert_eq!(one(&l, &[("k", "a")]).await.decider.remaining, 3);
+        // Line-protocol HITs are separate requests: each is charged on its own.
+        let d = l.check_each(None, &[a.clone(), b]).await.unwrap();
+        assert_eq!(d.items[0].decider.remaining, 2);
+    }
+
+    #[tokio::test]
+    async fn a_denied_canary_does_not_block_and_a_blocked_request_charges_no_canary() {
+        let l = aon();
+        let c = hit(&[("k", "canary")]);
+        let d = l.check(Some("d"), std::slice::from_ref(&c)).await.unwrap();
+        assert!(d.items[0].canaries[0].allowed);
+        let d = l
+            .check(Some("d"), &[c.clone(), hit(&[("k", "a")])])
+            .await
+            .unwrap();
+        assert!(!d.items[0].canaries[0].allowed);
+        assert!(d.items[1].decider.allowed && d.items[1].decider.remaining == 4);
+    }
+
+    #[tokio::test]
+    async fn several_limits_answer_the_smallest_and_a_denial_charges_none() {
+        let l = aon();
+        let h = |key: &str| hit(&[("k", "multi"), ("key", key), ("customer", "c")]);
+        let d = one(&l, &[("k", "multi"), ("key", "k1"), ("customer", "c")]).await;
+        assert_eq!((d.decider.allowed, d.decider.remaining), (true, 2));
+        assert_eq!(d.decider.limits.len(), 2);
+        assert_eq!(d.decider.algorithm, Algorithm::Sliding);
+        let d = l.check(None, &[h("k2"), h("k2"), h("k2")]).await.unwrap();
+        assert!(d.items.iter().all(|i| i.decider.allowed));
+        // 1 left in both after the second: on a tie the limit full last speaks
+        // (divvy's 1 h window).
+        assert_eq!(d.items[1].decider.remaining, 1);
+        assert_eq!(d.items[1].decider.algorithm, Algorithm::Window);
+        // Now the customer is spent; k3 is denied and its own limit keeps its credit.
+        let d = l.check(None, &[h("k3")]).await.unwrap();
+        let o = &d.items[0].decider;
+        assert!(!o.allowed);
+        assert_eq!((o.limits[0].allowed, o.limits[0].remaining), (true, 3));
+        assert_eq!((o.limits[1].allowed, o.limits[1].remaining), (false, 0));
+        assert_eq!(o.credit_limit, 4, "the denying limit speaks");
     }
 }

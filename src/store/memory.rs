@@ -416,7 +416,7 @@ mod tests {
         let got = s.apply_now(&[a.clone(), spent.clone()], Charge::AllOrNothing);
         assert!(got[0].allowed && !got[1].allowed);
         assert_eq!(got[0].remaining, 4, "allowed but not charged: unchanged");
-        let got = s.apply_now(&[a.clone()], Charge::Denied);
+        let got = s.apply_now(std::slice::from_ref(&a), Charge::Denied);
         assert_eq!((got[0].allowed, got[0].remaining), (true, 4));
         assert_eq!(s.apply_one(&a).remaining, 3);
     }

@@ -201,7 +201,7 @@ async fn answer(limiter: &Limiter, slots: &[Slot], hits: &[Hit], out: &mut Vec<u
     let decided = if hits.is_empty() {
         None
     } else {
-        Some(limiter.check(None, hits).await)
+        Some(limiter.check_each(None, hits).await)
     };
     let mut next_hit = 0;
     for slot in slots {

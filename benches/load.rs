@@ -2,8 +2,8 @@
 //! next to a baseline measured in the same run.
 //!
 //! Run with `cargo bench --bench load` (add `-- --seconds N` to change the
-//! length of each run). It prints requests per second and latency
-//! percentiles for:
+//! length of each run, `-- --only memory|redis|algorithms` to run one
+//! section). It prints requests per second and latency percentiles for:
 //! - the divvy line protocol, one connection with up to 256 requests pipelined;
 //! - the line protocol, 64 connections with one request in flight each;
 //! - Envoy's ShouldRateLimit over gRPC, 64 concurrent requests on one channel.
@@ -12,6 +12,17 @@
 //! line with a constant `OK` (no parsing, no rules, no counters): the cost of
 //! loopback TCP and the load generator on this machine. Figures are quoted
 //! as ratios to it, because these machines are shared and noisy.
+//!
+//! The `redis` section compares the Redis store with the memory store and
+//! with redis-benchmark's EVALSHA of divvy's script on the same redis-server.
+//!
+//! The `algorithms` section measures each counting algorithm (and a rule
+//! with two token-bucket limits) on the line protocol, 64 connections with
+//! one request in flight, one actor per connection, on the memory store and
+//! on a redis-server of its own, as ratios to the `window` algorithm measured
+//! in the same run. One divvy runs per rule and the rules take turns in short
+//! rounds, so a noisy neighbour slows them all alike; a second divvy with the
+//! window rule shows how far two identical servers differ in the same run.
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -40,6 +51,52 @@ default:
   creditLimit: 1000000000
   resetSeconds: 1h
 "#;
+
+/// The rules of the algorithms section, one divvy each: a name and the rule's
+/// limit fields. Limits are huge so nothing is denied; `window` (the
+/// default algorithm, written as before algorithms existed) is the baseline.
+const ALGORITHM_RULES: [(&str, &str); 5] = [
+    (
+        "window",
+        "creditLimit: 1000000000\n    resetSeconds: 1h\n    actorField: ip",
+    ),
+    (
+        "fixed",
+        "creditLimit: 1000000000\n    resetSeconds: 1h\n    actorField: ip\n    algorithm: fixed",
+    ),
+    (
+        "sliding",
+        "creditLimit: 1000000000\n    resetSeconds: 1h\n    actorField: ip\n    algorithm: sliding",
+    ),
+    (
+        "token_bucket",
+        "creditLimit: 1000000000\n    resetSeconds: 1h\n    actorField: ip\n    algorithm: token_bucket\n    burst: 1000000000",
+    ),
+    (
+        "2 token_bucket limits",
+        "limits:
+      - {creditLimit: 1000000000, resetSeconds: 1h, algorithm: token_bucket, burst: 1000000000, actorField: ip}
+      - {creditLimit: 1000000000, resetSeconds: 1h, algorithm: token_bucket, burst: 1000000000, actorField: user}",
+    ),
+];
+
+/// A policy whose one override is `rule` (see [`ALGORITHM_RULES`]).
+fn algorithm_policy(rule: &str) -> String {
+    format!(
+        "overrides:\n  - operation: {{path: /bench, ip: \"*\", user: \"*\"}}\n    {rule}\n\
+         default:\n  creditLimit: 1000000000\n  resetSeconds: 1h\n"
+    )
+}
+
+/// The one request of connection `conn` in the algorithms section: the
+/// same actor (ip and user) on every request of a connection.
+fn actor_line(conn: u64, _i: u64) -> String {
+    format!(
+        "HIT path=/bench ip=10.2.{}.{} user=u{conn}\n",
+        conn / 256,
+        conn % 256
+    )
+}
 
 struct Divvy {
     child: Child,
@@ -119,14 +176,21 @@ fn redis_benchmark_evalsha(port: u16, clients: u32, pipeline: u32, seconds: u64)
         .args(["-h", "127.0.0.1", "-p", &port.to_string()])
         .args(["-c", &clients.to_string(), "-P", &pipeline.to_string()])
         .args(["-n", &requests, "-r", "100000", "-q"])
+        // One counter per call: now from Redis TIME (-1), then divvy's window
+        // (algorithm 0), limit, window ms, burst, cost 1, flags 4 (a request
+        // starts here); the same arguments the Redis store sends.
         .args([
             "EVALSHA",
             &sha,
             "1",
             "bench:__rand_int__",
+            "-1",
+            "0",
             "1000000000",
-            "3600",
+            "3600000",
+            "1000000000",
             "1",
+            "4",
         ])
         .output()
         .expect("redis-benchmark (tests/run-all.sh installs redis-tools)");
@@ -140,13 +204,13 @@ fn redis_benchmark_evalsha(port: u16, clients: u32, pipeline: u32, seconds: u64)
 }
 
 fn start_divvy() -> Divvy {
-    start_divvy_with(&[])
+    start_divvy_with(POLICY, &[])
 }
 
-fn start_divvy_with(extra: &[&str]) -> Divvy {
+fn start_divvy_with(policy: &str, extra: &[&str]) -> Divvy {
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("bench.yaml");
-    std::fs::write(&path, POLICY).expect("policy");
+    std::fs::write(&path, policy).expect("policy");
     let mut child = Command::new(env!("CARGO_BIN_EXE_divvy"))
         .arg("serve")
         .arg("--config")
@@ -226,6 +290,13 @@ impl Figures {
     fn rate(&self) -> f64 {
         self.requests as f64 / self.elapsed.as_secs_f64()
     }
+    /// The figures of two runs together.
+    fn add(mut self, other: Figures) -> Figures {
+        self.requests += other.requests;
+        self.elapsed += other.elapsed;
+        self.latencies.extend(other.latencies);
+        self
+    }
     fn pct(&mut self, p: f64) -> Duration {
         self.latencies.sort_unstable();
         if self.latencies.is_empty() {
@@ -293,6 +364,17 @@ async fn line_pipelined(addr: SocketAddr, run: Duration, window: usize) -> Figur
 
 /// `conns` connections, one request in flight on each.
 async fn line_concurrent(addr: SocketAddr, run: Duration, conns: u64) -> Figures {
+    line_concurrent_with(addr, run, conns, |c, i| request_line(c * 1_000_000 + i)).await
+}
+
+/// `conns` connections, one request in flight on each; `line(conn, i)` is
+/// the `i`th request of connection `conn`.
+async fn line_concurrent_with(
+    addr: SocketAddr,
+    run: Duration,
+    conns: u64,
+    line: fn(u64, u64) -> String,
+) -> Figures {
     let start = Instant::now();
     let deadline = start + run;
     let tasks: Vec<_> = (0..conns)
@@ -302,17 +384,18 @@ async fn line_concurrent(addr: SocketAddr, run: Duration, conns: u64) -> Figures
                 stream.set_nodelay(true).expect("nodelay");
                 let (rd, mut wr) = stream.into_split();
                 let mut reader = TokioBufReader::new(rd);
-                let mut line = String::new();
+                let mut answer = String::new();
                 let mut lat = Vec::new();
-                let mut i = c * 1_000_000;
+                let mut i = 0;
                 while Instant::now() < deadline {
                     let t = Instant::now();
-                    wr.write_all(request_line(i).as_bytes())
-                        .await
-                        .expect("send");
-                    line.clear();
-                    reader.read_line(&mut line).await.expect("answer");
-                    assert!(line.starts_with("OK"), "unexpected answer {line:?}");
+                    wr.write_all(line(c, i).as_bytes()).await.expect("send");
+                    answer.clear();
+                    reader.read_line(&mut answer).await.expect("answer");
+                    assert!(
+                        answer.starts_with("OK true"),
+                        "unexpected answer {answer:?}"
+                    );
                     lat.push(t.elapsed());
                     i += 1;
                 }
@@ -403,91 +486,88 @@ fn report(name: &str, mut f: Figures, baseline: Option<f64>) -> f64 {
     let ratio = baseline.map_or(String::from("(baseline)"), |b| {
         format!("{:.2}x baseline", rate / b)
     });
-    println!(
-        "{name:<46} {rate:>10.0} req/s  p50 {:>8.1?}  p99 {:>8.1?}  {ratio}",
-        f.pct(0.50),
-        f.pct(0.99)
-    );
+    print_row(name, &mut f, &ratio);
     rate
 }
 
-fn main() {
-    let seconds: u64 = std::env::args()
-        .skip_while(|a| a != "--seconds")
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(4);
-    let run = Duration::from_secs(seconds);
-    // `--redis-only` skips the memory-store section (the Redis section still
-    // measures the memory store next to the Redis store).
-    let redis_only = std::env::args().any(|a| a == "--redis-only");
-    let divvy = start_divvy();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
-    rt.block_on(async {
-        if redis_only {
-            return;
-        }
-        let base = baseline_server().await;
-        // Warm up both.
-        line_concurrent(divvy.line, Duration::from_millis(500), 8).await;
-        line_concurrent(base, Duration::from_millis(500), 8).await;
-        println!("{seconds} s per run, 2 cores shared by load generator and server\n");
-        let b = report(
-            "baseline: line, 1 conn, 256 pipelined",
-            line_pipelined(base, run, 256).await,
-            None,
-        );
-        report(
-            "divvy: line, 1 conn, 256 pipelined",
-            line_pipelined(divvy.line, run, 256).await,
-            Some(b),
-        );
-        let b = report(
-            "baseline: line, 64 conns x 1 in flight",
-            line_concurrent(base, run, 64).await,
-            None,
-        );
-        report(
-            "divvy: line, 64 conns x 1 in flight",
-            line_concurrent(divvy.line, run, 64).await,
-            Some(b),
-        );
-        report(
-            "divvy: gRPC, 64 in flight, 1 channel",
-            grpc_concurrent(divvy.grpc, run, 64, 1).await,
-            Some(b),
-        );
-        report(
-            "divvy: gRPC, 64 in flight, 4 channels",
-            grpc_concurrent(divvy.grpc, run, 64, 4).await,
-            Some(b),
-        );
-        let b1 = report(
-            "baseline: line, 1 conn x 1 in flight",
-            line_concurrent(base, run, 1).await,
-            None,
-        );
-        report(
-            "divvy: line, 1 conn x 1 in flight",
-            line_concurrent(divvy.line, run, 1).await,
-            Some(b1),
-        );
-        report(
-            "divvy: gRPC, 1 in flight",
-            grpc_concurrent(divvy.grpc, run, 1, 1).await,
-            Some(b1),
-        );
-    });
+/// Prints one row of figures: rate, p50, p99, then `note`.
+fn print_row(name: &str, f: &mut Figures, note: &str) {
+    println!(
+        "{name:<46} {:>10.0} req/s  p50 {:>8.1?}  p99 {:>8.1?}  {note}",
+        f.rate(),
+        f.pct(0.50),
+        f.pct(0.99)
+    );
+}
 
-    // The Redis store, next to the memory store and redis-benchmark's own
-    // EVALSHA figure on the same Redis, in the same run.
-    let redis = start_redis();
+/// The sections `--only` may name.
+const SECTIONS: [&str; 3] = ["memory", "redis", "algorithms"];
+
+/// The memory store over each protocol, next to the in-process baseline.
+async fn memory_section(divvy: &Divvy, run: Duration, seconds: u64) {
+    let base = baseline_server().await;
+    // Warm up both.
+    line_concurrent(divvy.line, Duration::from_millis(500), 8).await;
+    line_concurrent(base, Duration::from_millis(500), 8).await;
+    println!("{seconds} s per run, 2 cores shared by load generator and server\n");
+    let b = report(
+        "baseline: line, 1 conn, 256 pipelined",
+        line_pipelined(base, run, 256).await,
+        None,
+    );
+    report(
+        "divvy: line, 1 conn, 256 pipelined",
+        line_pipelined(divvy.line, run, 256).await,
+        Some(b),
+    );
+    let b = report(
+        "baseline: line, 64 conns x 1 in flight",
+        line_concurrent(base, run, 64).await,
+        None,
+    );
+    report(
+        "divvy: line, 64 conns x 1 in flight",
+        line_concurrent(divvy.line, run, 64).await,
+        Some(b),
+    );
+    report(
+        "divvy: gRPC, 64 in flight, 1 channel",
+        grpc_concurrent(divvy.grpc, run, 64, 1).await,
+        Some(b),
+    );
+    report(
+        "divvy: gRPC, 64 in flight, 4 channels",
+        grpc_concurrent(divvy.grpc, run, 64, 4).await,
+        Some(b),
+    );
+    let b1 = report(
+        "baseline: line, 1 conn x 1 in flight",
+        line_concurrent(base, run, 1).await,
+        None,
+    );
+    report(
+        "divvy: line, 1 conn x 1 in flight",
+        line_concurrent(divvy.line, run, 1).await,
+        Some(b1),
+    );
+    report(
+        "divvy: gRPC, 1 in flight",
+        grpc_concurrent(divvy.grpc, run, 1, 1).await,
+        Some(b1),
+    );
+}
+
+/// The Redis store, next to the memory store and redis-benchmark's own
+/// EVALSHA figure on the same Redis, in the same run.
+fn redis_section(
+    rt: &tokio::runtime::Runtime,
+    divvy: &Divvy,
+    redis: &RedisProc,
+    run: Duration,
+    seconds: u64,
+) {
     let url = format!("redis://127.0.0.1:{}", redis.port);
-    let shared = start_divvy_with(&["--redis-url", &url]);
+    let shared = start_divvy_with(POLICY, &["--redis-url", &url]);
     println!();
     let evalsha = redis_benchmark_evalsha(redis.port, 64, 1, seconds);
     let evalsha_pipelined = redis_benchmark_evalsha(redis.port, 64, 16, seconds);
@@ -536,4 +616,107 @@ fn main() {
             Some(m),
         );
     });
+}
+
+/// Rounds of the algorithms section: each rule runs `--seconds / ROUNDS` per
+/// round, the rules in turn, so that noise on a shared machine spreads over
+/// all of them instead of landing on one.
+const ROUNDS: u32 = 4;
+
+/// Each rule of [`ALGORITHM_RULES`] on one store (`extra`: divvy's store
+/// flags), one divvy per rule, line protocol, 64 connections x 1 in flight,
+/// `run` in all per rule, interleaved in [`ROUNDS`] rounds. Ratios are to
+/// `window`; a second divvy with the window rule shows the noise floor.
+fn algorithms_section(rt: &tokio::runtime::Runtime, store: &str, extra: &[&str], run: Duration) {
+    let rules: Vec<(&str, &str)> = ALGORITHM_RULES
+        .into_iter()
+        .chain([("window, 2nd divvy", ALGORITHM_RULES[0].1)])
+        .collect();
+    let servers: Vec<Divvy> = rules
+        .iter()
+        .map(|(_, rule)| start_divvy_with(&algorithm_policy(rule), extra))
+        .collect();
+    let mut figures: Vec<Option<Figures>> = rules.iter().map(|_| None).collect();
+    rt.block_on(async {
+        for divvy in &servers {
+            line_concurrent_with(divvy.line, Duration::from_millis(300), 8, actor_line).await;
+        }
+        for round in 0..ROUNDS as usize {
+            for k in 0..servers.len() {
+                // Each round starts one rule later, so no rule always runs first.
+                let k = (round + k) % servers.len();
+                let f = line_concurrent_with(servers[k].line, run / ROUNDS, 64, actor_line).await;
+                figures[k] = Some(match figures[k].take() {
+                    None => f,
+                    Some(sum) => sum.add(f),
+                });
+            }
+        }
+    });
+    drop(servers);
+    let mut window: Option<(f64, Duration)> = None;
+    for ((name, _), f) in rules.iter().zip(figures) {
+        let mut f = f.expect("at least one round");
+        let (rate, p99) = (f.rate(), f.pct(0.99));
+        let note = match window {
+            None => {
+                window = Some((rate, p99));
+                String::from("(baseline)")
+            }
+            Some((w, w99)) => format!(
+                "{name} / window = {:.2}x, p99 {:.2}x",
+                rate / w.max(1.0),
+                p99.as_secs_f64() / w99.as_secs_f64().max(1e-9)
+            ),
+        };
+        print_row(&format!("{store}: {name}"), &mut f, &note);
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let value = |flag: &str| args.iter().skip_while(|a| *a != flag).nth(1).cloned();
+    let seconds: u64 = value("--seconds").and_then(|s| s.parse().ok()).unwrap_or(4);
+    let run = Duration::from_secs(seconds);
+    // `--only SECTION` runs one section; `--redis-only` (`--only redis`)
+    // skips the memory-store section (the Redis section still measures the
+    // memory store next to the Redis store).
+    let only = value("--only").or_else(|| {
+        args.iter()
+            .any(|a| a == "--redis-only")
+            .then(|| String::from("redis"))
+    });
+    if let Some(o) = &only {
+        assert!(
+            SECTIONS.contains(&o.as_str()),
+            "--only takes one of {SECTIONS:?}, found `{o}`"
+        );
+    }
+    let wants = |section: &str| only.as_deref().is_none_or(|o| o == section);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let mut redis = None;
+    if wants("memory") || wants("redis") {
+        let divvy = start_divvy();
+        if wants("memory") {
+            rt.block_on(memory_section(&divvy, run, seconds));
+        }
+        if wants("redis") {
+            let redis = redis.get_or_insert_with(start_redis);
+            redis_section(&rt, &divvy, redis, run, seconds);
+        }
+    }
+    if wants("algorithms") {
+        let redis = redis.get_or_insert_with(start_redis);
+        let url = format!("redis://127.0.0.1:{}", redis.port);
+        println!(
+            "\nalgorithms: line, 64 conns x 1 in flight, one actor per conn, nothing denied \
+             (req/s = HIT/s);\n{seconds} s per rule in {ROUNDS} interleaved rounds, one divvy per rule"
+        );
+        algorithms_section(&rt, "memory store", &[], run);
+        algorithms_section(&rt, "redis store", &["--redis-url", &url], run);
+    }
 }

@@ -32,8 +32,9 @@ use std::time::Duration;
 pub enum State {
     /// divvy's window: credits left, and when the window ends (ms).
     Window {
-        /// Credits left.
-        remaining: u64,
+        /// Credits left, counted against the rule's own limit (below zero
+        /// when a knob raised the limit and more than the own limit is used).
+        remaining: i64,
         /// Epoch ms at which the window ends.
         expires_at: u64,
     },
@@ -71,7 +72,8 @@ pub struct Params {
     pub limit: u64,
     /// Window (or refill period) in ms (> 0).
     pub window_ms: u64,
-    /// Token bucket capacity in credits (the limit for other algorithms).
+    /// Token bucket capacity in credits. For divvy's window: the rule's own
+    /// limit, which the stored credits are counted against.
     pub burst: u64,
     /// Credits to take (or give back); 0 checks without consuming.
     pub cost: u64,

@@ -5,6 +5,23 @@
 
 use super::{Params, State, Verdict};
 
+/// `remaining` in the state counts against the rule's own limit, carried in
+/// `p.burst` (a knob may set another `p.limit`): the credits left under the
+/// limit in force are `remaining + limit − burst`, so consumption carries
+/// over when a knob changes the limit, and without a knob the stored value
+/// is exactly divvy's.
+fn shift(p: &Params) -> i128 {
+    i128::from(p.limit) - i128::from(p.burst)
+}
+
+fn clamp(n: i128) -> u64 {
+    u64::try_from(n.max(0)).unwrap_or(u64::MAX)
+}
+
+fn stored(n: i128) -> i64 {
+    i64::try_from(n).unwrap_or(if n < 0 { i64::MIN } else { i64::MAX })
+}
+
 /// Applies `p` to a divvy window holding `state` at `now` (ms).
 pub fn step(state: Option<State>, now: u64, p: &Params) -> Verdict {
     let open = match state {
@@ -14,7 +31,7 @@ pub fn step(state: Option<State>, now: u64, p: &Params) -> Verdict {
         }) if expires_at > now => Some((remaining, expires_at)),
         _ => None,
     };
-    let Some((remaining, expires_at)) = open else {
+    let Some((kept, expires_at)) = open else {
         // No open window: the first charged hit opens one.
         if !p.refund && p.cost > 0 && p.cost <= p.limit {
             let left = p.limit - p.cost;
@@ -23,7 +40,7 @@ pub fn step(state: Option<State>, now: u64, p: &Params) -> Verdict {
                 remaining: left,
                 reset_ms: p.window_ms,
                 next: Some(State::Window {
-                    remaining: left,
+                    remaining: stored(i128::from(left) - shift(p)),
                     expires_at: now.saturating_add(p.window_ms),
                 }),
             };
@@ -36,41 +53,43 @@ pub fn step(state: Option<State>, now: u64, p: &Params) -> Verdict {
         };
     };
     let reset_ms = expires_at - now;
-    let changed = |left: u64| {
-        (left != remaining).then_some(State::Window {
-            remaining: left,
+    let remaining = i128::from(kept) + shift(p);
+    let save = |left: i128| {
+        let value = stored(left - shift(p));
+        (value != kept).then_some(State::Window {
+            remaining: value,
             expires_at,
         })
     };
+    let cost = i128::from(p.cost);
     if p.refund {
-        let left = remaining.saturating_add(p.cost).min(p.limit);
+        let left = (remaining + cost).min(i128::from(p.limit));
         return Verdict {
             allowed: true,
-            remaining: left,
+            remaining: clamp(left),
             reset_ms,
-            next: changed(left),
+            next: save(left),
         };
     }
     if p.cost == 0 {
         return Verdict {
             allowed: remaining > 0,
-            remaining,
+            remaining: clamp(remaining),
             reset_ms,
             next: None,
         };
     }
-    if remaining >= p.cost {
-        let left = remaining - p.cost;
+    if remaining >= cost {
         return Verdict {
             allowed: true,
-            remaining: left,
+            remaining: clamp(remaining - cost),
             reset_ms,
-            next: changed(left),
+            next: save(remaining - cost),
         };
     }
     Verdict {
         allowed: false,
-        remaining,
+        remaining: clamp(remaining),
         reset_ms,
         next: None,
     }
@@ -97,6 +116,31 @@ mod tests {
         let seq = run(Algorithm::Window, &[(0, p), (59_999, p), (60_000, p)]);
         assert_eq!(seq[1], (true, 1, 1));
         assert_eq!(seq[2], (true, 2, 60_000));
+    }
+
+    #[test]
+    fn a_changed_limit_carries_consumption_over() {
+        // The rule's own limit is 10 (burst); 10 hits spend it.
+        let own = params(10, 60_000, 10, 10);
+        let mut raised = params(20, 60_000, 10, 1);
+        let seq = run(Algorithm::Window, &[(0, own), (1, raised), (2, raised)]);
+        assert_eq!(seq[0], (true, 0, 60_000));
+        assert_eq!(seq[1], (true, 9, 59_999));
+        // Lowered below what is used: denied until the window ends.
+        let lowered = params(5, 60_000, 10, 1);
+        let seq = run(
+            Algorithm::Window,
+            &[(0, params(10, 60_000, 10, 7)), (1, lowered)],
+        );
+        assert_eq!(seq[1], (false, 0, 59_999));
+        // A window opened under a raised limit: 15 of 20 used, then back to 10.
+        raised.cost = 15;
+        let seq = run(
+            Algorithm::Window,
+            &[(0, raised), (1, params(10, 60_000, 10, 0))],
+        );
+        assert_eq!(seq[0], (true, 5, 60_000));
+        assert_eq!(seq[1], (false, 0, 59_999));
     }
 
     #[test]

@@ -10,8 +10,8 @@
 --   2 the op's group does not decide (a canary);
 --   4 a request starts at this op; with 4: 8 the request is all-or-nothing,
 --   16 the request is already denied (charge nothing, only answer).
--- Stored values: divvy window: credits left, TTL = the window (divvy's own
--- layout); fixed: "start:count"; sliding: "start:prev:cur"; token bucket:
+-- Stored values: divvy window: credits left (against the rule's own limit,
+-- sent as the burst), TTL = the window (divvy's own layout); fixed: "start:count"; sliding: "start:prev:cur"; token bucket:
 -- "used:at" (used capacity, credits x window ms; at: ms it is valid at).
 -- Returns 3 values per key: allowed (1/0), credits left, ms to reset.
 local floor, min, max = math.floor, math.min, math.max
@@ -65,21 +65,30 @@ local function encode(alg, st)
 end
 
 -- The algorithms: each returns allowed, remaining, reset ms, next state --
+-- divvy's window: the stored credits count against the rule's own limit,
+-- sent as B; the limit in force L (a knob's) shifts them by L - B.
 local function window_step(st, L, W, B, cost, refund)
   if st == nil or st.e <= now then
     if not refund and cost > 0 and cost <= L then
-      return 1, L - cost, W, {r = L - cost, e = now + W}
+      return 1, L - cost, W, {r = L - cost - (L - B), e = now + W}
     end
     return (refund or cost <= L) and 1 or 0, L, W, nil
   end
   local reset = st.e - now
-  if refund then
-    local left = min(st.r + cost, L)
-    return 1, left, reset, (left ~= st.r) and {r = left, e = st.e} or nil
+  local shift = L - B
+  local r = st.r + shift
+  local function save(left)
+    local v = left - shift
+    if v ~= st.r then return {r = v, e = st.e} end
+    return nil
   end
-  if cost == 0 then return (st.r > 0) and 1 or 0, st.r, reset, nil end
-  if st.r >= cost then return 1, st.r - cost, reset, {r = st.r - cost, e = st.e} end
-  return 0, st.r, reset, nil
+  if refund then
+    local left = min(r + cost, L)
+    return 1, max(left, 0), reset, save(left)
+  end
+  if cost == 0 then return (r > 0) and 1 or 0, max(r, 0), reset, nil end
+  if r >= cost then return 1, r - cost, reset, save(r - cost) end
+  return 0, max(r, 0), reset, nil
 end
 
 local function fixed_current(st, W)

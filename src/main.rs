@@ -1,4 +1,4 @@
-//! The `divvy` command: `serve`, `check` and `explain`.
+//! The `divvy` command: `serve`, `check`, `explain` and `knob`.
 
 mod cli;
 
@@ -36,6 +36,19 @@ enum Command {
         #[arg(value_name = "KEY=VALUE")]
         pairs: Vec<String>,
     },
+    /// Change a running server's knobs (live overrides of a rule's limits); the token comes from DIVVY_ADMIN_TOKEN.
+    Knob {
+        /// The server's admin API.
+        #[arg(
+            long,
+            env = "DIVVY_ADMIN_URL",
+            default_value = "http://127.0.0.1:8080",
+            global = true
+        )]
+        admin_url: String,
+        #[command(subcommand)]
+        command: cli::knob::KnobCommand,
+    },
 }
 
 fn main() -> ExitCode {
@@ -48,6 +61,7 @@ fn main() -> ExitCode {
             domain,
             pairs,
         } => cli::inspect::explain(&file, domain.as_deref(), &pairs),
+        Command::Knob { admin_url, command } => cli::knob::run(command, &admin_url),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

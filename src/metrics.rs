@@ -44,6 +44,12 @@ pub struct Metrics {
     pub generation: IntGauge,
     /// `divvy_rules`: number of rules in force.
     pub rules: IntGauge,
+    /// `divvy_knob_changes_total{action}`: knobs set, deleted, expired, and refused changes.
+    pub knob_changes: IntCounterVec,
+    /// `divvy_knobs`: knobs in force.
+    pub knobs: IntGauge,
+    /// `divvy_knobs_refreshed_timestamp_seconds`: last run of the knob refresh task (alive).
+    pub knobs_refreshed: IntGauge,
 }
 
 fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -148,6 +154,18 @@ impl Metrics {
                 "Generation of the rules in force",
             ),
             rules: gauge(&r, "divvy_rules", "Number of rules in force"),
+            knob_changes: counter_vec(
+                &r,
+                "divvy_knob_changes_total",
+                "Knob changes by action: set, delete, expire, refused",
+                &["action"],
+            ),
+            knobs: gauge(&r, "divvy_knobs", "Knobs in force"),
+            knobs_refreshed: gauge(
+                &r,
+                "divvy_knobs_refreshed_timestamp_seconds",
+                "Unix time of the last run of the knob refresh task",
+            ),
             registry: r,
         }
     }

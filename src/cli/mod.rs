@@ -1,4 +1,5 @@
 //! The binary's subcommands.
 
 pub mod inspect;
+pub mod knob;
 pub mod serve;

@@ -2,6 +2,8 @@
 //! three listeners (gRPC, line protocol, HTTP admin), and shuts them down
 //! gracefully on SIGTERM or SIGINT.
 
+use divvy::knobs::shared::SharedKnobs;
+use divvy::knobs::Knobs;
 use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -114,6 +116,10 @@ pub struct ServeArgs {
     /// How often expired counters are reclaimed from the memory store, in seconds.
     #[arg(long, env = "DIVVY_SWEEP_SECONDS", default_value_t = 5)]
     sweep_seconds: u64,
+    /// The token that knob changes (`PUT`/`DELETE /knobs/...`) must carry as
+    /// `Authorization: Bearer <token>`; without it, knob changes are refused.
+    #[arg(long, env = "DIVVY_ADMIN_TOKEN", hide_env_values = true)]
+    admin_token: Option<String>,
 }
 
 /// How logs are written.
@@ -159,6 +165,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         // cannot kill the process; the reloader acts on later ones.
         #[cfg(unix)]
         let _ = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup());
+        let mut knobs = Knobs::local();
         let store: Arc<dyn Store> = match redis_target(args.redis_url.as_deref())? {
             None => {
                 let memory = Arc::new(MemoryStore::new());
@@ -175,6 +182,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 };
                 let (redis, connected) =
                     RedisStore::connect(&options, Duration::from_secs(2)).await?;
+                knobs = Knobs::shared(SharedKnobs::new(redis.client()));
                 let failover =
                     FailoverStore::new(Arc::new(redis), args.on_store_failure, args.local_share);
                 let failover = Arc::new(if connected {
@@ -186,7 +194,15 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 failover
             }
         };
-        let limiter = Arc::new(Limiter::new(RuleSet::new(policy), store));
+        let knobs = Arc::new(knobs);
+        // Knobs set while this replica was down apply from the first request.
+        knobs.refresh().await;
+        knobs.spawn_refresh(Duration::from_millis(250));
+        let limiter = Arc::new(Limiter::with_knobs(
+            RuleSet::new(policy),
+            store,
+            knobs.clone(),
+        ));
         let reloader = Arc::new(Reloader::new(args.config.clone(), limiter.clone(), hash));
         reloader.clone().spawn(!args.no_watch);
         let grpc = TcpListener::bind(args.grpc_addr)
@@ -227,7 +243,15 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
             status: reloader.status(),
             shutting_down: shutting_down.clone(),
             ready_requires_store: !args.ready_without_store,
+            admin_token: args
+                .admin_token
+                .clone()
+                .filter(|t| !t.is_empty())
+                .map(Arc::from),
         };
+        if admin.admin_token.is_none() {
+            info!("no --admin-token: knob changes are refused (GET /knobs still answers)");
+        }
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
             let _ = rx.wait_for(|stop| *stop).await;

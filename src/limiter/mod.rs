@@ -12,7 +12,8 @@ use arc_swap::ArcSwap;
 
 use crate::metrics::{metrics, HitStatus};
 
-use crate::config::LimitSpec;
+use crate::config::{LimitSpec, RuleSpec};
+use crate::knobs::Knobs;
 use crate::rules::{Operation, Rule, RuleSet};
 use crate::store::{Algorithm, Charge, CounterOp, Store, StoreError};
 
@@ -180,10 +181,11 @@ pub struct Decisions {
     pub items: Vec<Decision>,
 }
 
-/// The rate limiter: the current rule set and a counter store.
+/// The rate limiter: the current rule set, the knobs in force and a counter store.
 pub struct Limiter {
     rules: ArcSwap<RuleSet>,
     store: Arc<dyn Store>,
+    knobs: Arc<Knobs>,
 }
 
 /// A rule's limits prepared for one hit: the outcome of each limit, and
@@ -196,12 +198,23 @@ struct Prepared {
 }
 
 impl Limiter {
-    /// A limiter over `rules` and `store`.
+    /// A limiter over `rules` and `store`, with knobs of its own.
     pub fn new(rules: RuleSet, store: Arc<dyn Store>) -> Limiter {
+        Limiter::with_knobs(rules, store, Arc::new(Knobs::local()))
+    }
+
+    /// A limiter over `rules` and `store` that applies `knobs`.
+    pub fn with_knobs(rules: RuleSet, store: Arc<dyn Store>, knobs: Arc<Knobs>) -> Limiter {
         Limiter {
             rules: ArcSwap::from_pointee(rules),
             store,
+            knobs,
         }
+    }
+
+    /// The knobs in force.
+    pub fn knobs(&self) -> &Arc<Knobs> {
+        &self.knobs
     }
 
     /// The rule set in force.
@@ -254,16 +267,18 @@ impl Limiter {
         let mut denied_outside = false;
         for hit in hits {
             let plan = rules.plan(domain, &hit.operation);
+            let knobs = self.knobs.any().then_some(&*self.knobs);
             let canaries = plan
                 .canaries
                 .iter()
-                .map(|&rule| prepare(&rules, rule, hit, None, false, &mut ops))
+                .map(|&rule| prepare(&rules, rule, hit, None, knobs, false, &mut ops))
                 .collect();
             let decider = prepare(
                 &rules,
                 plan.decider,
                 hit,
                 hit.limit_override,
+                knobs,
                 true,
                 &mut ops,
             );
@@ -361,17 +376,65 @@ fn record(rules: &RuleSet, items: &[Decision]) {
     }
 }
 
-/// The counter op of `limit` of `rule` for `operation` (cost 1).
-pub fn counter_op(rule: &Rule, operation: &Operation, limit: &LimitSpec) -> CounterOp {
+/// The counter op of `own` (a limit of `rule` as written) for `operation`
+/// (cost 1), counted with the numbers of `effective` (the same limit with a
+/// knob applied, or `own`). The counter keeps `own`'s key, so consumption
+/// carries over when a knob changes the numbers:
+/// - divvy's window: the stored credits count against `own`'s limit (sent
+///   as the op's burst) and are shifted by the difference;
+/// - fixed and sliding: the stored counts are used credits, whatever the limit;
+/// - token bucket: the bucket keeps `own`'s period as its unit; a knob's
+///   period becomes the equivalent rate per that unit (rounded down, at
+///   least 1), and creditLimit and burst apply as they are.
+pub fn counter_op(
+    rule: &Rule,
+    operation: &Operation,
+    own: &LimitSpec,
+    effective: &LimitSpec,
+) -> CounterOp {
+    let (limit, window, burst) = match effective.algorithm {
+        Algorithm::Window => (
+            effective.credit_limit,
+            effective.reset_seconds,
+            own.credit_limit,
+        ),
+        Algorithm::Fixed | Algorithm::Sliding => (
+            effective.credit_limit,
+            effective.reset_seconds,
+            effective.credit_limit,
+        ),
+        Algorithm::TokenBucket if effective.reset_seconds == own.reset_seconds => {
+            (effective.credit_limit, own.reset_seconds, effective.burst)
+        }
+        Algorithm::TokenBucket => {
+            let rate = u128::from(effective.credit_limit) * u128::from(own.reset_seconds)
+                / u128::from(effective.reset_seconds.max(1));
+            (
+                u64::try_from(rate).unwrap_or(u64::MAX).max(1),
+                own.reset_seconds,
+                effective.burst,
+            )
+        }
+    };
     CounterOp {
-        burst: limit.burst,
+        burst,
         ..CounterOp::new(
-            rule.counter_key(operation, limit),
-            limit.algorithm,
-            limit.credit_limit,
-            Duration::from_secs(limit.reset_seconds),
+            rule.counter_key(operation, own),
+            effective.algorithm,
+            limit,
+            Duration::from_secs(window),
             1,
         )
+    }
+}
+
+/// The label a knob for limit `i` of `spec` is set on: a `limits` entry's
+/// own label, or the rule's label for a rule with one limit.
+pub fn knob_label(spec: &RuleSpec, i: usize) -> Option<&str> {
+    if spec.multi {
+        spec.limits.get(i).and_then(|l| l.label.as_deref())
+    } else {
+        spec.label.as_deref()
     }
 }
 
@@ -383,12 +446,14 @@ fn prepare(
     rule: usize,
     hit: &Hit,
     limit_override: Option<LimitOverride>,
+    knobs: Option<&Knobs>,
     decides: bool,
     ops: &mut Vec<CounterOp>,
 ) -> Prepared {
     let compiled = rules.rule(rule);
     let overridden;
-    let limits: &[LimitSpec] = match limit_override {
+    let mut knobbed: Vec<LimitSpec> = Vec::new();
+    let own: &[LimitSpec] = match limit_override {
         None => &compiled.spec.limits,
         Some(o) => {
             let first = compiled.spec.first_limit();
@@ -401,6 +466,20 @@ fn prepare(
             }];
             &overridden
         }
+    };
+    // Knobs apply to the rule's own limits (a request's override wins).
+    let limits: &[LimitSpec] = match knobs {
+        Some(knobs) if limit_override.is_none() => {
+            for (i, limit) in own.iter().enumerate() {
+                let knob = knob_label(&compiled.spec, i).and_then(|l| knobs.get(l));
+                knobbed.push(match knob {
+                    Some(k) => k.apply(limit),
+                    None => limit.clone(),
+                });
+            }
+            &knobbed
+        }
+        _ => own,
     };
     let mut outcomes = Vec::with_capacity(limits.len());
     let mut counted = Vec::new();
@@ -438,7 +517,7 @@ fn prepare(
                 refund: hit.refund,
                 joint: counted.len() > 1,
                 decides,
-                ..counter_op(compiled, &hit.operation, limit)
+                ..counter_op(compiled, &hit.operation, &own[i], limit)
             });
         }
         outcomes.push(o);

@@ -12,6 +12,9 @@
 //! - `POST /json`: a `RateLimitRequest` in protobuf JSON, answered as a
 //!   `RateLimitResponse` in JSON: 200 when OK, 429 when over limit, 400 with
 //!   a message for a bad body or request, 503 when the store fails.
+//! - `GET /knobs`, `PUT /knobs/{label}`, `DELETE /knobs/{label}`: live
+//!   overrides of a rule's numbers (see [`crate::knobs`]). Changes need
+//!   `Authorization: Bearer <--admin-token>`.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -30,7 +33,8 @@ use tokio::net::TcpListener;
 use super::json::{format_response, parse_request};
 use super::rls::{to_hits, to_response};
 use crate::config::LimitSpec;
-use crate::limiter::{counter_op, Limiter};
+use crate::knobs::{now_ms, Knob};
+use crate::limiter::{counter_op, knob_label, Limiter};
 use crate::metrics::metrics;
 use crate::reload::ReloadStatus;
 use crate::rules::Operation;
@@ -47,6 +51,8 @@ pub struct AdminState {
     pub shutting_down: Arc<AtomicBool>,
     /// Whether readiness also requires the counter store to be in use.
     pub ready_requires_store: bool,
+    /// The token knob changes must carry; `None`: knob changes are refused.
+    pub admin_token: Option<Arc<str>>,
 }
 
 /// The admin routes; `metrics_path` is where Prometheus scrapes.
@@ -57,6 +63,11 @@ pub fn router(state: AdminState, metrics_path: &str) -> Router {
         .route("/config", get(config))
         .route("/explain", get(explain))
         .route("/json", post(json_check))
+        .route("/knobs", get(super::knobs_api::list))
+        .route(
+            "/knobs/{label}",
+            axum::routing::put(super::knobs_api::set).delete(super::knobs_api::delete),
+        )
         .route("/metrics", get(prometheus));
     if metrics_path != "/metrics" {
         router = router.route(metrics_path, get(prometheus));
@@ -71,9 +82,12 @@ pub async fn serve_http(
     metrics_path: &str,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(state, metrics_path))
-        .with_graceful_shutdown(shutdown)
-        .await
+    axum::serve(
+        listener,
+        router(state, metrics_path).into_make_service_with_connect_info::<std::net::SocketAddr>(),
+    )
+    .with_graceful_shutdown(shutdown)
+    .await
 }
 
 async fn readyz(State(s): State<AdminState>) -> Response {
@@ -122,6 +136,20 @@ async fn config(State(s): State<AdminState>) -> Json<Value> {
                 .map(|(k, v)| (k.clone(), json!(v)))
                 .collect();
             let first = spec.first_limit();
+            let knobs = s.limiter.knobs();
+            let limits: Vec<Value> = spec
+                .limits
+                .iter()
+                .enumerate()
+                .map(|(i, l)| {
+                    let mut v = limit_json(l);
+                    let knob = knob_label(spec, i).and_then(|label| knobs.get(label));
+                    v["effective"] =
+                        limit_json(&knob.as_ref().map_or_else(|| l.clone(), |k| k.apply(l)));
+                    v["knob"] = knob.map_or(Value::Null, |k| knob_json(&k));
+                    v
+                })
+                .collect();
             json!({
                 "position": spec.position,
                 "default": spec.is_default,
@@ -133,7 +161,7 @@ async fn config(State(s): State<AdminState>) -> Json<Value> {
                 "algorithm": first.algorithm.as_str(),
                 "burst": first.burst,
                 "actorField": first.actor_field,
-                "limits": spec.limits.iter().map(limit_json).collect::<Vec<_>>(),
+                "limits": limits,
                 "matchPolicy": spec.match_policy.as_str(),
                 "comment": spec.comment,
             })
@@ -187,12 +215,16 @@ async fn explain(State(s): State<AdminState>, RawQuery(query): RawQuery) -> Resp
         let rule = rules.rule(i);
         let spec = &rule.spec;
         let mut limits = Vec::with_capacity(spec.limits.len());
-        for limit in &spec.limits {
+        for (i, own) in spec.limits.iter().enumerate() {
+            let knob = knob_label(spec, i).and_then(|label| s.limiter.knobs().get(label));
+            let effective = knob.as_ref().map_or_else(|| own.clone(), |k| k.apply(own));
+            let limit = &effective;
             let mut v = limit_json(limit);
+            v["knob"] = knob.map_or(Value::Null, |k| knob_json(&k));
             let (kind, op) = match (limit.credit_limit, limit.reset_seconds) {
                 (0, _) => ("always deny", None),
                 (_, 0) => ("always allow", None),
-                _ => ("counted", Some(counter_op(rule, &op, limit))),
+                _ => ("counted", Some(counter_op(rule, &op, own, limit))),
             };
             v["kind"] = json!(kind);
             v["counterKey"] = json!(op.as_ref().map(|o| o.key.clone()));
@@ -236,8 +268,23 @@ async fn explain(State(s): State<AdminState>, RawQuery(query): RawQuery) -> Resp
     .into_response()
 }
 
+/// A knob as the admin API shows it.
+pub(crate) fn knob_json(k: &Knob) -> Value {
+    let now = now_ms();
+    json!({
+        "set": {
+            "creditLimit": k.credit_limit,
+            "resetSeconds": k.reset_seconds,
+            "burst": k.burst,
+        },
+        "expiresInSeconds": k.expires_at_ms.map(|t| t.saturating_sub(now) as f64 / 1000.0),
+        "setBy": k.set_by,
+        "setAt": k.set_at_ms as f64 / 1000.0,
+    })
+}
+
 /// A limit as `/config` and `/explain` show it.
-fn limit_json(l: &LimitSpec) -> Value {
+pub(crate) fn limit_json(l: &LimitSpec) -> Value {
     json!({
         "label": l.label,
         "creditLimit": l.credit_limit,

@@ -3,6 +3,7 @@
 pub mod headers;
 pub mod http;
 pub mod json;
+pub mod knobs_api;
 pub mod line;
 pub mod rls;
 

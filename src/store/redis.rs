@@ -175,6 +175,13 @@ impl RedisStore {
     }
 }
 
+impl RedisStore {
+    /// The Redis client (other shared state, such as knobs, uses it too).
+    pub fn client(&self) -> Client {
+        self.core.client.clone()
+    }
+}
+
 /// Gathers waiting requests into script calls until the store is dropped.
 async fn run_batcher(core: Arc<Core>, mut rx: mpsc::Receiver<Pending>) {
     let permits = Arc::new(Semaphore::new(MAX_BATCHES_IN_FLIGHT));
@@ -247,14 +254,16 @@ impl Core {
                 if !op.decides {
                     flags |= 2;
                 }
-                // A refund is sent as a negative cost.
-                let cost = int(op.cost);
+                // A refund is a flag, not a negative cost: a refund of 0 is still one.
+                if op.refund {
+                    flags |= 32;
+                }
                 args.extend([
                     op.algorithm.code(),
                     int(op.limit),
                     int(window_ms(op.window)),
                     int(op.burst.max(1)),
-                    if op.refund { -cost } else { cost },
+                    int(op.cost),
                     flags,
                 ]);
             }

@@ -5,11 +5,12 @@
 -- ARGV[1]: the time in ms since the epoch, or -1 to read Redis TIME (so
 -- replicas with skewed clocks agree). Then 6 values per key:
 --   algorithm (0 divvy window, 1 fixed, 2 sliding, 3 token bucket),
---   limit, window in ms, burst, cost (negative: give that many back), flags:
+--   limit, window in ms, burst, cost, flags:
 --   1 the op belongs to the group of the op before it (one rule's limits);
 --   2 the op's group does not decide (a canary);
 --   4 a request starts at this op; with 4: 8 the request is all-or-nothing,
---   16 the request is already denied (charge nothing, only answer).
+--   16 the request is already denied (charge nothing, only answer);
+--   32 give `cost` credits back instead of taking them (a refund, even of 0).
 -- Stored values: divvy window: credits left (against the rule's own limit,
 -- sent as the burst), TTL = the window (divvy's own layout); fixed: "start:count"; sliding: "start:prev:cur"; token bucket:
 -- "used:at" (used capacity, credits x window ms; at: ms it is valid at).
@@ -246,8 +247,7 @@ while rs <= n do
       if st == nil then st = charged_state[k] end
       if st == nil then st = load(o) or false end
       local s = st or nil
-      local c = cost[o]
-      local a, r, t, nx = steps[alg[o]](s, lim[o], win[o], bur[o], math.abs(c), c < 0)
+      local a, r, t, nx = steps[alg[o]](s, lim[o], win[o], bur[o], cost[o], has(flags[o], 32))
       if a ~= 1 then all = false end
       overlay[k] = nx or st
       before[o] = st

@@ -11,5 +11,6 @@ pub mod metrics;
 pub mod reload;
 pub mod rules;
 pub mod server;
+pub mod sources;
 pub mod statsd;
 pub mod store;

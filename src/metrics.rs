@@ -50,6 +50,12 @@ pub struct Metrics {
     pub knobs: IntGauge,
     /// `divvy_knobs_refreshed_timestamp_seconds`: last run of the knob refresh task (alive).
     pub knobs_refreshed: IntGauge,
+    /// `divvy_aux_rules`: aux rules (from ZooKeeper) in force.
+    pub aux_rules: IntGauge,
+    /// `divvy_aux_rules_refused_total`: aux rule sets refused as invalid.
+    pub aux_rules_refused: IntCounter,
+    /// `divvy_aux_rules_source_up`: 1 while the aux rules' source (ZooKeeper) answers.
+    pub aux_rules_source_up: IntGauge,
 }
 
 fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -165,6 +171,21 @@ impl Metrics {
                 &r,
                 "divvy_knobs_refreshed_timestamp_seconds",
                 "Unix time of the last run of the knob refresh task",
+            ),
+            aux_rules: gauge(&r, "divvy_aux_rules", "Aux rules (from ZooKeeper) in force"),
+            aux_rules_refused: {
+                let c = IntCounter::new(
+                    "divvy_aux_rules_refused_total",
+                    "Aux rule sets refused as invalid (the previous ones stay)",
+                )
+                .expect("static metric definition");
+                r.register(Box::new(c.clone())).expect("unique metric name");
+                c
+            },
+            aux_rules_source_up: gauge(
+                &r,
+                "divvy_aux_rules_source_up",
+                "1 while the aux rules' source (ZooKeeper) answers",
             ),
             registry: r,
         }

@@ -23,7 +23,7 @@ use tokio::sync::mpsc;
 use crate::config::{self, Policy};
 use crate::limiter::Limiter;
 use crate::metrics::metrics;
-use crate::rules::RuleSet;
+use crate::sources::RuleSources;
 
 /// Quiet time after the last file event before reloading.
 pub const DEBOUNCE: Duration = Duration::from_millis(150);
@@ -120,10 +120,11 @@ pub fn content_hash(bytes: &[u8]) -> String {
     digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Reloads one policy file into one limiter.
+/// Reloads one policy file into the rule sources (which install it, with
+/// any aux rules, in the limiter).
 pub struct Reloader {
     path: PathBuf,
-    limiter: Arc<Limiter>,
+    sources: Arc<RuleSources>,
     status: Arc<ReloadStatus>,
 }
 
@@ -138,13 +139,18 @@ pub enum Reloaded {
 
 impl Reloader {
     /// A reloader for the rules already in `limiter`, loaded from `path`
-    /// whose content hashed to `hash` (generation 1).
-    pub fn new(path: PathBuf, limiter: Arc<Limiter>, hash: String) -> Reloader {
+    /// whose content hashed to `hash` (generation 1), installing through `sources`.
+    pub fn new(
+        path: PathBuf,
+        limiter: &Limiter,
+        sources: Arc<RuleSources>,
+        hash: String,
+    ) -> Reloader {
         let status = Arc::new(ReloadStatus::default());
         status.installed(hash, limiter.rules().rules().len());
         Reloader {
             path,
-            limiter,
+            sources,
             status,
         }
     }
@@ -166,20 +172,23 @@ impl Reloader {
                 self.status.clear_error();
                 return Ok(Reloaded::Unchanged);
             }
-            Ok(Ok(Some((policy, hash)))) => {
-                let rules = policy.rules.len();
-                self.limiter.install(RuleSet::new(policy));
-                self.status.installed(hash.clone(), rules);
-                self.status.successes.fetch_add(1, Ordering::AcqRel);
-                metrics().reloads.with_label_values(&["success"]).inc();
-                tracing::info!(
-                    rules,
-                    generation = self.status.generation.load(Ordering::Acquire),
-                    hash = %&hash[..12],
-                    "policy reloaded"
-                );
-                Ok(Reloaded::Installed)
-            }
+            Ok(Ok(Some((policy, hash)))) => match self.sources.install_file(policy) {
+                Err(e) => Err(format!(
+                    "the new policy and the aux rules in force do not fit together: {e}"
+                )),
+                Ok(rules) => {
+                    self.status.installed(hash.clone(), rules);
+                    self.status.successes.fetch_add(1, Ordering::AcqRel);
+                    metrics().reloads.with_label_values(&["success"]).inc();
+                    tracing::info!(
+                        rules,
+                        generation = self.status.generation.load(Ordering::Acquire),
+                        hash = %&hash[..12],
+                        "policy reloaded"
+                    );
+                    Ok(Reloaded::Installed)
+                }
+            },
             Ok(Err(e)) => Err(e.to_string()),
             Err(e) => Err(format!("reload task failed: {e}")),
         };

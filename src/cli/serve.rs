@@ -4,6 +4,8 @@
 
 use divvy::knobs::shared::SharedKnobs;
 use divvy::knobs::Knobs;
+use divvy::sources::zookeeper::{self, ZkOptions};
+use divvy::sources::RuleSources;
 use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -120,6 +122,22 @@ pub struct ServeArgs {
     /// `Authorization: Bearer <token>`; without it, knob changes are refused.
     #[arg(long, env = "DIVVY_ADMIN_TOKEN", hide_env_values = true)]
     admin_token: Option<String>,
+    /// Read extra rules from a ZooKeeper node and put them ahead of the
+    /// policy file's (foxpass's divvy fork): `true` or `false`.
+    #[arg(
+        long,
+        env = "ZK_ENABLED_FOR_AUX_RULES",
+        default_value_t = false,
+        action = clap::ArgAction::Set,
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    zk_enabled_for_aux_rules: bool,
+    /// ZooKeeper servers for the aux rules, `host:port[,host:port...]`.
+    #[arg(long, env = "ZK_HOSTS_FOR_AUX_RULES", default_value = "localhost:2199")]
+    zk_hosts_for_aux_rules: String,
+    /// The ZooKeeper node holding the aux rules (a JSON array of divvy rules).
+    #[arg(long, env = "ZK_AUX_RULES_PATH", default_value = "/ratelimiter/rules")]
+    zk_aux_rules_path: String,
 }
 
 /// How logs are written.
@@ -199,11 +217,31 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         knobs.refresh().await;
         knobs.spawn_refresh(Duration::from_millis(250));
         let limiter = Arc::new(Limiter::with_knobs(
-            RuleSet::new(policy),
+            RuleSet::new(policy.clone()),
             store,
             knobs.clone(),
         ));
-        let reloader = Arc::new(Reloader::new(args.config.clone(), limiter.clone(), hash));
+        let sources = Arc::new(RuleSources::new(limiter.clone(), policy));
+        let reloader = Arc::new(Reloader::new(
+            args.config.clone(),
+            &limiter,
+            sources.clone(),
+            hash,
+        ));
+        if args.zk_enabled_for_aux_rules {
+            info!(
+                hosts = %args.zk_hosts_for_aux_rules,
+                path = %args.zk_aux_rules_path,
+                "aux rules from ZooKeeper, ahead of the policy file's"
+            );
+            zookeeper::spawn(
+                ZkOptions {
+                    hosts: args.zk_hosts_for_aux_rules.clone(),
+                    path: args.zk_aux_rules_path.clone(),
+                },
+                sources.clone(),
+            );
+        }
         reloader.clone().spawn(!args.no_watch);
         let grpc = TcpListener::bind(args.grpc_addr)
             .await

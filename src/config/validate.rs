@@ -198,6 +198,44 @@ pub fn validate(raw: RawConfig, file: &str) -> Result<Policy, Vec<String>> {
     }
 }
 
+/// Puts `aux` rules (divvy JSON rules from another source, such as
+/// ZooKeeper) ahead of `file`'s rules, in their order, and validates the
+/// whole set as one policy: each aux rule as a rule of a file, labels unique
+/// across both, and no rule unreachable. Positions are those in the
+/// combined list; messages about aux rules say `aux rule #i`.
+pub fn with_aux_rules(aux: &[RawRule], file: &Policy) -> Result<Policy, Vec<String>> {
+    let mut problems = Vec::new();
+    let mut rules = Vec::with_capacity(aux.len() + file.rules.len());
+    for (i, raw) in aux.iter().enumerate() {
+        let name = format!("aux rule #{}", i + 1);
+        if raw.operation.is_empty() {
+            problems.push(format!(
+                "{name}: an aux rule needs a non-empty operation (it would stand before every rule of the file)"
+            ));
+            continue;
+        }
+        if let Some(rule) = check_rule(raw.clone(), i + 1, false, &name, &mut problems) {
+            rules.push(rule);
+        }
+    }
+    let shift = aux.len();
+    rules.extend(file.rules.iter().cloned().map(|mut r| {
+        r.position += shift;
+        r
+    }));
+    check_labels(&rules, &mut problems);
+    check_reachability(&rules, &mut problems);
+    if problems.is_empty() {
+        Ok(Policy {
+            source: file.source.clone(),
+            rules,
+            charge: file.charge,
+        })
+    } else {
+        Err(problems)
+    }
+}
+
 fn check_rule(
     raw: RawRule,
     position: usize,

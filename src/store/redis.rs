@@ -229,6 +229,17 @@ impl Core {
     /// Runs the script once over the counters of several requests (all in
     /// one hash slot in a Cluster); answers in order.
     async fn eval(&self, parts: &[Part<'_>]) -> Result<Vec<CounterState>, StoreError> {
+        self.eval_with(parts, false).await
+    }
+
+    /// [`Core::eval`]; with `undo`, every op gives back a charge this store
+    /// just made, and a divvy window given back to full credits is removed
+    /// (the charge had opened it).
+    async fn eval_with(
+        &self,
+        parts: &[Part<'_>],
+        undo: bool,
+    ) -> Result<Vec<CounterState>, StoreError> {
         let count: usize = parts.iter().map(|(ops, _)| ops.len()).sum();
         let mut keys: Vec<&str> = Vec::with_capacity(count);
         let mut args: Vec<i64> = Vec::with_capacity(1 + count * 6);
@@ -257,6 +268,9 @@ impl Core {
                 // A refund is a flag, not a negative cost: a refund of 0 is still one.
                 if op.refund {
                     flags |= 32;
+                }
+                if undo {
+                    flags |= 64;
                 }
                 args.extend([
                     op.algorithm.code(),
@@ -390,7 +404,30 @@ impl Core {
             counters = refunds.len(),
             "giving back charges another cluster slot denied"
         );
-        let given = Box::pin(self.apply_cluster(&refunds, Charge::Each)).await?;
+        let mut given = vec![
+            CounterState {
+                allowed: true,
+                remaining: 0,
+                reset_after: Duration::ZERO,
+            };
+            refunds.len()
+        ];
+        let mut by_slot: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
+        for (n, op) in refunds.iter().enumerate() {
+            by_slot
+                .entry(fred::util::redis_keyslot(op.key.as_bytes()))
+                .or_default()
+                .push(n);
+        }
+        for idx in by_slot.values() {
+            let part: Vec<CounterOp> = idx.iter().map(|&n| refunds[n].clone()).collect();
+            let got = self
+                .eval_with(&[(part.as_slice(), Charge::Each)], true)
+                .await?;
+            for (&n, state) in idx.iter().zip(got) {
+                given[n] = state;
+            }
+        }
         for (&i, state) in undo.iter().zip(given) {
             states[i] = CounterState {
                 allowed: true,

@@ -10,7 +10,10 @@
 --   2 the op's group does not decide (a canary);
 --   4 a request starts at this op; with 4: 8 the request is all-or-nothing,
 --   16 the request is already denied (charge nothing, only answer);
---   32 give `cost` credits back instead of taking them (a refund, even of 0).
+--   32 give `cost` credits back instead of taking them (a refund, even of 0);
+--   64 (with 32) the refund undoes a charge this store just made, which
+--      another Cluster slot's denial voided: a divvy window given back to
+--      its full credits is removed, as the charge had opened it.
 -- Stored values: divvy window: credits left (against the rule's own limit,
 -- sent as the burst), TTL = the window (divvy's own layout); fixed: "start:count"; sliding: "start:prev:cur"; token bucket:
 -- "used:at" (used capacity, credits x window ms; at: ms it is valid at).
@@ -248,6 +251,9 @@ while rs <= n do
       if st == nil then st = load(o) or false end
       local s = st or nil
       local a, r, t, nx = steps[alg[o]](s, lim[o], win[o], bur[o], cost[o], has(flags[o], 32))
+      if nx and alg[o] == 0 and has(flags[o], 64) and nx.r + (lim[o] - bur[o]) >= lim[o] then
+        nx = {r = nx.r, e = now}
+      end
       if a ~= 1 then all = false end
       overlay[k] = nx or st
       before[o] = st

@@ -48,6 +48,13 @@ fi
 # The tests start their own redis-server processes on free ports; a Debian
 # install may also start a system service, which the tests never use.
 
+# ZooKeeper (for the aux-rules tests, which start their own server on a free
+# port with a private data dir; the package's service is never used).
+if [ ! -f /usr/share/java/zookeeper.jar ] || ! command -v java >/dev/null 2>&1; then
+  log "installing zookeeper (the aux-rules tests start their own server)"
+  apt_install zookeeper default-jre-headless
+fi
+
 # The official divvy client, into an ignored folder (nothing from node_modules is committed).
 if [ ! -f .tools/npm/node_modules/@button/divvy-client/package.json ]; then
   log "installing @button/divvy-client 1.0.1 into .tools/npm"

@@ -222,6 +222,9 @@ impl Knobs {
     /// Drops expired knobs (and, when shared, reads every replica's
     /// changes): one step of the background task.
     pub async fn refresh(&self) {
+        // Held across the read: a change made through this replica meanwhile
+        // must not be overwritten by an older snapshot.
+        let _guard = self.writing.lock().await;
         let now = now_ms();
         let fresh = match &self.shared {
             Some(shared) => match shared.read_all().await {
@@ -234,7 +237,6 @@ impl Knobs {
             },
             None => None,
         };
-        let _guard = self.writing.lock().await;
         let old = self.current.load_full();
         let mut map = fresh.unwrap_or_else(|| (*old).clone());
         let expired: Vec<String> = map

@@ -13,7 +13,7 @@ use arc_swap::ArcSwap;
 use crate::metrics::{metrics, HitStatus};
 
 use crate::config::{LimitSpec, RuleSpec};
-use crate::knobs::Knobs;
+use crate::knobs::{Knob, Knobs};
 use crate::rules::{Operation, Rule, RuleSet};
 use crate::store::{Algorithm, Charge, CounterOp, Store, StoreError};
 
@@ -428,14 +428,21 @@ pub fn counter_op(
     }
 }
 
-/// The label a knob for limit `i` of `spec` is set on: a `limits` entry's
-/// own label, or the rule's label for a rule with one limit.
-pub fn knob_label(spec: &RuleSpec, i: usize) -> Option<&str> {
-    if spec.multi {
-        spec.limits.get(i).and_then(|l| l.label.as_deref())
-    } else {
-        spec.label.as_deref()
-    }
+/// The knob in force for limit `i` of `spec`: one set on the limit's own
+/// label (a `limits` entry's), or on the rule's label when the rule has one
+/// limit (as [`crate::knobs::body::target`] resolves labels).
+pub fn knob_for(knobs: &Knobs, spec: &RuleSpec, i: usize) -> Option<Knob> {
+    let own = spec
+        .limits
+        .get(i)
+        .and_then(|l| l.label.as_deref())
+        .and_then(|l| knobs.get(l));
+    own.or_else(|| {
+        (spec.limits.len() == 1)
+            .then_some(spec.label.as_deref())
+            .flatten()
+            .and_then(|l| knobs.get(l))
+    })
 }
 
 /// The limits of `rule` for `hit` (an override replaces them with one
@@ -471,7 +478,7 @@ fn prepare(
     let limits: &[LimitSpec] = match knobs {
         Some(knobs) if limit_override.is_none() => {
             for (i, limit) in own.iter().enumerate() {
-                let knob = knob_label(&compiled.spec, i).and_then(|l| knobs.get(l));
+                let knob = knob_for(knobs, &compiled.spec, i);
                 knobbed.push(match knob {
                     Some(k) => k.apply(limit),
                     None => limit.clone(),

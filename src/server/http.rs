@@ -34,7 +34,7 @@ use super::json::{format_response, parse_request};
 use super::rls::{to_hits, to_response};
 use crate::config::LimitSpec;
 use crate::knobs::{now_ms, Knob};
-use crate::limiter::{counter_op, knob_label, Limiter};
+use crate::limiter::{counter_op, knob_for, Limiter};
 use crate::metrics::metrics;
 use crate::reload::ReloadStatus;
 use crate::rules::Operation;
@@ -143,7 +143,7 @@ async fn config(State(s): State<AdminState>) -> Json<Value> {
                 .enumerate()
                 .map(|(i, l)| {
                     let mut v = limit_json(l);
-                    let knob = knob_label(spec, i).and_then(|label| knobs.get(label));
+                    let knob = knob_for(knobs, spec, i);
                     v["effective"] =
                         limit_json(&knob.as_ref().map_or_else(|| l.clone(), |k| k.apply(l)));
                     v["knob"] = knob.map_or(Value::Null, |k| knob_json(&k));
@@ -216,7 +216,7 @@ async fn explain(State(s): State<AdminState>, RawQuery(query): RawQuery) -> Resp
         let spec = &rule.spec;
         let mut limits = Vec::with_capacity(spec.limits.len());
         for (i, own) in spec.limits.iter().enumerate() {
-            let knob = knob_label(spec, i).and_then(|label| s.limiter.knobs().get(label));
+            let knob = knob_for(s.limiter.knobs(), spec, i);
             let effective = knob.as_ref().map_or_else(|| own.clone(), |k| k.apply(own));
             let limit = &effective;
             let mut v = limit_json(limit);

@@ -146,6 +146,7 @@ proptest! {
         let spec = |ops: &std::collections::BTreeMap<String, String>, domain: &Option<String>| RuleSpec {
             position: 1,
             is_default: false,
+            aux: false,
             operation: ops.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
             limits: vec![LimitSpec {
                 credit_limit: 1,

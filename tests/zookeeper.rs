@@ -325,25 +325,32 @@ fn wait_labels(server: &Server, want: &[String], within: Duration) -> Instant {
     }
 }
 
-/// Checks each rule's position, label and creditLimit in `/config`.
+/// Checks each rule's position, label and creditLimit in `/config`: aux
+/// rules come first, flagged `aux` and numbered in the node; the file's
+/// rules keep their numbers in the file.
 fn assert_config(server: &Server, want: &[(&str, u64)]) {
     let rules = rules(server);
-    let got: Vec<(u64, String, u64)> = rules
+    let got: Vec<(bool, u64, String, u64)> = rules
         .iter()
         .map(|r| {
             (
+                r["aux"].as_bool().expect("aux"),
                 r["position"].as_u64().expect("position"),
                 r["label"].as_str().unwrap_or("-").to_owned(),
                 r["creditLimit"].as_u64().expect("creditLimit"),
             )
         })
         .collect();
-    let want: Vec<(u64, String, u64)> = want
+    let aux = want.iter().filter(|(l, _)| l.starts_with("aux")).count();
+    let want: Vec<(bool, u64, String, u64)> = want
         .iter()
         .enumerate()
-        .map(|(i, (l, c))| (i as u64 + 1, (*l).to_owned(), *c))
+        .map(|(i, (l, c))| {
+            let in_source = if i < aux { i } else { i - aux };
+            (i < aux, in_source as u64 + 1, (*l).to_owned(), *c)
+        })
         .collect();
-    assert_eq!(got, want, "(position, label, creditLimit) in /config");
+    assert_eq!(got, want, "(aux, position, label, creditLimit) in /config");
 }
 
 /// One `HIT <pairs>` on the line protocol: `(allowed, credits, seconds)`.

@@ -83,6 +83,9 @@ pub struct RuleSpec {
     pub position: usize,
     /// Whether this is the default (catch-all) rule.
     pub is_default: bool,
+    /// Whether the rule came from another source than the file (ZooKeeper);
+    /// `position` then counts in that source.
+    pub aux: bool,
     /// Required request keys and their values (exact or glob), sorted by key.
     pub operation: Vec<(String, String)>,
     /// The limits (at least one); a hit is allowed only if every one allows it.
@@ -127,7 +130,8 @@ impl fmt::Display for RuleSpec {
         if self.is_default {
             return write!(f, "the default rule (#{})", self.position);
         }
-        write!(f, "rule #{} (", self.position)?;
+        let kind = if self.aux { "aux rule" } else { "rule" };
+        write!(f, "{kind} #{} (", self.position)?;
         match &self.label {
             Some(label) => write!(f, "label {label}")?,
             None => write!(f, "{}", self.operation_text())?,
@@ -201,8 +205,8 @@ pub fn validate(raw: RawConfig, file: &str) -> Result<Policy, Vec<String>> {
 /// Puts `aux` rules (divvy JSON rules from another source, such as
 /// ZooKeeper) ahead of `file`'s rules, in their order, and validates the
 /// whole set as one policy: each aux rule as a rule of a file, labels unique
-/// across both, and no rule unreachable. Positions are those in the
-/// combined list; messages about aux rules say `aux rule #i`.
+/// across both, and no rule unreachable. Aux rules are numbered in their
+/// own list and named `aux rule #i`; the file's rules keep their numbers.
 pub fn with_aux_rules(aux: &[RawRule], file: &Policy) -> Result<Policy, Vec<String>> {
     let mut problems = Vec::new();
     let mut rules = Vec::with_capacity(aux.len() + file.rules.len());
@@ -214,15 +218,12 @@ pub fn with_aux_rules(aux: &[RawRule], file: &Policy) -> Result<Policy, Vec<Stri
             ));
             continue;
         }
-        if let Some(rule) = check_rule(raw.clone(), i + 1, false, &name, &mut problems) {
+        if let Some(mut rule) = check_rule(raw.clone(), i + 1, false, &name, &mut problems) {
+            rule.aux = true;
             rules.push(rule);
         }
     }
-    let shift = aux.len();
-    rules.extend(file.rules.iter().cloned().map(|mut r| {
-        r.position += shift;
-        r
-    }));
+    rules.extend(file.rules.iter().cloned());
     check_labels(&rules, &mut problems);
     check_reachability(&rules, &mut problems);
     if problems.is_empty() {
@@ -361,6 +362,7 @@ fn check_rule(
     Some(RuleSpec {
         position,
         is_default,
+        aux: false,
         operation,
         limits,
         multi,

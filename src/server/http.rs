@@ -152,6 +152,7 @@ async fn config(State(s): State<AdminState>) -> Json<Value> {
                 .collect();
             json!({
                 "position": spec.position,
+                "aux": spec.aux,
                 "default": spec.is_default,
                 "label": spec.label,
                 "domain": spec.domain,

@@ -24,6 +24,9 @@ pub struct RuleSources {
 struct State {
     file: Policy,
     aux: Vec<RawRule>,
+    /// The latest aux rules when they were refused (they did not fit the
+    /// file): tried again with each new file.
+    refused: Option<Vec<RawRule>>,
 }
 
 impl RuleSources {
@@ -34,6 +37,7 @@ impl RuleSources {
             state: Mutex::new(State {
                 file: policy,
                 aux: Vec::new(),
+                refused: None,
             }),
         }
     }
@@ -44,8 +48,26 @@ impl RuleSources {
 
     /// Installs a new file policy with the aux rules in force; returns the
     /// number of rules, or why nothing changed.
+    ///
+    /// Aux rules refused earlier because they did not fit the file are the
+    /// source's latest: they are tried first, and installed if the new file
+    /// fits them.
     pub fn install_file(&self, policy: Policy) -> Result<usize, String> {
         let mut state = self.lock();
+        if let Some(latest) = state.refused.take() {
+            match combine(&latest, &policy) {
+                Ok(combined) => {
+                    let n = combined.rules.len();
+                    self.limiter.install(RuleSet::new(combined));
+                    tracing::info!(aux_rules = latest.len(), "aux rules refused earlier fit the new policy file; installed");
+                    set_aux_gauge(latest.len());
+                    state.aux = latest;
+                    state.file = policy;
+                    return Ok(n);
+                }
+                Err(_) => state.refused = Some(latest),
+            }
+        }
         let combined = combine(&state.aux, &policy)?;
         let n = combined.rules.len();
         self.limiter.install(RuleSet::new(combined));
@@ -57,13 +79,18 @@ impl RuleSources {
     /// rules, or why nothing changed (the previous aux rules stay).
     pub fn install_aux(&self, aux: Vec<RawRule>) -> Result<usize, String> {
         let mut state = self.lock();
-        let combined = combine(&aux, &state.file)?;
+        let combined = match combine(&aux, &state.file) {
+            Ok(c) => c,
+            Err(e) => {
+                state.refused = Some(aux);
+                return Err(e);
+            }
+        };
         let n = combined.rules.len();
         self.limiter.install(RuleSet::new(combined));
-        metrics()
-            .aux_rules
-            .set(i64::try_from(aux.len()).unwrap_or(i64::MAX));
+        set_aux_gauge(aux.len());
         state.aux = aux;
+        state.refused = None;
         Ok(n)
     }
 
@@ -78,15 +105,21 @@ impl RuleSources {
     }
 }
 
+fn set_aux_gauge(n: usize) {
+    metrics()
+        .aux_rules
+        .set(i64::try_from(n).unwrap_or(i64::MAX));
+}
+
 fn combine(aux: &[RawRule], file: &Policy) -> Result<Policy, String> {
     if aux.is_empty() {
         return Ok(file.clone());
     }
     with_aux_rules(aux, file).map_err(|problems| {
-        problems
-            .iter()
-            .map(|p| format!("{}: {p}", file.source))
-            .collect::<Vec<_>>()
-            .join("; ")
+        format!(
+            "aux rules ahead of {}: {}",
+            file.source,
+            problems.join("; ")
+        )
     })
 }

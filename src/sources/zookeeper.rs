@@ -41,6 +41,7 @@ pub fn spawn(options: ZkOptions, sources: Arc<RuleSources>) -> tokio::task::Join
             match tokio::time::timeout(Duration::from_secs(10), connect).await {
                 Ok(Ok(client)) => {
                     backoff = Duration::from_millis(500);
+                    follow_session(&client);
                     tracing::info!(hosts = %options.hosts, path = %options.path, "watching ZooKeeper for aux rules");
                     watch(&client, &options.path, &sources, &mut applied).await;
                     metrics().aux_rules_source_up.set(0);
@@ -56,6 +57,28 @@ pub fn spawn(options: ZkOptions, sources: Arc<RuleSources>) -> tokio::task::Join
             backoff = (backoff * 2).min(Duration::from_secs(10));
         }
     })
+}
+
+/// Keeps `divvy_aux_rules_source_up` following the session: 0 while
+/// disconnected, 1 while connected, until the session ends.
+fn follow_session(client: &zk::Client) {
+    let mut states = client.state_watcher();
+    tokio::spawn(async move {
+        loop {
+            let state = states.changed().await;
+            let up = matches!(
+                state,
+                zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly
+            );
+            metrics().aux_rules_source_up.set(i64::from(up));
+            if !up {
+                tracing::warn!(%state, "ZooKeeper connection lost; keeping the last aux rules");
+            }
+            if state.is_terminated() {
+                return;
+            }
+        }
+    });
 }
 
 /// Reads and watches the node until the session breaks.
@@ -130,7 +153,8 @@ fn apply(data: &[u8], exists: bool, sources: &RuleSources, applied: &mut Option<
         Err(e) => {
             metrics().aux_rules_refused.inc();
             tracing::error!("aux rules from ZooKeeper refused; the previous ones stay: {e}");
-            // The same bad data is reported once, not at every safety-net read.
+            // The same bad data is reported once, not at every safety-net
+            // read; a new policy file tries it again (RuleSources).
             *applied = Some(hash);
         }
     }

@@ -48,7 +48,8 @@ pub struct Metrics {
     pub knob_changes: IntCounterVec,
     /// `divvy_knobs`: knobs in force.
     pub knobs: IntGauge,
-    /// `divvy_knobs_refreshed_timestamp_seconds`: last run of the knob refresh task (alive).
+    /// `divvy_knobs_refreshed_timestamp_seconds`: last successful run of the knob refresh task
+    /// (with Redis: the last time the shared knobs were read).
     pub knobs_refreshed: IntGauge,
     /// `divvy_aux_rules`: aux rules (from ZooKeeper) in force.
     pub aux_rules: IntGauge,
@@ -170,7 +171,7 @@ impl Metrics {
             knobs_refreshed: gauge(
                 &r,
                 "divvy_knobs_refreshed_timestamp_seconds",
-                "Unix time of the last run of the knob refresh task",
+                "Unix time of the last successful knob refresh (with Redis: the last read of the shared knobs)",
             ),
             aux_rules: gauge(&r, "divvy_aux_rules", "Aux rules (from ZooKeeper) in force"),
             aux_rules_refused: {

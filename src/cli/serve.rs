@@ -214,7 +214,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         };
         let knobs = Arc::new(knobs);
         // Knobs set while this replica was down apply from the first request.
-        knobs.refresh().await;
+        let _ = knobs.refresh().await;
         knobs.spawn_refresh(Duration::from_millis(250));
         let limiter = Arc::new(Limiter::with_knobs(
             RuleSet::new(policy.clone()),

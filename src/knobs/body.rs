@@ -156,13 +156,31 @@ pub fn check(knob: &Knob, limit: &LimitSpec, label: &str) -> Result<(), KnobErro
         )));
     }
     let effective = knob.apply(limit);
+    if effective.algorithm == Algorithm::TokenBucket
+        && effective.reset_seconds != limit.reset_seconds
+        && effective.reset_seconds > 0
+        && (u128::from(effective.credit_limit) * u128::from(limit.reset_seconds))
+            % u128::from(effective.reset_seconds)
+            != 0
+    {
+        // The bucket counts in the rule's own period; only whole rates per
+        // that period are exact.
+        return Err(bad(format!(
+            "{} per {}s is not a whole number of credits per `{label}`'s own period of {}s; \
+             choose a creditLimit that makes it one, or set creditLimit alone",
+            effective.credit_limit, effective.reset_seconds, limit.reset_seconds
+        )));
+    }
     let window_ms = effective.reset_seconds.saturating_mul(1000);
     let product = match effective.algorithm {
         Algorithm::Sliding => effective
             .credit_limit
             .saturating_add(1)
             .saturating_mul(window_ms),
-        Algorithm::TokenBucket => effective.burst.saturating_mul(window_ms),
+        // A bucket's capacity is counted in the rule's own period.
+        Algorithm::TokenBucket => effective
+            .burst
+            .saturating_mul(limit.reset_seconds.saturating_mul(1000)),
         _ => 0,
     };
     if product > MAX_CREDIT_MS {
@@ -177,4 +195,39 @@ pub fn check(knob: &Knob, limit: &LimitSpec, label: &str) -> Result<(), KnobErro
         )));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{parse_str, Format};
+
+    fn rules() -> RuleSet {
+        RuleSet::new(
+            parse_str(
+                "overrides:\n  - operation: {k: a}\n    label: api\n    creditLimit: 40\n    resetSeconds: 1\n    algorithm: token_bucket\ndefault: {creditLimit: 1, resetSeconds: 1}\n",
+                Format::Yaml,
+                "t.yaml",
+            )
+            .unwrap(),
+        )
+    }
+
+    fn knob(body: &str) -> Result<Knob, KnobError> {
+        KnobBody::parse(body.as_bytes()).and_then(|b| b.knob_for(&rules(), "api", "me", 0))
+    }
+
+    #[test]
+    fn a_bucket_period_must_give_a_whole_rate_per_the_rules_own_period() {
+        assert!(knob(r#"{"creditLimit": 120, "resetSeconds": 2}"#).is_ok());
+        let e = knob(r#"{"creditLimit": 1, "resetSeconds": "1m"}"#).unwrap_err();
+        assert!(
+            e.to_string().contains("not a whole number of credits"),
+            "{e}"
+        );
+        assert!(knob(r#"{"creditLimit": 1}"#).is_ok());
+        // Capacity is counted in the rule's own period.
+        let e = knob(r#"{"burst": 5000000000000, "resetSeconds": 1}"#).unwrap_err();
+        assert!(e.to_string().contains("too large"), "{e}");
+    }
 }

@@ -220,18 +220,21 @@ impl Knobs {
     }
 
     /// Drops expired knobs (and, when shared, reads every replica's
-    /// changes): one step of the background task.
-    pub async fn refresh(&self) {
+    /// changes): one step of the background task. False when the shared
+    /// store could not be read (the last knobs seen stay in force).
+    pub async fn refresh(&self) -> bool {
         // Held across the read: a change made through this replica meanwhile
         // must not be overwritten by an older snapshot.
         let _guard = self.writing.lock().await;
         let now = now_ms();
+        let mut read = true;
         let fresh = match &self.shared {
             Some(shared) => match shared.read_all().await {
                 Ok(map) => Some(map),
                 Err(e) => {
                     // Redis down: the last knobs seen stay in force.
                     tracing::debug!("knobs not refreshed: {e}");
+                    read = false;
                     None
                 }
             },
@@ -268,6 +271,7 @@ impl Knobs {
         if *old != map {
             self.install(map);
         }
+        read
     }
 
     /// Refreshes every `every` until the process ends.

@@ -12,6 +12,7 @@ use arc_swap::ArcSwap;
 
 use crate::metrics::{metrics, HitStatus};
 
+use crate::config::validate::{MAX_CREDIT_LIMIT, MAX_CREDIT_MS};
 use crate::config::{LimitSpec, RuleSpec};
 use crate::knobs::{Knob, Knobs};
 use crate::rules::{Operation, Rule, RuleSet};
@@ -458,19 +459,39 @@ fn prepare(
     ops: &mut Vec<CounterOp>,
 ) -> Prepared {
     let compiled = rules.rule(rule);
-    let overridden;
+    let mut overridden;
     let mut knobbed: Vec<LimitSpec> = Vec::new();
     let own: &[LimitSpec] = match limit_override {
         None => &compiled.spec.limits,
         Some(o) => {
             let first = compiled.spec.first_limit();
+            let reset_seconds = o.reset_seconds;
+            // An override is not validated like a policy: keep its numbers
+            // inside what every store counts exactly (a lower limit, never a higher one).
+            let window_ms = reset_seconds.saturating_mul(1000).max(1);
+            let most = match first.algorithm {
+                Algorithm::Sliding => (MAX_CREDIT_MS / window_ms).saturating_sub(1),
+                Algorithm::TokenBucket => MAX_CREDIT_MS / window_ms,
+                _ => MAX_CREDIT_LIMIT,
+            };
+            let credit_limit = o.credit_limit.min(most.max(1));
             overridden = [LimitSpec {
-                credit_limit: o.credit_limit,
-                reset_seconds: o.reset_seconds,
-                burst: o.credit_limit,
+                credit_limit,
+                reset_seconds,
+                burst: credit_limit,
                 label: None,
                 ..first.clone()
             }];
+            // A knob's creditLimit 0 (the breaker) stops the rule even for a
+            // request carrying its own limit.
+            let stopped = knobs.is_some_and(|knobs| {
+                (0..compiled.spec.limits.len()).any(|i| {
+                    knob_for(knobs, &compiled.spec, i).is_some_and(|k| k.credit_limit == Some(0))
+                })
+            });
+            if stopped {
+                overridden[0].credit_limit = 0;
+            }
             &overridden
         }
     };
@@ -726,5 +747,50 @@ default: {creditLimit: 100, resetSeconds: 60}
         assert_eq!((o.limits[0].allowed, o.limits[0].remaining), (true, 3));
         assert_eq!((o.limits[1].allowed, o.limits[1].remaining), (false, 0));
         assert_eq!(o.credit_limit, 4, "the denying limit speaks");
+    }
+
+    #[tokio::test]
+    async fn huge_overrides_are_kept_countable_and_a_stopped_rule_stays_stopped() {
+        let policy = parse_str(
+            "overrides:\n  - operation: {k: tb}\n    label: tb\n    creditLimit: 5\n    resetSeconds: 1\n    algorithm: token_bucket\ndefault: {creditLimit: 1, resetSeconds: 1}\n",
+            Format::Yaml,
+            "t.yaml",
+        )
+        .unwrap();
+        let knobs = Arc::new(Knobs::local());
+        let l = Limiter::with_knobs(
+            RuleSet::new(policy),
+            Arc::new(MemoryStore::new()),
+            knobs.clone(),
+        );
+        let mut h = hit(&[("k", "tb")]);
+        h.cost = 1_000_000_000;
+        h.limit_override = Some(LimitOverride {
+            credit_limit: u64::from(u32::MAX),
+            reset_seconds: 365 * 86_400,
+        });
+        // No overflow, no panic: the override is clamped to what stores count exactly.
+        let d = l.check(Some("d"), &[h.clone()]).await.unwrap();
+        assert!(d.items[0].decider.credit_limit <= MAX_CREDIT_MS);
+        h.cost = 1;
+        assert!(
+            l.check(Some("d"), &[h.clone()]).await.unwrap().items[0]
+                .decider
+                .allowed
+        );
+        let stop = crate::knobs::Knob {
+            credit_limit: Some(0),
+            reset_seconds: None,
+            burst: None,
+            expires_at_ms: None,
+            set_by: "test".into(),
+            set_at_ms: 0,
+        };
+        knobs.set("tb", stop).await.unwrap();
+        let d = l.check(Some("d"), &[h]).await.unwrap();
+        assert!(
+            !d.items[0].decider.allowed,
+            "the breaker wins over a request's own limit"
+        );
     }
 }

@@ -75,13 +75,10 @@ pub fn rate_limit_headers(style: HeaderStyle, decisions: &Decisions) -> Vec<(Str
         HeaderStyle::None => {}
         HeaderStyle::Draft => {
             let spec = &decisions.rules.rule(o.rule).spec;
-            let name = spec
-                .label
-                .clone()
-                .unwrap_or_else(|| {
-                    let kind = if spec.aux { "aux-rule" } else { "rule" };
-                    format!("{kind}-{}", spec.position)
-                });
+            let name = spec.label.clone().unwrap_or_else(|| {
+                let kind = if spec.aux { "aux-rule" } else { "rule" };
+                format!("{kind}-{}", spec.position)
+            });
             let mut policy = format!("\"{name}\";q={}", o.credit_limit);
             if o.reset_seconds > 0 {
                 policy.push_str(&format!(";w={}", o.reset_seconds));

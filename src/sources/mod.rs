@@ -59,7 +59,10 @@ impl RuleSources {
                 Ok(combined) => {
                     let n = combined.rules.len();
                     self.limiter.install(RuleSet::new(combined));
-                    tracing::info!(aux_rules = latest.len(), "aux rules refused earlier fit the new policy file; installed");
+                    tracing::info!(
+                        aux_rules = latest.len(),
+                        "aux rules refused earlier fit the new policy file; installed"
+                    );
                     set_aux_gauge(latest.len());
                     state.aux = latest;
                     state.file = policy;

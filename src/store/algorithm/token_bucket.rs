@@ -20,7 +20,7 @@ fn current(state: Option<State>, now: u64, p: &Params) -> (u64, u64) {
             if elapsed >= used.div_ceil(p.limit) {
                 (0, now)
             } else {
-                (used - elapsed * p.limit, now)
+                (used.saturating_sub(elapsed.saturating_mul(p.limit)), now)
             }
         }
         Some(State::Bucket { used, at }) => (used, at),
@@ -42,7 +42,7 @@ pub fn step(state: Option<State>, now: u64, p: &Params) -> Verdict {
     let remaining = |used: u64| capacity.saturating_sub(used) / unit;
     // Times are counted from `at`, which is later than `now` only when the clock went back.
     let ahead = at.saturating_sub(now);
-    let full_in = |used: u64| ahead + used.div_ceil(p.limit);
+    let full_in = |used: u64| ahead.saturating_add(used.div_ceil(p.limit));
     if p.refund {
         let left = used.saturating_sub(p.cost.saturating_mul(unit));
         return Verdict {
@@ -62,9 +62,13 @@ pub fn step(state: Option<State>, now: u64, p: &Params) -> Verdict {
             next: None,
         };
     }
-    let need = need_credits * unit;
+    let need = need_credits.saturating_mul(unit);
     if used <= capacity.saturating_sub(need) {
-        let after = if p.cost > 0 { used + need } else { used };
+        let after = if p.cost > 0 {
+            used.saturating_add(need)
+        } else {
+            used
+        };
         return Verdict {
             allowed: true,
             remaining: remaining(after),
@@ -75,7 +79,11 @@ pub fn step(state: Option<State>, now: u64, p: &Params) -> Verdict {
     Verdict {
         allowed: false,
         remaining: remaining(used),
-        reset_ms: ahead + (used + need - capacity).div_ceil(p.limit),
+        reset_ms: ahead.saturating_add(
+            used.saturating_add(need)
+                .saturating_sub(capacity)
+                .div_ceil(p.limit),
+        ),
         next: None,
     }
 }

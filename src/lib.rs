@@ -5,6 +5,7 @@
 //! adapters ([`server`]).
 
 pub mod config;
+pub mod global;
 pub mod knobs;
 pub mod limiter;
 pub mod metrics;

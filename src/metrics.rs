@@ -9,8 +9,8 @@ use std::sync::LazyLock;
 use std::time::Duration;
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
-    TextEncoder,
+    Encoder, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts,
+    Registry, TextEncoder,
 };
 
 use crate::statsd;
@@ -57,6 +57,18 @@ pub struct Metrics {
     pub aux_rules_refused: IntCounter,
     /// `divvy_aux_rules_source_up`: 1 while the aux rules' source (ZooKeeper) answers.
     pub aux_rules_source_up: IntGauge,
+    /// `divvy_global_lease_rate{limit}`: this region's leased rate (credits/s) of a global limit.
+    pub global_lease: GaugeVec,
+    /// `divvy_global_demand_rate{limit}`: this region's measured demand (credits/s) of a global limit.
+    pub global_demand: GaugeVec,
+    /// `divvy_global_admitted_total{limit}`: hits a global limit allowed in this process.
+    pub global_admitted: IntCounterVec,
+    /// `divvy_global_fallback`: 1 while the global store fails and conservative quotas decide.
+    pub global_fallback: IntGauge,
+    /// `divvy_global_renewals_total{result}`: lease renewals, ok or failed.
+    pub global_renewals: IntCounterVec,
+    /// `divvy_global_alive_timestamp_seconds`: last step of the lease task.
+    pub global_alive: IntGauge,
 }
 
 fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -187,6 +199,46 @@ impl Metrics {
                 &r,
                 "divvy_aux_rules_source_up",
                 "1 while the aux rules' source (ZooKeeper) answers",
+            ),
+            global_lease: {
+                let g = GaugeVec::new(
+                    Opts::new("divvy_global_lease_rate", "This region's leased rate of a global limit (credits per second)"),
+                    &["limit"],
+                )
+                .expect("static metric definition");
+                r.register(Box::new(g.clone())).expect("unique metric name");
+                g
+            },
+            global_demand: {
+                let g = GaugeVec::new(
+                    Opts::new("divvy_global_demand_rate", "This region's demand on a global limit (credits per second)"),
+                    &["limit"],
+                )
+                .expect("static metric definition");
+                r.register(Box::new(g.clone())).expect("unique metric name");
+                g
+            },
+            global_admitted: counter_vec(
+                &r,
+                "divvy_global_admitted_total",
+                "Hits a global limit allowed in this process",
+                &["limit"],
+            ),
+            global_fallback: gauge(
+                &r,
+                "divvy_global_fallback",
+                "1 while the global store fails and conservative quotas decide",
+            ),
+            global_renewals: counter_vec(
+                &r,
+                "divvy_global_renewals_total",
+                "Lease renewals against the global store by result",
+                &["result"],
+            ),
+            global_alive: gauge(
+                &r,
+                "divvy_global_alive_timestamp_seconds",
+                "Unix time of the last step of the global lease task",
             ),
             registry: r,
         }

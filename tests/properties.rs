@@ -155,6 +155,7 @@ proptest! {
                 burst: 1,
                 actor_field: None,
                 label: None,
+                global: false,
             }],
             multi: false,
             match_policy: MatchPolicy::Stop,

@@ -2,6 +2,7 @@
 //! three listeners (gRPC, line protocol, HTTP admin), and shuts them down
 //! gracefully on SIGTERM or SIGINT.
 
+use divvy::global::{Global, GlobalOptions};
 use divvy::knobs::shared::SharedKnobs;
 use divvy::knobs::Knobs;
 use divvy::sources::zookeeper::{self, ZkOptions};
@@ -138,6 +139,23 @@ pub struct ServeArgs {
     /// The ZooKeeper node holding the aux rules (a JSON array of divvy rules).
     #[arg(long, env = "ZK_AUX_RULES_PATH", default_value = "/ratelimiter/rules")]
     zk_aux_rules_path: String,
+    /// This deployment's region, for `scope: global` limits.
+    #[arg(long, env = "DIVVY_REGION", default_value = "default")]
+    region: String,
+    /// The global store coordinating `scope: global` limits across regions
+    /// (the --redis-url forms); never on the request path. Without it, a
+    /// global limit is counted as a local token bucket.
+    #[arg(long, env = "DIVVY_GLOBAL_URL")]
+    global_url: Option<String>,
+    /// How long a region's lease of a global limit lasts, in milliseconds.
+    #[arg(long, env = "DIVVY_GLOBAL_LEASE_MS", default_value_t = 2000)]
+    global_lease_ms: u64,
+    /// The share of its last lease a region keeps while the global store fails.
+    #[arg(long, env = "DIVVY_GLOBAL_FALLBACK_SHARE", default_value_t = 0.5)]
+    global_fallback_share: f64,
+    /// The smallest share of a global limit a region with demand gets (a fraction of the limit).
+    #[arg(long, env = "DIVVY_GLOBAL_FLOOR", default_value_t = 0.01)]
+    global_floor: f64,
 }
 
 /// How logs are written.
@@ -184,6 +202,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         #[cfg(unix)]
         let _ = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup());
         let mut knobs = Knobs::local();
+        let mut regional_client = None;
         let store: Arc<dyn Store> = match redis_target(args.redis_url.as_deref())? {
             None => {
                 let memory = Arc::new(MemoryStore::new());
@@ -201,6 +220,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 let (redis, connected) =
                     RedisStore::connect(&options, Duration::from_secs(2)).await?;
                 knobs = Knobs::shared(SharedKnobs::new(redis.client()));
+                regional_client = Some(redis.client());
                 let failover =
                     FailoverStore::new(Arc::new(redis), args.on_store_failure, args.local_share);
                 let failover = Arc::new(if connected {
@@ -216,11 +236,36 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         // Knobs set while this replica was down apply from the first request.
         let _ = knobs.refresh().await;
         knobs.spawn_refresh(Duration::from_millis(250));
-        let limiter = Arc::new(Limiter::with_knobs(
-            RuleSet::new(policy.clone()),
-            store,
-            knobs.clone(),
-        ));
+        let mut limiter = Limiter::with_knobs(RuleSet::new(policy.clone()), store, knobs.clone());
+        if let Some(url) = args.global_url.as_deref() {
+            let target = redis_target(Some(url))?
+                .context("--global-url names no Redis")?;
+            let options = RedisOptions {
+                target,
+                timeout: Duration::from_millis((args.global_lease_ms / 4).max(50)),
+                clock: None,
+            };
+            let (global_store, connected) =
+                RedisStore::connect(&options, Duration::from_secs(2)).await?;
+            if !connected {
+                tracing::warn!("global store unreachable at startup; global limits start on conservative quotas");
+            }
+            let global = Arc::new(Global::new(
+                GlobalOptions {
+                    region: args.region.clone(),
+                    period: Duration::from_millis(args.global_lease_ms.max(100)),
+                    fallback_share: args.global_fallback_share.clamp(0.0, 1.0),
+                    floor: args.global_floor.clamp(0.0, 1.0),
+                    headroom: 0.1,
+                },
+                global_store.client(),
+                regional_client.clone(),
+            ));
+            global.spawn();
+            info!(region = %args.region, holder = %global.holder(), "global limits coordinated through the global store");
+            limiter = limiter.with_global(global);
+        }
+        let limiter = Arc::new(limiter);
         let sources = Arc::new(RuleSources::new(limiter.clone(), policy));
         let reloader = Arc::new(Reloader::new(
             args.config.clone(),

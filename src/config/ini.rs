@@ -104,6 +104,7 @@ pub fn parse(text: &str) -> Result<RawConfig, (usize, String)> {
             "domain" => set_text(&mut rule.domain, value),
             "algorithm" => set_text(&mut rule.algorithm, value),
             "burst" => set_scalar(&mut rule.burst, value),
+            "scope" => set_text(&mut rule.scope, value),
             other => {
                 return Err((
                     line_no,
@@ -151,6 +152,7 @@ fn set_limit_field(rule: &mut RawRule, rest: &str, value: String) -> Result<(), 
         "burst" => set_scalar(&mut limit.burst, value),
         "actorField" => set_text(&mut limit.actor_field, value),
         "label" => set_text(&mut limit.label, value),
+        "scope" => set_text(&mut limit.scope, value),
         other => {
             return Err(format!(
                 "unknown limit field `{other}`; expected one of creditLimit, resetSeconds, \

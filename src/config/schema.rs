@@ -51,6 +51,8 @@ pub struct RawRule {
     /// Several limits, each with its own counter, instead of creditLimit and
     /// resetSeconds: a hit is allowed only if every one allows it.
     pub limits: Option<Vec<RawLimit>>,
+    /// `local` (default) or `global`: a token bucket shared by every region.
+    pub scope: Option<String>,
 }
 
 /// One limit of a rule's `limits`.
@@ -69,6 +71,8 @@ pub struct RawLimit {
     pub actor_field: Option<String>,
     /// A unique name (for knobs, metrics and explain).
     pub label: Option<String>,
+    /// `local` (default) or `global`: a token bucket shared by every region.
+    pub scope: Option<String>,
 }
 
 /// A scalar value from YAML, JSON or INI: numbers and booleans are accepted

@@ -57,6 +57,8 @@ pub struct LimitSpec {
     pub actor_field: Option<String>,
     /// The limit's own label (a `limits` entry's).
     pub label: Option<String>,
+    /// Whether the limit is one token bucket shared by every region (`scope: global`).
+    pub global: bool,
 }
 
 impl LimitSpec {
@@ -286,6 +288,7 @@ fn check_rule(
                 burst: raw.burst.clone(),
                 actor_field: raw.actor_field.clone(),
                 label: None,
+                scope: raw.scope.clone(),
             };
             (
                 check_limit(&single, &who, "", problems)
@@ -301,6 +304,7 @@ fn check_rule(
                 ("algorithm", raw.algorithm.is_some()),
                 ("burst", raw.burst.is_some()),
                 ("actorField", raw.actor_field.is_some()),
+                ("scope", raw.scope.is_some()),
             ] {
                 if set {
                     problems.push(format!(
@@ -439,7 +443,25 @@ fn check_limit(
             }
         },
     };
+    let global = match raw.scope.as_deref() {
+        None | Some("local") => false,
+        Some("global") => true,
+        Some(other) => {
+            problems.push(format!(
+                "{who}: {field}scope must be `local` or `global`, found `{other}`"
+            ));
+            false
+        }
+    };
     let algorithm = match raw.algorithm.as_deref() {
+        // A global limit is a token bucket shared by every region.
+        None if global => Algorithm::TokenBucket,
+        Some(a) if global && a != "token_bucket" => {
+            problems.push(format!(
+                "{who}: {field}scope global limits are token buckets; algorithm must be token_bucket (or omitted), found `{a}`"
+            ));
+            Algorithm::TokenBucket
+        }
         None => Algorithm::Window,
         Some(text) => Algorithm::parse(text).unwrap_or_else(|| {
             problems.push(format!(
@@ -471,6 +493,10 @@ fn check_limit(
     let window_ms = reset_seconds.saturating_mul(1000);
     let product = match algorithm {
         Algorithm::Sliding => Some(credit_limit.saturating_add(1).saturating_mul(window_ms)),
+        // A global bucket counts in thousandths of a credit per second (see global::lease).
+        Algorithm::TokenBucket if global => {
+            Some(burst.saturating_mul(window_ms).saturating_mul(1000))
+        }
         Algorithm::TokenBucket => Some(burst.saturating_mul(window_ms)),
         _ => None,
     };
@@ -494,6 +520,7 @@ fn check_limit(
         burst,
         actor_field: raw.actor_field.clone().filter(|a| !a.is_empty()),
         label: raw.label.clone(),
+        global,
     })
 }
 

@@ -14,6 +14,7 @@ use crate::metrics::{metrics, HitStatus};
 
 use crate::config::validate::{MAX_CREDIT_LIMIT, MAX_CREDIT_MS};
 use crate::config::{LimitSpec, RuleSpec};
+use crate::global::Global;
 use crate::knobs::{Knob, Knobs};
 use crate::rules::{Operation, Rule, RuleSet};
 use crate::store::{Algorithm, Charge, CounterOp, Store, StoreError};
@@ -83,6 +84,8 @@ pub struct LimitOutcome {
     pub reset: Reset,
     /// Its counter, if any (none for always-allow and always-deny).
     pub counter_key: Option<String>,
+    /// Whether it is counted against this region's lease of a global limit.
+    pub global: bool,
 }
 
 /// What one rule said about one descriptor: the limit that speaks for the
@@ -182,11 +185,13 @@ pub struct Decisions {
     pub items: Vec<Decision>,
 }
 
-/// The rate limiter: the current rule set, the knobs in force and a counter store.
+/// The rate limiter: the current rule set, the knobs in force, the region's
+/// global leases and a counter store.
 pub struct Limiter {
     rules: ArcSwap<RuleSet>,
     store: Arc<dyn Store>,
     knobs: Arc<Knobs>,
+    global: Option<Arc<Global>>,
 }
 
 /// A rule's limits prepared for one hit: the outcome of each limit, and
@@ -210,7 +215,21 @@ impl Limiter {
             rules: ArcSwap::from_pointee(rules),
             store,
             knobs,
+            global: None,
         }
+    }
+
+    /// Counts `scope: global` limits against this region's leases of them
+    /// (without, a global limit is counted as a local token bucket: this
+    /// process is the whole world).
+    pub fn with_global(mut self, global: Arc<Global>) -> Limiter {
+        self.global = Some(global);
+        self
+    }
+
+    /// The region's global leases, if global limits are coordinated.
+    pub fn global(&self) -> Option<&Arc<Global>> {
+        self.global.as_ref()
     }
 
     /// The knobs in force.
@@ -269,10 +288,11 @@ impl Limiter {
         for hit in hits {
             let plan = rules.plan(domain, &hit.operation);
             let knobs = self.knobs.any().then_some(&*self.knobs);
+            let global = self.global.as_deref();
             let canaries = plan
                 .canaries
                 .iter()
-                .map(|&rule| prepare(&rules, rule, hit, None, knobs, false, &mut ops))
+                .map(|&rule| prepare(&rules, rule, hit, None, knobs, global, false, &mut ops))
                 .collect();
             let decider = prepare(
                 &rules,
@@ -280,6 +300,7 @@ impl Limiter {
                 hit,
                 hit.limit_override,
                 knobs,
+                global,
                 true,
                 &mut ops,
             );
@@ -311,12 +332,25 @@ impl Limiter {
                 )));
             }
         }
+        let ops_refund: Vec<bool> = ops.iter().map(|op| op.refund || op.cost == 0).collect();
         let mut keys: Vec<Option<String>> = ops.into_iter().map(|op| Some(op.key)).collect();
         let mut finish = |p: Prepared| {
             let mut limits = p.limits;
             for (l, i) in p.counted {
                 let state = &states[i];
                 let o = &mut limits[l];
+                if o.global && state.allowed && !ops_refund[i] {
+                    let label = rules
+                        .rule(p.rule)
+                        .spec
+                        .limits
+                        .get(l)
+                        .and_then(|s| s.label.as_deref());
+                    metrics()
+                        .global_admitted
+                        .with_label_values(&[label.unwrap_or("")])
+                        .inc();
+                }
                 o.allowed = state.allowed;
                 o.remaining = state.remaining;
                 o.reset = Reset::After(state.reset_after);
@@ -449,12 +483,14 @@ pub fn knob_for(knobs: &Knobs, spec: &RuleSpec, i: usize) -> Option<Knob> {
 /// The limits of `rule` for `hit` (an override replaces them with one
 /// limit of its own numbers and the rule's first limit's algorithm and
 /// actor), with an op per counted limit appended to `ops`.
+#[allow(clippy::too_many_arguments)]
 fn prepare(
     rules: &RuleSet,
     rule: usize,
     hit: &Hit,
     limit_override: Option<LimitOverride>,
     knobs: Option<&Knobs>,
+    global: Option<&Global>,
     decides: bool,
     ops: &mut Vec<CounterOp>,
 ) -> Prepared {
@@ -522,6 +558,7 @@ fn prepare(
             algorithm: limit.algorithm,
             reset: Reset::Never,
             counter_key: None,
+            global: false,
         };
         if always_deny.is_some() {
             // One limit denies every hit: no counter of the rule is touched.
@@ -540,13 +577,26 @@ fn prepare(
             o.reset = Reset::Unlimited;
         } else {
             counted.push((i, ops.len()));
-            ops.push(CounterOp {
+            let mut op = CounterOp {
                 cost: hit.cost,
                 refund: hit.refund,
                 joint: counted.len() > 1,
                 decides,
                 ..counter_op(compiled, &hit.operation, &own[i], limit)
-            });
+            };
+            if let (true, Some(global)) = (limit.global, global) {
+                // A global limit counts in the region's store at the region's
+                // lease, in thousandths of a credit per window.
+                op.key.push_str(":global");
+                let (rate, burst) = global.quota(&op.key, limit, hit.cost);
+                let window = limit.reset_seconds.max(1);
+                let per_window_milli = rate * window as f64 * 1000.0;
+                op.limit = (per_window_milli.floor() as u64).max(1);
+                op.window = Duration::from_secs(window.saturating_mul(1000));
+                op.burst = burst;
+                o.global = true;
+            }
+            ops.push(op);
         }
         outcomes.push(o);
     }

@@ -63,6 +63,7 @@ pub fn router(state: AdminState, metrics_path: &str) -> Router {
         .route("/config", get(config))
         .route("/explain", get(explain))
         .route("/json", post(json_check))
+        .route("/global", get(global))
         .route("/knobs", get(super::knobs_api::list))
         .route(
             "/knobs/{label}",
@@ -108,7 +109,23 @@ async fn readyz(State(s): State<AdminState>) -> Response {
         )
             .into_response();
     }
-    "ready\n".into_response()
+    match s.limiter.global() {
+        Some(g) if g.in_fallback() => {
+            "ready (global store unreachable: global limits decide on conservative quotas)\n"
+                .into_response()
+        }
+        _ => "ready\n".into_response(),
+    }
+}
+
+/// `GET /global`: this region's leases of global limits and the world's shares.
+async fn global(State(s): State<AdminState>) -> Json<Value> {
+    Json(match s.limiter.global() {
+        Some(g) => g.describe(),
+        None => {
+            json!({"enabled": false, "message": "no --global-url: global limits count as local token buckets"})
+        }
+    })
 }
 
 async fn prometheus() -> Response {

@@ -1,0 +1,119 @@
+//! How a global rate is shared among regions: the arithmetic of a lease
+//! renewal, once. The renewal script (`store/lua/global_renew.lua`) mirrors
+//! it; the simulation in this module's tests runs it in virtual time.
+//!
+//! Each region reports its demand (credits per second it was asked for,
+//! allowed or not). The targets are max-min fair with demand-proportional
+//! sharing: every region with demand wants `max(demand × (1 + headroom),
+//! floor)`; regions wanting no more than an equal split of what is left get
+//! what they want, repeatedly; what is left is split among the others in
+//! proportion to what they want; capacity nobody wants goes to everyone in
+//! proportion to demand, so no share sits idle while a region could use it.
+//! A renewing region is granted `min(its target, rate − the live grants of
+//! the others)`: the sum of live grants never exceeds the rate.
+
+/// The knobs of the sharing.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Sharing {
+    /// The global rate in credits per second.
+    pub rate: f64,
+    /// The smallest share of a region with demand, as a fraction of the rate.
+    pub floor: f64,
+    /// Extra share above measured demand, as a fraction of it (room to grow).
+    pub headroom: f64,
+}
+
+/// Targets for regions with `demands` (credits per second; 0 wants nothing).
+pub fn targets(s: &Sharing, demands: &[f64]) -> Vec<f64> {
+    let n = demands.len();
+    let mut out = vec![0.0; n];
+    let want: Vec<f64> = demands
+        .iter()
+        .map(|&d| {
+            if d > 0.0 {
+                (d * (1.0 + s.headroom)).max(s.floor * s.rate)
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    let mut active: Vec<usize> = (0..n).filter(|&i| want[i] > 0.0).collect();
+    let mut left = s.rate;
+    // Regions wanting no more than an equal split get what they want.
+    loop {
+        if active.is_empty() {
+            break;
+        }
+        let fair = left / active.len() as f64;
+        let (small, rest): (Vec<usize>, Vec<usize>) =
+            active.iter().partition(|&&i| want[i] <= fair);
+        if small.is_empty() {
+            break;
+        }
+        for &i in &small {
+            out[i] = want[i];
+            left -= want[i];
+        }
+        active = rest;
+    }
+    if !active.is_empty() {
+        let total: f64 = active.iter().map(|&i| want[i]).sum();
+        for &i in &active {
+            out[i] = left * want[i] / total;
+        }
+    } else if left > 0.0 {
+        // Everyone is satisfied: the rest goes to regions with demand, in
+        // proportion to it, so a growing region need not wait a renewal.
+        let total: f64 = want.iter().sum();
+        if total > 0.0 {
+            for i in 0..n {
+                out[i] += left * want[i] / total;
+            }
+        }
+    }
+    out
+}
+
+/// The grant of a renewing region with `target`, while the others hold
+/// `others` (the sum of their live grants).
+pub fn grant(rate: f64, target: f64, others: f64) -> f64 {
+    target.min(rate - others).max(0.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sharing(rate: f64) -> Sharing {
+        Sharing {
+            rate,
+            floor: 0.01,
+            headroom: 0.1,
+        }
+    }
+
+    #[test]
+    fn small_regions_get_what_they_ask_and_the_rest_is_shared_by_demand() {
+        // 3× a limit of 200/s offered 60/30/10 %.
+        let t = targets(&sharing(200.0), &[360.0, 180.0, 60.0]);
+        assert!((t[2] - 66.0).abs() < 1e-9, "{t:?}");
+        assert!((t.iter().sum::<f64>() - 200.0).abs() < 1e-9);
+        assert!((t[0] / t[1] - 2.0).abs() < 1e-9);
+        // Under the limit: everyone gets its want, the rest by demand.
+        let t = targets(&sharing(200.0), &[50.0, 10.0, 0.0]);
+        assert!(t[0] >= 55.0 && t[1] >= 11.0 && t[2] == 0.0, "{t:?}");
+        assert!((t.iter().sum::<f64>() - 200.0).abs() < 1e-9);
+        // Nobody wants anything: nothing is granted.
+        assert_eq!(targets(&sharing(200.0), &[0.0, 0.0]), vec![0.0, 0.0]);
+        // A region with a trickle of demand gets at least the floor.
+        let t = targets(&sharing(200.0), &[1000.0, 0.01]);
+        assert!(t[1] >= 2.0, "{t:?}");
+    }
+
+    #[test]
+    fn a_grant_never_lifts_the_sum_above_the_rate() {
+        assert_eq!(grant(200.0, 120.0, 100.0), 100.0);
+        assert_eq!(grant(200.0, 50.0, 100.0), 50.0);
+        assert_eq!(grant(200.0, 50.0, 250.0), 0.0);
+    }
+}

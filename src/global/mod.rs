@@ -1,0 +1,593 @@
+//! Global limits across regions: each region decides locally against a
+//! lease (a share of the global rate and burst), and leases are renewed in
+//! the background against the global store.
+//!
+//! - A `scope: global` limit is a token bucket counted in the region's own
+//!   store (memory or the regional Redis) at the region's leased rate and
+//!   burst ([`Global::quota`]): the request path never waits on the global
+//!   store.
+//! - Demand (credits asked for, allowed or not) is counted per counter. Every
+//!   lease period the region's renewer sends all its counters' demands to
+//!   the global store in one script call (`store/lua/global_renew.lua`, the
+//!   mirror of [`allocate`]) and gets back each counter's grant; the sum of
+//!   live grants never exceeds the global rate.
+//! - With a regional Redis, the replicas of a region share one lease: each
+//!   adds its demand to the regional store, one replica (chosen by a
+//!   `SET NX PX` lock that another takes over when it dies) renews, and all
+//!   read the leases back from the regional store. With the memory store,
+//!   replicas share no counters, so each replica holds a lease of its own
+//!   (as `<region>/<host:pid>`); the global sums stay exact.
+//! - When the global store fails or is slow (a timeout of a quarter of the
+//!   period), the region decides on a conservative quota: `fallback_share`
+//!   of its last lease, until a renewal succeeds.
+
+pub mod allocate;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+use fred::prelude::*;
+use serde_json::{json, Value};
+
+use crate::config::LimitSpec;
+use crate::knobs::now_ms;
+use crate::metrics::metrics;
+
+/// The renewal script.
+pub const RENEW_SCRIPT: &str = include_str!("../store/lua/global_renew.lua");
+
+/// How a region takes part in global limits.
+#[derive(Debug, Clone)]
+pub struct GlobalOptions {
+    /// This region's name.
+    pub region: String,
+    /// How long a lease lasts before it is renewed.
+    pub period: Duration,
+    /// The share of the last lease kept while the global store fails.
+    pub fallback_share: f64,
+    /// The smallest share of a region with demand (fraction of the rate).
+    pub floor: f64,
+    /// Room above measured demand (fraction of it).
+    pub headroom: f64,
+}
+
+/// A region's share of one global counter.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Lease {
+    /// Credits per second.
+    pub rate: f64,
+    /// Burst in credits.
+    pub burst: u64,
+    /// Epoch ms after which it no longer holds.
+    pub expires_at_ms: u64,
+    /// Whether it is a conservative quota standing in for a lease.
+    pub fallback: bool,
+}
+
+/// What the region knows of a global counter.
+#[derive(Debug, Clone)]
+struct Counter {
+    /// Credits per second of the whole world.
+    rate: f64,
+    /// The whole world's burst.
+    burst: u64,
+    /// The limit's label, for metrics.
+    label: String,
+    /// Credits asked for since the last flush.
+    demand: u64,
+    /// Epoch ms demand was last seen.
+    seen_ms: u64,
+}
+
+/// The region's global limits.
+pub struct Global {
+    options: GlobalOptions,
+    holder: String,
+    store: Client,
+    regional: Option<Client>,
+    sha: String,
+    leases: ArcSwap<HashMap<String, Lease>>,
+    last_good: Mutex<HashMap<String, Lease>>,
+    counters: Mutex<HashMap<String, Counter>>,
+    view: ArcSwap<HashMap<String, String>>,
+    fallback: AtomicBool,
+    renewer: AtomicBool,
+    wake: tokio::sync::Notify,
+}
+
+fn gauge_value(x: f64) -> f64 {
+    if x.is_finite() {
+        x
+    } else {
+        0.0
+    }
+}
+
+impl Global {
+    /// Global limits through `store` (the global store); `regional` is the
+    /// region's Redis when replicas share one (else each holds its own lease).
+    pub fn new(options: GlobalOptions, store: Client, regional: Option<Client>) -> Global {
+        let host = std::env::var("HOSTNAME")
+            .ok()
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| "localhost".to_owned());
+        let replica = format!("{host}:{}", std::process::id());
+        let holder = if regional.is_some() {
+            options.region.clone()
+        } else {
+            format!("{}/{replica}", options.region)
+        };
+        Global {
+            holder,
+            store,
+            regional,
+            sha: fred::util::sha1_hash(RENEW_SCRIPT),
+            leases: ArcSwap::from_pointee(HashMap::new()),
+            last_good: Mutex::new(HashMap::new()),
+            counters: Mutex::new(HashMap::new()),
+            view: ArcSwap::from_pointee(HashMap::new()),
+            fallback: AtomicBool::new(false),
+            renewer: AtomicBool::new(false),
+            wake: tokio::sync::Notify::new(),
+            options,
+        }
+    }
+
+    /// Who holds this region's leases in the global store.
+    pub fn holder(&self) -> &str {
+        &self.holder
+    }
+
+    /// Whether the region decides on conservative quotas (the global store fails).
+    pub fn in_fallback(&self) -> bool {
+        self.fallback.load(Ordering::Acquire)
+    }
+
+    /// The region's quota for the global counter `key` of `limit`, and
+    /// counts `cost` credits of demand: `(credits per second, burst)`.
+    pub fn quota(&self, key: &str, limit: &LimitSpec, cost: u64) -> (f64, u64) {
+        let now = now_ms();
+        let rate = limit.credit_limit as f64 / limit.reset_seconds.max(1) as f64;
+        let new = {
+            let mut counters = self.counters.lock().unwrap_or_else(|e| e.into_inner());
+            match counters.get_mut(key) {
+                Some(c) => {
+                    c.demand = c.demand.saturating_add(cost.max(1));
+                    c.seen_ms = now;
+                    c.rate = rate;
+                    c.burst = limit.burst;
+                    false
+                }
+                None => {
+                    counters.insert(
+                        key.to_owned(),
+                        Counter {
+                            rate,
+                            burst: limit.burst,
+                            label: limit.label.clone().unwrap_or_default(),
+                            demand: cost.max(1),
+                            seen_ms: now,
+                        },
+                    );
+                    true
+                }
+            }
+        };
+        if new {
+            // A counter seen for the first time gets its lease at once.
+            self.wake.notify_one();
+        }
+        let leases = self.leases.load();
+        match leases.get(key) {
+            Some(l) if l.expires_at_ms > now => (l.rate, l.burst.max(1)),
+            Some(l) => (
+                l.rate * self.options.fallback_share,
+                ((l.burst as f64 * self.options.fallback_share) as u64).max(1),
+            ),
+            // Until the first lease: the floor.
+            None => (
+                rate * self.options.floor,
+                ((limit.burst as f64 * self.options.floor) as u64).max(1),
+            ),
+        }
+    }
+
+    /// Renews (or reads) leases every quarter period until the runtime stops.
+    pub fn spawn(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+        let me = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut last_renewal: Option<Instant> = None;
+            loop {
+                let Some(g) = me.upgrade() else { return };
+                let tick = g.options.period / 4;
+                let due = last_renewal.is_none_or(|t| t.elapsed() >= g.options.period);
+                let since = last_renewal.map_or(g.options.period, |t| t.elapsed());
+                if g.step(due, since).await {
+                    last_renewal = Some(Instant::now());
+                }
+                metrics()
+                    .global_alive
+                    .set(i64::try_from(now_ms() / 1000).unwrap_or(0));
+                let woken = g.wake.notified();
+                tokio::select! {
+                    _ = tokio::time::sleep(tick) => {}
+                    _ = woken => {
+                        // A new counter: renew now (at most every 50 ms).
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        last_renewal = None;
+                    }
+                }
+            }
+        })
+    }
+
+    /// One step: flush demand to the region, renew if due and this replica
+    /// renews, read the region's leases. True when a renewal was made.
+    async fn step(&self, due: bool, since: Duration) -> bool {
+        let now = now_ms();
+        let (demands, specs) = self.take_demand(now);
+        let mut renewed = false;
+        match &self.regional {
+            None => {
+                if due {
+                    self.renew(&demands, &specs, since).await;
+                    renewed = true;
+                }
+            }
+            Some(regional) => {
+                let _ = self.flush_regional(regional, &demands, &specs).await;
+                let renewer = self.hold_renewer(regional).await;
+                self.renewer.store(renewer, Ordering::Release);
+                if due && renewer {
+                    let (all, all_specs) = self.take_regional(regional).await;
+                    self.renew(&all, &all_specs, since).await;
+                    renewed = true;
+                } else if !renewer {
+                    self.read_regional(regional).await;
+                }
+            }
+        }
+        renewed
+    }
+
+    /// Local demand since the last step (reset), and the counters' specs.
+    #[allow(clippy::type_complexity)]
+    fn take_demand(&self, now: u64) -> (HashMap<String, u64>, HashMap<String, (f64, u64, String)>) {
+        let mut counters = self.counters.lock().unwrap_or_else(|e| e.into_inner());
+        // Counters not asked for in 5 periods are forgotten (their lease lapses).
+        let keep_ms = u64::try_from(self.options.period.as_millis() * 5).unwrap_or(u64::MAX);
+        counters.retain(|_, c| now.saturating_sub(c.seen_ms) < keep_ms);
+        let mut demands = HashMap::new();
+        let mut specs = HashMap::new();
+        for (k, c) in counters.iter_mut() {
+            demands.insert(k.clone(), std::mem::take(&mut c.demand));
+            specs.insert(k.clone(), (c.rate, c.burst, c.label.clone()));
+        }
+        (demands, specs)
+    }
+
+    fn regional_key(&self, what: &str) -> String {
+        format!("divvy:global:{what}:{}", self.options.region)
+    }
+
+    async fn flush_regional(
+        &self,
+        regional: &Client,
+        demands: &HashMap<String, u64>,
+        specs: &HashMap<String, (f64, u64, String)>,
+    ) -> Result<(), Error> {
+        let demand_key = self.regional_key("demand");
+        let spec_key = self.regional_key("specs");
+        for (k, d) in demands {
+            if *d > 0 {
+                regional
+                    .hincrby::<(), _, _>(
+                        &demand_key,
+                        k.as_str(),
+                        i64::try_from(*d).unwrap_or(i64::MAX),
+                    )
+                    .await?;
+            }
+            if let Some((rate, burst, label)) = specs.get(k) {
+                regional
+                    .hset::<(), _, _>(&spec_key, (k.as_str(), format!("{rate} {burst} {label}")))
+                    .await?;
+            }
+        }
+        let life = i64::try_from(self.options.period.as_millis() * 10).unwrap_or(i64::MAX);
+        let _ = regional.pexpire::<(), _>(&spec_key, life, None).await;
+        Ok(())
+    }
+
+    async fn hold_renewer(&self, regional: &Client) -> bool {
+        let key = self.regional_key("renewer");
+        let me = format!("{}", std::process::id())
+            + "@"
+            + &std::env::var("HOSTNAME").unwrap_or_default();
+        let px = i64::try_from(self.options.period.as_millis() * 3 / 2).unwrap_or(3000);
+        let got: Result<Option<String>, Error> = regional
+            .set(
+                &key,
+                me.as_str(),
+                Some(Expiration::PX(px)),
+                Some(SetOptions::NX),
+                false,
+            )
+            .await;
+        if matches!(got, Ok(Some(_))) {
+            return true;
+        }
+        match regional.get::<Option<String>, _>(&key).await {
+            Ok(Some(holder)) if holder == me => {
+                let _ = regional.pexpire::<(), _>(&key, px, None).await;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    #[allow(clippy::type_complexity)]
+    async fn take_regional(
+        &self,
+        regional: &Client,
+    ) -> (HashMap<String, u64>, HashMap<String, (f64, u64, String)>) {
+        let demand_key = self.regional_key("demand");
+        let spec_key = self.regional_key("specs");
+        let taken: Result<HashMap<String, i64>, Error> = regional
+            .eval(
+                "local v = redis.call('HGETALL', KEYS[1]); redis.call('DEL', KEYS[1]); return v",
+                vec![demand_key.as_str()],
+                Vec::<String>::new(),
+            )
+            .await;
+        let demands: HashMap<String, u64> = taken
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(k, v)| (k, u64::try_from(v).unwrap_or(0)))
+            .collect();
+        let raw: HashMap<String, String> = regional.hgetall(&spec_key).await.unwrap_or_default();
+        let specs = raw
+            .into_iter()
+            .filter_map(|(k, v)| {
+                let mut parts = v.splitn(3, ' ');
+                let rate = parts.next()?.parse().ok()?;
+                let burst = parts.next()?.parse().ok()?;
+                let label = parts.next().unwrap_or("").to_owned();
+                Some((k, (rate, burst, label)))
+            })
+            .collect();
+        (demands, specs)
+    }
+
+    /// Renews every counter in `specs` with its demand; installs the leases
+    /// (or the conservative quota when the global store fails).
+    async fn renew(
+        &self,
+        demands: &HashMap<String, u64>,
+        specs: &HashMap<String, (f64, u64, String)>,
+        since: Duration,
+    ) {
+        if specs.is_empty() {
+            return;
+        }
+        let secs = since.as_secs_f64().max(0.05);
+        let keys: Vec<String> = specs.keys().cloned().collect();
+        let global_keys: Vec<String> = keys
+            .iter()
+            .map(|k| format!("divvy:global:{{g}}:{k}"))
+            .collect();
+        let life = self.options.period.as_millis() * 3 / 2;
+        let mut args: Vec<String> = vec![
+            self.holder.clone(),
+            life.to_string(),
+            self.options.floor.to_string(),
+            self.options.headroom.to_string(),
+            "-1".to_owned(),
+        ];
+        for k in &keys {
+            let rate = specs.get(k).map_or(0.0, |s| s.0);
+            let demand = demands.get(k).copied().unwrap_or(0) as f64 / secs;
+            args.push(rate.to_string());
+            args.push(demand.to_string());
+        }
+        let timeout = self.options.period / 4;
+        let call = async {
+            let first: Result<Vec<String>, Error> = self
+                .store
+                .evalsha(self.sha.as_str(), global_keys.clone(), args.clone())
+                .await;
+            match first {
+                Err(e) if e.details().starts_with("NOSCRIPT") => {
+                    self.store
+                        .script_load_cluster::<(), _>(RENEW_SCRIPT)
+                        .await?;
+                    self.store
+                        .evalsha(self.sha.as_str(), global_keys.clone(), args.clone())
+                        .await
+                }
+                other => other,
+            }
+        };
+        let result = tokio::time::timeout(timeout, call).await;
+        let now = now_ms();
+        let expires = now
+            + u64::try_from(life)
+                .unwrap_or(0)
+                .saturating_sub(u64::try_from(timeout.as_millis()).unwrap_or(0));
+        match result {
+            Ok(Ok(raw)) if raw.len() == keys.len() * 2 => {
+                let mut leases = HashMap::with_capacity(keys.len());
+                let mut views = HashMap::with_capacity(keys.len());
+                for (i, k) in keys.iter().enumerate() {
+                    let grant: f64 = raw[2 * i].parse().unwrap_or(0.0);
+                    let (rate, burst, label) =
+                        specs.get(k).cloned().unwrap_or((0.0, 1, String::new()));
+                    let lease_burst = if rate > 0.0 {
+                        ((burst as f64 * grant / rate).floor() as u64).max(1)
+                    } else {
+                        1
+                    };
+                    leases.insert(
+                        k.clone(),
+                        Lease {
+                            rate: grant,
+                            burst: lease_burst,
+                            expires_at_ms: expires,
+                            fallback: false,
+                        },
+                    );
+                    views.insert(k.clone(), raw[2 * i + 1].clone());
+                    let m = metrics();
+                    m.global_lease
+                        .with_label_values(&[&label])
+                        .set(gauge_value(grant));
+                    m.global_demand
+                        .with_label_values(&[&label])
+                        .set(gauge_value(
+                            demands.get(k).copied().unwrap_or(0) as f64 / secs,
+                        ));
+                }
+                if self.fallback.swap(false, Ordering::AcqRel) {
+                    tracing::info!("global store answers again; leases in force");
+                }
+                metrics().global_fallback.set(0);
+                metrics().global_renewals.with_label_values(&["ok"]).inc();
+                *self.last_good.lock().unwrap_or_else(|e| e.into_inner()) = leases.clone();
+                self.view.store(Arc::new(views));
+                self.install(leases).await;
+            }
+            other => {
+                let why = match other {
+                    Ok(Ok(raw)) => format!("renewal script returned {} values", raw.len()),
+                    Ok(Err(e)) => e.to_string(),
+                    Err(_) => format!("no answer within {timeout:?}"),
+                };
+                metrics()
+                    .global_renewals
+                    .with_label_values(&["failed"])
+                    .inc();
+                if !self.fallback.swap(true, Ordering::AcqRel) {
+                    tracing::warn!("global store failed ({why}); deciding on conservative quotas");
+                }
+                metrics().global_fallback.set(1);
+                let share = self.options.fallback_share;
+                let last = self
+                    .last_good
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .clone();
+                let mut leases = HashMap::new();
+                for k in &keys {
+                    let (rate, burst, _) = specs.get(k).cloned().unwrap_or((0.0, 1, String::new()));
+                    let base = last.get(k).copied().unwrap_or(Lease {
+                        rate: rate * self.options.floor,
+                        burst: ((burst as f64 * self.options.floor) as u64).max(1),
+                        expires_at_ms: 0,
+                        fallback: true,
+                    });
+                    leases.insert(
+                        k.clone(),
+                        Lease {
+                            rate: base.rate * share,
+                            burst: ((base.burst as f64 * share) as u64).max(1),
+                            expires_at_ms: u64::MAX,
+                            fallback: true,
+                        },
+                    );
+                }
+                self.install(leases).await;
+            }
+        }
+    }
+
+    async fn install(&self, leases: HashMap<String, Lease>) {
+        if let Some(regional) = &self.regional {
+            let key = self.regional_key("leases");
+            let mut fields: Vec<(String, String)> = Vec::with_capacity(leases.len());
+            for (k, l) in &leases {
+                fields.push((
+                    k.clone(),
+                    format!(
+                        "{} {} {} {}",
+                        l.rate,
+                        l.burst,
+                        l.expires_at_ms,
+                        u8::from(l.fallback)
+                    ),
+                ));
+            }
+            if !fields.is_empty() {
+                let _ = regional.hset::<(), _, _>(&key, fields).await;
+                let life = i64::try_from(self.options.period.as_millis() * 10).unwrap_or(i64::MAX);
+                let _ = regional.pexpire::<(), _>(&key, life, None).await;
+            }
+        }
+        let mut merged = (**self.leases.load()).clone();
+        merged.extend(leases);
+        self.leases.store(Arc::new(merged));
+    }
+
+    async fn read_regional(&self, regional: &Client) {
+        let key = self.regional_key("leases");
+        let Ok(raw) = regional.hgetall::<HashMap<String, String>, _>(&key).await else {
+            return;
+        };
+        let mut leases = HashMap::with_capacity(raw.len());
+        for (k, v) in raw {
+            let p: Vec<&str> = v.split(' ').collect();
+            if let [rate, burst, exp, fb] = p.as_slice() {
+                if let (Ok(rate), Ok(burst), Ok(exp)) = (rate.parse(), burst.parse(), exp.parse()) {
+                    leases.insert(
+                        k,
+                        Lease {
+                            rate,
+                            burst,
+                            expires_at_ms: exp,
+                            fallback: *fb == "1",
+                        },
+                    );
+                }
+            }
+        }
+        let fallback = leases.values().any(|l| l.fallback);
+        self.fallback.store(fallback, Ordering::Release);
+        self.leases.store(Arc::new(leases));
+    }
+
+    /// What `GET /global` shows.
+    pub fn describe(&self) -> Value {
+        let now = now_ms();
+        let leases = self.leases.load();
+        let view = self.view.load();
+        let mut list: Vec<Value> = leases
+            .iter()
+            .map(|(k, l)| {
+                json!({
+                    "counter": k,
+                    "rate": l.rate,
+                    "burst": l.burst,
+                    "expiresInSeconds": if l.expires_at_ms == u64::MAX { Value::Null } else { json!(l.expires_at_ms.saturating_sub(now) as f64 / 1000.0) },
+                    "fallback": l.fallback || l.expires_at_ms <= now,
+                    "view": view.get(k).map(|v| {
+                        v.split(' ')
+                            .filter_map(|p| p.split_once('='))
+                            .map(|(r, g)| (r.to_owned(), json!(g.parse::<f64>().unwrap_or(0.0))))
+                            .collect::<serde_json::Map<String, Value>>()
+                    }),
+                })
+            })
+            .collect();
+        list.sort_by(|a, b| a["counter"].as_str().cmp(&b["counter"].as_str()));
+        json!({
+            "region": self.options.region,
+            "holder": self.holder,
+            "renewer": self.regional.is_none() || self.renewer.load(Ordering::Acquire),
+            "leasePeriodSeconds": self.options.period.as_secs_f64(),
+            "fallback": self.in_fallback(),
+            "leases": list,
+        })
+    }
+}

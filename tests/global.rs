@@ -1,0 +1,1078 @@
+//! Global quotas across regions (issue 13) against real processes on
+//! loopback: a global redis-server; three regions, each with its own
+//! redis-server and two divvy replicas (`--redis-url` regional, `--region
+//! rN`); and, between each region and the global store, a TCP proxy that
+//! delays every chunk by 40 ms each way (80 ms round trip). Paced
+//! line-protocol clients in each region (four connections per region,
+//! spread over its two replicas) offer 3× a global limit of 200/s, and every
+//! answer is recorded with its time, region, decision and latency.
+//!
+//! - `a_global_limit_is_held_across_three_regions_as_demand_shifts`: a run
+//!   with no global scope (the same topology and load, the limit local to
+//!   each region) for the latency comparison, then the 60 s run: 600/s split
+//!   60/30/10 % over r1/r2/r3, shifting to 10/30/60 % at 30 s. Every sliding
+//!   10 s window (1 s steps, the first 2 s skipped as warm-up) admits at most
+//!   1.02 × (limit × 10 s + burst) and at least 0.95 × limit × 10 s; the
+//!   region below its fair share (r3 before the shift, r1 from 2 lease
+//!   periods after it) gets ≥ 98 % of what it asks; p99 at the clients is
+//!   far below the proxy's 40 ms (p50/p99/p99.9 are printed for both runs,
+//!   not asserted); `/global` and the metrics agree with the clients.
+//! - `the_global_store_killed_for_15_s_means_conservative_quotas_then_leases_again`:
+//!   the global redis-server is killed at 10 s and restarted empty on the
+//!   same port at 25 s: no request errors, admitted during the outage within
+//!   the conservative quota, `/readyz` and `divvy_global_fallback` report it,
+//!   and from one lease period (+ 1 s) after the return every 10 s window is
+//!   within the bounds again.
+//! - `a_killed_region_s_share_is_absorbed_by_the_others`: r1 (60 % of the
+//!   load) stops and its replicas are killed at 12 s; from 2 lease periods
+//!   later r2 + r3 (who want 240/s) admit ≈ the limit.
+//!
+//! The tests of this file run one after another (they share two cores with
+//! whatever else runs); each prints a table of admitted requests per 10 s
+//! window and region, admitted per second, and (sampled once a second
+//! straight from the global store) each region's reported demand and grant.
+//! Latency is measured at the client from writing the line to reading the
+//! answer.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use common::redis::Redis;
+use common::Server;
+
+/// The global limit: credits per second, and its burst.
+const LIMIT: f64 = 200.0;
+const BURST: f64 = 200.0;
+/// The lease period (`--global-lease-ms`, the default).
+const LEASE_MS: u64 = 2000;
+/// `--global-fallback-share` (the default).
+const FALLBACK_SHARE: f64 = 0.5;
+/// The proxy's delay, each way.
+const DELAY: Duration = Duration::from_millis(40);
+/// Client connections per region (spread over its replicas).
+const CONNS: usize = 4;
+/// Offered load in total: 3× the limit.
+const OFFERED: f64 = 3.0 * LIMIT;
+/// Seconds skipped at the start of a run before the window checks.
+const WARMUP: f64 = 2.0;
+const REGIONS: [&str; 3] = ["r1", "r2", "r3"];
+
+fn lease_secs() -> f64 {
+    LEASE_MS as f64 / 1000.0
+}
+
+/// The policy of the issue: one global token bucket per site (or, without
+/// `global`, the same bucket local to each region).
+fn policy(global: bool) -> String {
+    let scope = if global { " scope: global," } else { "" };
+    format!(
+        r#"
+overrides:
+  - operation: {{site: "*"}}
+    label: partner
+    limits:
+      - {{label: partner-global, actorField: site,{scope} algorithm: token_bucket, creditLimit: {LIMIT}, resetSeconds: 1, burst: {BURST}}}
+default: {{creditLimit: 0}}
+"#
+    )
+}
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+// The latency proxy --------------------------------------------------------
+
+/// A TCP proxy on a free loopback port to `127.0.0.1:upstream` that holds
+/// every chunk for [`DELAY`] in each direction (order kept: one FIFO queue of
+/// timestamped chunks per direction). A connection whose upstream refuses is
+/// closed at once; when either side closes, both are closed.
+struct Proxy {
+    port: u16,
+}
+
+impl Proxy {
+    fn start(upstream: u16) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind proxy");
+        let port = listener.local_addr().expect("proxy address").port();
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { continue };
+                let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)) else {
+                    let _ = client.shutdown(Shutdown::Both);
+                    continue;
+                };
+                let _ = client.set_nodelay(true);
+                let _ = server.set_nodelay(true);
+                let (Ok(c2), Ok(s2)) = (client.try_clone(), server.try_clone()) else {
+                    continue;
+                };
+                pipe(client, s2);
+                pipe(server, c2);
+            }
+        });
+        Proxy { port }
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// A `PING` through the proxy: its round trip.
+    fn round_trip(&self) -> Duration {
+        let mut s = TcpStream::connect(("127.0.0.1", self.port)).expect("connect proxy");
+        s.set_nodelay(true).expect("nodelay");
+        let started = Instant::now();
+        s.write_all(b"PING\r\n").expect("ping");
+        let mut buf = [0u8; 7];
+        s.read_exact(&mut buf).expect("pong");
+        assert_eq!(&buf, b"+PONG\r\n");
+        started.elapsed()
+    }
+}
+
+/// Forwards `from` → `to`, each chunk [`DELAY`] after it was read.
+fn pipe(from: TcpStream, to: TcpStream) {
+    let (tx, rx) = mpsc::channel::<Option<(Instant, Vec<u8>)>>();
+    let Ok(mut reader) = from.try_clone() else {
+        return;
+    };
+    std::thread::spawn(move || {
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            match reader.read(&mut buf) {
+                Ok(0) | Err(_) => {
+                    let _ = tx.send(None);
+                    return;
+                }
+                Ok(n) => {
+                    if tx
+                        .send(Some((Instant::now() + DELAY, buf[..n].to_vec())))
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+            }
+        }
+    });
+    std::thread::spawn(move || {
+        let mut to = to;
+        while let Ok(Some((due, bytes))) = rx.recv() {
+            let now = Instant::now();
+            if due > now {
+                std::thread::sleep(due - now);
+            }
+            if to.write_all(&bytes).is_err() {
+                break;
+            }
+        }
+        let _ = to.shutdown(Shutdown::Both);
+        let _ = from.shutdown(Shutdown::Both);
+    });
+}
+
+// Regions -------------------------------------------------------------------
+
+struct Region {
+    _redis: Redis,
+    replicas: Vec<Server>,
+    _proxy: Option<Proxy>,
+}
+
+struct World {
+    global: Option<Redis>,
+    regions: Vec<Region>,
+}
+
+impl World {
+    /// Three regions of two replicas on their own redis-server; with
+    /// `global`, a global redis-server behind one latency proxy per region
+    /// and the limit `scope: global`.
+    fn start(global: bool) -> World {
+        let global_redis = global.then(Redis::start);
+        let text = policy(global);
+        let regions = REGIONS
+            .iter()
+            .map(|name| {
+                let redis = Redis::start();
+                let proxy = global_redis.as_ref().map(|g| Proxy::start(g.port));
+                if let Some(p) = &proxy {
+                    println!(
+                        "{name}: global store round trip through the proxy {:.1} ms",
+                        p.round_trip().as_secs_f64() * 1000.0
+                    );
+                }
+                let mut args: Vec<String> = vec![
+                    "--redis-url".into(),
+                    redis.url(),
+                    "--region".into(),
+                    (*name).to_owned(),
+                ];
+                if let Some(p) = &proxy {
+                    args.extend([
+                        "--global-url".into(),
+                        p.url(),
+                        "--global-lease-ms".into(),
+                        LEASE_MS.to_string(),
+                        "--global-fallback-share".into(),
+                        FALLBACK_SHARE.to_string(),
+                    ]);
+                }
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                let replicas = (0..2)
+                    .map(|_| Server::with_policy_args(&text, "yaml", &args))
+                    .collect();
+                Region {
+                    _redis: redis,
+                    replicas,
+                    _proxy: proxy,
+                }
+            })
+            .collect();
+        World {
+            global: global_redis,
+            regions,
+        }
+    }
+
+    /// Every live replica, with its region's index.
+    fn replicas(&self) -> impl Iterator<Item = (usize, &Server)> {
+        self.regions
+            .iter()
+            .enumerate()
+            .flat_map(|(i, r)| r.replicas.iter().map(move |s| (i, s)))
+    }
+}
+
+// Load ----------------------------------------------------------------------
+
+#[derive(Clone, Copy, PartialEq)]
+enum Answer {
+    Allowed,
+    Denied,
+    Error,
+}
+
+#[derive(Clone, Copy)]
+struct Sample {
+    /// Seconds since the start of the run the request was sent at.
+    t: f64,
+    region: usize,
+    answer: Answer,
+    /// Microseconds from sending the line to reading the answer.
+    micros: u64,
+}
+
+/// Requests per second offered by a region at a time of the run.
+type Offer = Arc<dyn Fn(usize, f64) -> f64 + Send + Sync>;
+
+fn split(shares: [f64; 3]) -> Offer {
+    Arc::new(move |r, _| OFFERED * shares[r])
+}
+
+struct Load {
+    start: Instant,
+    secs: f64,
+    clients: Vec<JoinHandle<(Vec<Sample>, Vec<String>)>>,
+}
+
+impl Load {
+    /// Paced clients for `secs` seconds: [`CONNS`] per region, each sending
+    /// at a quarter of the region's offered rate on its own schedule
+    /// (open-loop: a late answer does not move the next send).
+    fn start(world: &World, secs: f64, offer: Offer) -> Load {
+        let start = Instant::now() + Duration::from_millis(200);
+        let mut clients = Vec::new();
+        for (r, region) in world.regions.iter().enumerate() {
+            for c in 0..CONNS {
+                let addr = region.replicas[c % region.replicas.len()].line;
+                let offer = offer.clone();
+                clients.push(std::thread::spawn(move || {
+                    client(addr, r, c, start, secs, offer)
+                }));
+            }
+        }
+        Load {
+            start,
+            secs,
+            clients,
+        }
+    }
+
+    /// Sleeps until `t` seconds into the run.
+    fn at(&self, t: f64) {
+        let due = self.start + Duration::from_secs_f64(t);
+        let now = Instant::now();
+        if due > now {
+            std::thread::sleep(due - now);
+        }
+    }
+
+    fn finish(self, name: &str) -> Run {
+        let mut samples = Vec::new();
+        let mut errors = Vec::new();
+        for c in self.clients {
+            let (s, e) = c.join().expect("client thread");
+            samples.extend(s);
+            errors.extend(e);
+        }
+        samples.sort_by(|a, b| a.t.total_cmp(&b.t));
+        Run {
+            name: name.to_owned(),
+            secs: self.secs,
+            samples,
+            errors,
+        }
+    }
+}
+
+struct Conn {
+    stream: TcpStream,
+    reader: BufReader<TcpStream>,
+}
+
+impl Conn {
+    fn open(addr: SocketAddr) -> std::io::Result<Conn> {
+        let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+        stream.set_nodelay(true)?;
+        stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+        let reader = BufReader::new(stream.try_clone()?);
+        Ok(Conn { stream, reader })
+    }
+
+    fn hit(&mut self) -> std::io::Result<String> {
+        self.stream.write_all(b"HIT site=partner1\n")?;
+        let mut line = String::new();
+        if self.reader.read_line(&mut line)? == 0 {
+            return Err(std::io::Error::other("connection closed"));
+        }
+        Ok(line)
+    }
+}
+
+fn client(
+    addr: SocketAddr,
+    region: usize,
+    c: usize,
+    start: Instant,
+    secs: f64,
+    offer: Offer,
+) -> (Vec<Sample>, Vec<String>) {
+    let mut samples = Vec::new();
+    let mut errors = Vec::new();
+    let mut conn: Option<Conn> = None;
+    let first = offer(region, 0.0) / CONNS as f64;
+    // Connections of a region are spread evenly over an interval.
+    let mut t = if first > 0.0 {
+        c as f64 / CONNS as f64 / first
+    } else {
+        0.0
+    };
+    while t < secs {
+        let rate = offer(region, t) / CONNS as f64;
+        if rate <= 0.0 {
+            t += 0.01;
+            continue;
+        }
+        let due = start + Duration::from_secs_f64(t);
+        let now = Instant::now();
+        if due > now {
+            std::thread::sleep(due - now);
+        }
+        let sent = Instant::now();
+        if conn.is_none() {
+            conn = Conn::open(addr).ok();
+        }
+        let answer = match conn.as_mut().map(Conn::hit) {
+            Some(Ok(line)) if line.starts_with("OK true ") => Answer::Allowed,
+            Some(Ok(line)) if line.starts_with("OK false ") => Answer::Denied,
+            other => {
+                if errors.len() < 5 {
+                    errors.push(format!(
+                        "{} at {:.2} s: {:?}",
+                        REGIONS[region],
+                        sent.duration_since(start).as_secs_f64(),
+                        other.map(|r| r.map_err(|e| e.to_string()))
+                    ));
+                }
+                conn = None;
+                Answer::Error
+            }
+        };
+        samples.push(Sample {
+            t: sent.saturating_duration_since(start).as_secs_f64(),
+            region,
+            answer,
+            micros: u64::try_from(sent.elapsed().as_micros()).unwrap_or(u64::MAX),
+        });
+        t += 1.0 / rate;
+    }
+    (samples, errors)
+}
+
+// Analysis ------------------------------------------------------------------
+
+struct Run {
+    name: String,
+    secs: f64,
+    samples: Vec<Sample>,
+    errors: Vec<String>,
+}
+
+impl Run {
+    fn count(&self, region: Option<usize>, from: f64, to: f64, what: Option<Answer>) -> usize {
+        self.samples
+            .iter()
+            .filter(|s| s.t >= from && s.t < to)
+            .filter(|s| region.is_none_or(|r| s.region == r))
+            .filter(|s| what.is_none_or(|a| s.answer == a))
+            .count()
+    }
+
+    fn admitted(&self, region: Option<usize>, from: f64, to: f64) -> usize {
+        self.count(region, from, to, Some(Answer::Allowed))
+    }
+
+    fn offered(&self, region: Option<usize>, from: f64, to: f64) -> usize {
+        self.count(region, from, to, None)
+    }
+
+    fn errors(&self) -> usize {
+        self.count(None, 0.0, f64::MAX, Some(Answer::Error))
+    }
+
+    /// Admitted (offered) per 10 s window and region.
+    fn table(&self) {
+        println!(
+            "\n[{}] admitted per 10 s window (offered in parentheses):",
+            self.name
+        );
+        println!(
+            "{:<10} {:>14} {:>14} {:>14} {:>15}",
+            "window", "r1", "r2", "r3", "total"
+        );
+        let mut from = 0.0;
+        while from < self.secs {
+            let to = (from + 10.0).min(self.secs);
+            let mut row = format!("{:<10}", format!("{from:.0}-{to:.0} s"));
+            for r in 0..REGIONS.len() {
+                row += &format!(
+                    " {:>14}",
+                    format!(
+                        "{} ({})",
+                        self.admitted(Some(r), from, to),
+                        self.offered(Some(r), from, to)
+                    )
+                );
+            }
+            row += &format!(
+                " {:>15}",
+                format!(
+                    "{} ({})",
+                    self.admitted(None, from, to),
+                    self.offered(None, from, to)
+                )
+            );
+            println!("{row}");
+            from = to;
+        }
+        println!(
+            "requests {}, errors {}{}",
+            self.samples.len(),
+            self.errors(),
+            if self.errors.is_empty() {
+                String::new()
+            } else {
+                format!(" (first: {})", self.errors.join("; "))
+            }
+        );
+    }
+
+    /// Admitted per second and region between `from` and `to`.
+    fn per_second(&self, from: f64, to: f64) {
+        println!("[{}] admitted per second (r1/r2/r3 = total):", self.name);
+        let mut line = String::new();
+        let mut t = from;
+        while t < to {
+            let a: Vec<usize> = (0..REGIONS.len())
+                .map(|r| self.admitted(Some(r), t, t + 1.0))
+                .collect();
+            line += &format!(
+                "  {t:>4.0}s {}/{}/{}={}",
+                a[0],
+                a[1],
+                a[2],
+                a.iter().sum::<usize>()
+            );
+            t += 1.0;
+            if ((t - from) as usize).is_multiple_of(5) {
+                println!("{line}");
+                line.clear();
+            }
+        }
+        if !line.is_empty() {
+            println!("{line}");
+        }
+    }
+
+    /// p50, p99 and p99.9 of the decision latency in milliseconds.
+    fn latency(&self) -> (f64, f64, f64) {
+        let mut us: Vec<u64> = self
+            .samples
+            .iter()
+            .filter(|s| s.answer != Answer::Error)
+            .map(|s| s.micros)
+            .collect();
+        us.sort_unstable();
+        let q = |p: f64| {
+            if us.is_empty() {
+                return f64::NAN;
+            }
+            let i = ((us.len() as f64 * p).ceil() as usize).clamp(1, us.len()) - 1;
+            us[i] as f64 / 1000.0
+        };
+        (q(0.50), q(0.99), q(0.999))
+    }
+
+    /// The slowest answers: `t region ms`.
+    fn slowest(&self, n: usize) -> String {
+        let mut all: Vec<&Sample> = self
+            .samples
+            .iter()
+            .filter(|s| s.answer != Answer::Error)
+            .collect();
+        all.sort_by_key(|s| std::cmp::Reverse(s.micros));
+        all.iter()
+            .take(n)
+            .map(|s| {
+                format!(
+                    "{:.2}s {} {:.1}ms",
+                    s.t,
+                    REGIONS[s.region],
+                    s.micros as f64 / 1000.0
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// Checks every sliding 10 s window (1 s steps) from `from` to the end
+    /// against the accuracy bounds; prints the lowest and highest.
+    fn check_windows(&self, checks: &mut Checks, from: f64, what: &str) {
+        let upper = 1.02 * (LIMIT * 10.0 + BURST);
+        let lower = 0.95 * LIMIT * 10.0;
+        let (mut lo, mut hi) = ((usize::MAX, 0.0), (0usize, 0.0));
+        let mut start = from;
+        while start + 10.0 <= self.secs + 1e-9 {
+            let n = self.admitted(None, start, start + 10.0);
+            if n < lo.0 {
+                lo = (n, start);
+            }
+            if n > hi.0 {
+                hi = (n, start);
+            }
+            start += 1.0;
+        }
+        println!(
+            "[{}] sliding 10 s windows from {from:.0} s: lowest {} (from {:.0} s), highest {} (from {:.0} s); bounds [{lower:.0}, {upper:.0}]",
+            self.name, lo.0, lo.1, hi.0, hi.1
+        );
+        checks.check(
+            hi.0 as f64 <= upper,
+            format!(
+                "{what}: every 10 s window from {from:.0} s admits ≤ 1.02 × (limit × 10 s + burst) = {upper:.0}: highest {} (window from {:.0} s)",
+                hi.0, hi.1
+            ),
+        );
+        checks.check(
+            lo.0 as f64 >= lower,
+            format!(
+                "{what}: every 10 s window from {from:.0} s admits ≥ 0.95 × limit × 10 s = {lower:.0}: lowest {} (window from {:.0} s)",
+                lo.0, lo.1
+            ),
+        );
+    }
+}
+
+/// A minimal Redis connection (in-process: spawning redis-cli during a
+/// run would disturb the latencies measured on two cores).
+struct Resp {
+    stream: TcpStream,
+    reader: BufReader<TcpStream>,
+}
+
+impl Resp {
+    fn open(port: u16) -> Option<Resp> {
+        let stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
+        stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+        let reader = BufReader::new(stream.try_clone().ok()?);
+        Some(Resp { stream, reader })
+    }
+
+    /// Sends a command; its reply as a flat list of strings (empty on an
+    /// error reply).
+    fn command(&mut self, args: &[&str]) -> Vec<String> {
+        let mut req = format!("*{}\r\n", args.len());
+        for a in args {
+            req += &format!("${}\r\n{a}\r\n", a.len());
+        }
+        if self.stream.write_all(req.as_bytes()).is_err() {
+            return Vec::new();
+        }
+        let mut line = String::new();
+        let _ = self.reader.read_line(&mut line);
+        let n: usize = match line.strip_prefix('*') {
+            Some(n) => n.trim().parse().unwrap_or(0),
+            None => return Vec::new(),
+        };
+        let mut out = Vec::with_capacity(n);
+        for _ in 0..n {
+            line.clear();
+            let _ = self.reader.read_line(&mut line);
+            let len: usize = line
+                .strip_prefix('$')
+                .and_then(|l| l.trim().parse().ok())
+                .unwrap_or(0);
+            let mut data = vec![0u8; len + 2];
+            if self.reader.read_exact(&mut data).is_err() {
+                return out;
+            }
+            data.truncate(len);
+            out.push(String::from_utf8_lossy(&data).into_owned());
+        }
+        out
+    }
+}
+
+/// Samples the global store's record of every region (its reported demand
+/// and its grant, credits per second) once a second while a run goes on.
+struct Monitor {
+    stop: Arc<AtomicBool>,
+    thread: JoinHandle<Vec<(f64, String, f64, f64)>>,
+}
+
+impl Monitor {
+    fn start(load: &Load, global_port: u16) -> Monitor {
+        let stop = Arc::new(AtomicBool::new(false));
+        let start = load.start;
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut out = Vec::new();
+            let mut conn = Resp::open(global_port);
+            let mut next = start + Duration::from_millis(500);
+            while !flag.load(Ordering::Relaxed) {
+                let now = Instant::now();
+                if next > now {
+                    std::thread::sleep(next - now);
+                }
+                next += Duration::from_secs(1);
+                let t = start.elapsed().as_secs_f64();
+                let Some(conn) = conn.as_mut() else {
+                    conn = Resp::open(global_port);
+                    continue;
+                };
+                let keys = conn.command(&["KEYS", "divvy:global:*"]);
+                for key in keys.iter().filter(|k| k.contains("partner1")) {
+                    for pair in conn.command(&["HGETALL", key]).chunks(2) {
+                        if let [region, value] = pair {
+                            let v: Vec<f64> =
+                                value.split(' ').filter_map(|x| x.parse().ok()).collect();
+                            if v.len() == 3 {
+                                out.push((t, region.clone(), v[0], v[1]));
+                            }
+                        }
+                    }
+                }
+            }
+            out
+        });
+        Monitor { stop, thread }
+    }
+
+    /// Prints what the global store held, every other second.
+    fn finish(self, name: &str) {
+        self.stop.store(true, Ordering::Relaxed);
+        let seen = self.thread.join().expect("monitor thread");
+        println!("[{name}] the global store's record, demand/grant per region (credits/s):");
+        let mut line = String::new();
+        let mut shown = 0;
+        let mut last_t = -10.0;
+        for (t, _, _, _) in &seen {
+            if *t - last_t < 1.9 {
+                continue;
+            }
+            last_t = *t;
+            let mut cell = format!("  {t:>4.1}s");
+            for r in REGIONS {
+                if let Some((_, _, d, g)) = seen.iter().find(|s| s.0 == *t && s.1 == r) {
+                    cell += &format!(" {r} {d:.0}/{g:.0}");
+                }
+            }
+            line += &cell;
+            shown += 1;
+            if shown % 3 == 0 {
+                println!("{line}");
+                line.clear();
+            }
+        }
+        if !line.is_empty() {
+            println!("{line}");
+        }
+    }
+}
+
+/// Collects failed checks so one run reports them all (with its figures).
+#[derive(Default)]
+struct Checks {
+    failed: Vec<String>,
+}
+
+impl Checks {
+    fn check(&mut self, ok: bool, what: String) {
+        println!("{} {what}", if ok { "PASS" } else { "FAIL" });
+        if !ok {
+            self.failed.push(what);
+        }
+    }
+
+    fn finish(self) {
+        assert!(
+            self.failed.is_empty(),
+            "{} check(s) failed:\n  {}",
+            self.failed.len(),
+            self.failed.join("\n  ")
+        );
+    }
+}
+
+/// The value of the first metric line starting with `name` (with its labels).
+fn metric(server: &Server, name: &str) -> Option<f64> {
+    let (_, text) = server.http("GET", "/metrics", "");
+    text.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+// The tests -----------------------------------------------------------------
+
+#[test]
+fn a_global_limit_is_held_across_three_regions_as_demand_shifts() {
+    let _serial = serial();
+    let mut checks = Checks::default();
+
+    // The same topology and load with no global scope: each region's own
+    // bucket on its regional Redis, for the latency comparison.
+    let baseline = {
+        let world = World::start(false);
+        Load::start(&world, 20.0, split([0.6, 0.3, 0.1])).finish("no global scope, 20 s")
+    };
+    baseline.table();
+
+    let world = World::start(true);
+    let shift = 30.0;
+    let offer: Offer = Arc::new(move |r, t| {
+        let shares = if t < shift {
+            [0.6, 0.3, 0.1]
+        } else {
+            [0.1, 0.3, 0.6]
+        };
+        OFFERED * shares[r]
+    });
+    let load = Load::start(&world, 60.0, offer);
+    let monitor = Monitor::start(&load, world.global.as_ref().expect("global").port);
+    // The region's view, from every replica, while the load runs.
+    load.at(25.0);
+    let mut views = Vec::new();
+    for (r, s) in world.replicas() {
+        let (status, body) = s.http("GET", "/global", "");
+        let lease_metric = metric(s, "divvy_global_lease_rate{limit=\"partner-global\"}");
+        views.push((r, status, body, lease_metric));
+    }
+    let run = load.finish(&format!(
+        "global, lease {LEASE_MS} ms, 60/30/10 → 10/30/60 at 30 s"
+    ));
+    run.table();
+    run.per_second(0.0, 60.0);
+    monitor.finish(&run.name);
+
+    // 1. Accuracy over every 10 s window after the warm-up.
+    run.check_windows(&mut checks, WARMUP, "accuracy");
+
+    // 2. The region below its fair share gets everything it asks.
+    let settled = shift + 2.0 * lease_secs();
+    for (r, from, to) in [(2, WARMUP, shift), (0, settled, 60.0)] {
+        let (a, o) = (
+            run.admitted(Some(r), from, to),
+            run.offered(Some(r), from, to),
+        );
+        checks.check(
+            a as f64 >= 0.98 * o as f64,
+            format!(
+                "{} (below its fair share) from {from:.0} s to {to:.0} s gets ≥ 98 % of what it asks: {a} of {o} ({:.1} %)",
+                REGIONS[r],
+                100.0 * a as f64 / o.max(1) as f64
+            ),
+        );
+    }
+
+    // 3. Decision latency (printed; only "not on the global round trip" is asserted).
+    let (b50, b99, b999) = baseline.latency();
+    let (g50, g99, g999) = run.latency();
+    println!("\ndecision latency at the clients (line protocol, debug build, loopback):");
+    println!(
+        "  no global scope:  p50 {b50:.3} ms  p99 {b99:.3} ms  p99.9 {b999:.3} ms  ({} requests)",
+        baseline.samples.len()
+    );
+    println!(
+        "  global scope:     p50 {g50:.3} ms  p99 {g99:.3} ms  p99.9 {g999:.3} ms  ({} requests; global store 80 ms round trip away)",
+        run.samples.len()
+    );
+    println!("  slowest without global scope: {}", baseline.slowest(8));
+    println!("  slowest with global scope:    {}", run.slowest(8));
+    checks.check(
+        g99 < 20.0,
+        format!("p99 with global scope {g99:.3} ms is well below the proxy's 40 ms one-way delay (< 20 ms)"),
+    );
+    checks.check(
+        baseline.errors() == 0 && run.errors() == 0,
+        format!(
+            "no request errors (baseline {}, global {})",
+            baseline.errors(),
+            run.errors()
+        ),
+    );
+
+    // The replicas' own account: admitted hits and the view of the leases.
+    let admitted_metric: f64 = world
+        .replicas()
+        .map(|(_, s)| {
+            metric(s, "divvy_global_admitted_total{limit=\"partner-global\"}").unwrap_or(0.0)
+        })
+        .sum();
+    let admitted_clients = run.admitted(None, 0.0, f64::MAX);
+    checks.check(
+        admitted_metric as usize == admitted_clients,
+        format!("divvy_global_admitted_total summed over the 6 replicas ({admitted_metric}) equals what the clients were allowed ({admitted_clients})"),
+    );
+    println!("\nGET /global and divvy_global_lease_rate at 25 s:");
+    for (r, status, body, lease_metric) in &views {
+        println!(
+            "  {} {status} lease_rate={lease_metric:?} {body}",
+            REGIONS[*r]
+        );
+        let v: serde_json::Value = serde_json::from_str(body).unwrap_or_default();
+        let lease = v["leases"]
+            .as_array()
+            .and_then(|l| {
+                l.iter().find(|x| {
+                    x["counter"]
+                        .as_str()
+                        .is_some_and(|c| c.contains("partner1"))
+                })
+            })
+            .cloned()
+            .unwrap_or_default();
+        let rate = lease["rate"].as_f64().unwrap_or(0.0);
+        checks.check(
+            *status == 200 && v["region"] == REGIONS[*r] && rate > 0.0 && rate <= LIMIT,
+            format!(
+                "GET /global on a replica of {} shows its region's lease of the counter (rate {rate})",
+                REGIONS[*r]
+            ),
+        );
+        let view = &lease["view"];
+        let regions_seen: Vec<&str> = REGIONS
+            .iter()
+            .copied()
+            .filter(|n| view[*n].as_f64().is_some())
+            .collect();
+        let sum: f64 = REGIONS.iter().filter_map(|n| view[*n].as_f64()).sum();
+        checks.check(
+            regions_seen.len() == 3 && sum <= LIMIT + 1e-6,
+            format!(
+                "GET /global on a replica of {} shows every region's grant (view {view}, sum {sum:.1} ≤ {LIMIT})",
+                REGIONS[*r]
+            ),
+        );
+    }
+    drop(world);
+    checks.finish();
+}
+
+#[test]
+fn the_global_store_killed_for_15_s_means_conservative_quotas_then_leases_again() {
+    let _serial = serial();
+    let mut checks = Checks::default();
+    let mut world = World::start(true);
+    let (kill, back, secs) = (10.0, 25.0, 40.0);
+    let load = Load::start(&world, secs, split([0.6, 0.3, 0.1]));
+    load.at(kill);
+    world.global.as_mut().expect("global store").kill();
+    // Well inside the outage: every replica says so.
+    load.at(kill + 2.0 * lease_secs() + 1.0);
+    let mut during = Vec::new();
+    for (r, s) in world.replicas() {
+        let (status, body) = s.http("GET", "/readyz", "");
+        during.push((r, status, body, metric(s, "divvy_global_fallback")));
+    }
+    load.at(back);
+    world.global.as_mut().expect("global store").restart();
+    load.at(back + lease_secs() + 1.0);
+    let mut after = Vec::new();
+    for (r, s) in world.replicas() {
+        let (status, body) = s.http("GET", "/readyz", "");
+        let failed = metric(s, "divvy_global_renewals_total{result=\"failed\"}");
+        after.push((r, status, body, metric(s, "divvy_global_fallback"), failed));
+    }
+    let run = load.finish(&format!(
+        "global store killed {kill:.0}-{back:.0} s, lease {LEASE_MS} ms, 60/30/10"
+    ));
+    run.table();
+    run.per_second(kill - 3.0, secs);
+
+    checks.check(
+        run.errors() == 0,
+        format!(
+            "every request got an OK answer through the outage: {} errors",
+            run.errors()
+        ),
+    );
+    // Conservative quota: half of each region's last lease (the leases sum
+    // to at most the limit); the leases granted before the kill may run at
+    // full rate until the first failed renewal (≤ 1 lease period); plus one
+    // burst.
+    let outage = back - kill;
+    let quota =
+        FALLBACK_SHARE * LIMIT * outage + (1.0 - FALLBACK_SHARE) * LIMIT * lease_secs() + BURST;
+    let admitted = run.admitted(None, kill, back);
+    println!(
+        "admitted during the outage ({kill:.0}-{back:.0} s): {admitted}; conservative quota {:.0} (+ lease carry-over and burst: {quota:.0})",
+        FALLBACK_SHARE * LIMIT * outage
+    );
+    checks.check(
+        admitted as f64 <= 1.02 * quota,
+        format!(
+            "admitted during the {outage:.0} s outage ≤ 1.02 × (fallback share × limit × {outage:.0} s + carry-over of one lease period + burst) = {:.0}: {admitted}",
+            1.02 * quota
+        ),
+    );
+    checks.check(
+        admitted as f64 >= 0.8 * FALLBACK_SHARE * LIMIT * outage,
+        format!(
+            "the regions keep deciding on the conservative quota (admitted ≥ 0.8 × {:.0}): {admitted}",
+            FALLBACK_SHARE * LIMIT * outage
+        ),
+    );
+    for (r, status, body, fallback) in &during {
+        checks.check(
+            *status == 200 && body.contains("conservative") && *fallback == Some(1.0),
+            format!(
+                "during the outage a replica of {} is ready, says so and reports divvy_global_fallback 1: {status} {:?}, divvy_global_fallback {fallback:?}",
+                REGIONS[*r],
+                body.trim()
+            ),
+        );
+    }
+    for (r, status, body, fallback, failed) in &after {
+        println!(
+            "  after: {} readyz {status} {:?} divvy_global_fallback {fallback:?} renewals failed {failed:?}",
+            REGIONS[*r],
+            body.trim()
+        );
+        checks.check(
+            *status == 200 && !body.contains("conservative") && *fallback != Some(1.0),
+            format!(
+                "one lease period (+ 1 s) after the return a replica of {} decides on leases again: {status} {:?}, divvy_global_fallback {fallback:?}",
+                REGIONS[*r],
+                body.trim()
+            ),
+        );
+    }
+    for (i, name) in REGIONS.iter().enumerate() {
+        let failed: f64 = after.iter().filter(|a| a.0 == i).filter_map(|a| a.4).sum();
+        checks.check(
+            failed >= 1.0,
+            format!("{name} counted its failed renewals: divvy_global_renewals_total{{result=\"failed\"}} {failed}"),
+        );
+    }
+    // Within one lease period (+ 1 s) of the return, accuracy is back.
+    run.check_windows(
+        &mut checks,
+        back + lease_secs() + 1.0,
+        "accuracy after the global store returns",
+    );
+    drop(world);
+    checks.finish();
+}
+
+#[test]
+fn a_killed_region_s_share_is_absorbed_by_the_others() {
+    let _serial = serial();
+    let mut checks = Checks::default();
+    let mut world = World::start(true);
+    let (kill, secs) = (12.0, 30.0);
+    let offer: Offer = Arc::new(move |r, t| {
+        if r == 0 && t >= kill {
+            0.0
+        } else {
+            OFFERED * [0.6, 0.3, 0.1][r]
+        }
+    });
+    let load = Load::start(&world, secs, offer);
+    let monitor = Monitor::start(&load, world.global.as_ref().expect("global").port);
+    // r1's clients stop at `kill`; its replicas die just after.
+    load.at(kill + 0.2);
+    world.regions[0].replicas.clear();
+    let run = load.finish(&format!(
+        "r1 killed at {kill:.0} s, lease {LEASE_MS} ms, 60/30/10"
+    ));
+    run.table();
+    run.per_second(kill - 4.0, secs);
+    monitor.finish(&run.name);
+
+    let others =
+        |from: f64, to: f64| run.admitted(Some(1), from, to) + run.admitted(Some(2), from, to);
+    let before = others(kill - 6.0, kill) as f64 / 6.0;
+    let from = kill + 2.0 * lease_secs();
+    let after = others(from, secs) as f64 / (secs - from);
+    // When r2 + r3 first admit ≥ 90 % of the limit in a second and keep it.
+    let absorbed = (0..)
+        .map(|i| kill + 0.25 * f64::from(i))
+        .take_while(|t| t + 1.0 <= secs)
+        .find(|&t| {
+            let mut s = t;
+            while s + 1.0 <= secs {
+                if (others(s, s + 1.0) as f64) < 0.9 * LIMIT {
+                    return false;
+                }
+                s += 1.0;
+            }
+            true
+        });
+    println!(
+        "r2 + r3 admitted {before:.1}/s before the kill, {after:.1}/s from {from:.0} s (2 lease periods after it); ≥ 90 % of the limit per second from {}",
+        absorbed.map_or("never".to_owned(), |t| format!("{:.2} s after the kill", t - kill))
+    );
+    checks.check(
+        run.errors() == 0,
+        format!("no request errors in r2 and r3: {}", run.errors()),
+    );
+    checks.check(
+        after >= 0.95 * LIMIT && after <= 1.02 * (LIMIT + BURST / (secs - from)),
+        format!(
+            "within 2 lease periods r2 + r3 (wanting 240/s) absorb r1's share: {after:.1}/s from {from:.0} s (want ≥ 0.95 × {LIMIT})"
+        ),
+    );
+    drop(world);
+    checks.finish();
+}

@@ -5,9 +5,9 @@
 //! Each region reports its demand (credits per second it was asked for,
 //! allowed or not). The targets are max-min fair with demand-proportional
 //! sharing: every region with demand wants `max(demand × (1 + headroom),
-//! floor)`; regions wanting no more than an equal split of what is left get
-//! what they want, repeatedly; what is left is split among the others in
-//! proportion to what they want; capacity nobody wants goes to everyone in
+//! floor)`; regions whose demand is no more than an equal split of what is
+//! left get what they want (capped at that split), repeatedly; what is left
+//! is split among the others in proportion to what they want; capacity nobody wants goes to everyone in
 //! proportion to demand, so no share sits idle while a region could use it.
 //! A renewing region is granted `min(its target, rate − the live grants of
 //! the others)`: the sum of live grants never exceeds the rate.
@@ -39,20 +39,23 @@ pub fn targets(s: &Sharing, demands: &[f64]) -> Vec<f64> {
         .collect();
     let mut active: Vec<usize> = (0..n).filter(|&i| want[i] > 0.0).collect();
     let mut left = s.rate;
-    // Regions wanting no more than an equal split get what they want.
+    // Regions asking no more than an equal split of what is left get what
+    // they want, capped at that split (the headroom never pushes a region
+    // under its fair share out of it); repeat with what is left.
     loop {
         if active.is_empty() {
             break;
         }
         let fair = left / active.len() as f64;
         let (small, rest): (Vec<usize>, Vec<usize>) =
-            active.iter().partition(|&&i| want[i] <= fair);
+            active.iter().partition(|&&i| demands[i] <= fair);
         if small.is_empty() {
             break;
         }
         for &i in &small {
-            out[i] = want[i];
-            left -= want[i];
+            let give = want[i].min(fair);
+            out[i] = give;
+            left -= give;
         }
         active = rest;
     }
@@ -97,6 +100,10 @@ mod tests {
         // 3× a limit of 200/s offered 60/30/10 %.
         let t = targets(&sharing(200.0), &[360.0, 180.0, 60.0]);
         assert!((t[2] - 66.0).abs() < 1e-9, "{t:?}");
+        // Measured a little high, the small region still gets its fair share
+        // (no cliff where the headroom crosses it).
+        let t = targets(&sharing(200.0), &[360.0, 180.0, 62.0]);
+        assert!((t[2] - 200.0 / 3.0).abs() < 1e-9, "{t:?}");
         assert!((t.iter().sum::<f64>() - 200.0).abs() < 1e-9);
         assert!((t[0] / t[1] - 2.0).abs() < 1e-9);
         // Under the limit: everyone gets its want, the rest by demand.

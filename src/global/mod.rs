@@ -76,10 +76,12 @@ struct Counter {
     burst: u64,
     /// The limit's label, for metrics.
     label: String,
-    /// Credits asked for since the last flush.
+    /// Credits asked for since the last step.
     demand: u64,
     /// Epoch ms demand was last seen.
     seen_ms: u64,
+    /// The last steps' (credits asked, seconds): about one period.
+    recent: std::collections::VecDeque<(u64, f64)>,
 }
 
 /// The region's global limits.
@@ -92,6 +94,7 @@ pub struct Global {
     leases: ArcSwap<HashMap<String, Lease>>,
     last_good: Mutex<HashMap<String, Lease>>,
     counters: Mutex<HashMap<String, Counter>>,
+    last_step: Mutex<Option<Instant>>,
     view: ArcSwap<HashMap<String, String>>,
     fallback: AtomicBool,
     renewer: AtomicBool,
@@ -128,6 +131,7 @@ impl Global {
             leases: ArcSwap::from_pointee(HashMap::new()),
             last_good: Mutex::new(HashMap::new()),
             counters: Mutex::new(HashMap::new()),
+            last_step: Mutex::new(None),
             view: ArcSwap::from_pointee(HashMap::new()),
             fallback: AtomicBool::new(false),
             renewer: AtomicBool::new(false),
@@ -170,6 +174,7 @@ impl Global {
                             label: limit.label.clone().unwrap_or_default(),
                             demand: cost.max(1),
                             seen_ms: now,
+                            recent: std::collections::VecDeque::new(),
                         },
                     );
                     true
@@ -204,8 +209,7 @@ impl Global {
                 let Some(g) = me.upgrade() else { return };
                 let tick = g.options.period / 4;
                 let due = last_renewal.is_none_or(|t| t.elapsed() >= g.options.period);
-                let since = last_renewal.map_or(g.options.period, |t| t.elapsed());
-                if g.step(due, since).await {
+                if g.step(due).await {
                     last_renewal = Some(Instant::now());
                 }
                 metrics()
@@ -224,26 +228,27 @@ impl Global {
         })
     }
 
-    /// One step: flush demand to the region, renew if due and this replica
-    /// renews, read the region's leases. True when a renewal was made.
-    async fn step(&self, due: bool, since: Duration) -> bool {
+    /// One step: measure demand and share it with the region, renew if due
+    /// and this replica renews, read the region's leases. True when a
+    /// renewal was made.
+    async fn step(&self, due: bool) -> bool {
         let now = now_ms();
         let (demands, specs) = self.take_demand(now);
         let mut renewed = false;
         match &self.regional {
             None => {
                 if due {
-                    self.renew(&demands, &specs, since).await;
+                    self.renew(&demands, &specs).await;
                     renewed = true;
                 }
             }
             Some(regional) => {
-                let _ = self.flush_regional(regional, &demands, &specs).await;
+                let _ = self.flush_regional(regional, &demands, &specs, now).await;
                 let renewer = self.hold_renewer(regional).await;
                 self.renewer.store(renewer, Ordering::Release);
                 if due && renewer {
-                    let (all, all_specs) = self.take_regional(regional).await;
-                    self.renew(&all, &all_specs, since).await;
+                    let (all, all_specs) = self.take_regional(regional, now).await;
+                    self.renew(&all, &all_specs).await;
                     renewed = true;
                 } else if !renewer {
                     self.read_regional(regional).await;
@@ -253,17 +258,42 @@ impl Global {
         renewed
     }
 
-    /// Local demand since the last step (reset), and the counters' specs.
+    /// Each counter's demand over about the last period (credits per
+    /// second, measured on this replica's own clock), and the counters' specs.
     #[allow(clippy::type_complexity)]
-    fn take_demand(&self, now: u64) -> (HashMap<String, u64>, HashMap<String, (f64, u64, String)>) {
+    fn take_demand(&self, now: u64) -> (HashMap<String, f64>, HashMap<String, (f64, u64, String)>) {
+        let elapsed = {
+            let mut last = self.last_step.lock().unwrap_or_else(|e| e.into_inner());
+            let secs = last.map_or(0.0, |t| t.elapsed().as_secs_f64());
+            *last = Some(Instant::now());
+            secs
+        };
         let mut counters = self.counters.lock().unwrap_or_else(|e| e.into_inner());
         // Counters not asked for in 5 periods are forgotten (their lease lapses).
         let keep_ms = u64::try_from(self.options.period.as_millis() * 5).unwrap_or(u64::MAX);
         counters.retain(|_, c| now.saturating_sub(c.seen_ms) < keep_ms);
+        let window = self.options.period.as_secs_f64();
         let mut demands = HashMap::new();
         let mut specs = HashMap::new();
         for (k, c) in counters.iter_mut() {
-            demands.insert(k.clone(), std::mem::take(&mut c.demand));
+            let asked = std::mem::take(&mut c.demand);
+            if elapsed > 0.0 {
+                c.recent.push_back((asked, elapsed));
+            }
+            // Keep about one period of steps.
+            while c.recent.len() > 1 && c.recent.iter().skip(1).map(|r| r.1).sum::<f64>() >= window
+            {
+                c.recent.pop_front();
+            }
+            let secs: f64 = c.recent.iter().map(|r| r.1).sum();
+            let count: u64 = c.recent.iter().map(|r| r.0).sum();
+            let rate = if secs > 0.0 {
+                count as f64 / secs
+            } else {
+                // The first step after a counter appears: what was asked, over a period.
+                asked as f64 / window.max(0.05)
+            };
+            demands.insert(k.clone(), rate);
             specs.insert(k.clone(), (c.rate, c.burst, c.label.clone()));
         }
         (demands, specs)
@@ -273,40 +303,47 @@ impl Global {
         format!("divvy:global:{what}:{}", self.options.region)
     }
 
+    fn replica(&self) -> String {
+        format!(
+            "{}@{}",
+            std::process::id(),
+            std::env::var("HOSTNAME").unwrap_or_default()
+        )
+    }
+
+    /// Writes this replica's demand rates (field `counter<TAB>replica`,
+    /// value `rate ms`) and the counters' specs to the regional store.
     async fn flush_regional(
         &self,
         regional: &Client,
-        demands: &HashMap<String, u64>,
+        demands: &HashMap<String, f64>,
         specs: &HashMap<String, (f64, u64, String)>,
+        now: u64,
     ) -> Result<(), Error> {
         let demand_key = self.regional_key("demand");
         let spec_key = self.regional_key("specs");
+        let me = self.replica();
+        let mut rates: Vec<(String, String)> = Vec::with_capacity(demands.len());
+        let mut spec_fields: Vec<(String, String)> = Vec::with_capacity(specs.len());
         for (k, d) in demands {
-            if *d > 0 {
-                regional
-                    .hincrby::<(), _, _>(
-                        &demand_key,
-                        k.as_str(),
-                        i64::try_from(*d).unwrap_or(i64::MAX),
-                    )
-                    .await?;
-            }
+            rates.push((format!("{k}\t{me}"), format!("{d} {now}")));
             if let Some((rate, burst, label)) = specs.get(k) {
-                regional
-                    .hset::<(), _, _>(&spec_key, (k.as_str(), format!("{rate} {burst} {label}")))
-                    .await?;
+                spec_fields.push((k.clone(), format!("{rate} {burst} {label}")));
             }
         }
         let life = i64::try_from(self.options.period.as_millis() * 10).unwrap_or(i64::MAX);
-        let _ = regional.pexpire::<(), _>(&spec_key, life, None).await;
+        if !rates.is_empty() {
+            regional.hset::<(), _, _>(&demand_key, rates).await?;
+            regional.hset::<(), _, _>(&spec_key, spec_fields).await?;
+            let _ = regional.pexpire::<(), _>(&demand_key, life, None).await;
+            let _ = regional.pexpire::<(), _>(&spec_key, life, None).await;
+        }
         Ok(())
     }
 
     async fn hold_renewer(&self, regional: &Client) -> bool {
         let key = self.regional_key("renewer");
-        let me = format!("{}", std::process::id())
-            + "@"
-            + &std::env::var("HOSTNAME").unwrap_or_default();
+        let me = self.replica();
         let px = i64::try_from(self.options.period.as_millis() * 3 / 2).unwrap_or(3000);
         let got: Result<Option<String>, Error> = regional
             .set(
@@ -329,25 +366,36 @@ impl Global {
         }
     }
 
+    /// The region's demand: the sum of every replica's fresh rate per counter.
     #[allow(clippy::type_complexity)]
     async fn take_regional(
         &self,
         regional: &Client,
-    ) -> (HashMap<String, u64>, HashMap<String, (f64, u64, String)>) {
+        now: u64,
+    ) -> (HashMap<String, f64>, HashMap<String, (f64, u64, String)>) {
         let demand_key = self.regional_key("demand");
         let spec_key = self.regional_key("specs");
-        let taken: Result<HashMap<String, i64>, Error> = regional
-            .eval(
-                "local v = redis.call('HGETALL', KEYS[1]); redis.call('DEL', KEYS[1]); return v",
-                vec![demand_key.as_str()],
-                Vec::<String>::new(),
-            )
-            .await;
-        let demands: HashMap<String, u64> = taken
-            .unwrap_or_default()
-            .into_iter()
-            .map(|(k, v)| (k, u64::try_from(v).unwrap_or(0)))
-            .collect();
+        let raw: HashMap<String, String> = regional.hgetall(&demand_key).await.unwrap_or_default();
+        let fresh_ms = u64::try_from(self.options.period.as_millis() * 2).unwrap_or(u64::MAX);
+        let mut demands: HashMap<String, f64> = HashMap::new();
+        let mut stale = Vec::new();
+        for (field, value) in raw {
+            let Some((counter, _replica)) = field.split_once('\t') else {
+                stale.push(field);
+                continue;
+            };
+            let mut parts = value.split(' ');
+            let rate: f64 = parts.next().and_then(|r| r.parse().ok()).unwrap_or(0.0);
+            let at: u64 = parts.next().and_then(|t| t.parse().ok()).unwrap_or(0);
+            if now.saturating_sub(at) > fresh_ms {
+                stale.push(field.clone());
+                continue;
+            }
+            *demands.entry(counter.to_owned()).or_default() += rate;
+        }
+        if !stale.is_empty() {
+            let _ = regional.hdel::<(), _, _>(&demand_key, stale).await;
+        }
         let raw: HashMap<String, String> = regional.hgetall(&spec_key).await.unwrap_or_default();
         let specs = raw
             .into_iter()
@@ -366,14 +414,12 @@ impl Global {
     /// (or the conservative quota when the global store fails).
     async fn renew(
         &self,
-        demands: &HashMap<String, u64>,
+        demands: &HashMap<String, f64>,
         specs: &HashMap<String, (f64, u64, String)>,
-        since: Duration,
     ) {
         if specs.is_empty() {
             return;
         }
-        let secs = since.as_secs_f64().max(0.05);
         let keys: Vec<String> = specs.keys().cloned().collect();
         let global_keys: Vec<String> = keys
             .iter()
@@ -389,7 +435,7 @@ impl Global {
         ];
         for k in &keys {
             let rate = specs.get(k).map_or(0.0, |s| s.0);
-            let demand = demands.get(k).copied().unwrap_or(0) as f64 / secs;
+            let demand = demands.get(k).copied().unwrap_or(0.0);
             args.push(rate.to_string());
             args.push(demand.to_string());
         }
@@ -446,9 +492,7 @@ impl Global {
                         .set(gauge_value(grant));
                     m.global_demand
                         .with_label_values(&[&label])
-                        .set(gauge_value(
-                            demands.get(k).copied().unwrap_or(0) as f64 / secs,
-                        ));
+                        .set(gauge_value(demands.get(k).copied().unwrap_or(0.0)));
                 }
                 if self.fallback.swap(false, Ordering::AcqRel) {
                     tracing::info!("global store answers again; leases in force");
@@ -456,7 +500,18 @@ impl Global {
                 metrics().global_fallback.set(0);
                 metrics().global_renewals.with_label_values(&["ok"]).inc();
                 *self.last_good.lock().unwrap_or_else(|e| e.into_inner()) = leases.clone();
-                self.view.store(Arc::new(views));
+                self.view.store(Arc::new(views.clone()));
+                if let Some(regional) = &self.regional {
+                    // The other replicas of the region show the world's view too.
+                    let key = self.regional_key("view");
+                    let fields: Vec<(String, String)> = views.into_iter().collect();
+                    if !fields.is_empty() {
+                        let _ = regional.hset::<(), _, _>(&key, fields).await;
+                        let life =
+                            i64::try_from(self.options.period.as_millis() * 10).unwrap_or(i64::MAX);
+                        let _ = regional.pexpire::<(), _>(&key, life, None).await;
+                    }
+                }
                 self.install(leases).await;
             }
             other => {
@@ -552,9 +607,35 @@ impl Global {
                 }
             }
         }
-        let fallback = leases.values().any(|l| l.fallback);
+        let now = now_ms();
+        let fallback = leases
+            .values()
+            .any(|l| l.fallback || l.expires_at_ms <= now);
         self.fallback.store(fallback, Ordering::Release);
+        metrics().global_fallback.set(i64::from(fallback));
+        {
+            let counters = self.counters.lock().unwrap_or_else(|e| e.into_inner());
+            for (k, l) in &leases {
+                if let Some(c) = counters.get(k) {
+                    metrics()
+                        .global_lease
+                        .with_label_values(&[&c.label])
+                        .set(gauge_value(l.rate));
+                }
+            }
+        }
         self.leases.store(Arc::new(leases));
+        if let Ok(view) = regional
+            .hgetall::<HashMap<String, String>, _>(&self.regional_key("view"))
+            .await
+        {
+            self.view.store(Arc::new(view));
+        }
+    }
+
+    /// The lease period (the longest a region waits for a new share).
+    pub fn period(&self) -> Duration {
+        self.options.period
     }
 
     /// What `GET /global` shows.

@@ -353,7 +353,12 @@ impl Limiter {
                 }
                 o.allowed = state.allowed;
                 o.remaining = state.remaining;
-                o.reset = Reset::After(state.reset_after);
+                o.reset = Reset::After(match (o.global, self.global.as_deref()) {
+                    // A new lease may come at the next renewal: never tell a
+                    // client to wait longer than a lease period.
+                    (true, Some(g)) => state.reset_after.min(g.period()),
+                    _ => state.reset_after,
+                });
                 o.counter_key = keys[i].take();
             }
             Outcome::from_limits(p.rule, limits)

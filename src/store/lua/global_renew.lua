@@ -35,9 +35,10 @@ local function targets(rate, demands)
     local fair = left / #active
     local rest, small = {}, 0
     for _, i in ipairs(active) do
-      if want[i] <= fair then
-        out[i] = want[i]
-        left = left - want[i]
+      if demands[i] <= fair then
+        local give = math.min(want[i], fair)
+        out[i] = give
+        left = left - give
         small = small + 1
       else
         rest[#rest + 1] = i

@@ -57,9 +57,13 @@ fn the_script_grants_what_the_arithmetic_says() {
                 &rate.to_string(),
                 &demand.to_string(),
             ]);
-            let got: f64 = out
-                .lines()
-                .next()
+            let lines: Vec<&str> = out.lines().collect();
+            let got: f64 = lines
+                .first()
+                .and_then(|l| l.trim().parse().ok())
+                .unwrap_or_else(|| panic!("script answer {out:?}"));
+            let target: f64 = lines
+                .get(1)
                 .and_then(|l| l.trim().parse().ok())
                 .unwrap_or_else(|| panic!("script answer {out:?}"));
             // The arithmetic: live others in region order, this region last.
@@ -74,6 +78,11 @@ fn the_script_grants_what_the_arithmetic_says() {
             let t = targets(&sharing, &demands);
             let others: f64 = live.iter().map(|&o| entries[o].map_or(0.0, |e| e.1)).sum();
             let want = grant(rate, t[t.len() - 1], others);
+            assert!(
+                (target - t[t.len() - 1]).abs() < 1e-3,
+                "case {case}: target {target} vs {}",
+                t[t.len() - 1]
+            );
             // The script keeps six decimals.
             assert!(
                 (got - want).abs() < 1e-3,

@@ -45,6 +45,9 @@ struct Region {
     pending: Option<(u64, (f64, u64))>,
     asked_since_renewal: u64,
     last_renewal_ms: u64,
+    next_renewal_ms: u64,
+    renewals: u32,
+    short: bool,
     /// In the global store: (demand/s, grant/s, expires).
     entry: Option<(f64, f64, u64)>,
 }
@@ -63,6 +66,9 @@ fn twelve_regions_one_hour_of_skewed_bursty_demand() {
             pending: None,
             asked_since_renewal: 0,
             last_renewal_ms: 0,
+            next_renewal_ms: r as u64 * PERIOD_MS / REGIONS as u64,
+            renewals: 0,
+            short: false,
             entry: None,
         })
         .collect();
@@ -76,7 +82,7 @@ fn twelve_regions_one_hour_of_skewed_bursty_demand() {
     let t0 = 1_700_000_000_000u64;
     for ms in 0..HOUR_MS {
         let now = t0 + ms;
-        for (r, reg) in regions.iter_mut().enumerate() {
+        for reg in regions.iter_mut() {
             if ms >= reg.next_phase_ms {
                 // Bursty: quiet, normal or bursting phases of 5–60 s.
                 let u = rng.unit();
@@ -121,42 +127,45 @@ fn twelve_regions_one_hour_of_skewed_bursty_demand() {
                 }
             }
             reg.asked_since_renewal += n;
-            // Renewals staggered across the period.
-            let offset = r as u64 * PERIOD_MS / REGIONS as u64;
-            if ms % PERIOD_MS == offset {
-                let secs = ((ms - reg.last_renewal_ms).max(1)) as f64 / 1000.0;
-                let demand = reg.asked_since_renewal as f64 / secs;
-                reg.asked_since_renewal = 0;
-                reg.last_renewal_ms = ms;
-                reg.entry = Some((demand, 0.0, now + PERIOD_MS * 3 / 2));
-            }
         }
-        // The global store answers renewals made this millisecond (in region order).
+        // Renewals: every period (staggered), every quarter period for a
+        // region's first four renewals and while its grant is short of its
+        // target, as the service does; the global store answers each at once.
         for r in 0..REGIONS {
-            let offset = r as u64 * PERIOD_MS / REGIONS as u64;
-            if ms % PERIOD_MS != offset {
+            if ms < regions[r].next_renewal_ms {
                 continue;
             }
+            let secs = ((ms - regions[r].last_renewal_ms).max(1)) as f64 / 1000.0;
+            let demand = regions[r].asked_since_renewal as f64 / secs;
+            regions[r].asked_since_renewal = 0;
+            regions[r].last_renewal_ms = ms;
             let live: Vec<usize> = (0..REGIONS)
-                .filter(|&o| regions[o].entry.is_some_and(|e| e.2 > now))
+                .filter(|&o| o != r && regions[o].entry.is_some_and(|e| e.2 > now))
                 .collect();
-            let demands: Vec<f64> = live
+            let mut demands: Vec<f64> = live
                 .iter()
                 .map(|&o| regions[o].entry.map_or(0.0, |e| e.0))
                 .collect();
+            demands.push(demand);
             let t = targets(&sharing, &demands);
-            let mine = live.iter().position(|&o| o == r).map_or(0.0, |i| t[i]);
+            let mine = t[t.len() - 1];
             let others: f64 = live
                 .iter()
-                .filter(|&&o| o != r)
                 .map(|&o| regions[o].entry.map_or(0.0, |e| e.1))
                 .sum();
             let g = grant(RATE, mine, others);
-            if let Some(e) = regions[r].entry.as_mut() {
-                e.1 = g;
-            }
+            let reg = &mut regions[r];
+            reg.entry = Some((demand, g, now + PERIOD_MS * 3 / 2));
             let b = ((BURST as f64 * g / RATE).floor() as u64).max(1);
-            regions[r].pending = Some((now + RTT_MS, (g, b)));
+            reg.pending = Some((now + RTT_MS, (g, b)));
+            reg.renewals += 1;
+            reg.short = g < 0.9 * mine;
+            let every = if reg.renewals < 4 || reg.short {
+                PERIOD_MS / 4
+            } else {
+                PERIOD_MS
+            };
+            reg.next_renewal_ms = ms + every;
         }
     }
     // Skip the first window (leases start at the floor).

@@ -98,6 +98,9 @@ pub struct Global {
     view: ArcSwap<HashMap<String, String>>,
     fallback: AtomicBool,
     renewer: AtomicBool,
+    /// Whether a grant fell short of its target (others still hold share):
+    /// renew sooner to pick it up when they give it back.
+    short: AtomicBool,
     wake: tokio::sync::Notify,
 }
 
@@ -135,6 +138,7 @@ impl Global {
             view: ArcSwap::from_pointee(HashMap::new()),
             fallback: AtomicBool::new(false),
             renewer: AtomicBool::new(false),
+            short: AtomicBool::new(false),
             wake: tokio::sync::Notify::new(),
             options,
         }
@@ -205,12 +209,22 @@ impl Global {
         let me = Arc::downgrade(self);
         tokio::spawn(async move {
             let mut last_renewal: Option<Instant> = None;
+            let mut renewals = 0u32;
             loop {
                 let Some(g) = me.upgrade() else { return };
                 let tick = g.options.period / 4;
-                let due = last_renewal.is_none_or(|t| t.elapsed() >= g.options.period);
+                // Every period; every quarter period for the first four
+                // renewals and while a grant is short of its target, so
+                // share given back by others is taken up quickly.
+                let every = if renewals < 4 || g.short.load(Ordering::Acquire) {
+                    tick
+                } else {
+                    g.options.period
+                };
+                let due = last_renewal.is_none_or(|t| t.elapsed() >= every);
                 if g.step(due).await {
                     last_renewal = Some(Instant::now());
+                    renewals = renewals.saturating_add(1);
                 }
                 metrics()
                     .global_alive
@@ -464,11 +478,14 @@ impl Global {
                 .unwrap_or(0)
                 .saturating_sub(u64::try_from(timeout.as_millis()).unwrap_or(0));
         match result {
-            Ok(Ok(raw)) if raw.len() == keys.len() * 2 => {
+            Ok(Ok(raw)) if raw.len() == keys.len() * 3 => {
                 let mut leases = HashMap::with_capacity(keys.len());
                 let mut views = HashMap::with_capacity(keys.len());
+                let mut short = false;
                 for (i, k) in keys.iter().enumerate() {
-                    let grant: f64 = raw[2 * i].parse().unwrap_or(0.0);
+                    let grant: f64 = raw[3 * i].parse().unwrap_or(0.0);
+                    let target: f64 = raw[3 * i + 1].parse().unwrap_or(0.0);
+                    short |= grant < 0.9 * target;
                     let (rate, burst, label) =
                         specs.get(k).cloned().unwrap_or((0.0, 1, String::new()));
                     let lease_burst = if rate > 0.0 {
@@ -485,7 +502,7 @@ impl Global {
                             fallback: false,
                         },
                     );
-                    views.insert(k.clone(), raw[2 * i + 1].clone());
+                    views.insert(k.clone(), raw[3 * i + 2].clone());
                     let m = metrics();
                     m.global_lease
                         .with_label_values(&[&label])
@@ -494,6 +511,7 @@ impl Global {
                         .with_label_values(&[&label])
                         .set(gauge_value(demands.get(k).copied().unwrap_or(0.0)));
                 }
+                self.short.store(short, Ordering::Release);
                 if self.fallback.swap(false, Ordering::AcqRel) {
                     tracing::info!("global store answers again; leases in force");
                 }

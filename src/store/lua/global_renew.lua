@@ -5,7 +5,8 @@
 -- ARGV[1] region, ARGV[2] lease lifetime ms, ARGV[3] floor (fraction of the
 -- rate), ARGV[4] headroom (fraction of demand), ARGV[5] now ms or -1 for
 -- Redis TIME; then per key: rate (credits/s), demand (credits/s).
--- Returns per key: the grant (credits/s, as text) and the view
+-- Returns per key: the grant (credits/s, as text), the region's target
+-- (what it would get once the others have renewed) and the view
 -- ("region=grant region=grant ...", every live region's grant).
 local region = ARGV[1]
 local life = tonumber(ARGV[2])
@@ -94,6 +95,7 @@ for k = 1, #KEYS do
   for i = 1, #names - 1 do view[#view + 1] = names[i] .. '=' .. string.format('%.6f', grants[i]) end
   view[#view + 1] = region .. '=' .. string.format('%.6f', g)
   out[#out + 1] = string.format('%.6f', g)
+  out[#out + 1] = string.format('%.6f', t[#t])
   out[#out + 1] = table.concat(view, ' ')
 end
 return out

@@ -207,7 +207,7 @@ fn twelve_regions_one_hour_of_skewed_bursty_demand() {
     // Under-admission is the price of deciding locally: a region whose
     // demand jumps waits up to a lease period (+ a round trip) for a bigger
     // share, while shrinking regions keep theirs until they renew. These
-    // bounds hold the figures quoted in the README (median 6.3%, p95 12.1%)
+    // bounds hold the figures quoted in the README (median 5.5%, p95 11.2%)
     // with a margin, so a regression in the sharing shows.
     assert!(pct(0.5) <= 0.09, "median under-admission {}", pct(0.5));
     assert!(pct(0.95) <= 0.16, "p95 under-admission {}", pct(0.95));

@@ -256,7 +256,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
                     period: Duration::from_millis(args.global_lease_ms.max(100)),
                     fallback_share: args.global_fallback_share.clamp(0.0, 1.0),
                     floor: args.global_floor.clamp(0.0, 1.0),
-                    headroom: 0.1,
+                    headroom: 0.05,
                 },
                 global_store.client(),
                 regional_client.clone(),

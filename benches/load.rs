@@ -2,7 +2,7 @@
 //! next to a baseline measured in the same run.
 //!
 //! Run with `cargo bench --bench load` (add `-- --seconds N` to change the
-//! length of each run, `-- --only memory|redis|algorithms` to run one
+//! length of each run, `-- --only memory|redis|algorithms|global` to run one
 //! section). It prints requests per second and latency percentiles for:
 //! - the divvy line protocol, one connection with up to 256 requests pipelined;
 //! - the line protocol, 64 connections with one request in flight each;
@@ -23,11 +23,24 @@
 //! in the same run. One divvy runs per rule and the rules take turns in short
 //! rounds, so a noisy neighbour slows them all alike; a second divvy with the
 //! window rule shows how far two identical servers differ in the same run.
+//!
+//! The `global` section measures what a `scope: global` limit costs on the
+//! request path: two divvy servers on one regional redis-server, one with a
+//! local token bucket and one with the same bucket `scope: global`, whose
+//! global store (another redis-server) is reached through a proxy in this
+//! process that delays every chunk 40 ms each way. Paced line-protocol load
+//! (2000 req/s over 16 connections), baseline and global interleaved in 2
+//! rounds, each server kept at 10 req/s while the other is measured (a
+//! global limit idle for a lease period is leased nothing and denies until
+//! its next renewal); p50/p99/p99.9, the global / baseline ratios and each
+//! server's CPU time per request. With `taskset`, the divvy servers run on
+//! CPU 0 and this process on CPU 1.
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
@@ -102,6 +115,7 @@ struct Divvy {
     child: Child,
     grpc: SocketAddr,
     line: SocketAddr,
+    http: SocketAddr,
     _dir: tempfile::TempDir,
 }
 
@@ -208,10 +222,24 @@ fn start_divvy() -> Divvy {
 }
 
 fn start_divvy_with(policy: &str, extra: &[&str]) -> Divvy {
+    start_divvy_on(policy, extra, None)
+}
+
+/// A divvy serving `policy` with the flags `extra`; with `cpu`, started
+/// through `taskset -c CPU` (so its pid is divvy's own).
+fn start_divvy_on(policy: &str, extra: &[&str], cpu: Option<u32>) -> Divvy {
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("bench.yaml");
     std::fs::write(&path, policy).expect("policy");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_divvy"))
+    let mut command = match cpu {
+        Some(cpu) => {
+            let mut c = Command::new("taskset");
+            c.args(["-c", &cpu.to_string(), env!("CARGO_BIN_EXE_divvy")]);
+            c
+        }
+        None => Command::new(env!("CARGO_BIN_EXE_divvy")),
+    };
+    let mut child = command
         .arg("serve")
         .arg("--config")
         .arg(&path)
@@ -224,14 +252,22 @@ fn start_divvy_with(policy: &str, extra: &[&str]) -> Divvy {
         .spawn()
         .expect("spawn divvy");
     let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
-    let (mut grpc, mut line) = (None, None);
-    while grpc.is_none() || line.is_none() {
-        let l = lines.next().expect("divvy exited").expect("read log");
+    let (mut grpc, mut line, mut http) = (None, None, None);
+    let mut seen = Vec::new();
+    while grpc.is_none() || line.is_none() || http.is_none() {
+        let l = match lines.next() {
+            Some(l) => l.expect("read log"),
+            None => panic!("divvy exited: {}", seen.join("\n")),
+        };
+        seen.push(l.clone());
         if let Some(a) = l.split("grpc listening on ").nth(1) {
             grpc = Some(a.trim().parse().expect("addr"));
         }
         if let Some(a) = l.split("line protocol listening on ").nth(1) {
             line = Some(a.trim().parse().expect("addr"));
+        }
+        if let Some(a) = l.split("http listening on ").nth(1) {
+            http = Some(a.trim().parse().expect("addr"));
         }
     }
     std::thread::spawn(move || for _ in lines {});
@@ -239,6 +275,7 @@ fn start_divvy_with(policy: &str, extra: &[&str]) -> Divvy {
         child,
         grpc: grpc.expect("grpc"),
         line: line.expect("line"),
+        http: http.expect("http"),
         _dir: dir,
     }
 }
@@ -501,7 +538,7 @@ fn print_row(name: &str, f: &mut Figures, note: &str) {
 }
 
 /// The sections `--only` may name.
-const SECTIONS: [&str; 3] = ["memory", "redis", "algorithms"];
+const SECTIONS: [&str; 4] = ["memory", "redis", "algorithms", "global"];
 
 /// The memory store over each protocol, next to the in-process baseline.
 async fn memory_section(divvy: &Divvy, run: Duration, seconds: u64) {
@@ -673,6 +710,426 @@ fn algorithms_section(rt: &tokio::runtime::Runtime, store: &str, extra: &[&str],
     }
 }
 
+// The global section -------------------------------------------------------
+
+/// The latency proxy's delay, each way, between divvy and the global store.
+const GLOBAL_DELAY: Duration = Duration::from_millis(40);
+/// `--global-lease-ms` of the global divvy.
+const GLOBAL_LEASE_MS: u64 = 2000;
+/// Paced load of the global section: requests per second in all, over
+/// this many connections.
+const GLOBAL_RATE: f64 = 2000.0;
+const GLOBAL_CONNS: u64 = 16;
+/// Rounds of the global section: baseline and global take turns.
+const GLOBAL_ROUNDS: u32 = 2;
+/// Paced load on each server before measuring: past the global limit's
+/// first lease (its 1% floor until then).
+const GLOBAL_WARMUP: Duration = Duration::from_secs(2);
+/// Requests per second each server gets all through the section (see
+/// [`keep_alive`]).
+const GLOBAL_KEEP_ALIVE: f64 = 10.0;
+
+/// One token bucket per site, huge so nothing is denied; `scope: global`
+/// or local to the region.
+fn global_policy(global: bool) -> String {
+    let scope = if global { " scope: global," } else { "" };
+    format!(
+        "overrides:\n  - operation: {{site: \"*\"}}\n    limits:\n      \
+         - {{label: partner, actorField: site,{scope} creditLimit: 1000000, resetSeconds: 1, \
+         algorithm: token_bucket, burst: 1000000}}\n\
+         default: {{creditLimit: 0}}\n"
+    )
+}
+
+/// A TCP proxy on a free loopback port to `127.0.0.1:upstream` that holds
+/// every chunk for [`GLOBAL_DELAY`] in each direction, in order (one queue
+/// and one writer thread per direction). Its threads end with the
+/// connections they carry.
+struct DelayProxy {
+    port: u16,
+}
+
+impl DelayProxy {
+    fn start(upstream: u16) -> DelayProxy {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind proxy");
+        let port = listener.local_addr().expect("proxy address").port();
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { continue };
+                let Ok(server) = std::net::TcpStream::connect(("127.0.0.1", upstream)) else {
+                    let _ = client.shutdown(std::net::Shutdown::Both);
+                    continue;
+                };
+                let _ = client.set_nodelay(true);
+                let _ = server.set_nodelay(true);
+                let (Ok(c2), Ok(s2)) = (client.try_clone(), server.try_clone()) else {
+                    continue;
+                };
+                delayed_pipe(client, s2);
+                delayed_pipe(server, c2);
+            }
+        });
+        DelayProxy { port }
+    }
+
+    /// A `PING` through the proxy: its round trip.
+    fn round_trip(&self) -> Duration {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.port)).expect("connect proxy");
+        s.set_nodelay(true).expect("nodelay");
+        let started = Instant::now();
+        s.write_all(b"PING\r\n").expect("ping");
+        let mut buf = [0u8; 7];
+        s.read_exact(&mut buf).expect("pong");
+        assert_eq!(&buf, b"+PONG\r\n");
+        started.elapsed()
+    }
+}
+
+/// Forwards `from` → `to`, each chunk [`GLOBAL_DELAY`] after it was read.
+fn delayed_pipe(from: std::net::TcpStream, to: std::net::TcpStream) {
+    let (tx, rx) = mpsc::channel::<Option<(Instant, Vec<u8>)>>();
+    let Ok(mut reader) = from.try_clone() else {
+        return;
+    };
+    std::thread::spawn(move || {
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            let chunk = match reader.read(&mut buf) {
+                Ok(0) | Err(_) => None,
+                Ok(n) => Some((Instant::now() + GLOBAL_DELAY, buf[..n].to_vec())),
+            };
+            let end = chunk.is_none();
+            if tx.send(chunk).is_err() || end {
+                return;
+            }
+        }
+    });
+    std::thread::spawn(move || {
+        let mut to = to;
+        while let Ok(Some((due, bytes))) = rx.recv() {
+            let now = Instant::now();
+            if due > now {
+                std::thread::sleep(due - now);
+            }
+            if to.write_all(&bytes).is_err() {
+                break;
+            }
+        }
+        let _ = to.shutdown(std::net::Shutdown::Both);
+        let _ = from.shutdown(std::net::Shutdown::Both);
+    });
+}
+
+/// `conns` connections sending `HIT site=partner1` at `rate` requests per
+/// second in all for `run`, each on its own schedule (spread evenly over one
+/// interval), one request in flight per connection: a late answer makes
+/// only the next send of its connection late. Latency is from writing the
+/// line to reading the answer, which must be `OK true`.
+async fn line_paced(addr: SocketAddr, run: Duration, rate: f64, conns: u64) -> Figures {
+    let interval = Duration::from_secs_f64(conns as f64 / rate);
+    let start = Instant::now() + Duration::from_millis(20);
+    let end = start + run;
+    let tasks: Vec<_> = (0..conns)
+        .map(|c| {
+            tokio::spawn(async move {
+                let stream = TcpStream::connect(addr).await.expect("connect");
+                stream.set_nodelay(true).expect("nodelay");
+                let (rd, mut wr) = stream.into_split();
+                let mut reader = TokioBufReader::new(rd);
+                let mut answer = String::new();
+                let mut lat = Vec::new();
+                let mut due = start + interval.mul_f64(c as f64 / conns as f64);
+                while due < end {
+                    tokio::time::sleep_until(due.into()).await;
+                    let t = Instant::now();
+                    wr.write_all(b"HIT site=partner1\n").await.expect("send");
+                    answer.clear();
+                    reader.read_line(&mut answer).await.expect("answer");
+                    assert!(
+                        answer.starts_with("OK true"),
+                        "unexpected answer {answer:?}"
+                    );
+                    lat.push(t.elapsed());
+                    due += interval;
+                }
+                lat
+            })
+        })
+        .collect();
+    let mut latencies = Vec::new();
+    for t in tasks {
+        latencies.extend(t.await.expect("task"));
+    }
+    Figures {
+        requests: latencies.len() as u64,
+        elapsed: start.elapsed().min(run),
+        latencies,
+    }
+}
+
+/// One connection sending `HIT site=partner1` at `rate` requests per second
+/// until `stop`: keeps a server's demand alive while the other is measured
+/// (a global limit's region with no demand for a lease period is leased
+/// nothing, and would deny until its next renewal when the load resumes).
+/// Returns the requests sent and the answers that were not `OK true`, with
+/// the first of them.
+fn keep_alive(
+    rt: &tokio::runtime::Runtime,
+    addr: SocketAddr,
+    rate: f64,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<(u64, u64, Option<String>)> {
+    rt.spawn(async move {
+        let stream = TcpStream::connect(addr).await.expect("connect");
+        stream.set_nodelay(true).expect("nodelay");
+        let (rd, mut wr) = stream.into_split();
+        let mut reader = TokioBufReader::new(rd);
+        let mut answer = String::new();
+        let mut ticks = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
+        let (mut sent, mut bad, mut first_bad) = (0, 0, None);
+        while !stop.load(Ordering::Relaxed) {
+            ticks.tick().await;
+            wr.write_all(b"HIT site=partner1\n").await.expect("send");
+            answer.clear();
+            reader.read_line(&mut answer).await.expect("answer");
+            sent += 1;
+            if !answer.starts_with("OK true") {
+                bad += 1;
+                first_bad.get_or_insert_with(|| answer.trim().to_owned());
+            }
+        }
+        (sent, bad, first_bad)
+    })
+}
+
+/// User plus system CPU time of process `pid` so far, from `/proc/PID/stat`.
+fn cpu_time(pid: u32, tick: f64) -> Option<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name: state is the first, utime the 12th, stime the 13th.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some(Duration::from_secs_f64(ticks as f64 / tick))
+}
+
+/// Clock ticks per second (`getconf CLK_TCK`, 100 if that fails).
+fn clock_ticks() -> f64 {
+    Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+        .unwrap_or(100.0)
+}
+
+/// Pins every thread of this process to `cpu` with `taskset`; `Err` says why not.
+fn pin_self(cpu: u32) -> Result<(), String> {
+    let pid = std::process::id().to_string();
+    match Command::new("taskset")
+        .args(["-a", "-cp", &cpu.to_string(), &pid])
+        .output()
+    {
+        Ok(o) if o.status.success() => Ok(()),
+        Ok(o) => Err(format!(
+            "taskset -a -cp {cpu} {pid} failed: {}",
+            String::from_utf8_lossy(&o.stderr).trim()
+        )),
+        Err(e) => Err(format!("taskset not available ({e})")),
+    }
+}
+
+/// `GET path` on divvy's HTTP port: the body.
+fn http_get(addr: SocketAddr, path: &str) -> String {
+    let Ok(mut s) = std::net::TcpStream::connect(addr) else {
+        return String::new();
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+    let _ = write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    );
+    let mut text = String::new();
+    let _ = s.read_to_string(&mut text);
+    text.split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_owned())
+        .unwrap_or_default()
+}
+
+/// The global divvy's lease after the warm-up, from `/global`.
+fn lease_summary(divvy: &Divvy) -> String {
+    let body = http_get(divvy.http, "/global");
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(&body) else {
+        return format!("/global unreadable: {body:?}");
+    };
+    match v["leases"].as_array().and_then(|l| l.first()) {
+        Some(l) => format!(
+            "region {} lease: rate {} /s, burst {}, fallback {}, expires in {} s",
+            v["region"], l["rate"], l["burst"], l["fallback"], l["expiresInSeconds"]
+        ),
+        None => format!("no lease yet: {v}"),
+    }
+}
+
+/// Rows of the global section: rate, p50, p99, p99.9, then `note`.
+fn print_global_row(name: &str, f: &mut Figures, note: &str) {
+    println!(
+        "{name:<30} {:>7.0} req/s  p50 {:>8.1?}  p99 {:>8.1?}  p99.9 {:>8.1?}  {note}",
+        f.rate(),
+        f.pct(0.50),
+        f.pct(0.99),
+        f.pct(0.999)
+    );
+}
+
+/// A global limit's decision latency next to the same limit local to the
+/// region, both on one regional redis-server, the global store 40 ms away
+/// each way; see the file's documentation.
+fn global_section(rt: &tokio::runtime::Runtime, run: Duration, command: &str) {
+    println!("\nglobal: {command}");
+    // Both redis-servers start before this process is pinned, so they run
+    // on any CPU.
+    let global_redis = start_redis();
+    let regional = start_redis();
+    let pinned = match pin_self(1) {
+        Ok(()) => true,
+        Err(why) => {
+            println!("  {why}: running unpinned");
+            false
+        }
+    };
+    let proxy = DelayProxy::start(global_redis.port);
+    println!(
+        "  topology: global redis :{} <- proxy :{} ({} ms each way, PING round trip {:.1} ms) \
+         <- divvy; regional redis :{} <- both divvy",
+        global_redis.port,
+        proxy.port,
+        GLOBAL_DELAY.as_millis(),
+        proxy.round_trip().as_secs_f64() * 1000.0,
+        regional.port,
+    );
+    let regional_url = format!("redis://127.0.0.1:{}", regional.port);
+    let global_url = format!("redis://127.0.0.1:{}", proxy.port);
+    let lease_ms = GLOBAL_LEASE_MS.to_string();
+    let cpu = pinned.then_some(0);
+    let baseline = start_divvy_on(&global_policy(false), &["--redis-url", &regional_url], cpu);
+    let global = start_divvy_on(
+        &global_policy(true),
+        &[
+            "--redis-url",
+            &regional_url,
+            "--region",
+            "r1",
+            "--global-url",
+            &global_url,
+            "--global-lease-ms",
+            &lease_ms,
+        ],
+        cpu,
+    );
+    if pinned {
+        println!("  pinned: divvy servers on CPU 0 (taskset -c 0), this process (load generator and proxy) on CPU 1, redis-servers unpinned");
+    }
+    println!(
+        "  load: line protocol HIT site=partner1, {GLOBAL_RATE:.0} req/s paced over {GLOBAL_CONNS} conns \
+         (1 in flight each), {:.0} s per run, {GLOBAL_ROUNDS} rounds each, interleaved; \
+         {:.0} s warm-up per server; every answer OK true; {GLOBAL_KEEP_ALIVE:.0} req/s on \
+         1 more conn to each server all along, so neither sits idle while the other is measured",
+        run.as_secs_f64(),
+        GLOBAL_WARMUP.as_secs_f64()
+    );
+    let tick = clock_ticks();
+    let servers = [
+        ("baseline (local limit)", &baseline),
+        ("global (scope: global)", &global),
+    ];
+    let mut totals: [Option<Figures>; 2] = [None, None];
+    let mut cpu_totals = [(Duration::ZERO, Duration::ZERO); 2];
+    let stop = Arc::new(AtomicBool::new(false));
+    let keep: Vec<_> = servers
+        .iter()
+        .map(|(_, divvy)| keep_alive(rt, divvy.line, GLOBAL_KEEP_ALIVE, stop.clone()))
+        .collect();
+    rt.block_on(async {
+        for (_, divvy) in &servers {
+            line_paced(divvy.line, GLOBAL_WARMUP, GLOBAL_RATE, GLOBAL_CONNS).await;
+        }
+    });
+    println!("  after warm-up, {}", lease_summary(&global));
+    for round in 0..GLOBAL_ROUNDS as usize {
+        for k in 0..servers.len() {
+            // Each round starts with the other server.
+            let k = (round + k) % servers.len();
+            let (name, divvy) = servers[k];
+            let before = (
+                cpu_time(divvy.child.id(), tick),
+                cpu_time(regional.child.id(), tick),
+            );
+            let mut f = rt.block_on(line_paced(divvy.line, run, GLOBAL_RATE, GLOBAL_CONNS));
+            let after = (
+                cpu_time(divvy.child.id(), tick),
+                cpu_time(regional.child.id(), tick),
+            );
+            let per_request = |b: Option<Duration>, a: Option<Duration>| match (b, a) {
+                (Some(b), Some(a)) => Some(a.saturating_sub(b)),
+                _ => None,
+            };
+            let (d, r) = (
+                per_request(before.0, after.0),
+                per_request(before.1, after.1),
+            );
+            let n = f.requests.max(1) as f64;
+            let note = match (d, r) {
+                (Some(d), Some(r)) => {
+                    cpu_totals[k].0 += d;
+                    cpu_totals[k].1 += r;
+                    format!(
+                        "cpu/req divvy {:.1} µs, redis {:.1} µs",
+                        d.as_secs_f64() * 1e6 / n,
+                        r.as_secs_f64() * 1e6 / n
+                    )
+                }
+                _ => String::from("(no /proc cpu times)"),
+            };
+            print_global_row(&format!("  round {}: {name}", round + 1), &mut f, &note);
+            totals[k] = Some(match totals[k].take() {
+                None => f,
+                Some(sum) => sum.add(f),
+            });
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    for ((name, _), k) in servers.iter().zip(keep) {
+        let (sent, bad, first) = rt.block_on(k).expect("keep-alive");
+        if bad > 0 {
+            println!(
+                "  keep-alive of {name}: {bad} of {sent} answers not OK true (first: {})",
+                first.unwrap_or_default()
+            );
+        }
+    }
+    println!("  all rounds:");
+    let mut pcts = Vec::new();
+    for (k, f) in totals.into_iter().enumerate() {
+        let mut f = f.expect("at least one round");
+        let n = f.requests.max(1) as f64;
+        let note = format!(
+            "{} requests, cpu/req divvy {:.1} µs, redis {:.1} µs",
+            f.requests,
+            cpu_totals[k].0.as_secs_f64() * 1e6 / n,
+            cpu_totals[k].1.as_secs_f64() * 1e6 / n
+        );
+        print_global_row(&format!("  {}", servers[k].0), &mut f, &note);
+        pcts.push((f.pct(0.50), f.pct(0.99), f.pct(0.999)));
+    }
+    let ratio = |g: Duration, b: Duration| g.as_secs_f64() / b.as_secs_f64().max(1e-9);
+    println!(
+        "  global / baseline: p50 {:.2}x, p99 {:.2}x, p99.9 {:.2}x",
+        ratio(pcts[1].0, pcts[0].0),
+        ratio(pcts[1].1, pcts[0].1),
+        ratio(pcts[1].2, pcts[0].2)
+    );
+    println!("  after the runs, {}", lease_summary(&global));
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let value = |flag: &str| args.iter().skip_while(|a| *a != flag).nth(1).cloned();
@@ -718,5 +1175,19 @@ fn main() {
         );
         algorithms_section(&rt, "memory store", &[], run);
         algorithms_section(&rt, "redis store", &["--redis-url", &url], run);
+    }
+    if wants("global") {
+        // Last: it pins this process to one CPU.
+        let user: Vec<&str> = args[1..]
+            .iter()
+            .map(String::as_str)
+            .filter(|a| *a != "--bench")
+            .collect();
+        let command = if user.is_empty() {
+            String::from("cargo bench --bench load")
+        } else {
+            format!("cargo bench --bench load -- {}", user.join(" "))
+        };
+        global_section(&rt, run, &command);
     }
 }

@@ -251,7 +251,7 @@ impl Global {
         let mut renewed = false;
         match &self.regional {
             None => {
-                if due {
+                if due || self.starving(&demands, &specs) {
                     self.renew(&demands, &specs).await;
                     renewed = true;
                 }
@@ -260,16 +260,36 @@ impl Global {
                 let _ = self.flush_regional(regional, &demands, &specs, now).await;
                 let renewer = self.hold_renewer(regional).await;
                 self.renewer.store(renewer, Ordering::Release);
-                if due && renewer {
+                if renewer {
                     let (all, all_specs) = self.take_regional(regional, now).await;
-                    self.renew(&all, &all_specs).await;
-                    renewed = true;
-                } else if !renewer {
+                    if due || self.starving(&all, &all_specs) {
+                        self.renew(&all, &all_specs).await;
+                        renewed = true;
+                    }
+                } else {
                     self.read_regional(regional).await;
                 }
             }
         }
         renewed
+    }
+
+    /// Whether a counter with demand holds less than the floor (its lease
+    /// was cut to nothing while it was idle): renew now, not a period later.
+    fn starving(
+        &self,
+        demands: &HashMap<String, f64>,
+        specs: &HashMap<String, (f64, u64, String)>,
+    ) -> bool {
+        let leases = self.leases.load();
+        demands.iter().any(|(k, &d)| {
+            d > 0.0
+                && specs.get(k).is_some_and(|(rate, _, _)| {
+                    leases
+                        .get(k)
+                        .is_some_and(|l| l.rate < rate * self.options.floor)
+                })
+        })
     }
 
     /// Each counter's demand over about the last period (credits per

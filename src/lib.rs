@@ -6,6 +6,7 @@
 
 pub mod config;
 pub mod global;
+pub mod governor;
 pub mod knobs;
 pub mod limiter;
 pub mod metrics;

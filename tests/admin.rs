@@ -43,15 +43,7 @@ fn serve() -> Server {
 
 /// Every sample of `/metrics`: `name{labels}` → value.
 fn samples(server: &Server) -> BTreeMap<String, f64> {
-    let (status, body) = server.http("GET", "/metrics", "");
-    assert_eq!(status, 200);
-    body.lines()
-        .filter(|l| !l.starts_with('#') && !l.is_empty())
-        .filter_map(|l| {
-            let (k, v) = l.rsplit_once(' ')?;
-            Some((k.to_owned(), v.parse().ok()?))
-        })
-        .collect()
+    server.metric_samples()
 }
 
 fn value(s: &BTreeMap<String, f64>, key: &str) -> f64 {

@@ -4,6 +4,8 @@
 
 mod common;
 
+use common::assert_has;
+
 use std::process::Command;
 
 use divvy::config::{parse_str, Format};
@@ -18,12 +20,6 @@ fn errors(text: &str, format: Format) -> String {
 
 fn yaml(rules: &str) -> String {
     format!("overrides:\n{rules}default: {{creditLimit: 1, resetSeconds: 60}}\n")
-}
-
-fn assert_has(haystack: &str, needles: &[&str]) {
-    for n in needles {
-        assert!(haystack.contains(n), "expected {n:?} in:\n{haystack}");
-    }
 }
 
 #[test]

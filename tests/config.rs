@@ -3,6 +3,8 @@
 
 mod common;
 
+use common::assert_has;
+
 use std::process::Command;
 use std::sync::Arc;
 
@@ -27,12 +29,6 @@ const DEFAULT: &str = "default: {creditLimit: 1, resetSeconds: 60}\n";
 
 fn with_default(rules: &str) -> String {
     format!("overrides:\n{rules}{DEFAULT}")
-}
-
-fn assert_has(haystack: &str, needles: &[&str]) {
-    for n in needles {
-        assert!(haystack.contains(n), "expected {n:?} in:\n{haystack}");
-    }
 }
 
 #[test]

@@ -91,27 +91,7 @@ fn call_at(
     body: &str,
     auth: Option<&str>,
 ) -> (u16, String) {
-    let mut s = std::net::TcpStream::connect(addr).expect("connect http");
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    let auth = auth.map_or_else(String::new, |a| format!("Authorization: {a}\r\n"));
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).expect("http answer");
-    let status = raw
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .expect("status line");
-    let body = raw
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    (status, body)
+    common::http_request(addr, method, path, body, auth)
 }
 
 /// `PUT /knobs/{label}` with the right token.
@@ -191,15 +171,7 @@ fn countdown(n: u64) -> Vec<(bool, u64)> {
 
 /// Every sample of `/metrics`: `name{labels}` → value.
 fn samples(server: &Server) -> BTreeMap<String, f64> {
-    let (status, body) = server.http("GET", "/metrics", "");
-    assert_eq!(status, 200);
-    body.lines()
-        .filter(|l| !l.starts_with('#') && !l.is_empty())
-        .filter_map(|l| {
-            let (k, v) = l.rsplit_once(' ')?;
-            Some((k.to_owned(), v.parse().ok()?))
-        })
-        .collect()
+    server.metric_samples()
 }
 
 fn changes(server: &Server, action: &str) -> f64 {

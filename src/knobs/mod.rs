@@ -115,7 +115,8 @@ pub fn now_ms() -> u64 {
 
 /// The knobs in force, shared by every request.
 pub struct Knobs {
-    current: ArcSwap<HashMap<String, Knob>>,
+    /// Shared knobs (`Arc`): the request path takes one without copying it.
+    current: ArcSwap<HashMap<String, Arc<Knob>>>,
     shared: Option<shared::SharedKnobs>,
     replica: String,
     /// Serialises changes made through this replica.
@@ -157,7 +158,7 @@ impl Knobs {
     }
 
     /// The knob in force for `label`, if any (the request path).
-    pub fn get(&self, label: &str) -> Option<Knob> {
+    pub fn get(&self, label: &str) -> Option<Arc<Knob>> {
         let map = self.current.load();
         if map.is_empty() {
             return None;
@@ -178,7 +179,7 @@ impl Knobs {
             .load()
             .iter()
             .filter(|(_, k)| k.live(now))
-            .map(|(l, k)| (l.clone(), k.clone()))
+            .map(|(l, k)| (l.clone(), Knob::clone(k)))
             .collect();
         out.sort_by(|a, b| a.0.cmp(&b.0));
         out
@@ -190,9 +191,9 @@ impl Knobs {
         if let Some(shared) = &self.shared {
             shared.put(label, &knob).await?;
         }
-        let old = self.get(label);
+        let old = self.get(label).map(|k| Knob::clone(&k));
         let mut map = (**self.current.load()).clone();
-        map.insert(label.to_owned(), knob);
+        map.insert(label.to_owned(), Arc::new(knob));
         self.install(map);
         Ok(old)
     }
@@ -202,6 +203,7 @@ impl Knobs {
         let _guard = self.writing.lock().await;
         let old = self
             .get(label)
+            .map(|k| Knob::clone(&k))
             .ok_or_else(|| KnobError::NoKnob(label.to_owned()))?;
         if let Some(shared) = &self.shared {
             shared.delete(label).await?;
@@ -212,7 +214,7 @@ impl Knobs {
         Ok(old)
     }
 
-    fn install(&self, map: HashMap<String, Knob>) {
+    fn install(&self, map: HashMap<String, Arc<Knob>>) {
         metrics()
             .knobs
             .set(i64::try_from(map.len()).unwrap_or(i64::MAX));
@@ -241,7 +243,10 @@ impl Knobs {
             None => None,
         };
         let old = self.current.load_full();
-        let mut map = fresh.unwrap_or_else(|| (*old).clone());
+        let mut map: HashMap<String, Arc<Knob>> = match fresh {
+            Some(read) => read.into_iter().map(|(l, k)| (l, Arc::new(k))).collect(),
+            None => (*old).clone(),
+        };
         let expired: Vec<String> = map
             .iter()
             .filter(|(_, k)| !k.live(now))

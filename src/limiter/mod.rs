@@ -471,7 +471,7 @@ pub fn counter_op(
 /// The knob in force for limit `i` of `spec`: one set on the limit's own
 /// label (a `limits` entry's), or on the rule's label when the rule has one
 /// limit (as [`crate::knobs::body::target`] resolves labels).
-pub fn knob_for(knobs: &Knobs, spec: &RuleSpec, i: usize) -> Option<Knob> {
+pub fn knob_for(knobs: &Knobs, spec: &RuleSpec, i: usize) -> Option<Arc<Knob>> {
     let own = spec
         .limits
         .get(i)

@@ -96,16 +96,6 @@ impl RuleSources {
         state.refused = None;
         Ok(n)
     }
-
-    /// The aux rules in force.
-    pub fn aux_count(&self) -> usize {
-        self.lock().aux.len()
-    }
-
-    /// The file policy in force (without aux rules).
-    pub fn file_policy(&self) -> Policy {
-        self.lock().file.clone()
-    }
 }
 
 fn set_aux_gauge(n: usize) {

@@ -122,27 +122,20 @@ impl Server {
 
     /// An HTTP/1.1 request to the admin API: `(status, body)`.
     pub fn http(&self, method: &str, path: &str, body: &str) -> (u16, String) {
-        use std::io::{Read, Write};
-        let mut s = std::net::TcpStream::connect(self.http).expect("connect http");
-        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-        write!(
-            s,
-            "{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        )
-        .unwrap();
-        let mut raw = String::new();
-        s.read_to_string(&mut raw).expect("http answer");
-        let status = raw
-            .split(' ')
-            .nth(1)
-            .and_then(|c| c.parse().ok())
-            .expect("status line");
-        let body = raw
-            .split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_owned())
-            .unwrap_or_default();
-        (status, body)
+        http_request(self.http, method, path, body, None)
+    }
+
+    /// Every sample of `/metrics`: `name{labels}` → value.
+    pub fn metric_samples(&self) -> std::collections::BTreeMap<String, f64> {
+        let (status, body) = self.http("GET", "/metrics", "");
+        assert_eq!(status, 200);
+        body.lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+            .filter_map(|l| {
+                let (k, v) = l.rsplit_once(' ')?;
+                Some((k.to_owned(), v.parse().ok()?))
+            })
+            .collect()
     }
 
     /// The process id.
@@ -218,5 +211,45 @@ pub fn request(domain: &str, descriptors: Vec<RateLimitDescriptor>) -> RateLimit
         domain: domain.to_owned(),
         descriptors,
         hits_addend: 0,
+    }
+}
+
+/// An HTTP/1.1 request to `addr` with an optional `Authorization` header
+/// value: `(status, body)`.
+pub fn http_request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: &str,
+    auth: Option<&str>,
+) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect http");
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let auth = auth.map_or_else(String::new, |a| format!("Authorization: {a}\r\n"));
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).expect("http answer");
+    let status = raw
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .expect("status line");
+    let body = raw
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// Asserts that `haystack` contains every one of `needles`.
+pub fn assert_has(haystack: &str, needles: &[&str]) {
+    for n in needles {
+        assert!(haystack.contains(n), "expected {n:?} in:\n{haystack}");
     }
 }

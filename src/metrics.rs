@@ -69,6 +69,26 @@ pub struct Metrics {
     pub global_renewals: IntCounterVec,
     /// `divvy_global_alive_timestamp_seconds`: last step of the lease task.
     pub global_alive: IntGauge,
+    /// `divvy_governor_measurement{rule}`: the last load a governor read (NaN before any).
+    pub governor_measurement: GaugeVec,
+    /// `divvy_governor_output{rule}`: the creditLimit a governor last set.
+    pub governor_output: GaugeVec,
+    /// `divvy_governor_setpoint{rule}`: the load a governor holds.
+    pub governor_setpoint: GaugeVec,
+    /// `divvy_governor_breaker_open{rule}`: 1 while a governor's breaker is open.
+    pub governor_breaker_open: GaugeVec,
+    /// `divvy_governor_leader{rule}`: 1 while this replica holds the governor's lease (it governs), 0 while idle.
+    pub governor_leader: GaugeVec,
+    /// `divvy_governor_queries_total{rule,result}`: Prometheus queries by result (ok, error, empty, stale).
+    pub governor_queries: IntCounterVec,
+}
+
+fn gauge_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> GaugeVec {
+    let g = GaugeVec::new(Opts::new(name, help), labels).expect("static metric definition");
+    registry
+        .register(Box::new(g.clone()))
+        .expect("unique metric name");
+    g
 }
 
 fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -239,6 +259,42 @@ impl Metrics {
                 &r,
                 "divvy_global_alive_timestamp_seconds",
                 "Unix time of the last step of the global lease task",
+            ),
+            governor_measurement: gauge_vec(
+                &r,
+                "divvy_governor_measurement",
+                "The last load a governor read from Prometheus",
+                &["rule"],
+            ),
+            governor_output: gauge_vec(
+                &r,
+                "divvy_governor_output",
+                "The creditLimit a governor last set",
+                &["rule"],
+            ),
+            governor_setpoint: gauge_vec(
+                &r,
+                "divvy_governor_setpoint",
+                "The load a governor holds",
+                &["rule"],
+            ),
+            governor_breaker_open: gauge_vec(
+                &r,
+                "divvy_governor_breaker_open",
+                "1 while a governor's circuit breaker is open",
+                &["rule"],
+            ),
+            governor_leader: gauge_vec(
+                &r,
+                "divvy_governor_leader",
+                "1 while this replica holds a governor's lease and governs; 0 while it is idle",
+                &["rule"],
+            ),
+            governor_queries: counter_vec(
+                &r,
+                "divvy_governor_queries_total",
+                "A governor's Prometheus queries by result (ok, error, empty, stale)",
+                &["rule", "result"],
             ),
             registry: r,
         }

@@ -99,6 +99,25 @@ fn summary(policy: &Policy) -> String {
     if rules.len() > SHOWN {
         out.push_str(&format!("  ... and {} more rules\n", rules.len() - SHOWN));
     }
+    for g in &policy.governors {
+        out.push_str(&format!(
+            "governor {}: {} -> setpoint {} every {:?}, creditLimit {}..{}, kp {} ki {} kd {}{}{}\n",
+            g.rule,
+            g.query,
+            g.setpoint,
+            g.every,
+            g.min,
+            g.max,
+            g.kp,
+            g.ki,
+            g.kd,
+            g.breaker_above
+                .map_or_else(String::new, |a| format!(", breaker above {a}")),
+            g.prometheus
+                .as_deref()
+                .map_or_else(String::new, |p| format!(", prometheus {p}")),
+        ));
+    }
     out
 }
 

@@ -3,6 +3,7 @@
 //! gracefully on SIGTERM or SIGINT.
 
 use divvy::global::{Global, GlobalOptions};
+use divvy::governor::Governors;
 use divvy::knobs::shared::SharedKnobs;
 use divvy::knobs::Knobs;
 use divvy::sources::zookeeper::{self, ZkOptions};
@@ -123,6 +124,10 @@ pub struct ServeArgs {
     /// `Authorization: Bearer <token>`; without it, knob changes are refused.
     #[arg(long, env = "DIVVY_ADMIN_TOKEN", hide_env_values = true)]
     admin_token: Option<String>,
+    /// The Prometheus that governors query when the policy names none
+    /// (`http://host:port`).
+    #[arg(long, env = "PROMETHEUS_URL")]
+    prometheus_url: Option<String>,
     /// Read extra rules from a ZooKeeper node and put them ahead of the
     /// policy file's (foxpass's divvy fork): `true` or `false`.
     #[arg(
@@ -203,6 +208,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         let _ = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup());
         let mut knobs = Knobs::local();
         let mut regional_client = None;
+        let mut lease_client = None;
         let store: Arc<dyn Store> = match redis_target(args.redis_url.as_deref())? {
             None => {
                 let memory = Arc::new(MemoryStore::new());
@@ -221,6 +227,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
                     RedisStore::connect(&options, Duration::from_secs(2)).await?;
                 knobs = Knobs::shared(SharedKnobs::new(redis.client()));
                 regional_client = Some(redis.client());
+                lease_client = Some(redis.client());
                 let failover =
                     FailoverStore::new(Arc::new(redis), args.on_store_failure, args.local_share);
                 let failover = Arc::new(if connected {
@@ -266,6 +273,13 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
             limiter = limiter.with_global(global);
         }
         let limiter = Arc::new(limiter);
+        // Governors elect one replica per rule through the counters' Redis.
+        let governors = Arc::new(Governors::new(
+            limiter.clone(),
+            lease_client,
+            args.prometheus_url.clone().filter(|u| !u.is_empty()),
+        ));
+        governors.spawn();
         let sources = Arc::new(RuleSources::new(limiter.clone(), policy));
         let reloader = Arc::new(Reloader::new(
             args.config.clone(),
@@ -331,6 +345,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 .clone()
                 .filter(|t| !t.is_empty())
                 .map(Arc::from),
+            governors,
         };
         if admin.admin_token.is_none() {
             info!("no --admin-token: knob changes are refused (GET /knobs still answers)");

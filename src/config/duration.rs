@@ -41,3 +41,30 @@ mod tests {
         assert_eq!(parse_seconds("99999999999999999999d"), None);
     }
 }
+
+/// Parses a duration into milliseconds: `500ms`, or anything
+/// [`parse_seconds`] takes. Returns `None` for anything else.
+pub fn parse_millis(text: &str) -> Option<u64> {
+    let text = text.trim();
+    match text.strip_suffix("ms") {
+        Some(n) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => n.parse().ok(),
+        Some(_) => None,
+        None => parse_seconds(text)?.checked_mul(1000),
+    }
+}
+
+#[cfg(test)]
+mod millis_tests {
+    use super::parse_millis;
+
+    #[test]
+    fn millis() {
+        assert_eq!(parse_millis("500ms"), Some(500));
+        assert_eq!(parse_millis("5s"), Some(5000));
+        assert_eq!(parse_millis("2"), Some(2000));
+        assert_eq!(parse_millis("1m"), Some(60_000));
+        assert_eq!(parse_millis("ms"), None);
+        assert_eq!(parse_millis("1.5s"), None);
+        assert_eq!(parse_millis("-5ms"), None);
+    }
+}

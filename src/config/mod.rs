@@ -7,6 +7,7 @@
 //! and what is wrong.
 
 pub mod duration;
+pub mod governor;
 pub mod ini;
 pub mod schema;
 pub mod validate;
@@ -16,6 +17,7 @@ use std::path::Path;
 
 use thiserror::Error;
 
+pub use governor::GovernorSpec;
 pub use validate::{LimitSpec, MatchPolicy, Policy, RuleSpec};
 
 /// The syntax of a config file.

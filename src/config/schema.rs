@@ -21,6 +21,9 @@ pub struct RawConfig {
     pub overrides: Vec<RawRule>,
     /// The rule that matches every request no override matched.
     pub default: Option<RawRule>,
+    /// PID controllers that set a rule's creditLimit from a load metric.
+    #[serde(default)]
+    pub governors: Vec<super::governor::RawGovernor>,
 }
 
 /// One rule as written.

@@ -148,6 +148,8 @@ impl fmt::Display for RuleSpec {
 /// A validated policy: override rules in order, the default rule last.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Policy {
+    /// The governors (each sets one label's creditLimit knob).
+    pub governors: Vec<super::GovernorSpec>,
     /// Where it came from (for messages and the admin API).
     pub source: String,
     /// The rules; the last one is the default.
@@ -193,11 +195,13 @@ pub fn validate(raw: RawConfig, file: &str) -> Result<Policy, Vec<String>> {
     debug_assert!(rules.len() <= count + 1);
     check_labels(&rules, &mut problems);
     check_reachability(&rules, &mut problems);
+    let governors = super::governor::check_governors(raw.governors, &rules, &mut problems);
     if problems.is_empty() {
         Ok(Policy {
             source: file.to_owned(),
             rules,
             charge,
+            governors,
         })
     } else {
         Err(problems)
@@ -233,6 +237,7 @@ pub fn with_aux_rules(aux: &[RawRule], file: &Policy) -> Result<Policy, Vec<Stri
             source: file.source.clone(),
             rules,
             charge: file.charge,
+            governors: file.governors.clone(),
         })
     } else {
         Err(problems)

@@ -1,5 +1,13 @@
 //! The governor: turns a rule's rate up and down from a live load metric.
-//! So far only its controller ([`pid`]) exists; the task that queries
-//! Prometheus, holds the lease and sets the rule's knob is not built yet.
+//!
+//! [`pid`] is the controller (pure arithmetic on an injected clock),
+//! [`prometheus`] reads the load, [`lease`] elects the one replica that
+//! governs a rule, and [`run`] drives them, setting the rule's
+//! `creditLimit` knob: the governor changes limits only through knobs.
 
+pub mod lease;
 pub mod pid;
+pub mod prometheus;
+pub mod run;
+
+pub use run::{GovernorState, Governors};

@@ -88,6 +88,8 @@ impl Controller {
                 // Conservative: the lowest rate until data returns.
                 self.output = t.min;
                 self.integral = t.min;
+                // The next measurement starts afresh (no Δt across the gap).
+                self.last = None;
             }
             return self.answer();
         };

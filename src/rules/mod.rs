@@ -14,7 +14,7 @@ pub mod operation;
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
-use crate::config::{LimitSpec, MatchPolicy, Policy, RuleSpec};
+use crate::config::{GovernorSpec, LimitSpec, MatchPolicy, Policy, RuleSpec};
 use crate::store::{Algorithm, Charge};
 use glob::Pattern;
 pub use operation::Operation;
@@ -129,6 +129,8 @@ pub struct RuleSet {
     source: String,
     /// How the descriptors of one request are charged.
     charge: Charge,
+    /// The policy's governors.
+    governors: Vec<GovernorSpec>,
 }
 
 impl RuleSet {
@@ -170,7 +172,13 @@ impl RuleSet {
             unindexed,
             source: policy.source,
             charge: policy.charge,
+            governors: policy.governors,
         }
+    }
+
+    /// The policy's governors.
+    pub fn governors(&self) -> &[GovernorSpec] {
+        &self.governors
     }
 
     /// The rules in order; the last is the default.

@@ -53,6 +53,8 @@ pub struct AdminState {
     pub ready_requires_store: bool,
     /// The token knob changes must carry; `None`: knob changes are refused.
     pub admin_token: Option<Arc<str>>,
+    /// The policy's governors (for `GET /governors`).
+    pub governors: Arc<crate::governor::Governors>,
 }
 
 /// The admin routes; `metrics_path` is where Prometheus scrapes.
@@ -64,6 +66,7 @@ pub fn router(state: AdminState, metrics_path: &str) -> Router {
         .route("/explain", get(explain))
         .route("/json", post(json_check))
         .route("/global", get(global))
+        .route("/governors", get(governors))
         .route("/knobs", get(super::knobs_api::list))
         .route(
             "/knobs/{label}",
@@ -343,4 +346,12 @@ async fn json_check(State(s): State<AdminState>, body: Bytes) -> Response {
         )
             .into_response(),
     }
+}
+
+/// `GET /governors`: each governor's lease, last measurement, terms and output.
+async fn governors(State(s): State<AdminState>) -> Json<Value> {
+    Json(json!({
+        "replica": s.governors.replica(),
+        "governors": s.governors.states(),
+    }))
 }

@@ -1,0 +1,261 @@
+//! The `governors:` section: a PID controller per governed rule.
+//!
+//! ```yaml
+//! governors:
+//!   - rule: reindex
+//!     query: 'max(mongo_load1)'
+//!     prometheus: http://prometheus:9090
+//!     setpoint: 2.0
+//!     every: 5s
+//!     min: 0
+//!     max: 500
+//!     kp: 3
+//!     ki: 3
+//!     kd: 0
+//!     breaker: {above: 6}
+//!     fallbackAfter: 6
+//! ```
+//!
+//! Defaults: `every` 5s, `min` 0, `kp` 3, `ki` 3, `kd` 0, no breaker,
+//! `fallbackAfter` 6 intervals, `prometheus` from `--prometheus-url`.
+//! `rule`, `query`, `setpoint` and `max` are required. Governors are
+//! written in YAML or JSON policies (INI has no lists of maps).
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::duration::parse_millis;
+use super::validate::{RuleSpec, MAX_CREDIT_LIMIT};
+
+/// One governor as written.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RawGovernor {
+    /// The label of the rule (with one limit) or of a `limits` entry.
+    pub rule: Option<String>,
+    /// A PromQL instant query giving one number.
+    pub query: Option<String>,
+    /// Prometheus's base URL (`http://host:port`).
+    pub prometheus: Option<String>,
+    /// The load to hold.
+    pub setpoint: Option<f64>,
+    /// The control interval (`5s`, `500ms`, `1m`, or integer seconds).
+    pub every: Option<super::schema::Scalar>,
+    /// The lowest creditLimit the governor sets.
+    pub min: Option<f64>,
+    /// The highest creditLimit the governor sets.
+    pub max: Option<f64>,
+    /// Proportional gain.
+    pub kp: Option<f64>,
+    /// Integral gain (per second).
+    pub ki: Option<f64>,
+    /// Derivative gain (seconds).
+    pub kd: Option<f64>,
+    /// The circuit breaker.
+    pub breaker: Option<RawBreaker>,
+    /// Intervals without data after which the rate falls to `min`.
+    pub fallback_after: Option<u32>,
+}
+
+/// `breaker: {above: N}`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawBreaker {
+    /// Load above which the rate drops to 0 at once.
+    pub above: Option<f64>,
+}
+
+/// A validated governor.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GovernorSpec {
+    /// The governed label (its knob's label).
+    pub rule: String,
+    /// The PromQL query.
+    pub query: String,
+    /// Prometheus's base URL; `None`: the server's `--prometheus-url`.
+    pub prometheus: Option<String>,
+    /// The load to hold.
+    pub setpoint: f64,
+    /// The control interval.
+    pub every: Duration,
+    /// Lowest creditLimit.
+    pub min: f64,
+    /// Highest creditLimit.
+    pub max: f64,
+    /// Proportional gain.
+    pub kp: f64,
+    /// Integral gain (per second).
+    pub ki: f64,
+    /// Derivative gain (seconds).
+    pub kd: f64,
+    /// Load above which the breaker opens.
+    pub breaker_above: Option<f64>,
+    /// Intervals without data after which the rate falls to `min`.
+    pub fallback_after: u32,
+}
+
+// Every number is checked finite by validation, so equality is total.
+impl Eq for GovernorSpec {}
+
+/// Default control interval.
+pub const DEFAULT_EVERY: Duration = Duration::from_secs(5);
+/// Default gains (`kp`, `ki`, `kd`): the example's, tested on a simulated
+/// plant with a 15 s lag in `governor::pid`.
+pub const DEFAULT_GAINS: (f64, f64, f64) = (3.0, 3.0, 0.0);
+/// Default intervals without data before falling to `min`.
+pub const DEFAULT_FALLBACK_AFTER: u32 = 6;
+
+/// Whether `label` names something a governor can set: a `limits` entry,
+/// or a rule with a single limit.
+fn governable(rules: &[RuleSpec], label: &str) -> Result<(), String> {
+    for rule in rules {
+        if rule
+            .limits
+            .iter()
+            .any(|l| l.label.as_deref() == Some(label))
+        {
+            return Ok(());
+        }
+        if rule.label.as_deref() == Some(label) {
+            if rule.limits.len() == 1 {
+                return Ok(());
+            }
+            return Err(format!(
+                "rule `{label}` has {} limits; govern one of them by its label",
+                rule.limits.len()
+            ));
+        }
+    }
+    Err(format!("no rule or limit has the label `{label}`"))
+}
+
+/// Validates `raw` against the policy's `rules`, pushing every problem.
+pub fn check_governors(
+    raw: Vec<RawGovernor>,
+    rules: &[RuleSpec],
+    problems: &mut Vec<String>,
+) -> Vec<GovernorSpec> {
+    let mut out: Vec<GovernorSpec> = Vec::new();
+    for (i, g) in raw.into_iter().enumerate() {
+        let name = match &g.rule {
+            Some(r) => format!("governor #{} (rule {r})", i + 1),
+            None => format!("governor #{}", i + 1),
+        };
+        let before = problems.len();
+        let mut bad = |m: String| problems.push(format!("{name}: {m}"));
+        let rule = match g.rule.as_deref().map(str::trim) {
+            None | Some("") => {
+                bad("`rule` is required (a rule or limit label)".to_owned());
+                String::new()
+            }
+            Some(r) => {
+                if let Err(e) = governable(rules, r) {
+                    bad(e);
+                }
+                if out.iter().any(|o| o.rule == r) {
+                    bad(format!("`{r}` already has a governor"));
+                }
+                r.to_owned()
+            }
+        };
+        let query = match g.query.as_deref().map(str::trim) {
+            None | Some("") => {
+                bad("`query` is required (a PromQL instant query)".to_owned());
+                String::new()
+            }
+            Some(q) => q.to_owned(),
+        };
+        if let Some(p) = &g.prometheus {
+            if !(p.starts_with("http://") && p.len() > "http://".len()) {
+                bad(format!(
+                    "`prometheus` must be an http:// URL such as http://prometheus:9090, found `{p}`"
+                ));
+            }
+        }
+        let mut number = |field: &str, v: Option<f64>, default: Option<f64>| -> f64 {
+            match v.or(default) {
+                None => {
+                    bad(format!("`{field}` is required"));
+                    0.0
+                }
+                Some(x) if !x.is_finite() => {
+                    bad(format!("`{field}` must be a finite number"));
+                    0.0
+                }
+                Some(x) => x,
+            }
+        };
+        let setpoint = number("setpoint", g.setpoint, None);
+        let min = number("min", g.min, Some(0.0));
+        let max = number("max", g.max, None);
+        let kp = number("kp", g.kp, Some(DEFAULT_GAINS.0));
+        let ki = number("ki", g.ki, Some(DEFAULT_GAINS.1));
+        let kd = number("kd", g.kd, Some(DEFAULT_GAINS.2));
+        let above = g
+            .breaker
+            .as_ref()
+            .map(|b| number("breaker.above", b.above, None));
+        for (field, v) in [("kp", kp), ("ki", ki), ("kd", kd)] {
+            if v < 0.0 {
+                bad(format!("`{field}` must not be negative, found {v}"));
+            }
+        }
+        if min < 0.0 {
+            bad(format!("`min` must not be negative, found {min}"));
+        }
+        if max > MAX_CREDIT_LIMIT as f64 {
+            bad(format!(
+                "`max` must be at most {MAX_CREDIT_LIMIT}, found {max}"
+            ));
+        }
+        if min > max {
+            bad(format!("`min` ({min}) is greater than `max` ({max})"));
+        }
+        if let Some(a) = above {
+            if a <= setpoint {
+                bad(format!(
+                    "`breaker.above` ({a}) must be above the setpoint ({setpoint})"
+                ));
+            }
+        }
+        let every = match &g.every {
+            None => DEFAULT_EVERY,
+            Some(s) => match parse_millis(&s.to_text()) {
+                Some(ms) if ms >= 100 => Duration::from_millis(ms),
+                _ => {
+                    bad(format!(
+                        "`every` must be a duration of at least 100ms such as `5s`, `500ms` or `1m`, found `{}`",
+                        s.to_text()
+                    ));
+                    DEFAULT_EVERY
+                }
+            },
+        };
+        let fallback_after = match g.fallback_after {
+            Some(0) => {
+                bad("`fallbackAfter` must be at least 1 interval".to_owned());
+                1
+            }
+            Some(n) => n,
+            None => DEFAULT_FALLBACK_AFTER,
+        };
+        if problems.len() == before {
+            out.push(GovernorSpec {
+                rule,
+                query,
+                prometheus: g.prometheus,
+                setpoint,
+                every,
+                min,
+                max,
+                kp,
+                ki,
+                kd,
+                breaker_above: above,
+                fallback_after,
+            });
+        }
+    }
+    out
+}

@@ -1,0 +1,378 @@
+//! The governors' tasks: one per `governors:` entry of the policy, each
+//! stepping its controller every interval while this replica holds its
+//! lease, and setting the governed label's `creditLimit` knob.
+//!
+//! A supervisor follows policy reloads: a governor that is added starts, one
+//! that changes restarts (with a bumpless start from the limit in force),
+//! one that is removed stops and leaves its last knob in force (delete it
+//! with `divvy knob delete` to return to the rule's own limit).
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use fred::prelude::Client;
+use serde::Serialize;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use super::lease::{Holding, Lease};
+use super::pid::{Controller, Step, Tuning};
+use super::prometheus::{Prometheus, ReadError};
+use crate::config::GovernorSpec;
+use crate::knobs::body::target;
+use crate::knobs::{now_ms, Knob};
+use crate::limiter::Limiter;
+use crate::metrics::metrics;
+
+/// What `/governors` shows for one governor.
+#[derive(Debug, Clone, Serialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct GovernorState {
+    /// The governed label.
+    pub rule: String,
+    /// The PromQL query.
+    pub query: String,
+    /// The Prometheus it asks.
+    pub prometheus: String,
+    /// The load held.
+    pub setpoint: f64,
+    /// The control interval in milliseconds.
+    pub every_ms: u64,
+    /// `[min, max]`.
+    pub min: f64,
+    /// `[min, max]`.
+    pub max: f64,
+    /// `governing` (this replica holds the lease), `idle` (another does, or
+    /// Redis did not answer) or `starting`.
+    pub role: String,
+    /// Who holds the lease, when known.
+    pub lease_holder: Option<String>,
+    /// The last measurement read.
+    pub measurement: Option<f64>,
+    /// Epoch ms of that measurement.
+    pub measured_at_ms: Option<u64>,
+    /// Why the last query gave no number, if it did not.
+    pub last_error: Option<String>,
+    /// Intervals in a row without data.
+    pub missing: u32,
+    /// Proportional term.
+    pub p: f64,
+    /// Integral term.
+    pub i: f64,
+    /// Derivative term.
+    pub d: f64,
+    /// The creditLimit last set.
+    pub output: Option<u64>,
+    /// Whether the breaker is open.
+    pub breaker_open: bool,
+    /// Epoch ms of the last step.
+    pub stepped_at_ms: Option<u64>,
+}
+
+struct Running {
+    spec: GovernorSpec,
+    task: JoinHandle<()>,
+}
+
+/// Every governor of the policy in force, and their state.
+pub struct Governors {
+    limiter: Arc<Limiter>,
+    lease_client: Option<Client>,
+    default_prometheus: Option<String>,
+    states: Mutex<BTreeMap<String, GovernorState>>,
+    running: Mutex<BTreeMap<String, Running>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Governors {
+    /// Governors for `limiter`'s policy. `lease_client`: the Redis store's
+    /// client (replicas elect who governs), or `None` for the memory store.
+    /// `default_prometheus`: `--prometheus-url`.
+    pub fn new(
+        limiter: Arc<Limiter>,
+        lease_client: Option<Client>,
+        default_prometheus: Option<String>,
+    ) -> Governors {
+        Governors {
+            limiter,
+            lease_client,
+            default_prometheus,
+            states: Mutex::new(BTreeMap::new()),
+            running: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// This replica's name (the lease holder's name).
+    pub fn replica(&self) -> &str {
+        self.limiter.knobs().replica()
+    }
+
+    /// The state of every governor, by label.
+    pub fn states(&self) -> Vec<GovernorState> {
+        lock(&self.states).values().cloned().collect()
+    }
+
+    /// Starts the supervisor: it follows the policy every 500 ms.
+    pub fn spawn(self: &Arc<Self>) -> JoinHandle<()> {
+        let me = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                let Some(g) = me.upgrade() else { return };
+                g.follow_policy();
+                drop(g);
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        })
+    }
+
+    /// Starts, restarts and stops governors to match the policy in force.
+    pub fn follow_policy(self: &Arc<Self>) {
+        let rules = self.limiter.rules();
+        let wanted: BTreeMap<String, GovernorSpec> = rules
+            .governors()
+            .iter()
+            .map(|g| (g.rule.clone(), g.clone()))
+            .collect();
+        let mut running = lock(&self.running);
+        let stale: Vec<String> = running
+            .iter()
+            .filter(|(label, r)| wanted.get(*label) != Some(&r.spec))
+            .map(|(label, _)| label.clone())
+            .collect();
+        for label in stale {
+            if let Some(r) = running.remove(&label) {
+                r.task.abort();
+                let lease = Lease::new(self.lease_client.clone(), &label, self.replica());
+                tokio::spawn(async move { lease.release().await });
+                lock(&self.states).remove(&label);
+                forget_metrics(&label);
+                tracing::info!(rule = %label, "governor stopped (policy changed); its last knob stays in force");
+            }
+        }
+        for (label, spec) in wanted {
+            if running.contains_key(&label) {
+                continue;
+            }
+            let url = spec
+                .prometheus
+                .clone()
+                .or_else(|| self.default_prometheus.clone());
+            let task = match url {
+                None => {
+                    tracing::error!(rule = %label, "governor not started: no `prometheus` URL in the policy and no --prometheus-url");
+                    self.record(&spec, "", |s| {
+                        s.role = "stopped".to_owned();
+                        s.last_error = Some(
+                            "no `prometheus` URL in the policy and no --prometheus-url".to_owned(),
+                        );
+                    });
+                    tokio::spawn(async {})
+                }
+                Some(url) => {
+                    self.record(&spec, &url, |s| s.role = "starting".to_owned());
+                    let me = Arc::clone(self);
+                    let spec2 = spec.clone();
+                    tracing::info!(rule = %label, prometheus = %url, query = %spec.query, setpoint = spec.setpoint, "governor started");
+                    tokio::spawn(async move { me.govern(spec2, url).await })
+                }
+            };
+            running.insert(label, Running { spec, task });
+        }
+    }
+
+    fn record(&self, spec: &GovernorSpec, url: &str, f: impl FnOnce(&mut GovernorState)) {
+        let mut states = lock(&self.states);
+        let s = states
+            .entry(spec.rule.clone())
+            .or_insert_with(|| GovernorState {
+                rule: spec.rule.clone(),
+                query: spec.query.clone(),
+                prometheus: url.to_owned(),
+                setpoint: spec.setpoint,
+                every_ms: u64::try_from(spec.every.as_millis()).unwrap_or(u64::MAX),
+                min: spec.min,
+                max: spec.max,
+                ..GovernorState::default()
+            });
+        f(s);
+    }
+
+    /// The creditLimit in force for `label` (knob applied), if it exists.
+    fn limit_in_force(&self, label: &str) -> Option<u64> {
+        let rules = self.limiter.rules();
+        let own = target(&rules, label).ok()?;
+        Some(match self.limiter.knobs().get(label) {
+            Some(k) => k.apply(own).credit_limit,
+            None => own.credit_limit,
+        })
+    }
+
+    /// One governor's loop.
+    async fn govern(self: Arc<Self>, spec: GovernorSpec, url: String) {
+        let label = spec.rule.clone();
+        let m = metrics();
+        m.governor_setpoint
+            .with_label_values(&[&label])
+            .set(spec.setpoint);
+        m.governor_leader.with_label_values(&[&label]).set(0.0);
+        let source = match Prometheus::new(&url) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::error!(rule = %label, "governor not started: {e}");
+                self.record(&spec, &url, |s| {
+                    s.role = "stopped".to_owned();
+                    s.last_error = Some(e.to_string());
+                });
+                return;
+            }
+        };
+        let lease = Lease::new(self.lease_client.clone(), &label, self.replica());
+        let tuning = Tuning {
+            setpoint: spec.setpoint,
+            min: spec.min,
+            max: spec.max,
+            kp: spec.kp,
+            ki: spec.ki,
+            kd: spec.kd,
+            breaker_above: spec.breaker_above,
+            fallback_after: spec.fallback_after,
+        };
+        // The query must answer well within the interval.
+        let timeout = (spec.every * 4 / 5).max(Duration::from_millis(50));
+        let stale_after = spec.every * 3;
+        let start = Instant::now();
+        let mut controller: Option<Controller> = None;
+        let mut tick = tokio::time::interval(spec.every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            match lease.hold(spec.every * 2).await {
+                Ok(Holding::Mine) => {}
+                other => {
+                    if controller.take().is_some() {
+                        tracing::info!(rule = %label, "governor idle: another replica holds the lease");
+                    }
+                    m.governor_leader.with_label_values(&[&label]).set(0.0);
+                    let (holder, error) = match other {
+                        Ok(Holding::Theirs(h)) => (h, None),
+                        Err(e) => (
+                            None,
+                            Some(format!("lease not held: Redis did not answer ({e})")),
+                        ),
+                        Ok(Holding::Mine) => (None, None),
+                    };
+                    self.record(&spec, &url, |s| {
+                        s.role = "idle".to_owned();
+                        s.lease_holder = holder;
+                        if error.is_some() {
+                            s.last_error = error;
+                        }
+                    });
+                    continue;
+                }
+            }
+            m.governor_leader.with_label_values(&[&label]).set(1.0);
+            let reading = source.read(&spec.query, timeout, stale_after).await;
+            m.governor_queries
+                .with_label_values(&[
+                    label.as_str(),
+                    reading.as_ref().map_or_else(ReadError::kind, |_| "ok"),
+                ])
+                .inc();
+            let ctl = match &mut controller {
+                Some(c) => c,
+                None => {
+                    let current = self.limit_in_force(&label).unwrap_or(0);
+                    tracing::info!(rule = %label, start = current, "governor governing (bumpless start from the limit in force)");
+                    controller.insert(Controller::new(tuning, current as f64))
+                }
+            };
+            let step = ctl.step(start.elapsed(), reading.as_ref().ok().copied());
+            if let Err(e) = &reading {
+                tracing::warn!(rule = %label, missing = step.missing, "governor has no measurement: {e}");
+            }
+            self.apply(&label, &step).await;
+            if let Ok(v) = reading {
+                m.governor_measurement.with_label_values(&[&label]).set(v);
+            }
+            m.governor_output
+                .with_label_values(&[&label])
+                .set(step.output as f64);
+            m.governor_breaker_open
+                .with_label_values(&[&label])
+                .set(if step.breaker_open { 1.0 } else { 0.0 });
+            let me = self.replica().to_owned();
+            self.record(&spec, &url, |s| {
+                s.role = "governing".to_owned();
+                s.lease_holder = Some(me);
+                match &reading {
+                    Ok(v) => {
+                        s.measurement = Some(*v);
+                        s.measured_at_ms = Some(now_ms());
+                        s.last_error = None;
+                    }
+                    Err(e) => s.last_error = Some(e.to_string()),
+                }
+                s.missing = step.missing;
+                s.p = step.p;
+                s.i = step.i;
+                s.d = step.d;
+                s.output = Some(step.output);
+                s.breaker_open = step.breaker_open;
+                s.stepped_at_ms = Some(now_ms());
+            });
+        }
+    }
+
+    /// Sets `label`'s creditLimit knob to the step's output when it differs
+    /// from the one in force (keeping the knob's other fields).
+    async fn apply(&self, label: &str, step: &Step) {
+        let knobs = self.limiter.knobs();
+        let old = knobs.get(label);
+        if old.as_ref().and_then(|k| k.credit_limit) == Some(step.output) {
+            return;
+        }
+        let knob = Knob {
+            credit_limit: Some(step.output),
+            reset_seconds: old.as_ref().and_then(|k| k.reset_seconds),
+            burst: old.as_ref().and_then(|k| k.burst),
+            expires_at_ms: None,
+            set_by: format!("governor@{}", knobs.replica()),
+            set_at_ms: now_ms(),
+        };
+        match knobs.set(label, knob).await {
+            Ok(_) => {
+                metrics()
+                    .knob_changes
+                    .with_label_values(&["governor"])
+                    .inc();
+                tracing::info!(
+                    rule = %label,
+                    old = ?old.and_then(|k| k.credit_limit),
+                    new = step.output,
+                    breaker_open = step.breaker_open,
+                    p = step.p, i = step.i, d = step.d,
+                    "governor set creditLimit"
+                );
+            }
+            Err(e) => tracing::warn!(rule = %label, "governor could not set its knob: {e}"),
+        }
+    }
+}
+
+fn forget_metrics(label: &str) {
+    let m = metrics();
+    for g in [
+        &m.governor_measurement,
+        &m.governor_output,
+        &m.governor_setpoint,
+        &m.governor_breaker_open,
+        &m.governor_leader,
+    ] {
+        let _ = g.remove_label_values(&[label]);
+    }
+}

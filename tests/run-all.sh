@@ -55,6 +55,13 @@ if [ ! -f /usr/share/java/zookeeper.jar ] || ! command -v java >/dev/null 2>&1; 
   apt_install zookeeper default-jre-headless
 fi
 
+# Prometheus (for the governor tests, which start their own server on a
+# free port with a private data dir; the package's service is never used).
+if ! command -v prometheus >/dev/null 2>&1; then
+  log "installing prometheus (the governor tests start their own server)"
+  apt_install prometheus
+fi
+
 # The official divvy client, into an ignored folder (nothing from node_modules is committed).
 if [ ! -f .tools/npm/node_modules/@button/divvy-client/package.json ]; then
   log "installing @button/divvy-client 1.0.1 into .tools/npm"

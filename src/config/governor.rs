@@ -137,6 +137,7 @@ pub fn check_governors(
     problems: &mut Vec<String>,
 ) -> Vec<GovernorSpec> {
     let mut out: Vec<GovernorSpec> = Vec::new();
+    let mut seen: Vec<String> = Vec::new();
     for (i, g) in raw.into_iter().enumerate() {
         let name = match &g.rule {
             Some(r) => format!("governor #{} (rule {r})", i + 1),
@@ -153,9 +154,10 @@ pub fn check_governors(
                 if let Err(e) = governable(rules, r) {
                     bad(e);
                 }
-                if out.iter().any(|o| o.rule == r) {
+                if seen.iter().any(|o| o == r) {
                     bad(format!("`{r}` already has a governor"));
                 }
+                seen.push(r.to_owned());
                 r.to_owned()
             }
         };
@@ -258,4 +260,62 @@ pub fn check_governors(
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::{parse_str, Format};
+
+    const RULES: &str = "overrides:\n  - operation: {path: /reindex}\n    creditLimit: 10\n    resetSeconds: 1\n    label: reindex\n  - operation: {path: /both}\n    label: both\n    limits:\n      - {creditLimit: 1, resetSeconds: 1, label: both-key}\n      - {creditLimit: 2, resetSeconds: 1}\ndefault: {creditLimit: 0}\n";
+
+    fn check(governors: &str) -> Result<Vec<super::GovernorSpec>, String> {
+        parse_str(
+            &format!("{RULES}governors:\n{governors}"),
+            Format::Yaml,
+            "p.yaml",
+        )
+        .map(|p| p.governors)
+        .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn defaults_and_the_example() {
+        let g = check("  - {rule: reindex, query: 'max(load)', setpoint: 2, max: 500}\n").unwrap();
+        assert_eq!(g.len(), 1);
+        let g = &g[0];
+        assert_eq!((g.kp, g.ki, g.kd), super::DEFAULT_GAINS);
+        assert_eq!(
+            (g.min, g.every, g.fallback_after),
+            (0.0, super::DEFAULT_EVERY, 6)
+        );
+        assert_eq!(g.breaker_above, None);
+        let g = check("  - {rule: both-key, query: x, setpoint: 2, max: 5, every: 500ms, breaker: {above: 6}, prometheus: 'http://p:9090'}\n").unwrap();
+        assert_eq!(g[0].every, std::time::Duration::from_millis(500));
+        assert_eq!(g[0].breaker_above, Some(6.0));
+    }
+
+    #[test]
+    fn each_problem_is_named() {
+        let e = check("  - {rule: both, query: x, setpoint: 2, max: 5}\n  - {rule: reindex, query: x, setpoint: 2, max: 5}\n  - {rule: reindex, query: x, setpoint: 2, max: 5}\n").unwrap_err();
+        assert!(e.contains("rule `both` has 2 limits"), "{e}");
+        assert!(
+            e.contains("governor #3 (rule reindex): `reindex` already has a governor"),
+            "{e}"
+        );
+        let e = check(
+            "  - {rule: reindex, query: x, setpoint: 2, max: 5, ki: -1, every: 50ms, kp: .nan}\n",
+        )
+        .unwrap_err();
+        assert!(e.contains("`ki` must not be negative"), "{e}");
+        assert!(
+            e.contains("`every` must be a duration of at least 100ms"),
+            "{e}"
+        );
+        assert!(e.contains("`kp` must be a finite number"), "{e}");
+        let e = check("  - {rule: reindex, query: x, setpoint: 2}\n").unwrap_err();
+        assert!(e.contains("`max` is required"), "{e}");
+        let e =
+            check("  - {rule: reindex, query: x, setpoint: 2, max: 5, colour: red}\n").unwrap_err();
+        assert!(e.contains("colour"), "{e}");
+    }
 }

@@ -209,6 +209,8 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         let mut knobs = Knobs::local();
         let mut regional_client = None;
         let mut lease_client = None;
+        // Where replicas agree on the key that hashes long actor values.
+        let mut secret_client = None;
         let store: Arc<dyn Store> = match redis_target(args.redis_url.as_deref())? {
             None => {
                 let memory = Arc::new(MemoryStore::new());
@@ -228,6 +230,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 knobs = Knobs::shared(SharedKnobs::new(redis.client()));
                 regional_client = Some(redis.client());
                 lease_client = Some(redis.client());
+                secret_client = Some(redis.client());
                 let failover =
                     FailoverStore::new(Arc::new(redis), args.on_store_failure, args.local_share);
                 let failover = Arc::new(if connected {
@@ -269,10 +272,15 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 regional_client.clone(),
             ));
             global.spawn();
+            // Every region hashes long actor values with one key.
+            secret_client = Some(global_store.client());
             info!(region = %args.region, holder = %global.holder(), "global limits coordinated through the global store");
             limiter = limiter.with_global(global);
         }
         let limiter = Arc::new(limiter);
+        if let Some(client) = secret_client {
+            agree_on_key_secret(client).await;
+        }
         // Governors elect one replica per rule through the counters' Redis.
         let governors = Arc::new(Governors::new(
             limiter.clone(),
@@ -493,4 +501,24 @@ async fn shutdown_signal() {
         let _ = tokio::signal::ctrl_c().await;
     }
     info!("shutdown signal received");
+}
+
+/// Agrees with the other replicas on the key that hashes long actor values
+/// (see `divvy::rules::bounded`), retrying every second while Redis does
+/// not answer; meanwhile this replica uses a key of its own, so a long
+/// value may count on a different counter than on other replicas.
+async fn agree_on_key_secret(client: fred::prelude::Client) {
+    use divvy::rules::bounded::agree_through_redis;
+    if agree_through_redis(&client).await {
+        return;
+    }
+    tracing::warn!(
+        "could not read the shared key for long actor values from Redis; retrying every second"
+    );
+    tokio::spawn(async move {
+        while !agree_through_redis(&client).await {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        info!("agreed on the shared key for long actor values through Redis");
+    });
 }

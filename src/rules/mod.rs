@@ -8,6 +8,7 @@
 //! only compared with rules that share one of its exact pairs plus the rules
 //! that have no exact value at all.
 
+pub mod bounded;
 pub mod glob;
 pub mod operation;
 
@@ -81,7 +82,8 @@ impl Rule {
     /// with `limits` appends it always and writes the actor as
     /// `<actorField>=<value>`, so its limits never share a counter. Rules
     /// with a domain use `divvy@<domain>:...` so that equal operations in
-    /// different domains never share a counter.
+    /// different domains never share a counter. An actor value longer than
+    /// 64 bytes is written bounded ([`bounded`]).
     pub fn counter_key(&self, op: &Operation, limit: &LimitSpec) -> String {
         let actor = self.actor(op, limit);
         let mut key = String::with_capacity(self.key_prefix.len() + actor.len() + 40);
@@ -92,7 +94,7 @@ impl Rule {
                 key.push('=');
             }
         }
-        key.push_str(actor);
+        bounded::push_value(&mut key, actor);
         // Writing to a String cannot fail.
         let _ = write!(key, ":{}:{}", limit.credit_limit, limit.reset_seconds);
         if self.spec.multi || limit.algorithm != Algorithm::Window {

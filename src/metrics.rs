@@ -79,9 +79,28 @@ pub struct Metrics {
     pub governor_breaker_open: GaugeVec,
     /// `divvy_governor_leader{rule}`: 1 while this replica holds the governor's lease (it governs), 0 while idle.
     pub governor_leader: GaugeVec,
+    /// `divvy_counters`: live counters in the memory store (as of its last sweep).
+    pub counters: IntGauge,
+    /// `divvy_counters_evicted_total`: counters the memory store evicted to stay under `--max-counters`.
+    pub counters_evicted: IntCounter,
+    /// `divvy_rejected_total{reason}`: requests, connections and counters refused to keep work and memory bounded.
+    pub rejected: IntCounterVec,
     /// `divvy_governor_queries_total{rule,result}`: Prometheus queries by result (ok, error, empty, stale).
     pub governor_queries: IntCounterVec,
 }
+
+/// Every `reason` of `divvy_rejected_total` (all exported from the start):
+/// a line over `--line-max-bytes`, a gRPC request with too many
+/// descriptors or entries, a line connection over `--line-max-connections`,
+/// a counter evicted by `--max-counters`, a gRPC request over
+/// `--grpc-max-request-bytes`.
+pub const REJECT_REASONS: [&str; 5] = [
+    "line_too_long",
+    "too_many_descriptors",
+    "connection_limit",
+    "eviction",
+    "request_too_large",
+];
 
 fn gauge_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> GaugeVec {
     let g = GaugeVec::new(Opts::new(name, help), labels).expect("static metric definition");
@@ -290,6 +309,32 @@ impl Metrics {
                 "1 while this replica holds a governor's lease and governs; 0 while it is idle",
                 &["rule"],
             ),
+            counters: gauge(
+                &r,
+                "divvy_counters",
+                "Live counters in the memory store (as of its last sweep)",
+            ),
+            counters_evicted: {
+                let c = IntCounter::new(
+                    "divvy_counters_evicted_total",
+                    "Counters the memory store evicted (least recently used first) to stay under --max-counters",
+                )
+                .expect("static metric definition");
+                r.register(Box::new(c.clone())).expect("unique metric name");
+                c
+            },
+            rejected: {
+                let c = counter_vec(
+                    &r,
+                    "divvy_rejected_total",
+                    "Requests, connections and counters refused to keep work and memory bounded, by reason",
+                    &["reason"],
+                );
+                for reason in REJECT_REASONS {
+                    c.with_label_values(&[reason]);
+                }
+                c
+            },
             governor_queries: counter_vec(
                 &r,
                 "divvy_governor_queries_total",

@@ -22,8 +22,10 @@ use divvy::rules::RuleSet;
 use divvy::server::headers::HeaderStyle;
 use divvy::server::http::{serve_http, AdminState};
 use divvy::server::line::{serve_line, ConnLimits};
+use divvy::server::GrpcLimits;
 use divvy::statsd::StatsdConfig;
 use divvy::store::failover::{FailoverStore, FailurePolicy};
+use divvy::store::memory::SystemClock;
 use divvy::store::redis::{RedisOptions, RedisStore};
 use divvy::store::redis_url::{parse_redis_url, RedisTarget};
 use divvy::store::{MemoryStore, Store};
@@ -48,6 +50,31 @@ pub struct ServeArgs {
     /// Most pipelined line-protocol requests decided together per connection.
     #[arg(long, env = "DIVVY_LINE_MAX_BATCH", default_value_t = 256)]
     line_max_batch: usize,
+    /// Most concurrent gRPC streams (requests in flight) per HTTP/2 connection.
+    #[arg(
+        long,
+        env = "DIVVY_GRPC_MAX_CONCURRENT_STREAMS",
+        default_value_t = 1024
+    )]
+    grpc_max_concurrent_streams: u32,
+    /// Largest gRPC request message, in bytes; larger ones get OUT_OF_RANGE.
+    #[arg(long, env = "DIVVY_GRPC_MAX_REQUEST_BYTES", default_value_t = 1024 * 1024)]
+    grpc_max_request_bytes: usize,
+    /// Close a gRPC connection whose peer sends nothing for this many seconds.
+    #[arg(long, env = "DIVVY_GRPC_IDLE_SECONDS", default_value_t = 3600)]
+    grpc_idle_seconds: u64,
+    /// Send an HTTP/2 PING every this many seconds (0: never); a peer that
+    /// does not answer within 20 s is closed.
+    #[arg(long, env = "DIVVY_GRPC_KEEPALIVE_SECONDS", default_value_t = 0)]
+    grpc_keepalive_seconds: u64,
+    /// Most line-protocol connections open at once; one more gets an `ERR`
+    /// line and is closed.
+    #[arg(long, env = "DIVVY_LINE_MAX_CONNECTIONS", default_value_t = 10_000)]
+    line_max_connections: usize,
+    /// Most live counters in the memory store; when full, the least
+    /// recently used are evicted (about 1 GiB at ~200 bytes a counter).
+    #[arg(long, env = "DIVVY_MAX_COUNTERS", default_value_t = 5_000_000)]
+    max_counters: usize,
     /// Close a line-protocol connection that sends nothing for this many seconds.
     #[arg(long, env = "DIVVY_LINE_IDLE_SECONDS", default_value_t = 600)]
     line_idle_seconds: u64,
@@ -213,7 +240,10 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         let mut secret_client = None;
         let store: Arc<dyn Store> = match redis_target(args.redis_url.as_deref())? {
             None => {
-                let memory = Arc::new(MemoryStore::new());
+                let memory = Arc::new(MemoryStore::with_max_counters(
+                    Arc::new(SystemClock::default()),
+                    args.max_counters,
+                ));
                 memory.spawn_sweeper(Duration::from_secs(args.sweep_seconds.max(1)));
                 info!("counters in the embedded memory store");
                 memory
@@ -323,6 +353,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
             max_line: args.line_max_bytes.max(1),
             max_batch: args.line_max_batch.max(1),
             idle_timeout: Duration::from_secs(args.line_idle_seconds.max(1)),
+            max_connections: args.line_max_connections.max(1),
         };
         let http_addr = http_addr(args.http_addr)?;
         let http = TcpListener::bind(http_addr)
@@ -368,6 +399,14 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
             limiter,
             args.rate_limit_headers,
             !args.ready_without_store,
+            GrpcLimits {
+                max_concurrent_streams: args.grpc_max_concurrent_streams.max(1),
+                max_request_bytes: args.grpc_max_request_bytes.max(1024),
+                idle: Duration::from_secs(args.grpc_idle_seconds.max(1)),
+                keepalive: (args.grpc_keepalive_seconds > 0)
+                    .then(|| Duration::from_secs(args.grpc_keepalive_seconds)),
+                keepalive_timeout: Duration::from_secs(20),
+            },
             stopped(stop_rx.clone()),
         ));
         let metrics_path = args.metrics_path.clone();

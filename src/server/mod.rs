@@ -2,6 +2,7 @@
 
 pub mod headers;
 pub mod http;
+pub mod idle;
 pub mod json;
 pub mod knobs_api;
 pub mod line;
@@ -9,6 +10,7 @@ pub mod rls;
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
@@ -19,6 +21,35 @@ use crate::limiter::Limiter;
 use headers::HeaderStyle;
 use rls::{RateLimitServiceServer, RlsService};
 
+/// Bounds on gRPC connections and requests (see the README's "Limits and
+/// hostile traffic").
+#[derive(Debug, Clone, Copy)]
+pub struct GrpcLimits {
+    /// Most concurrent streams per HTTP/2 connection.
+    pub max_concurrent_streams: u32,
+    /// Largest request message, in bytes.
+    pub max_request_bytes: usize,
+    /// A connection whose peer sends nothing for this long is closed.
+    pub idle: Duration,
+    /// HTTP/2 PING interval (`None`: no pings); a peer that does not answer
+    /// within `keepalive_timeout` is closed.
+    pub keepalive: Option<Duration>,
+    /// How long a PING may go unanswered.
+    pub keepalive_timeout: Duration,
+}
+
+impl Default for GrpcLimits {
+    fn default() -> GrpcLimits {
+        GrpcLimits {
+            max_concurrent_streams: 1024,
+            max_request_bytes: 1 << 20,
+            idle: Duration::from_secs(3600),
+            keepalive: None,
+            keepalive_timeout: Duration::from_secs(20),
+        }
+    }
+}
+
 /// Serves Envoy's RateLimitService (with rate-limit headers in `headers`
 /// style) and grpc.health.v1 on `listener` until `shutdown` completes.
 pub async fn serve_grpc(
@@ -26,6 +57,7 @@ pub async fn serve_grpc(
     limiter: Arc<Limiter>,
     headers: HeaderStyle,
     ready_requires_store: bool,
+    limits: GrpcLimits,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
     let (health, health_service) = tonic_health::server::health_reporter();
@@ -57,11 +89,13 @@ pub async fn serve_grpc(
             }
         }
     });
-    let service = RateLimitServiceServer::new(RlsService::new(limiter, headers));
+    let service = RateLimitServiceServer::new(RlsService::new(limiter, headers))
+        .max_decoding_message_size(limits.max_request_bytes);
+    let idle = limits.idle;
     // Envoy multiplexes every call on a few HTTP/2 connections: small
     // frames must not wait for Nagle's algorithm. Accept errors (out of file
     // descriptors) back off instead of spinning.
-    let incoming = TcpListenerStream::new(listener).then(|conn| async move {
+    let incoming = TcpListenerStream::new(listener).then(move |conn| async move {
         match &conn {
             Ok(stream) => {
                 let _ = stream.set_nodelay(true);
@@ -71,11 +105,28 @@ pub async fn serve_grpc(
                 tokio::time::sleep(std::time::Duration::from_millis(50)).await;
             }
         }
-        conn
+        conn.map(|stream| idle::IdleStream::new(stream, idle))
     });
     tonic::transport::Server::builder()
+        .max_concurrent_streams(limits.max_concurrent_streams)
+        .http2_keepalive_interval(limits.keepalive)
+        .http2_keepalive_timeout(Some(limits.keepalive_timeout))
+        .layer(tower::util::MapResponseLayer::new(count_too_large))
         .add_service(health_service)
         .add_service(service)
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await
+}
+
+/// Counts requests tonic refused as larger than the limit
+/// (`divvy_rejected_total{reason="request_too_large"}`): they never reach
+/// the service, and answer `OUT_OF_RANGE` in a trailers-only response.
+fn count_too_large<B>(response: ::http::Response<B>) -> ::http::Response<B> {
+    if response.headers().get("grpc-status").map(|v| v.as_bytes()) == Some(b"11") {
+        crate::metrics::metrics()
+            .rejected
+            .with_label_values(&["request_too_large"])
+            .inc();
+    }
+    response
 }

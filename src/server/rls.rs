@@ -96,6 +96,10 @@ pub fn to_hits(request: &RateLimitRequest) -> Result<Vec<Hit>, Status> {
         ));
     }
     if request.descriptors.len() > MAX_DESCRIPTORS {
+        metrics()
+            .rejected
+            .with_label_values(&["too_many_descriptors"])
+            .inc();
         return Err(Status::invalid_argument(format!(
             "rate limit request carries {} descriptors; at most {MAX_DESCRIPTORS} are accepted",
             request.descriptors.len()
@@ -118,6 +122,10 @@ fn to_hit(index: usize, d: &RateLimitDescriptor, request_cost: u64) -> Result<Hi
         )));
     }
     if d.entries.len() > MAX_ENTRIES {
+        metrics()
+            .rejected
+            .with_label_values(&["too_many_descriptors"])
+            .inc();
         return Err(Status::invalid_argument(format!(
             "descriptor {index} has {} entries; at most {MAX_ENTRIES} are accepted",
             d.entries.len()

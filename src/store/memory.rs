@@ -10,9 +10,16 @@
 //! (run periodically by [`MemoryStore::spawn_sweeper`]) drops those, so
 //! memory is bounded by the counters still in use, however many distinct
 //! actors come and go.
+//!
+//! Each shard keeps its counters in least-recently-used order. With a cap
+//! ([`MemoryStore::with_max_counters`], `--max-counters`) each shard holds
+//! at most its share of it; a new counter in a full shard evicts that
+//! shard's least recently used one, so a counter in steady use is never
+//! evicted while idler ones exist. Evictions are counted in
+//! `divvy_counters_evicted_total` and `divvy_rejected_total{reason="eviction"}`.
 
-use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -58,7 +65,34 @@ struct Entry {
     expires_at: u64,
 }
 
-type Shard = HashMap<Box<str>, Entry>;
+/// One shard: counters in least-recently-used order.
+struct Shard {
+    map: lru::LruCache<Box<str>, Entry>,
+    /// Most counters held since the map was last rebuilt (to give memory back).
+    peak: usize,
+}
+
+impl Shard {
+    fn new() -> Shard {
+        Shard {
+            map: lru::LruCache::unbounded(),
+            peak: 0,
+        }
+    }
+
+    /// Rebuilds the map when it holds under a quarter of its peak, so its
+    /// table's memory goes back after a flood; keeps the LRU order.
+    fn shrink(&mut self) {
+        if self.peak > 256 && self.map.len() < self.peak / 4 {
+            let mut fresh = lru::LruCache::unbounded();
+            while let Some((k, v)) = self.map.pop_lru() {
+                fresh.put(k, v);
+            }
+            self.map = fresh;
+            self.peak = self.map.len();
+        }
+    }
+}
 
 /// The embedded store.
 pub struct MemoryStore {
@@ -66,6 +100,12 @@ pub struct MemoryStore {
     /// Chooses a key's shard (the maps inside hash with their own keys).
     hasher: RandomState,
     clock: Arc<dyn Clock>,
+    /// Most counters a shard holds (`usize::MAX`: no cap).
+    per_shard: usize,
+    /// Counters evicted to stay under the cap.
+    evicted: AtomicU64,
+    /// Epoch ms of the last eviction log line.
+    evict_logged: AtomicU64,
 }
 
 impl Default for MemoryStore {
@@ -87,12 +127,63 @@ impl MemoryStore {
 
     /// A store on the given clock.
     pub fn with_clock(clock: Arc<dyn Clock>) -> MemoryStore {
-        let shards =
+        MemoryStore::build(clock, None)
+    }
+
+    /// A store on `clock` holding at most `max` live counters (at least one
+    /// per shard): a new counter in a full shard evicts its least recently
+    /// used one.
+    pub fn with_max_counters(clock: Arc<dyn Clock>, max: usize) -> MemoryStore {
+        MemoryStore::build(clock, Some(max.max(1)))
+    }
+
+    fn build(clock: Arc<dyn Clock>, max: Option<usize>) -> MemoryStore {
+        let mut shards =
             (std::thread::available_parallelism().map_or(4, |n| n.get()) * 32).next_power_of_two();
+        if let Some(max) = max {
+            // At least one counter a shard, and never more than `max` in all.
+            while shards > 1 && shards > max {
+                shards /= 2;
+            }
+        }
         MemoryStore {
             shards: (0..shards).map(|_| Mutex::new(Shard::new())).collect(),
             hasher: RandomState::new(),
             clock,
+            per_shard: max.map_or(usize::MAX, |m| (m / shards).max(1)),
+            evicted: AtomicU64::new(0),
+            evict_logged: AtomicU64::new(0),
+        }
+    }
+
+    /// The most counters held at once (`None`: no cap).
+    pub fn max_counters(&self) -> Option<usize> {
+        (self.per_shard != usize::MAX).then(|| self.per_shard * self.shards.len())
+    }
+
+    /// Counters evicted so far to stay under the cap.
+    pub fn evicted(&self) -> u64 {
+        self.evicted.load(Ordering::Relaxed)
+    }
+
+    fn note_eviction(&self, now: u64) {
+        let total = self.evicted.fetch_add(1, Ordering::Relaxed) + 1;
+        let m = crate::metrics::metrics();
+        m.counters_evicted.inc();
+        m.rejected.with_label_values(&["eviction"]).inc();
+        // At most one log line a minute.
+        let last = self.evict_logged.load(Ordering::Relaxed);
+        if now >= last + 60_000
+            && self
+                .evict_logged
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            tracing::warn!(
+                evicted_total = total,
+                max_counters = self.max_counters().unwrap_or(0),
+                "the memory store is full: least recently used counters are being evicted (raise --max-counters, or look for a flood of distinct actors)"
+            );
         }
     }
 
@@ -107,7 +198,7 @@ impl MemoryStore {
 
     /// Number of counters held (live ones plus expired ones not yet swept).
     pub fn len(&self) -> usize {
-        self.shards.iter().map(|s| lock(s).len()).sum()
+        self.shards.iter().map(|s| lock(s).map.len()).sum()
     }
 
     /// Whether no counter is held.
@@ -120,14 +211,19 @@ impl MemoryStore {
         let now = self.now_ms();
         let mut dropped = 0;
         for shard in self.shards.iter() {
-            let mut map = lock(shard);
-            let before = map.len();
-            map.retain(|_, e| e.expires_at > now);
-            dropped += before - map.len();
-            if map.capacity() > 64 && map.len() < map.capacity() / 4 {
-                // Give memory back after a flood of short-lived counters.
-                map.shrink_to_fit();
+            let mut shard = lock(shard);
+            let expired: Vec<Box<str>> = shard
+                .map
+                .iter()
+                .filter(|(_, e)| e.expires_at <= now)
+                .map(|(k, _)| k.clone())
+                .collect();
+            for k in &expired {
+                shard.map.pop(k);
             }
+            dropped += expired.len();
+            // Give memory back after a flood of short-lived counters.
+            shard.shrink();
         }
         dropped
     }
@@ -142,7 +238,14 @@ impl MemoryStore {
                 tick.tick().await;
                 let Some(store) = store.upgrade() else { return };
                 // Sweeping walks every shard: keep it off the async workers.
-                let dropped = tokio::task::spawn_blocking(move || store.sweep()).await;
+                let dropped = tokio::task::spawn_blocking(move || {
+                    let n = store.sweep();
+                    crate::metrics::metrics()
+                        .counters
+                        .set(i64::try_from(store.len()).unwrap_or(i64::MAX));
+                    n
+                })
+                .await;
                 if let Ok(n) = dropped {
                     if n > 0 {
                         tracing::debug!(dropped = n, "swept expired counters");
@@ -169,6 +272,8 @@ impl MemoryStore {
         if let [op] = ops {
             let mut guard = lock(&self.shards[self.shard_of(&op.key)]);
             let mut states = Locked {
+                store: self,
+                per_shard: self.per_shard,
                 ops,
                 guards: std::slice::from_mut(&mut guard),
                 slot: &[0],
@@ -189,6 +294,8 @@ impl MemoryStore {
             .collect();
         let same = algorithm::same_keys(ops);
         let mut states = Locked {
+            store: self,
+            per_shard: self.per_shard,
             ops,
             guards: &mut guards,
             slot: &slot,
@@ -200,6 +307,8 @@ impl MemoryStore {
 
 /// The counters of one request, their shards locked.
 struct Locked<'a, 'g> {
+    store: &'a MemoryStore,
+    per_shard: usize,
     ops: &'a [CounterOp],
     guards: &'a mut [MutexGuard<'g, Shard>],
     /// Per op: the index of its shard's guard.
@@ -209,7 +318,9 @@ struct Locked<'a, 'g> {
 
 impl States for Locked<'_, '_> {
     fn load(&mut self, i: usize) -> Option<State> {
+        // A use: the counter becomes the shard's most recently used.
         self.guards[self.slot[i]]
+            .map
             .get(self.ops[i].key.as_str())
             .map(|e| e.state)
     }
@@ -217,17 +328,27 @@ impl States for Locked<'_, '_> {
     fn save(&mut self, i: usize, state: State) {
         let op = &self.ops[i];
         let expires_at = algorithm::expires_at(&state, &Params::of(op));
-        let map = &mut self.guards[self.slot[i]];
+        let shard = &mut self.guards[self.slot[i]];
         if expires_at <= self.now {
-            map.remove(op.key.as_str());
+            shard.map.pop(op.key.as_str());
             return;
         }
         let entry = Entry { state, expires_at };
-        match map.get_mut(op.key.as_str()) {
-            Some(e) => *e = entry,
-            None => {
-                map.insert(op.key.as_str().into(), entry);
+        if let Some(e) = shard.map.peek_mut(op.key.as_str()) {
+            *e = entry;
+            return;
+        }
+        let mut evicted = 0;
+        while shard.map.len() >= self.per_shard {
+            if shard.map.pop_lru().is_none() {
+                break;
             }
+            evicted += 1;
+        }
+        shard.map.put(op.key.as_str().into(), entry);
+        shard.peak = shard.peak.max(shard.map.len());
+        for _ in 0..evicted {
+            self.store.note_eviction(self.now);
         }
     }
 }
@@ -247,7 +368,8 @@ impl Store for MemoryStore {
     ) -> StoreFuture<'a, Result<Option<CounterState>, StoreError>> {
         let now = self.now_ms();
         let entry = lock(&self.shards[self.shard_of(&op.key)])
-            .get(op.key.as_str())
+            .map
+            .peek(op.key.as_str())
             .copied();
         let state = entry.filter(|e| e.expires_at > now).map(|e| {
             let (remaining, reset_ms) =
@@ -305,7 +427,7 @@ mod tests {
     }
 
     fn has(s: &MemoryStore, key: &str) -> bool {
-        lock(&s.shards[s.shard_of(key)]).contains_key(key)
+        lock(&s.shards[s.shard_of(key)]).map.contains(key)
     }
 
     #[test]

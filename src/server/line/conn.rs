@@ -30,6 +30,8 @@ pub struct ConnLimits {
     pub max_batch: usize,
     /// A connection that sends nothing for this long is closed.
     pub idle_timeout: Duration,
+    /// Most connections open at once; one more gets an `ERR` line and is closed.
+    pub max_connections: usize,
 }
 
 /// A slot in a batch: an answer known already, or a HIT to decide.
@@ -68,6 +70,10 @@ impl Framer {
                         line.truncate(at - 1);
                     }
                     if line.len() > self.max_line {
+                        metrics()
+                            .rejected
+                            .with_label_values(&["line_too_long"])
+                            .inc();
                         return Some(Frame::TooLong);
                     }
                     return Some(Frame::Line(String::from_utf8_lossy(&line).into_owned()));
@@ -84,6 +90,10 @@ impl Framer {
                         self.buf.clear();
                         if !self.discarding {
                             self.discarding = true;
+                            metrics()
+                                .rejected
+                                .with_label_values(&["line_too_long"])
+                                .inc();
                             return Some(Frame::TooLong);
                         }
                     }

@@ -17,6 +17,24 @@ use crate::limiter::Limiter;
 /// How long shutdown waits for open connections to finish their batch.
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Answers a connection over the cap with one `ERR` line and closes it
+/// (the write never waits: a fresh socket's buffer takes the line).
+fn refuse(stream: &tokio::net::TcpStream, peer: std::net::SocketAddr, max: usize) {
+    let line = format!("ERR unknown \"Too many connections: the limit is {max}.\"\n");
+    let _ = stream.try_write(line.as_bytes());
+    crate::metrics::metrics()
+        .rejected
+        .with_label_values(&["connection_limit"])
+        .inc();
+    static LOGGED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let now = crate::knobs::now_ms();
+    let last = LOGGED.load(std::sync::atomic::Ordering::Relaxed);
+    if now >= last + 60_000 {
+        LOGGED.store(now, std::sync::atomic::Ordering::Relaxed);
+        tracing::warn!(%peer, max, "line protocol: connection refused, too many open (--line-max-connections); logged at most once a minute");
+    }
+}
+
 /// Accepts connections on `listener` until `shutdown` turns true; each
 /// connection is served on its own task. Accept errors (such as running out
 /// of file descriptors) are logged and retried: the listener never stops.
@@ -39,7 +57,12 @@ pub async fn serve_line(
             // Reap finished connections so the set stays small.
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
             accepted = listener.accept() => match accepted {
-                Ok((stream, _peer)) => {
+                Ok((stream, peer)) => {
+                    while connections.try_join_next().is_some() {}
+                    if connections.len() >= limits.max_connections {
+                        refuse(&stream, peer, limits.max_connections);
+                        continue;
+                    }
                     let _ = stream.set_nodelay(true);
                     let limiter = limiter.clone();
                     connections.spawn(conn::serve_connection(

@@ -79,6 +79,11 @@ pub struct Metrics {
     pub governor_breaker_open: GaugeVec,
     /// `divvy_governor_leader{rule}`: 1 while this replica holds the governor's lease (it governs), 0 while idle.
     pub governor_leader: GaugeVec,
+    /// `divvy_ratelimit_stats_total{key,stat}`: envoyproxy/ratelimit's
+    /// per-descriptor stats (`stat`: total_hits, over_limit, near_limit,
+    /// within_limit, shadow_mode; `key`: `<domain>.<key_value path>`).
+    pub envoy_stats: IntCounterVec,
+    envoy_keys: std::sync::Mutex<std::collections::HashSet<String>>,
     /// `divvy_counters`: live counters in the memory store (as of its last sweep).
     pub counters: IntGauge,
     /// `divvy_counters_evicted_total`: counters the memory store evicted to stay under `--max-counters`.
@@ -88,6 +93,9 @@ pub struct Metrics {
     /// `divvy_governor_queries_total{rule,result}`: Prometheus queries by result (ok, error, empty, stale).
     pub governor_queries: IntCounterVec,
 }
+
+/// Most distinct keys of `divvy_ratelimit_stats_total`.
+pub const MAX_STATS_KEYS: usize = 10_000;
 
 /// Every `reason` of `divvy_rejected_total` (all exported from the start):
 /// a line over `--line-max-bytes`, a gRPC request with too many
@@ -309,6 +317,13 @@ impl Metrics {
                 "1 while this replica holds a governor's lease and governs; 0 while it is idle",
                 &["rule"],
             ),
+            envoy_stats: counter_vec(
+                &r,
+                "divvy_ratelimit_stats_total",
+                "envoyproxy/ratelimit's per-descriptor stats: key is <domain>.<key_value path> (values only with detailed_metric or value_to_metric; at most 10000 keys, then `overflow`), stat is total_hits, over_limit, near_limit, within_limit or shadow_mode",
+                &["key", "stat"],
+            ),
+            envoy_keys: std::sync::Mutex::new(std::collections::HashSet::new()),
             counters: gauge(
                 &r,
                 "divvy_counters",
@@ -368,6 +383,24 @@ impl Metrics {
     pub fn error(&self, code: &str) {
         self.errors.with_label_values(&[code]).inc();
         statsd::count(&format!("error.{code}"));
+    }
+
+    /// `key` as a label value of `divvy_ratelimit_stats_total`, or
+    /// `overflow` once [`MAX_STATS_KEYS`] distinct keys are in use (keys
+    /// with request values must not grow the series without bound).
+    pub fn envoy_stats_key<'a>(&self, key: &'a str) -> &'a str {
+        let mut keys = self
+            .envoy_keys
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if keys.contains(key) {
+            return key;
+        }
+        if keys.len() < MAX_STATS_KEYS {
+            keys.insert(key.to_owned());
+            return key;
+        }
+        "overflow"
     }
 
     /// Observes the time to decide one request.

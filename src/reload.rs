@@ -247,37 +247,50 @@ impl Reloader {
     }
 }
 
-/// Loads a policy and hashes the bytes it was loaded from.
+/// Loads a policy (file or directory) and hashes what it was loaded from.
 pub fn load_with_hash(path: &Path) -> Result<(Policy, String), config::ConfigError> {
-    let (bytes, hash) = read_hashed(path)?;
-    Ok((config::load_bytes(path, &bytes)?, hash))
+    let (files, hash) = read_hashed(path)?;
+    Ok((config::load_source(path, &files)?, hash))
 }
 
-/// Reads the file once and hashes it; parses and validates it only when
+/// Reads the source once and hashes it; parses and validates it only when
 /// its hash differs from `current`.
 fn load_if_changed(
     path: &Path,
     current: &str,
 ) -> Result<Option<(Policy, String)>, config::ConfigError> {
-    let (bytes, hash) = read_hashed(path)?;
+    let (files, hash) = read_hashed(path)?;
     if hash == current {
         return Ok(None);
     }
-    config::load_bytes(path, &bytes).map(|policy| Some((policy, hash)))
+    config::load_source(path, &files).map(|policy| Some((policy, hash)))
 }
 
-/// The file's bytes and their hash.
-fn read_hashed(path: &Path) -> Result<(Vec<u8>, String), config::ConfigError> {
-    let bytes = std::fs::read(path).map_err(|source| config::ConfigError::Read {
-        file: path.display().to_string(),
-        source,
-    })?;
-    let hash = content_hash(&bytes);
-    Ok((bytes, hash))
+/// The source's files and their hash (of the one file's bytes; for a
+/// directory, of every file's name and bytes).
+fn read_hashed(path: &Path) -> Result<(Vec<config::SourceFile>, String), config::ConfigError> {
+    let files = config::read_source(path)?;
+    let hash = match files.as_slice() {
+        [one] if !path.is_dir() => content_hash(&one.bytes),
+        many => {
+            let mut all = Vec::new();
+            for f in many {
+                let name = f.path.file_name().map(|n| n.to_string_lossy().into_owned());
+                all.extend_from_slice(name.unwrap_or_default().as_bytes());
+                all.push(0);
+                all.extend_from_slice(&(f.bytes.len() as u64).to_le_bytes());
+                all.extend_from_slice(&f.bytes);
+            }
+            content_hash(&all)
+        }
+    };
+    Ok((files, hash))
 }
 
 fn watch_dir(path: &Path, tx: mpsc::Sender<()>) -> notify::Result<notify::RecommendedWatcher> {
+    let whole_dir = path.is_dir();
     let dir = match path.parent() {
+        _ if whole_dir => path.to_path_buf(),
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => PathBuf::from("."),
     };
@@ -290,11 +303,13 @@ fn watch_dir(path: &Path, tx: mpsc::Sender<()>) -> notify::Result<notify::Recomm
         if matches!(event.kind, notify::EventKind::Access(_)) {
             return;
         }
-        let ours = event.paths.iter().any(|p| {
-            p.file_name().is_some_and(|f| {
-                Some(f) == name.as_deref() || f.to_string_lossy().starts_with("..data")
-            })
-        });
+        // A directory: any file in it added, changed or removed.
+        let ours = whole_dir
+            || event.paths.iter().any(|p| {
+                p.file_name().is_some_and(|f| {
+                    Some(f) == name.as_deref() || f.to_string_lossy().starts_with("..data")
+                })
+            });
         if ours {
             let _ = tx.try_send(());
         }

@@ -30,74 +30,30 @@ pub fn check(file: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A one-screen table of the rules.
+/// A one-screen summary: the rules, the envoyproxy/ratelimit domains, the governors.
 fn summary(policy: &Policy) -> String {
-    const SHOWN: usize = 40;
-    let rules = &policy.rules;
-    let canaries = rules
-        .iter()
-        .filter(|r| r.match_policy == config::MatchPolicy::Canary)
-        .count();
-    let mut out = format!(
-        "{}: OK, {} rules ({} stop, {} canary, 1 default)\n",
-        policy.source,
-        rules.len(),
-        rules.len() - canaries - 1,
-        canaries
-    );
-    let mut rows: Vec<[String; 7]> = vec![[
-        "#".into(),
-        "label".into(),
-        "policy".into(),
-        "domain".into(),
-        "limit".into(),
-        "actor".into(),
-        "operation".into(),
-    ]];
-    for r in rules.iter().take(SHOWN) {
-        let limit = r
-            .limits
-            .iter()
-            .map(|l| l.describe())
-            .collect::<Vec<_>>()
-            .join(" + ");
-        let actors: Vec<&str> = r
-            .limits
-            .iter()
-            .map(|l| l.actor_field.as_deref().unwrap_or("-"))
-            .collect();
-        let op = if r.is_default {
-            "(default)".to_owned()
-        } else {
-            r.operation_text()
-        };
-        rows.push([
-            r.position.to_string(),
-            r.label.clone().unwrap_or_else(|| "-".into()),
-            r.match_policy.as_str().into(),
-            r.domain.clone().unwrap_or_else(|| "*".into()),
-            limit,
-            actors.join(" + "),
-            op,
-        ]);
-    }
-    let mut widths = [0usize; 7];
-    for row in &rows {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.chars().count());
+    use divvy::config::envoy_ratelimit as crate_envoy;
+    let mut out = if policy.divvy_rules {
+        rules_table(policy)
+    } else {
+        format!("{}: OK\n", policy.source)
+    };
+    for c in &policy.envoy {
+        fn count(nodes: &[crate_envoy::EnvoyNode]) -> usize {
+            nodes
+                .iter()
+                .map(|n| usize::from(n.limit.is_some()) + count(&n.children))
+                .sum()
         }
+        out.push_str(&format!(
+            "envoyproxy/ratelimit domain {} ({}): {} limits\n",
+            c.domain,
+            c.file,
+            count(&c.descriptors)
+        ));
     }
-    for row in &rows {
-        let line: Vec<String> = row
-            .iter()
-            .zip(widths)
-            .map(|(cell, w)| format!("{cell:<w$}"))
-            .collect();
-        out.push_str(line.join("  ").trim_end());
-        out.push('\n');
-    }
-    if rules.len() > SHOWN {
-        out.push_str(&format!("  ... and {} more rules\n", rules.len() - SHOWN));
+    if !policy.divvy_rules {
+        out.push_str("no divvy policy: domains no file defines get no limit\n");
     }
     for g in &policy.governors {
         out.push_str(&format!(
@@ -178,4 +134,76 @@ pub fn explain(file: &Path, domain: Option<&str>, pairs: &[String]) -> anyhow::R
         println!("canary:  {}", describe(c));
     }
     Ok(())
+}
+
+/// The rules as a table.
+fn rules_table(policy: &Policy) -> String {
+    const SHOWN: usize = 40;
+    let rules = &policy.rules;
+    let canaries = rules
+        .iter()
+        .filter(|r| r.match_policy == config::MatchPolicy::Canary)
+        .count();
+    let mut out = format!(
+        "{}: OK, {} rules ({} stop, {} canary, 1 default)\n",
+        policy.source,
+        rules.len(),
+        rules.len() - canaries - 1,
+        canaries
+    );
+    let mut rows: Vec<[String; 7]> = vec![[
+        "#".into(),
+        "label".into(),
+        "policy".into(),
+        "domain".into(),
+        "limit".into(),
+        "actor".into(),
+        "operation".into(),
+    ]];
+    for r in rules.iter().take(SHOWN) {
+        let limit = r
+            .limits
+            .iter()
+            .map(|l| l.describe())
+            .collect::<Vec<_>>()
+            .join(" + ");
+        let actors: Vec<&str> = r
+            .limits
+            .iter()
+            .map(|l| l.actor_field.as_deref().unwrap_or("-"))
+            .collect();
+        let op = if r.is_default {
+            "(default)".to_owned()
+        } else {
+            r.operation_text()
+        };
+        rows.push([
+            r.position.to_string(),
+            r.label.clone().unwrap_or_else(|| "-".into()),
+            r.match_policy.as_str().into(),
+            r.domain.clone().unwrap_or_else(|| "*".into()),
+            limit,
+            actors.join(" + "),
+            op,
+        ]);
+    }
+    let mut widths = [0usize; 7];
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    for row in &rows {
+        let line: Vec<String> = row
+            .iter()
+            .zip(widths)
+            .map(|(cell, w)| format!("{cell:<w$}"))
+            .collect();
+        out.push_str(line.join("  ").trim_end());
+        out.push('\n');
+    }
+    if rules.len() > SHOWN {
+        out.push_str(&format!("  ... and {} more rules\n", rules.len() - SHOWN));
+    }
+    out
 }

@@ -7,6 +7,7 @@
 //! and what is wrong.
 
 pub mod duration;
+pub mod envoy_ratelimit;
 pub mod governor;
 pub mod ini;
 pub mod schema;
@@ -96,13 +97,141 @@ impl fmt::Display for Problems<'_> {
     }
 }
 
-/// Reads, parses and validates a policy file.
-pub fn load_file(path: &Path) -> Result<Policy, ConfigError> {
-    let bytes = std::fs::read(path).map_err(|source| ConfigError::Read {
-        file: path.display().to_string(),
+/// One file of a config source, as read.
+#[derive(Debug, Clone)]
+pub struct SourceFile {
+    /// Where it is.
+    pub path: std::path::PathBuf,
+    /// Its content.
+    pub bytes: Vec<u8>,
+}
+
+/// Reads the config at `path`: the file, or every `*.yaml` / `*.yml` file
+/// directly in the directory, sorted by name (names starting with `.` are
+/// skipped, so a Kubernetes ConfigMap mount's `..data` entries are not
+/// read twice; its symlinks to the files are followed).
+pub fn read_source(path: &Path) -> Result<Vec<SourceFile>, ConfigError> {
+    let read_err = |p: &Path, source| ConfigError::Read {
+        file: p.display().to_string(),
         source,
-    })?;
-    load_bytes(path, &bytes)
+    };
+    if !path.is_dir() {
+        let bytes = std::fs::read(path).map_err(|e| read_err(path, e))?;
+        return Ok(vec![SourceFile {
+            path: path.to_path_buf(),
+            bytes,
+        }]);
+    }
+    let mut names: Vec<std::path::PathBuf> = std::fs::read_dir(path)
+        .map_err(|e| read_err(path, e))?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| {
+            let name = p.file_name().map(|n| n.to_string_lossy().into_owned());
+            name.is_some_and(|n| !n.starts_with('.'))
+                && matches!(
+                    p.extension().and_then(|e| e.to_str()),
+                    Some("yaml") | Some("yml")
+                )
+                && p.is_file()
+        })
+        .collect();
+    names.sort();
+    if names.is_empty() {
+        return Err(ConfigError::Syntax {
+            file: path.display().to_string(),
+            message: "the directory holds no *.yaml or *.yml file".to_owned(),
+        });
+    }
+    names
+        .into_iter()
+        .map(|p| {
+            std::fs::read(&p)
+                .map(|bytes| SourceFile {
+                    path: p.clone(),
+                    bytes,
+                })
+                .map_err(|e| read_err(&p, e))
+        })
+        .collect()
+}
+
+/// Loads the files of a config source into one policy: at most one divvy
+/// policy and any number of envoyproxy/ratelimit files (one domain each,
+/// told apart by their top-level keys). Without a divvy policy every
+/// request of a domain no file defines gets "no limit". Any bad file fails
+/// the whole set.
+pub fn load_source(path: &Path, files: &[SourceFile]) -> Result<Policy, ConfigError> {
+    let mut policy: Option<Policy> = None;
+    let mut envoy: Vec<std::sync::Arc<envoy_ratelimit::EnvoyConfig>> = Vec::new();
+    for f in files {
+        let file = f.path.display().to_string();
+        let is_yaml = matches!(Format::from_path(&f.path), Some(Format::Yaml));
+        if is_yaml {
+            let text = std::str::from_utf8(&f.bytes).map_err(|e| ConfigError::Syntax {
+                file: file.clone(),
+                message: format!("not valid UTF-8 (at byte {})", e.valid_up_to()),
+            })?;
+            let doc: Option<serde_norway::Value> = serde_norway::from_str(text).ok();
+            if let Some(doc) = doc.filter(envoy_ratelimit::looks_like_envoy) {
+                let config =
+                    envoy_ratelimit::parse_value(&file, text, &doc).map_err(|message| {
+                        ConfigError::Invalid {
+                            file: file.clone(),
+                            problems: vec![message
+                                .strip_prefix(&format!("{file}: "))
+                                .unwrap_or(&message)
+                                .to_owned()],
+                        }
+                    })?;
+                if let Some(first) = envoy.iter().find(|c| c.domain == config.domain) {
+                    return Err(ConfigError::Invalid {
+                        file,
+                        problems: vec![format!(
+                            "duplicate domain '{}' in config file (already defined by {})",
+                            config.domain, first.file
+                        )],
+                    });
+                }
+                envoy.push(std::sync::Arc::new(config));
+                continue;
+            }
+        }
+        let loaded = load_bytes(&f.path, &f.bytes)?;
+        if let Some(first) = &policy {
+            return Err(ConfigError::Invalid {
+                file,
+                problems: vec![format!(
+                    "a second divvy policy in the directory (the first is {}); keep divvy rules in one file",
+                    first.source
+                )],
+            });
+        }
+        policy = Some(loaded);
+    }
+    let mut policy = match policy {
+        Some(p) => p,
+        None => {
+            let mut p = parse_str(
+                "default: {creditLimit: 1, resetSeconds: 0}\n",
+                Format::Yaml,
+                &path.display().to_string(),
+            )?;
+            p.divvy_rules = false;
+            p
+        }
+    };
+    if path.is_dir() {
+        policy.source = path.display().to_string();
+    }
+    policy.envoy = envoy;
+    Ok(policy)
+}
+
+/// Reads, parses and validates a policy file or directory.
+pub fn load_file(path: &Path) -> Result<Policy, ConfigError> {
+    let files = read_source(path)?;
+    load_source(path, &files)
 }
 
 /// Parses and validates `bytes`, the content of the file at `path` (whose

@@ -148,6 +148,11 @@ impl fmt::Display for RuleSpec {
 /// A validated policy: override rules in order, the default rule last.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Policy {
+    /// envoyproxy/ratelimit files, one domain each (a directory's).
+    pub envoy: Vec<std::sync::Arc<super::envoy_ratelimit::EnvoyConfig>>,
+    /// Whether the rules come from a divvy policy (false: a directory of
+    /// envoyproxy/ratelimit files only, and the one rule is a stand-in).
+    pub divvy_rules: bool,
     /// The governors (each sets one label's creditLimit knob).
     pub governors: Vec<super::GovernorSpec>,
     /// Where it came from (for messages and the admin API).
@@ -202,6 +207,8 @@ pub fn validate(raw: RawConfig, file: &str) -> Result<Policy, Vec<String>> {
             rules,
             charge,
             governors,
+            envoy: Vec::new(),
+            divvy_rules: true,
         })
     } else {
         Err(problems)
@@ -238,6 +245,8 @@ pub fn with_aux_rules(aux: &[RawRule], file: &Policy) -> Result<Policy, Vec<Stri
             rules,
             charge: file.charge,
             governors: file.governors.clone(),
+            envoy: file.envoy.clone(),
+            divvy_rules: file.divvy_rules,
         })
     } else {
         Err(problems)

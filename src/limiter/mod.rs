@@ -5,6 +5,8 @@
 //! counter the request touches to the store in a single call, and returns a
 //! [`Decision`] per descriptor. Protocol adapters only translate in and out.
 
+pub mod envoy;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

@@ -9,11 +9,13 @@
 //! that have no exact value at all.
 
 pub mod bounded;
+pub mod descriptor_tree;
 pub mod glob;
 pub mod operation;
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
+use std::sync::Arc;
 
 use crate::config::{GovernorSpec, LimitSpec, MatchPolicy, Policy, RuleSpec};
 use crate::store::{Algorithm, Charge};
@@ -133,6 +135,10 @@ pub struct RuleSet {
     charge: Charge,
     /// The policy's governors.
     governors: Vec<GovernorSpec>,
+    /// Domains defined by envoyproxy/ratelimit files.
+    envoy: HashMap<String, Arc<descriptor_tree::DomainTree>>,
+    /// Whether the rules come from a divvy policy.
+    divvy_rules: bool,
 }
 
 impl RuleSet {
@@ -175,7 +181,39 @@ impl RuleSet {
             source: policy.source,
             charge: policy.charge,
             governors: policy.governors,
+            envoy: policy
+                .envoy
+                .iter()
+                .map(|c| {
+                    (
+                        c.domain.clone(),
+                        Arc::new(descriptor_tree::DomainTree::new(c.clone())),
+                    )
+                })
+                .collect(),
+            divvy_rules: policy.divvy_rules,
         }
+    }
+
+    /// The tree of `domain` when an envoyproxy/ratelimit file defines it.
+    pub fn envoy_domain(&self, domain: &str) -> Option<&Arc<descriptor_tree::DomainTree>> {
+        if self.envoy.is_empty() {
+            return None;
+        }
+        self.envoy.get(domain)
+    }
+
+    /// Every envoyproxy/ratelimit domain, sorted by name.
+    pub fn envoy_domains(&self) -> Vec<&Arc<descriptor_tree::DomainTree>> {
+        let mut all: Vec<_> = self.envoy.values().collect();
+        all.sort_by(|a, b| a.domain().cmp(b.domain()));
+        all
+    }
+
+    /// Whether divvy rules decide domains no envoyproxy/ratelimit file
+    /// defines (false: they get "no limit").
+    pub fn has_divvy_rules(&self) -> bool {
+        self.divvy_rules
     }
 
     /// The policy's governors.

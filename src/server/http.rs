@@ -67,6 +67,8 @@ pub fn router(state: AdminState, metrics_path: &str) -> Router {
         .route("/json", post(json_check))
         .route("/global", get(global))
         .route("/governors", get(governors))
+        .route("/healthcheck", get(healthcheck))
+        .route("/rlconfig", get(rlconfig))
         .route("/knobs", get(super::knobs_api::list))
         .route(
             "/knobs/{label}",
@@ -354,4 +356,32 @@ async fn governors(State(s): State<AdminState>) -> Json<Value> {
         "replica": s.governors.replica(),
         "governors": s.governors.states(),
     }))
+}
+
+/// `GET /healthcheck` (envoyproxy/ratelimit's): 200 `OK` while ready, 500 otherwise.
+async fn healthcheck(State(s): State<AdminState>) -> Response {
+    let ready = !s.shutting_down.load(Ordering::Acquire)
+        && (!s.ready_requires_store || s.limiter.store().ready());
+    if ready {
+        "OK".into_response()
+    } else {
+        (StatusCode::INTERNAL_SERVER_ERROR, "NOT OK").into_response()
+    }
+}
+
+/// `GET /rlconfig` (envoyproxy/ratelimit's): the limits in force as text,
+/// one line per limit of each envoyproxy/ratelimit domain, then the divvy
+/// rules.
+async fn rlconfig(State(s): State<AdminState>) -> String {
+    let rules = s.limiter.rules();
+    let mut out = String::new();
+    for tree in rules.envoy_domains() {
+        out.push_str(&tree.dump());
+    }
+    if rules.has_divvy_rules() {
+        for r in rules.rules() {
+            out.push_str(&format!("divvy {}\n", r.spec));
+        }
+    }
+    out
 }

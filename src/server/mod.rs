@@ -7,6 +7,7 @@ pub mod json;
 pub mod knobs_api;
 pub mod line;
 pub mod rls;
+pub mod rls_envoy;
 
 use std::future::Future;
 use std::sync::Arc;

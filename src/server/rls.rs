@@ -28,6 +28,8 @@ use envoy_types::pb::google::protobuf::Duration as PbDuration;
 use tonic::{Request, Response, Status};
 
 use super::headers::{rate_limit_headers, HeaderStyle};
+use super::rls_envoy;
+use crate::limiter::envoy::EnvoySettings;
 use crate::limiter::{Decisions, Hit, LimitOverride, Limiter, Outcome, Reset};
 use crate::metrics::metrics;
 use crate::rules::{Operation, Rule};
@@ -45,12 +47,18 @@ pub const MAX_ENTRIES: usize = 256;
 pub struct RlsService {
     limiter: Arc<Limiter>,
     headers: HeaderStyle,
+    /// envoyproxy/ratelimit's settings, for the domains its files define.
+    envoy: EnvoySettings,
 }
 
 impl RlsService {
     /// A service deciding with `limiter`, returning rate-limit headers in `headers` style.
     pub fn new(limiter: Arc<Limiter>, headers: HeaderStyle) -> RlsService {
-        RlsService { limiter, headers }
+        RlsService {
+            limiter,
+            headers,
+            envoy: EnvoySettings::from_env(),
+        }
     }
 }
 
@@ -62,6 +70,29 @@ impl RateLimitService for RlsService {
     ) -> Result<Response<RateLimitResponse>, Status> {
         let request = request.into_inner();
         let hits = to_hits(&request).inspect_err(|_| metrics().error("invalid-argument"))?;
+        let rules = self.limiter.rules();
+        if let Some(tree) = rules.envoy_domain(&request.domain) {
+            let costs: Vec<u64> = hits.iter().map(|h| h.cost).collect();
+            let descriptors = rls_envoy::descriptors(&request, &costs)
+                .inspect_err(|_| metrics().error("invalid-argument"))?;
+            let statuses = self
+                .limiter
+                .check_envoy(tree, &descriptors, &self.envoy)
+                .await
+                .map_err(|e| {
+                    metrics().error("unavailable");
+                    Status::unavailable(e.to_string())
+                })?;
+            return Ok(Response::new(rls_envoy::response(
+                &request,
+                &statuses,
+                &self.envoy,
+            )));
+        }
+        if !rules.has_divvy_rules() {
+            return Ok(Response::new(rls_envoy::no_limit(&request)));
+        }
+        drop(rules);
         let decisions = self
             .limiter
             .check(Some(&request.domain), &hits)

@@ -1,0 +1,271 @@
+//! Answers for domains defined by envoyproxy/ratelimit files, shaped as
+//! that project shapes them: statuses, the overall code (quota mode),
+//! `SHADOW_MODE`, its rate-limit headers and dynamic metadata.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use envoy_types::pb::envoy::config::core::v3::HeaderValue;
+use envoy_types::pb::envoy::r#type::v3::RateLimitUnit;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
+    Code, DescriptorStatus, RateLimit,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::{value::Kind, ListValue, Struct, Value};
+use tonic::Status;
+
+use crate::config::envoy_ratelimit::EnvoyUnit;
+use crate::limiter::envoy::{EnvoyDescriptor, EnvoySettings, EnvoyStatus};
+
+/// The request's descriptors for the envoyproxy/ratelimit path; `costs`
+/// are the hits each takes (request and descriptor `hits_addend`, as the
+/// divvy path reads them).
+pub fn descriptors(
+    request: &RateLimitRequest,
+    costs: &[u64],
+) -> Result<Vec<EnvoyDescriptor>, Status> {
+    request
+        .descriptors
+        .iter()
+        .zip(costs)
+        .enumerate()
+        .map(|(i, (d, &cost))| {
+            let limit_override = match &d.limit {
+                None => None,
+                Some(o) => {
+                    let unit =
+                        match RateLimitUnit::try_from(o.unit).unwrap_or(RateLimitUnit::Unknown) {
+                            RateLimitUnit::Second => EnvoyUnit::Second,
+                            RateLimitUnit::Minute => EnvoyUnit::Minute,
+                            RateLimitUnit::Hour => EnvoyUnit::Hour,
+                            RateLimitUnit::Day => EnvoyUnit::Day,
+                            RateLimitUnit::Month => EnvoyUnit::Month,
+                            RateLimitUnit::Year => EnvoyUnit::Year,
+                            RateLimitUnit::Unknown => {
+                                return Err(Status::invalid_argument(format!(
+                                    "descriptor {i}: limit override needs a known unit"
+                                )))
+                            }
+                        };
+                    Some((o.requests_per_unit, unit))
+                }
+            };
+            Ok(EnvoyDescriptor {
+                entries: d
+                    .entries
+                    .iter()
+                    .map(|e| (e.key.clone(), e.value.clone()))
+                    .collect(),
+                cost,
+                limit_override,
+            })
+        })
+        .collect()
+}
+
+fn unit_of(u: EnvoyUnit) -> Unit {
+    match u {
+        EnvoyUnit::Second => Unit::Second,
+        EnvoyUnit::Minute => Unit::Minute,
+        EnvoyUnit::Hour => Unit::Hour,
+        EnvoyUnit::Day => Unit::Day,
+        EnvoyUnit::Week => Unit::Week,
+        EnvoyUnit::Month => Unit::Month,
+        EnvoyUnit::Year => Unit::Year,
+    }
+}
+
+fn status(s: &EnvoyStatus) -> DescriptorStatus {
+    if s.unlimited {
+        return DescriptorStatus {
+            code: Code::Ok as i32,
+            limit_remaining: u32::MAX,
+            ..Default::default()
+        };
+    }
+    DescriptorStatus {
+        code: if s.over { Code::OverLimit } else { Code::Ok } as i32,
+        current_limit: s.current.as_ref().map(|c| RateLimit {
+            name: c.name.clone(),
+            requests_per_unit: c.requests_per_unit,
+            unit: unit_of(c.unit) as i32,
+        }),
+        limit_remaining: s.remaining,
+        duration_until_reset: s
+            .reset
+            .map(|d| envoy_types::pb::google::protobuf::Duration {
+                seconds: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+                nanos: 0,
+            }),
+        quota: None,
+    }
+}
+
+/// The response for `statuses` of `request`.
+pub fn response(
+    request: &RateLimitRequest,
+    statuses: &[EnvoyStatus],
+    settings: &EnvoySettings,
+) -> RateLimitResponse {
+    let mut failed = 0;
+    let (mut quota_total, mut quota_failed) = (0, 0);
+    let mut min: Option<&EnvoyStatus> = None;
+    let mut passed = Vec::new();
+    for (i, s) in statuses.iter().enumerate() {
+        if settings.headers.is_some()
+            && s.current.is_some()
+            && min.is_none_or(|m| s.remaining < m.remaining)
+        {
+            min = Some(s);
+        }
+        if s.unlimited {
+            continue;
+        }
+        if s.over {
+            if s.quota {
+                quota_failed += 1;
+            } else {
+                failed += 1;
+                min = Some(s);
+            }
+        } else {
+            passed.push(i);
+        }
+        if s.quota {
+            quota_total += 1;
+        }
+    }
+    let over = failed > 0 || (quota_total > 0 && quota_total == quota_failed);
+    let mut response = RateLimitResponse {
+        overall_code: if over && !settings.shadow_mode {
+            Code::OverLimit
+        } else {
+            Code::Ok
+        } as i32,
+        statuses: statuses.iter().map(status).collect(),
+        ..Default::default()
+    };
+    if let (Some([limit, remaining, reset]), Some(m)) = (&settings.headers, min) {
+        if let Some(c) = &m.current {
+            let now = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs());
+            let u = c.unit.seconds();
+            let header = |key: &str, value: String| HeaderValue {
+                key: key.to_owned(),
+                value,
+                ..Default::default()
+            };
+            response.response_headers_to_add = vec![
+                header(limit, c.requests_per_unit.to_string()),
+                header(remaining, m.remaining.to_string()),
+                header(reset, (u - now % u).to_string()),
+            ];
+        }
+    }
+    if settings.dynamic_metadata {
+        response.dynamic_metadata = Some(metadata(request, statuses, &passed));
+    }
+    response
+}
+
+fn string(s: String) -> Value {
+    Value {
+        kind: Some(Kind::StringValue(s)),
+    }
+}
+
+fn from_json(v: &serde_json::Value) -> Value {
+    let kind = match v {
+        serde_json::Value::Null => Kind::NullValue(0),
+        serde_json::Value::Bool(b) => Kind::BoolValue(*b),
+        serde_json::Value::Number(n) => Kind::NumberValue(n.as_f64().unwrap_or(0.0)),
+        serde_json::Value::String(s) => Kind::StringValue(s.clone()),
+        serde_json::Value::Array(a) => Kind::ListValue(ListValue {
+            values: a.iter().map(from_json).collect(),
+        }),
+        serde_json::Value::Object(o) => Kind::StructValue(Struct {
+            fields: o.iter().map(|(k, v)| (k.clone(), from_json(v))).collect(),
+        }),
+    };
+    Value { kind: Some(kind) }
+}
+
+/// `RESPONSE_DYNAMIC_METADATA`: the domain, the descriptors' entries, the
+/// request's hits_addend, and the merged metadata of the descriptors that
+/// passed.
+fn metadata(request: &RateLimitRequest, statuses: &[EnvoyStatus], passed: &[usize]) -> Struct {
+    let mut fields = std::collections::HashMap::new();
+    fields.insert("domain".to_owned(), string(request.domain.clone()));
+    let descriptors = request
+        .descriptors
+        .iter()
+        .map(|d| {
+            let entries = d
+                .entries
+                .iter()
+                .map(|e| string(format!("{}={}", e.key, e.value)))
+                .collect();
+            let mut f = std::collections::HashMap::new();
+            f.insert(
+                "entries".to_owned(),
+                Value {
+                    kind: Some(Kind::ListValue(ListValue { values: entries })),
+                },
+            );
+            Value {
+                kind: Some(Kind::StructValue(Struct { fields: f })),
+            }
+        })
+        .collect();
+    fields.insert(
+        "descriptors".to_owned(),
+        Value {
+            kind: Some(Kind::ListValue(ListValue {
+                values: descriptors,
+            })),
+        },
+    );
+    if request.hits_addend != 0 {
+        fields.insert(
+            "hitsAddend".to_owned(),
+            Value {
+                kind: Some(Kind::NumberValue(f64::from(request.hits_addend))),
+            },
+        );
+    }
+    let mut merged = serde_json::Map::new();
+    for &i in passed {
+        if let Some(serde_json::Value::Object(m)) =
+            statuses.get(i).and_then(|s| s.metadata.as_ref())
+        {
+            for (k, v) in m {
+                merged.insert(k.clone(), v.clone());
+            }
+        }
+    }
+    if !merged.is_empty() {
+        fields.insert(
+            "metadata".to_owned(),
+            from_json(&serde_json::Value::Object(merged)),
+        );
+    }
+    Struct { fields }
+}
+
+/// The answer when no divvy policy is loaded and no file defines the
+/// domain: every descriptor "no limit".
+pub fn no_limit(request: &RateLimitRequest) -> RateLimitResponse {
+    RateLimitResponse {
+        overall_code: Code::Ok as i32,
+        statuses: request
+            .descriptors
+            .iter()
+            .map(|_| DescriptorStatus {
+                code: Code::Ok as i32,
+                ..Default::default()
+            })
+            .collect(),
+        ..Default::default()
+    }
+}

@@ -65,9 +65,43 @@ struct Entry {
     expires_at: u64,
 }
 
+/// A counter's identity in the memory store: a keyed 128-bit SipHash-1-3
+/// of its key (random key per process). Holding 16 bytes instead of the
+/// key's text keeps a counter small and its lookup free of string compares;
+/// a collision between two of a process's counters has odds of about
+/// n²/2¹²⁹, and no client can aim for one without the key.
+type Id = u128;
+
+/// Hashes an [`Id`] for the shard's table: its low 64 bits, already random.
+#[derive(Default, Clone, Copy)]
+struct IdHasher(u64);
+
+impl std::hash::Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `write_u128` is used for ids; fold anything else.
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+
+    fn write_u128(&mut self, v: u128) {
+        self.0 = v as u64;
+    }
+}
+
+type IdMap = lru::LruCache<Id, Entry, std::hash::BuildHasherDefault<IdHasher>>;
+
+fn id_map() -> IdMap {
+    lru::LruCache::unbounded_with_hasher(std::hash::BuildHasherDefault::default())
+}
+
 /// One shard: counters in least-recently-used order.
 struct Shard {
-    map: lru::LruCache<Box<str>, Entry>,
+    map: IdMap,
     /// Most counters held since the map was last rebuilt (to give memory back).
     peak: usize,
 }
@@ -75,7 +109,7 @@ struct Shard {
 impl Shard {
     fn new() -> Shard {
         Shard {
-            map: lru::LruCache::unbounded(),
+            map: id_map(),
             peak: 0,
         }
     }
@@ -84,7 +118,7 @@ impl Shard {
     /// table's memory goes back after a flood; keeps the LRU order.
     fn shrink(&mut self) {
         if self.peak > 256 && self.map.len() < self.peak / 4 {
-            let mut fresh = lru::LruCache::unbounded();
+            let mut fresh = id_map();
             while let Some((k, v)) = self.map.pop_lru() {
                 fresh.put(k, v);
             }
@@ -97,8 +131,8 @@ impl Shard {
 /// The embedded store.
 pub struct MemoryStore {
     shards: Box<[Mutex<Shard>]>,
-    /// Chooses a key's shard (the maps inside hash with their own keys).
-    hasher: RandomState,
+    /// The key of the counters' [`Id`]s.
+    id_key: (u64, u64),
     clock: Arc<dyn Clock>,
     /// Most counters a shard holds (`usize::MAX`: no cap).
     per_shard: usize,
@@ -148,7 +182,10 @@ impl MemoryStore {
         }
         MemoryStore {
             shards: (0..shards).map(|_| Mutex::new(Shard::new())).collect(),
-            hasher: RandomState::new(),
+            id_key: {
+                let s = RandomState::new();
+                (s.hash_one(0x5eed_u64), s.hash_one(0xd1f7_u64))
+            },
             clock,
             per_shard: max.map_or(usize::MAX, |m| (m / shards).max(1)),
             evicted: AtomicU64::new(0),
@@ -191,9 +228,18 @@ impl MemoryStore {
         u64::try_from(self.clock.now().as_millis()).unwrap_or(u64::MAX)
     }
 
-    fn shard_of(&self, key: &str) -> usize {
-        // The top bits: the maps inside use the low ones of their own hash.
-        (self.hasher.hash_one(key) >> 32) as usize & (self.shards.len() - 1)
+    /// A key's [`Id`].
+    fn id_of(&self, key: &str) -> Id {
+        use siphasher::sip128::Hasher128;
+        use std::hash::Hasher;
+        let mut h = siphasher::sip128::SipHasher13::new_with_keys(self.id_key.0, self.id_key.1);
+        h.write(key.as_bytes());
+        h.finish128().as_u128()
+    }
+
+    fn shard_of(&self, id: Id) -> usize {
+        // The top bits: the tables inside use the low ones.
+        (id >> 64) as usize & (self.shards.len() - 1)
     }
 
     /// Number of counters held (live ones plus expired ones not yet swept).
@@ -212,11 +258,11 @@ impl MemoryStore {
         let mut dropped = 0;
         for shard in self.shards.iter() {
             let mut shard = lock(shard);
-            let expired: Vec<Box<str>> = shard
+            let expired: Vec<Id> = shard
                 .map
                 .iter()
                 .filter(|(_, e)| e.expires_at <= now)
-                .map(|(k, _)| k.clone())
+                .map(|(k, _)| *k)
                 .collect();
             for k in &expired {
                 shard.map.pop(k);
@@ -270,8 +316,10 @@ impl MemoryStore {
     pub fn apply_now(&self, ops: &[CounterOp], charge: Charge) -> Vec<CounterState> {
         let now = self.now_ms();
         if let [op] = ops {
-            let mut guard = lock(&self.shards[self.shard_of(&op.key)]);
+            let id = [self.id_of(&op.key)];
+            let mut guard = lock(&self.shards[self.shard_of(id[0])]);
             let mut states = Locked {
+                ids: &id,
                 store: self,
                 per_shard: self.per_shard,
                 ops,
@@ -281,7 +329,8 @@ impl MemoryStore {
             };
             return algorithm::apply_request(&mut states, now, ops, &[0], charge);
         }
-        let shard_ids: Vec<usize> = ops.iter().map(|op| self.shard_of(&op.key)).collect();
+        let ids: Vec<Id> = ops.iter().map(|op| self.id_of(&op.key)).collect();
+        let shard_ids: Vec<usize> = ids.iter().map(|&id| self.shard_of(id)).collect();
         let mut order = shard_ids.clone();
         order.sort_unstable();
         order.dedup();
@@ -294,6 +343,7 @@ impl MemoryStore {
             .collect();
         let same = algorithm::same_keys(ops);
         let mut states = Locked {
+            ids: &ids,
             store: self,
             per_shard: self.per_shard,
             ops,
@@ -307,6 +357,8 @@ impl MemoryStore {
 
 /// The counters of one request, their shards locked.
 struct Locked<'a, 'g> {
+    /// Per op: its counter's id.
+    ids: &'a [Id],
     store: &'a MemoryStore,
     per_shard: usize,
     ops: &'a [CounterOp],
@@ -321,7 +373,7 @@ impl States for Locked<'_, '_> {
         // A use: the counter becomes the shard's most recently used.
         self.guards[self.slot[i]]
             .map
-            .get(self.ops[i].key.as_str())
+            .get(&self.ids[i])
             .map(|e| e.state)
     }
 
@@ -330,11 +382,11 @@ impl States for Locked<'_, '_> {
         let expires_at = algorithm::expires_at(&state, &Params::of(op));
         let shard = &mut self.guards[self.slot[i]];
         if expires_at <= self.now {
-            shard.map.pop(op.key.as_str());
+            shard.map.pop(&self.ids[i]);
             return;
         }
         let entry = Entry { state, expires_at };
-        if let Some(e) = shard.map.peek_mut(op.key.as_str()) {
+        if let Some(e) = shard.map.peek_mut(&self.ids[i]) {
             *e = entry;
             return;
         }
@@ -345,7 +397,7 @@ impl States for Locked<'_, '_> {
             }
             evicted += 1;
         }
-        shard.map.put(op.key.as_str().into(), entry);
+        shard.map.put(self.ids[i], entry);
         shard.peak = shard.peak.max(shard.map.len());
         for _ in 0..evicted {
             self.store.note_eviction(self.now);
@@ -367,9 +419,10 @@ impl Store for MemoryStore {
         op: &'a CounterOp,
     ) -> StoreFuture<'a, Result<Option<CounterState>, StoreError>> {
         let now = self.now_ms();
-        let entry = lock(&self.shards[self.shard_of(&op.key)])
+        let id = self.id_of(&op.key);
+        let entry = lock(&self.shards[self.shard_of(id)])
             .map
-            .peek(op.key.as_str())
+            .peek(&id)
             .copied();
         let state = entry.filter(|e| e.expires_at > now).map(|e| {
             let (remaining, reset_ms) =
@@ -427,7 +480,8 @@ mod tests {
     }
 
     fn has(s: &MemoryStore, key: &str) -> bool {
-        lock(&s.shards[s.shard_of(key)]).map.contains(key)
+        let id = s.id_of(key);
+        lock(&s.shards[s.shard_of(id)]).map.contains(&id)
     }
 
     #[test]

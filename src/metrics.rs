@@ -94,6 +94,36 @@ pub struct Metrics {
     pub governor_queries: IntCounterVec,
 }
 
+/// A rule's counters, looked up once when the rule set is compiled (a
+/// label lookup per request costs a hash of every label value).
+#[derive(Debug, Clone)]
+pub struct RuleCounters {
+    /// `divvy_hits_total` by status: accepted, rejected, canary-accepted, canary-rejected.
+    pub hits: [IntCounter; 4],
+    /// `divvy_decisions_total` for its domain and label: ok, over_limit.
+    pub decisions: [IntCounter; 2],
+}
+
+impl RuleCounters {
+    /// The counters of a rule with `label` and `domain`.
+    pub fn new(label: Option<&str>, domain: Option<&str>) -> RuleCounters {
+        let m = metrics();
+        let label = label.unwrap_or("");
+        let domain = domain.unwrap_or("");
+        let hit = |s: HitStatus| m.hits.with_label_values(&[s.as_str(), label]);
+        let decided = |code: &str| m.decisions.with_label_values(&[domain, label, code]);
+        RuleCounters {
+            hits: [
+                hit(HitStatus::Accepted),
+                hit(HitStatus::Rejected),
+                hit(HitStatus::CanaryAccepted),
+                hit(HitStatus::CanaryRejected),
+            ],
+            decisions: [decided("ok"), decided("over_limit")],
+        }
+    }
+}
+
 /// Most distinct keys of `divvy_ratelimit_stats_total`.
 pub const MAX_STATS_KEYS: usize = 10_000;
 
@@ -373,6 +403,14 @@ impl Metrics {
         self.hits
             .with_label_values(&[status.as_str(), label.unwrap_or("")])
             .inc();
+        self.hit_statsd(status, label);
+    }
+
+    /// The statsd mirror of [`Metrics::hit`] (nothing is formatted without statsd).
+    pub fn hit_statsd(&self, status: HitStatus, label: Option<&str>) {
+        if !statsd::enabled() {
+            return;
+        }
         statsd::count(&format!("hit.{}", status.as_str()));
         if let Some(label) = label {
             statsd::count(&format!("hit.{}.{label}", status.as_str()));

@@ -56,7 +56,12 @@ fn send(line: String) {
     }
 }
 
-/// Counts one event.
+/// Whether statsd is configured (callers skip formatting names otherwise).
+pub fn enabled() -> bool {
+    SINK.get().is_some()
+}
+
+/// Counts one event named `name`.
 pub fn count(name: &str) {
     if SINK.get().is_some() {
         send(format!("{name}:1|c"));

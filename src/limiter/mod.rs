@@ -387,27 +387,25 @@ fn record(rules: &RuleSet, items: &[Decision]) {
     let m = metrics();
     for item in items {
         for c in &item.canaries {
-            let status = if c.allowed {
-                HitStatus::CanaryAccepted
+            let (status, i) = if c.allowed {
+                (HitStatus::CanaryAccepted, 2)
             } else {
-                HitStatus::CanaryRejected
+                (HitStatus::CanaryRejected, 3)
             };
-            m.hit(status, rules.rule(c.rule).spec.label.as_deref());
+            let rule = rules.rule(c.rule);
+            rule.counters.hits[i].inc();
+            m.hit_statsd(status, rule.spec.label.as_deref());
         }
-        let spec = &rules.rule(item.decider.rule).spec;
-        let (status, code) = if item.decider.allowed {
-            (HitStatus::Accepted, "ok")
+        let rule = rules.rule(item.decider.rule);
+        let spec = &rule.spec;
+        let (status, i) = if item.decider.allowed {
+            (HitStatus::Accepted, 0)
         } else {
-            (HitStatus::Rejected, "over_limit")
+            (HitStatus::Rejected, 1)
         };
-        m.hit(status, spec.label.as_deref());
-        m.decisions
-            .with_label_values(&[
-                spec.domain.as_deref().unwrap_or(""),
-                spec.label.as_deref().unwrap_or(""),
-                code,
-            ])
-            .inc();
+        rule.counters.hits[i].inc();
+        rule.counters.decisions[i].inc();
+        m.hit_statsd(status, spec.label.as_deref());
         tracing::debug!(
             rule = %spec,
             comment = spec.comment.as_deref().unwrap_or(""),

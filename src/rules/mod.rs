@@ -31,6 +31,8 @@ pub struct Rule {
     domain: Option<Pattern>,
     /// `divvy:<operation>:` (or `divvy@<domain>:<operation>:` for a domain rule).
     key_prefix: String,
+    /// Its metrics, looked up once.
+    pub counters: crate::metrics::RuleCounters,
 }
 
 impl Rule {
@@ -45,11 +47,14 @@ impl Rule {
             None => format!("divvy:{}:", spec.operation_text()),
             Some(d) => format!("divvy@{d}:{}:", spec.operation_text()),
         };
+        let counters =
+            crate::metrics::RuleCounters::new(spec.label.as_deref(), spec.domain.as_deref());
         Rule {
             spec,
             matchers,
             domain,
             key_prefix,
+            counters,
         }
     }
 

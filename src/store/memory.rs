@@ -420,10 +420,7 @@ impl Store for MemoryStore {
     ) -> StoreFuture<'a, Result<Option<CounterState>, StoreError>> {
         let now = self.now_ms();
         let id = self.id_of(&op.key);
-        let entry = lock(&self.shards[self.shard_of(id)])
-            .map
-            .peek(&id)
-            .copied();
+        let entry = lock(&self.shards[self.shard_of(id)]).map.peek(&id).copied();
         let state = entry.filter(|e| e.expires_at > now).map(|e| {
             let (remaining, reset_ms) =
                 algorithm::view(op.algorithm, Some(e.state), now, &Params::of(op));

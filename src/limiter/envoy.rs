@@ -7,9 +7,17 @@
 //! `remaining` u32::MAX. Every other limit is an epoch-aligned fixed
 //! window of `requests_per_unit` per unit, its counter keyed by the
 //! domain and the descriptor's entries (the pattern instead of the value
-//! under `share_threshold`). Unlike envoyproxy/ratelimit, a denied hit is
-//! not charged; the answers are the same. `shadow_mode` limits are
-//! counted but never OVER_LIMIT.
+//! under `share_threshold`). `shadow_mode` limits are counted but never
+//! OVER_LIMIT.
+//!
+//! `MARK`: envoyproxy/ratelimit adds every hit to its counter, over the
+//! limit or not, so once a window is over it stays over (a check of 0 hits
+//! included). Here a hit that does not fit is counted only up to one past
+//! the limit: the counter's limit is requests_per_unit + 1, a count of
+//! requests_per_unit + 1 means "over", and a hit larger than what is left
+//! takes what is left. The answers are the same; the counter never grows
+//! past the limit + 1. Under `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`
+//! nothing over the limit is counted, as there.
 
 use std::collections::HashSet;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -281,16 +289,22 @@ impl Limiter {
                 out.push(EnvoyStatus::no_limit());
                 continue;
             }
-            let op = (current.requests_per_unit > 0).then(|| {
+            // Without all-or-nothing the counter's limit is one more than
+            // the file's: a count of requests_per_unit + 1 marks the window
+            // over (see `MARK` in the module doc). With it, nothing over the
+            // limit is ever counted, as in envoyproxy/ratelimit.
+            let limit = u64::from(current.requests_per_unit) + u64::from(!settings.all_or_nothing);
+            let op = (limit > 0).then(|| {
                 let mut op = CounterOp::new(
                     counter_key(domain, &path, current.unit),
                     Algorithm::Fixed,
-                    u64::from(current.requests_per_unit),
+                    limit,
                     Duration::from_secs(current.unit.seconds()),
                     d.cost,
                 );
-                // A shadow limit never denies the request.
-                op.decides = !shadow;
+                // A shadow limit never denies the request, nor does a
+                // check (hits_addend 0).
+                op.decides = !shadow && d.cost > 0;
                 ops.push(op);
                 ops.len() - 1
             });
@@ -308,7 +322,7 @@ impl Limiter {
         let zero_over = planned
             .iter()
             .flatten()
-            .any(|p| p.op.is_none() && !p.shadow);
+            .any(|p| p.op.is_none() && !p.shadow && p.cost > 0);
         let charge = match settings.all_or_nothing {
             false => Charge::Each,
             true if zero_over => Charge::Denied,
@@ -327,12 +341,46 @@ impl Limiter {
                 ops.len()
             )));
         }
+        // A hit larger than what is left is not counted by the store:
+        // mark its window over by taking what is left (rare; a second call).
+        let marks: Vec<CounterOp> = if settings.all_or_nothing {
+            Vec::new()
+        } else {
+            planned
+                .iter()
+                .flatten()
+                .filter_map(|p| {
+                    p.op.filter(|&i| p.cost > 0 && !states[i].allowed && states[i].remaining > 0)
+                })
+                .map(|i| CounterOp {
+                    cost: states[i].remaining,
+                    ..ops[i].clone()
+                })
+                .collect()
+        };
+        if !marks.is_empty() {
+            // Best effort: the answer is OVER_LIMIT either way.
+            let _ = self.store().apply(&marks, Charge::Each).await;
+        }
         for (status, p) in out.iter_mut().zip(planned) {
             let Some(p) = p else { continue };
             let rpu = u64::from(p.current.requests_per_unit);
             let (allowed, remaining) = match p.op {
-                Some(i) => (states[i].allowed, states[i].remaining),
-                None => (false, 0),
+                // All-or-nothing: the count never exceeds the limit, and a
+                // check of 0 hits passes even at the limit.
+                Some(i) if settings.all_or_nothing => {
+                    (states[i].allowed || p.cost == 0, states[i].remaining)
+                }
+                // Otherwise the store counts against requests_per_unit + 1:
+                // within the file's limit when at least one credit of that
+                // is left after the hit (a check: when the count is at most
+                // the limit).
+                Some(i) => {
+                    let left = states[i].remaining;
+                    let within = states[i].allowed && (p.cost == 0 || left >= 1);
+                    (within, left.saturating_sub(1))
+                }
+                None => (p.cost == 0, 0),
             };
             record_stats(&p, allowed, remaining, rpu, settings.near_limit_ratio);
             status.over = !allowed && !p.shadow;

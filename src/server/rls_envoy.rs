@@ -213,6 +213,26 @@ fn metadata(request: &RateLimitRequest, statuses: &[EnvoyStatus], passed: &[usiz
                     kind: Some(Kind::ListValue(ListValue { values: entries })),
                 },
             );
+            if let Some(l) = &d.limit {
+                let unit = RateLimitUnit::try_from(l.unit)
+                    .unwrap_or(RateLimitUnit::Unknown)
+                    .as_str_name();
+                f.insert(
+                    "limit".to_owned(),
+                    string(format!(
+                        "requests_per_unit:{} unit:{unit}",
+                        l.requests_per_unit
+                    )),
+                );
+            }
+            if let Some(h) = &d.hits_addend {
+                f.insert(
+                    "hitsAddend".to_owned(),
+                    Value {
+                        kind: Some(Kind::NumberValue(h.value as f64)),
+                    },
+                );
+            }
             Value {
                 kind: Some(Kind::StructValue(Struct { fields: f })),
             }
@@ -239,9 +259,7 @@ fn metadata(request: &RateLimitRequest, statuses: &[EnvoyStatus], passed: &[usiz
         if let Some(serde_json::Value::Object(m)) =
             statuses.get(i).and_then(|s| s.metadata.as_ref())
         {
-            for (k, v) in m {
-                merged.insert(k.clone(), v.clone());
-            }
+            merge(&mut merged, m);
         }
     }
     if !merged.is_empty() {
@@ -251,6 +269,23 @@ fn metadata(request: &RateLimitRequest, statuses: &[EnvoyStatus], passed: &[usiz
         );
     }
     Struct { fields }
+}
+
+/// Merges `src` into `dest` as envoyproxy/ratelimit does: a key already
+/// there keeps its value (maps on both sides merge recursively).
+fn merge(
+    dest: &mut serde_json::Map<String, serde_json::Value>,
+    src: &serde_json::Map<String, serde_json::Value>,
+) {
+    for (k, v) in src {
+        match (dest.get_mut(k), v) {
+            (Some(serde_json::Value::Object(d)), serde_json::Value::Object(s)) => merge(d, s),
+            (Some(_), _) => {}
+            (None, _) => {
+                dest.insert(k.clone(), v.clone());
+            }
+        }
+    }
 }
 
 /// The answer when no divvy policy is loaded and no file defines the

@@ -8,6 +8,19 @@ mod cli;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// Keeps transparent huge pages off this process: the kernel would merge
+/// the allocator's freed small pages back into resident 2 MiB pages, and
+/// memory would not go back after a flood (measured: RSS creeping up in
+/// 2-4 MB steps every 10 s once the counters were swept).
+fn no_huge_pages() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: prctl(PR_SET_THP_DISABLE) takes integer arguments only and
+    // changes nothing but this process's huge-page policy.
+    unsafe {
+        libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0);
+    }
+}
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -60,7 +73,10 @@ enum Command {
 fn main() -> ExitCode {
     let parsed = Cli::parse();
     let result = match parsed.command {
-        Command::Serve(args) => cli::serve::serve(*args),
+        Command::Serve(args) => {
+            no_huge_pages();
+            cli::serve::serve(*args)
+        }
         Command::Check { file } => cli::inspect::check(&file),
         Command::Explain {
             file,

@@ -17,22 +17,53 @@ use crate::limiter::Limiter;
 /// How long shutdown waits for open connections to finish their batch.
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Answers a connection over the cap with one `ERR` line and closes it
-/// (the write never waits: a fresh socket's buffer takes the line).
-fn refuse(stream: &tokio::net::TcpStream, peer: std::net::SocketAddr, max: usize) {
-    let line = format!("ERR unknown \"Too many connections: the limit is {max}.\"\n");
-    let _ = stream.try_write(line.as_bytes());
+/// Connections being refused at once; beyond this a connection over the
+/// cap is closed without its `ERR` line (a flood must not grow tasks).
+const MAX_REFUSING: usize = 256;
+
+/// Answers a connection over the cap with one `ERR` line and closes it: the
+/// line is written, the write side shut, and what the client sent is read
+/// and dropped for up to 200 ms (closing with unread input would reset the
+/// connection, and the client could lose the line).
+fn refuse(stream: tokio::net::TcpStream, peer: std::net::SocketAddr, max: usize) {
+    use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    static REFUSING: AtomicUsize = AtomicUsize::new(0);
+    static LOGGED: AtomicU64 = AtomicU64::new(0);
     crate::metrics::metrics()
         .rejected
         .with_label_values(&["connection_limit"])
         .inc();
-    static LOGGED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let now = crate::knobs::now_ms();
-    let last = LOGGED.load(std::sync::atomic::Ordering::Relaxed);
+    let last = LOGGED.load(Ordering::Relaxed);
     if now >= last + 60_000 {
-        LOGGED.store(now, std::sync::atomic::Ordering::Relaxed);
+        LOGGED.store(now, Ordering::Relaxed);
         tracing::warn!(%peer, max, "line protocol: connection refused, too many open (--line-max-connections); logged at most once a minute");
     }
+    let line = format!("ERR unknown \"Too many connections: the limit is {max}.\"\n");
+    if REFUSING.fetch_add(1, Ordering::AcqRel) >= MAX_REFUSING {
+        REFUSING.fetch_sub(1, Ordering::AcqRel);
+        let _ = stream.try_write(line.as_bytes());
+        return;
+    }
+    tokio::spawn(async move {
+        let mut stream = stream;
+        let _ = tokio::time::timeout(Duration::from_millis(200), async {
+            stream.write_all(line.as_bytes()).await?;
+            stream.shutdown().await?;
+            let mut sink = [0u8; 4096];
+            let mut read = 0usize;
+            while read < 64 * 1024 {
+                match stream.read(&mut sink).await? {
+                    0 => break,
+                    n => read += n,
+                }
+            }
+            Ok::<(), std::io::Error>(())
+        })
+        .await;
+        REFUSING.fetch_sub(1, Ordering::AcqRel);
+    });
 }
 
 /// Accepts connections on `listener` until `shutdown` turns true; each
@@ -60,7 +91,7 @@ pub async fn serve_line(
                 Ok((stream, peer)) => {
                     while connections.try_join_next().is_some() {}
                     if connections.len() >= limits.max_connections {
-                        refuse(&stream, peer, limits.max_connections);
+                        refuse(stream, peer, limits.max_connections);
                         continue;
                     }
                     let _ = stream.set_nodelay(true);

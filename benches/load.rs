@@ -1,55 +1,110 @@
-//! Load benchmark: the real `divvy` binary (memory store) on loopback,
-//! next to a baseline measured in the same run.
+//! Load benchmark: the real `divvy` binary (release build) on loopback, next
+//! to do-nothing baselines measured in the same run, on the same core budget.
 //!
-//! Run with `cargo bench --bench load` (add `-- --seconds N` to change the
-//! length of each run, `-- --only memory|redis|algorithms|global` to run one
-//! section). It prints requests per second and latency percentiles for:
-//! - the divvy line protocol, one connection with up to 256 requests pipelined;
-//! - the line protocol, 64 connections with one request in flight each;
-//! - Envoy's ShouldRateLimit over gRPC, 64 concurrent requests on one channel.
+//! Run with `cargo bench --bench load`. Options (after `--`):
+//! - `--seconds N` (default 4; fractions allowed): the length of each
+//!   measured run (a run measured in halves takes N seconds in all);
+//! - `--only SECTION[,SECTION...]`: run only these sections, one of
+//!   `grpc`, `line`, `redis`, `algorithms`, `memory-per-counter`, `global`,
+//!   or `memory` (both memory-store sections, `grpc` and `line`);
+//!   `--redis-only` is `--only redis`.
 //!
-//! The baseline is a trivial line server in this process that answers every
-//! line with a constant `OK` (no parsing, no rules, no counters): the cost of
-//! loopback TCP and the load generator on this machine. Figures are quoted
-//! as ratios to it, because these machines are shared and noisy.
+//! It installs nothing: the load generator is this program (tonic and
+//! tokio), redis-server, redis-cli and redis-benchmark must be on the PATH
+//! for the sections that use Redis.
 //!
-//! The `redis` section compares the Redis store with the memory store and
-//! with redis-benchmark's EVALSHA of divvy's script on the same redis-server.
+//! Placement: with two or more CPUs allowed, every server process (divvy,
+//! the do-nothing baselines, the benchmark's own redis-servers) runs on the
+//! first CPU (`taskset -c`) and this process, the load generator, on the
+//! second; the servers' CPU time is read from `/proc/PID/stat`
+//! (utime + stime) before and after each run, and quoted per request. The
+//! load generator's own CPU use is printed too: near 100% of its core, a
+//! figure is bounded by the generator rather than the server. A baseline and
+//! divvy are measured in halves, in the order baseline, divvy, divvy,
+//! baseline, so a noisy neighbour weighs on both alike; figures are quoted
+//! as ratios divvy / baseline because the machines are shared and noisy.
 //!
-//! The `algorithms` section measures each counting algorithm (and a rule
-//! with two token-bucket limits) on the line protocol, 64 connections with
-//! one request in flight, one actor per connection, on the memory store and
-//! on a redis-server of its own, as ratios to the `window` algorithm measured
-//! in the same run. One divvy runs per rule and the rules take turns in short
-//! rounds, so a noisy neighbour slows them all alike; a second divvy with the
-//! window rule shows how far two identical servers differ in the same run.
+//! Sections:
+//! - `grpc`: Envoy's ShouldRateLimit on the memory store. The baseline is a
+//!   do-nothing tonic RateLimitService (this program started again with the
+//!   hidden argument `--baseline-grpc-server PORT`, pinned like divvy) that
+//!   answers every call with one constant OK response. Maximum throughput
+//!   with 16 HTTP/2 connections (tonic Channels) x 32 calls in flight each;
+//!   then paced (open-loop) load at 25% and 50% of the baseline's measured
+//!   maximum, on both servers: calls are sent on a fixed schedule whatever
+//!   the answers (a thread keeps the schedule and hands the runtime every
+//!   call due within the next 100 µs at once), and latency runs from each
+//!   call's scheduled send time, or its actual one if that was earlier (no
+//!   coordinated omission), p50/p99/p99.9; the generator's own send lag is
+//!   printed next to them. With the generator on one core, maximum
+//!   throughput is often the generator's: the servers' CPU µs per call, and
+//!   the generator's CPU use printed next to it, say how far that goes.
+//! - `line`: the divvy line protocol on the memory store against a
+//!   constant-answer line server (this program with `--baseline-line-server
+//!   PORT`, pinned like divvy): 64 connections x 1 request in flight, 16
+//!   connections x 16 pipelined, 1 connection x 256 pipelined; HIT/s,
+//!   latency percentiles (from writing a request to reading its answer) and
+//!   server CPU µs per HIT.
+//! - `redis`: the Redis store on a redis-server this benchmark starts (on the
+//!   servers' CPU), next to the memory store: line protocol 64 x 1 and
+//!   1 x 256 pipelined, with divvy's and Redis's CPU µs per HIT; and
+//!   redis-benchmark's EVALSHA of divvy's script on the same redis-server,
+//!   with Redis's CPU µs per call.
+//! - `algorithms`: each counting algorithm (window, fixed, sliding,
+//!   token_bucket, and a rule with two token-bucket limits) on the line
+//!   protocol, 64 connections x 1 in flight, one actor per connection, on
+//!   the memory store and on the Redis store, as ratios to the `window`
+//!   algorithm measured in the same run, with CPU µs per HIT. One divvy runs
+//!   per rule and the rules take turns in short rounds, so a noisy neighbour
+//!   slows them all alike; a second divvy with the window rule shows how far
+//!   two identical servers differ in the same run.
+//! - `memory-per-counter`: for window, fixed, sliding and token_bucket on
+//!   the memory store, 1,000,000 HITs with distinct actors (16 connections x
+//!   256 pipelined) against a rule with an actorField, 10 per hour (one HIT
+//!   leaves every algorithm's counter live for minutes); the divvy process's
+//!   VmRSS before and after, over the live counters added (`divvy_counters`,
+//!   swept every second): bytes per counter (the target is at most 100;
+//!   printed, not asserted), and the CPU time per new counter.
+//! - `global`: what a `scope: global` limit costs on the request path: two
+//!   divvy servers on one regional redis-server, one with a local token
+//!   bucket and one with the same bucket `scope: global`, whose global store
+//!   (another redis-server) is reached through a proxy in this process that
+//!   delays every chunk 40 ms each way. Paced line-protocol load (2000 req/s
+//!   over 16 connections), baseline and global interleaved in 2 rounds, each
+//!   server kept at 10 req/s while the other is measured (a global limit idle
+//!   for a lease period is leased nothing and denies until its next renewal);
+//!   p50/p99/p99.9, the global / baseline ratios and each server's CPU time
+//!   per request. Its redis-servers are not pinned.
 //!
-//! The `global` section measures what a `scope: global` limit costs on the
-//! request path: two divvy servers on one regional redis-server, one with a
-//! local token bucket and one with the same bucket `scope: global`, whose
-//! global store (another redis-server) is reached through a proxy in this
-//! process that delays every chunk 40 ms each way. Paced line-protocol load
-//! (2000 req/s over 16 connections), baseline and global interleaved in 2
-//! rounds, each server kept at 10 req/s while the other is measured (a
-//! global limit idle for a lease period is leased nothing and denies until
-//! its next renewal); p50/p99/p99.9, the global / baseline ratios and each
-//! server's CPU time per request. With `taskset`, the divvy servers run on
-//! CPU 0 and this process on CPU 1.
+//! At the end, one markdown table sums up the key figures and ratios, with
+//! the command that produced them.
 
+use std::ffi::OsStr;
+use std::future::Future;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::{mpsc, Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
+    Code, DescriptorStatus, RateLimit,
+};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
+    RateLimitService, RateLimitServiceServer,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::Duration as PbDuration;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader as TokioBufReader};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::runtime::Runtime;
 use tokio::sync::Semaphore;
+use tonic::transport::Channel;
 
 const POLICY: &str = r#"
 overrides:
@@ -64,6 +119,31 @@ default:
   creditLimit: 1000000000
   resetSeconds: 1h
 "#;
+
+/// The sections `--only` may name (`memory` is `grpc` and `line`).
+const SECTIONS: [&str; 7] = [
+    "grpc",
+    "line",
+    "redis",
+    "algorithms",
+    "memory-per-counter",
+    "global",
+    "memory",
+];
+
+/// gRPC load: this many HTTP/2 connections (tonic Channels), ...
+const GRPC_CHANNELS: u64 = 16;
+/// ... with this many calls in flight on each at maximum throughput.
+const GRPC_STREAMS: u64 = 32;
+/// Paced gRPC load, as fractions of the do-nothing server's maximum.
+const GRPC_PACED: [f64; 2] = [0.25, 0.5];
+
+/// Line-protocol loads: a name, connections, requests in flight on each.
+const LINE_LOADS: [(&str, u64, usize); 3] = [
+    ("64 conns x 1 in flight", 64, 1),
+    ("16 conns x 16 pipelined", 16, 16),
+    ("1 conn x 256 pipelined", 1, 256),
+];
 
 /// The rules of the algorithms section, one divvy each: a name and the rule's
 /// limit fields. Limits are huge so nothing is denied; `window` (the
@@ -111,12 +191,154 @@ fn actor_line(conn: u64, _i: u64) -> String {
     )
 }
 
+/// The request for actor `n` (below 2^24) in the memory-per-counter section:
+/// a distinct ip for each `n`, the rule's actorField.
+fn counter_line(n: u64) -> String {
+    format!(
+        "HIT path=/bench ip=10.{}.{}.{} user=u\n",
+        (n >> 16) & 255,
+        (n >> 8) & 255,
+        n & 255
+    )
+}
+
+// Placement: which CPU runs what ---------------------------------------------
+
+/// Where the servers and the load generator run.
+struct Placement {
+    /// The CPU of every server process, when pinned.
+    server: Option<u32>,
+    /// The CPU of this process (the load generator), when pinned.
+    load: Option<u32>,
+    /// Every CPU this process was allowed at start, as taskset writes them.
+    all: String,
+    /// One line describing the above.
+    note: String,
+}
+
+static PLACEMENT: OnceLock<Placement> = OnceLock::new();
+
+fn placement() -> &'static Placement {
+    PLACEMENT.get_or_init(|| Placement {
+        server: None,
+        load: None,
+        all: String::new(),
+        note: String::from("unpinned"),
+    })
+}
+
+/// The CPUs this process may run on (`Cpus_allowed_list` of /proc/self/status),
+/// and that list as written there.
+fn allowed_cpus() -> (Vec<u32>, String) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let list = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .map(|l| l.trim().to_owned())
+        .unwrap_or_default();
+    let mut cpus = Vec::new();
+    for part in list.split(',').filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((a, b)) => {
+                if let (Ok(a), Ok(b)) = (a.parse::<u32>(), b.parse::<u32>()) {
+                    cpus.extend(a..=b);
+                }
+            }
+            None => cpus.extend(part.parse::<u32>().ok()),
+        }
+    }
+    (cpus, list)
+}
+
+/// Pins this process to the second allowed CPU, servers to go on the first;
+/// unpinned (with the reason) on a machine with one CPU or without taskset.
+fn place() -> Placement {
+    let (cpus, all) = allowed_cpus();
+    if cpus.len() < 2 {
+        return Placement {
+            server: None,
+            load: None,
+            note: format!(
+                "unpinned: {} CPU allowed ({all}), servers and load generator share it",
+                cpus.len()
+            ),
+            all,
+        };
+    }
+    match pin_self(cpus[1]) {
+        Ok(()) => Placement {
+            server: Some(cpus[0]),
+            load: Some(cpus[1]),
+            note: format!(
+                "servers pinned to CPU {} (taskset -c {}), load generator (this process) to CPU {}",
+                cpus[0], cpus[0], cpus[1]
+            ),
+            all,
+        },
+        Err(why) => Placement {
+            server: None,
+            load: None,
+            note: format!("unpinned: {why}"),
+            all,
+        },
+    }
+}
+
+/// `program` through `taskset -c CPUS` (so the child's pid is the program's
+/// own), or plain without `cpus`.
+fn on_cpus(program: impl AsRef<OsStr>, cpus: Option<String>) -> Command {
+    match cpus {
+        Some(cpus) => {
+            let mut c = Command::new("taskset");
+            c.arg("-c").arg(cpus).arg(program);
+            c
+        }
+        None => Command::new(program),
+    }
+}
+
+/// `program` on the servers' CPU.
+fn server_command(program: impl AsRef<OsStr>) -> Command {
+    on_cpus(program, placement().server.map(|c| c.to_string()))
+}
+
+/// `program` on any CPU this process was allowed at start (not the load
+/// generator's only).
+fn any_cpu_command(program: impl AsRef<OsStr>) -> Command {
+    let p = placement();
+    on_cpus(program, p.load.map(|_| p.all.clone()))
+}
+
+/// Pins every thread of this process to `cpu` with `taskset`; `Err` says why not.
+fn pin_self(cpu: u32) -> Result<(), String> {
+    let pid = std::process::id().to_string();
+    match Command::new("taskset")
+        .args(["-a", "-cp", &cpu.to_string(), &pid])
+        .output()
+    {
+        Ok(o) if o.status.success() => Ok(()),
+        Ok(o) => Err(format!(
+            "taskset -a -cp {cpu} {pid} failed: {}",
+            String::from_utf8_lossy(&o.stderr).trim()
+        )),
+        Err(e) => Err(format!("taskset not available ({e})")),
+    }
+}
+
+// Server processes -----------------------------------------------------------
+
 struct Divvy {
     child: Child,
     grpc: SocketAddr,
     line: SocketAddr,
     http: SocketAddr,
     _dir: tempfile::TempDir,
+}
+
+impl Divvy {
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
 }
 
 impl Drop for Divvy {
@@ -140,13 +362,19 @@ impl Drop for RedisProc {
     }
 }
 
+/// A redis-server on the servers' CPU.
 fn start_redis() -> RedisProc {
+    start_redis_with(server_command("redis-server"))
+}
+
+/// A redis-server started by `command` (`redis-server`, maybe through taskset).
+fn start_redis_with(mut command: Command) -> RedisProc {
     let dir = tempfile::tempdir().expect("temp dir");
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("free port")
         .port();
-    let child = Command::new("redis-server")
+    let child = command
         .args([
             "--port",
             &port.to_string(),
@@ -182,14 +410,21 @@ fn redis_cli(port: u16, args: &[&str]) -> String {
         .unwrap_or_default()
 }
 
-/// redis-benchmark's own EVALSHA rate for divvy's script on random counters.
-fn redis_benchmark_evalsha(port: u16, clients: u32, pipeline: u32, seconds: u64) -> f64 {
+/// redis-benchmark's own EVALSHA rate for divvy's script on random
+/// counters (`requests` calls), and Redis's CPU time per call.
+fn redis_benchmark_evalsha(
+    redis: &RedisProc,
+    clients: u32,
+    pipeline: u32,
+    requests: u64,
+) -> (f64, Option<f64>) {
+    let port = redis.port;
     let sha = redis_cli(port, &["SCRIPT", "LOAD", divvy::store::redis::SCRIPT]);
-    let requests = (seconds * 60_000).to_string();
+    let before = cpu_time(redis.child.id());
     let out = Command::new("redis-benchmark")
         .args(["-h", "127.0.0.1", "-p", &port.to_string()])
         .args(["-c", &clients.to_string(), "-P", &pipeline.to_string()])
-        .args(["-n", &requests, "-r", "100000", "-q"])
+        .args(["-n", &requests.to_string(), "-r", "100000", "-q"])
         // One counter per call: now from Redis TIME (-1), then divvy's window
         // (algorithm 0), limit, window ms, burst, cost 1, flags 4 (a request
         // starts here); the same arguments the Redis store sends.
@@ -208,38 +443,32 @@ fn redis_benchmark_evalsha(port: u16, clients: u32, pipeline: u32, seconds: u64)
         ])
         .output()
         .expect("redis-benchmark (tests/run-all.sh installs redis-tools)");
+    let cpu = match (before, cpu_time(redis.child.id())) {
+        (Some(b), Some(a)) => Some(a.saturating_sub(b).as_secs_f64() * 1e6 / requests as f64),
+        _ => None,
+    };
     let text = String::from_utf8_lossy(&out.stdout);
     // "EVALSHA ...: 81234.56 requests per second, p50=..."; the last figure printed wins.
-    text.rsplit("requests per second")
+    let rate = text
+        .rsplit("requests per second")
         .nth(1)
         .and_then(|before| before.rsplit(' ').find(|w| !w.is_empty()))
         .and_then(|n| n.trim().parse().ok())
-        .unwrap_or(0.0)
+        .unwrap_or(0.0);
+    (rate, cpu)
 }
 
+/// A divvy (memory store) serving [`POLICY`].
 fn start_divvy() -> Divvy {
     start_divvy_with(POLICY, &[])
 }
 
+/// A divvy serving `policy` with the flags `extra`, on the servers' CPU.
 fn start_divvy_with(policy: &str, extra: &[&str]) -> Divvy {
-    start_divvy_on(policy, extra, None)
-}
-
-/// A divvy serving `policy` with the flags `extra`; with `cpu`, started
-/// through `taskset -c CPU` (so its pid is divvy's own).
-fn start_divvy_on(policy: &str, extra: &[&str], cpu: Option<u32>) -> Divvy {
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("bench.yaml");
     std::fs::write(&path, policy).expect("policy");
-    let mut command = match cpu {
-        Some(cpu) => {
-            let mut c = Command::new("taskset");
-            c.args(["-c", &cpu.to_string(), env!("CARGO_BIN_EXE_divvy")]);
-            c
-        }
-        None => Command::new(env!("CARGO_BIN_EXE_divvy")),
-    };
-    let mut child = command
+    let mut child = server_command(env!("CARGO_BIN_EXE_divvy"))
         .arg("serve")
         .arg("--config")
         .arg(&path)
@@ -280,34 +509,161 @@ fn start_divvy_on(policy: &str, extra: &[&str], cpu: Option<u32>) -> Divvy {
     }
 }
 
-/// The baseline: answers each line with a constant, batching like divvy does.
-async fn baseline_server() -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = listener.accept().await {
-            let _ = s.set_nodelay(true);
-            tokio::spawn(async move {
-                let mut buf = vec![0u8; 64 * 1024];
-                let mut out = Vec::new();
-                loop {
-                    let n = match s.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => n,
-                    };
-                    for _ in buf[..n].iter().filter(|&&b| b == b'\n') {
-                        out.extend_from_slice(b"OK true 1 3600\n");
-                    }
-                    if s.write_all(&out).await.is_err() {
-                        return;
-                    }
-                    out.clear();
-                }
-            });
+// Baselines: this program started again as a do-nothing server ----------------
+
+/// The hidden argument that makes this program the do-nothing gRPC server.
+const BASELINE_GRPC: &str = "--baseline-grpc-server";
+/// The hidden argument that makes this program the constant-answer line server.
+const BASELINE_LINE: &str = "--baseline-line-server";
+
+/// A baseline server process (this program with [`BASELINE_GRPC`] or
+/// [`BASELINE_LINE`]), on the servers' CPU. It exits when its stdin closes,
+/// so it never outlives the benchmark.
+struct BaselineProc {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl BaselineProc {
+    fn start(flag: &str) -> BaselineProc {
+        let exe = std::env::current_exe().expect("this benchmark's path");
+        let mut child = server_command(exe)
+            .args([flag, "0"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start a baseline server");
+        let mut first = String::new();
+        BufReader::new(child.stdout.take().expect("stdout"))
+            .read_line(&mut first)
+            .expect("baseline address");
+        let addr = first
+            .trim()
+            .strip_prefix("listening on ")
+            .and_then(|a| a.parse().ok())
+            .unwrap_or_else(|| panic!("baseline server said {first:?}"));
+        BaselineProc { child, addr }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for BaselineProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The do-nothing RateLimitService: one constant answer to every call.
+struct DoNothing(RateLimitResponse);
+
+#[tonic::async_trait]
+impl RateLimitService for DoNothing {
+    async fn should_rate_limit(
+        &self,
+        _request: tonic::Request<RateLimitRequest>,
+    ) -> Result<tonic::Response<RateLimitResponse>, tonic::Status> {
+        Ok(tonic::Response::new(self.0.clone()))
+    }
+}
+
+/// The do-nothing server's answer: OK, shaped like divvy's answer to the
+/// benchmark's request (one descriptor status with its limit and reset).
+fn constant_response() -> RateLimitResponse {
+    RateLimitResponse {
+        overall_code: Code::Ok as i32,
+        statuses: vec![DescriptorStatus {
+            code: Code::Ok as i32,
+            current_limit: Some(RateLimit {
+                name: String::from("bench"),
+                requests_per_unit: 1_000_000_000,
+                unit: Unit::Hour as i32,
+            }),
+            limit_remaining: 999_999_999,
+            duration_until_reset: Some(PbDuration {
+                seconds: 3599,
+                nanos: 0,
+            }),
+            quota: None,
+        }],
+        ..Default::default()
+    }
+}
+
+/// Runs this program as a baseline server (`flag` is [`BASELINE_GRPC`] or
+/// [`BASELINE_LINE`]) on 127.0.0.1:`port` (0: any free port): prints
+/// `listening on ADDR`, serves until stdin closes, exits.
+fn serve_baseline(flag: &str, port: &str) -> ! {
+    let port: u16 = port.parse().expect("baseline server port");
+    std::thread::spawn(|| {
+        let mut buf = [0u8; 64];
+        while matches!(std::io::stdin().read(&mut buf), Ok(n) if n > 0) {}
+        std::process::exit(0);
+    });
+    // Like divvy: a multi-threaded runtime, one worker per allowed CPU.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let grpc = flag == BASELINE_GRPC;
+    rt.block_on(async move {
+        let listener = TcpListener::bind(("127.0.0.1", port)).await.expect("bind");
+        println!("listening on {}", listener.local_addr().expect("addr"));
+        if grpc {
+            serve_do_nothing_grpc(listener).await;
+        } else {
+            serve_constant_lines(listener).await;
         }
     });
-    addr
+    std::process::exit(0)
 }
+
+/// The do-nothing gRPC server: tonic with divvy's stream limit, no Nagle.
+async fn serve_do_nothing_grpc(listener: TcpListener) {
+    use tokio_stream::StreamExt as _;
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener).map(|conn| {
+        if let Ok(stream) = &conn {
+            let _ = stream.set_nodelay(true);
+        }
+        conn
+    });
+    tonic::transport::Server::builder()
+        .max_concurrent_streams(1024)
+        .add_service(RateLimitServiceServer::new(DoNothing(constant_response())))
+        .serve_with_incoming(incoming)
+        .await
+        .expect("serve gRPC");
+}
+
+/// The line baseline: answers each line with a constant, batching like divvy
+/// does (everything read at once is answered in one write).
+async fn serve_constant_lines(listener: TcpListener) {
+    while let Ok((mut s, _)) = listener.accept().await {
+        let _ = s.set_nodelay(true);
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 64 * 1024];
+            let mut out = Vec::new();
+            loop {
+                let n = match s.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => n,
+                };
+                for _ in buf[..n].iter().filter(|&&b| b == b'\n') {
+                    out.extend_from_slice(b"OK true 1 3600\n");
+                }
+                if s.write_all(&out).await.is_err() {
+                    return;
+                }
+                out.clear();
+            }
+        });
+    }
+}
+
+// Load generators --------------------------------------------------------------
 
 fn request_line(i: u64) -> String {
     format!(
@@ -317,68 +673,100 @@ fn request_line(i: u64) -> String {
     )
 }
 
+/// The figures of one or more runs against one server.
+#[derive(Default)]
 struct Figures {
+    /// Requests answered.
     requests: u64,
+    /// The time they took (summed over runs one after the other).
     elapsed: Duration,
     latencies: Vec<Duration>,
+    /// Paced load only: how late the generator sent each request.
+    lags: Vec<Duration>,
+    /// Paced load only: requests still unanswered at the end.
+    lost: u64,
 }
 
 impl Figures {
     fn rate(&self) -> f64 {
-        self.requests as f64 / self.elapsed.as_secs_f64()
+        self.requests as f64 / self.elapsed.as_secs_f64().max(1e-9)
     }
-    /// The figures of two runs together.
+    /// The figures of two runs one after the other.
     fn add(mut self, other: Figures) -> Figures {
         self.requests += other.requests;
         self.elapsed += other.elapsed;
         self.latencies.extend(other.latencies);
+        self.lags.extend(other.lags);
+        self.lost += other.lost;
+        self
+    }
+    /// The figures of two loads run side by side.
+    fn alongside(mut self, other: Figures) -> Figures {
+        self.elapsed = self.elapsed.max(other.elapsed);
+        self.requests += other.requests;
+        self.latencies.extend(other.latencies);
+        self.lags.extend(other.lags);
+        self.lost += other.lost;
         self
     }
     fn pct(&mut self, p: f64) -> Duration {
-        self.latencies.sort_unstable();
-        if self.latencies.is_empty() {
-            return Duration::ZERO;
-        }
-        let i = ((self.latencies.len() as f64 - 1.0) * p).round() as usize;
-        self.latencies[i]
+        percentile(&mut self.latencies, p)
+    }
+    fn lag_pct(&mut self, p: f64) -> Duration {
+        percentile(&mut self.lags, p)
     }
 }
 
-/// One connection, up to `window` requests in flight.
-async fn line_pipelined(addr: SocketAddr, run: Duration, window: usize) -> Figures {
+fn percentile(values: &mut [Duration], p: f64) -> Duration {
+    if values.is_empty() {
+        return Duration::ZERO;
+    }
+    values.sort_unstable();
+    let i = ((values.len() as f64 - 1.0) * p).round() as usize;
+    values[i]
+}
+
+/// One connection, up to `window` requests in flight, sending `lines` until
+/// they run out or `deadline` passes. Whatever fits in the window goes out in
+/// one write; latency is from that write to reading the answer, which must
+/// be `OK true`.
+async fn pipelined<I>(addr: SocketAddr, deadline: Instant, window: usize, mut lines: I) -> Figures
+where
+    I: Iterator<Item = String> + Send + 'static,
+{
     let stream = TcpStream::connect(addr).await.expect("connect");
     stream.set_nodelay(true).expect("nodelay");
     let (rd, mut wr) = stream.into_split();
     let permits = Arc::new(Semaphore::new(window));
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Instant>();
-    let deadline = Instant::now() + run;
     let p = permits.clone();
+    let start = Instant::now();
     let writer = tokio::spawn(async move {
-        let mut i = 0u64;
-        while Instant::now() < deadline {
-            let permit = p.acquire().await.expect("semaphore");
-            permit.forget();
-            // Send as many as the window allows in one write.
-            let mut batch = request_line(i);
-            let mut sent = vec![Instant::now()];
-            i += 1;
+        let mut batch = String::new();
+        'send: while Instant::now() < deadline {
+            p.acquire().await.expect("semaphore").forget();
+            batch.clear();
+            let Some(first) = lines.next() else { break };
+            batch.push_str(&first);
+            let mut n = 1;
             while let Ok(permit) = p.try_acquire() {
+                let Some(line) = lines.next() else { break };
                 permit.forget();
-                batch.push_str(&request_line(i));
-                i += 1;
-                sent.push(Instant::now());
+                batch.push_str(&line);
+                n += 1;
             }
+            let sent = Instant::now();
             if wr.write_all(batch.as_bytes()).await.is_err() {
                 break;
             }
-            for t in sent {
-                let _ = tx.send(t);
+            for _ in 0..n {
+                if tx.send(sent).is_err() {
+                    break 'send;
+                }
             }
         }
-        drop(tx);
-        i
+        // Dropping `tx` ends the reader after the last answer.
     });
-    let start = Instant::now();
     let mut reader = TokioBufReader::new(rd);
     let mut line = String::new();
     let mut latencies = Vec::new();
@@ -387,21 +775,67 @@ async fn line_pipelined(addr: SocketAddr, run: Duration, window: usize) -> Figur
         if reader.read_line(&mut line).await.unwrap_or(0) == 0 {
             break;
         }
-        assert!(line.starts_with("OK"), "unexpected answer {line:?}");
+        assert!(line.starts_with("OK true"), "unexpected answer {line:?}");
         latencies.push(sent.elapsed());
         permits.add_permits(1);
     }
-    let sent = writer.await.expect("writer");
+    writer.await.expect("writer");
     Figures {
-        requests: sent.min(latencies.len() as u64),
+        requests: latencies.len() as u64,
         elapsed: start.elapsed(),
         latencies,
+        ..Figures::default()
     }
+}
+
+/// `conns` connections side by side, `window` requests pipelined on each.
+async fn line_pipelined(addr: SocketAddr, run: Duration, conns: u64, window: usize) -> Figures {
+    let deadline = Instant::now() + run;
+    let tasks: Vec<_> = (0..conns)
+        .map(|c| {
+            let lines = (c * 1_000_000..).map(request_line);
+            tokio::spawn(pipelined(addr, deadline, window, lines))
+        })
+        .collect();
+    let mut all = Figures::default();
+    for t in tasks {
+        all = all.alongside(t.await.expect("connection"));
+    }
+    all
 }
 
 /// `conns` connections, one request in flight on each.
 async fn line_concurrent(addr: SocketAddr, run: Duration, conns: u64) -> Figures {
     line_concurrent_with(addr, run, conns, |c, i| request_line(c * 1_000_000 + i)).await
+}
+
+/// The line-protocol load `conns` x `window` (see [`LINE_LOADS`]).
+async fn line_load(addr: SocketAddr, run: Duration, conns: u64, window: usize) -> Figures {
+    if window == 1 {
+        line_concurrent(addr, run, conns).await
+    } else {
+        line_pipelined(addr, run, conns, window).await
+    }
+}
+
+/// Sends `total` HITs for actors `first`, `first + 1`, ... (see
+/// [`counter_line`]) over `conns` connections with `window` pipelined on each.
+async fn line_fill(addr: SocketAddr, first: u64, total: u64, conns: u64, window: usize) -> Figures {
+    let deadline = Instant::now() + Duration::from_secs(3600);
+    let tasks: Vec<_> = (0..conns)
+        .map(|c| {
+            let lines = (first + c..first + total)
+                .step_by(conns as usize)
+                .map(counter_line);
+            tokio::spawn(pipelined(addr, deadline, window, lines))
+        })
+        .collect();
+    let mut all = Figures::default();
+    for t in tasks {
+        all = all.alongside(t.await.expect("connection"));
+    }
+    assert_eq!(all.requests, total, "every HIT answered");
+    all
 }
 
 /// `conns` connections, one request in flight on each; `line(conn, i)` is
@@ -448,17 +882,33 @@ async fn line_concurrent_with(
         requests: latencies.len() as u64,
         elapsed: start.elapsed(),
         latencies,
+        ..Figures::default()
     }
 }
 
-/// `concurrency` ShouldRateLimit calls in flight, spread over `channels`
-/// HTTP/2 connections (Envoy opens one per worker thread).
-async fn grpc_concurrent(
-    addr: SocketAddr,
-    run: Duration,
-    concurrency: u64,
-    channels: u64,
-) -> Figures {
+/// The `i`th ShouldRateLimit request: the `/api/*` rule, one of 65536 actors.
+fn grpc_request(i: u64) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: "bench".into(),
+        descriptors: vec![RateLimitDescriptor {
+            entries: vec![
+                Entry {
+                    key: "path".into(),
+                    value: "/api/items".into(),
+                },
+                Entry {
+                    key: "ip".into(),
+                    value: format!("10.1.{}.{}", (i / 256) % 256, i % 256),
+                },
+            ],
+            ..Default::default()
+        }],
+        hits_addend: 0,
+    }
+}
+
+/// `channels` clients, each on an HTTP/2 connection of its own.
+async fn grpc_clients(addr: SocketAddr, channels: u64) -> Vec<RateLimitServiceClient<Channel>> {
     let mut clients = Vec::new();
     for _ in 0..channels {
         clients.push(
@@ -467,6 +917,19 @@ async fn grpc_concurrent(
                 .expect("connect"),
         );
     }
+    clients
+}
+
+/// `concurrency` ShouldRateLimit calls in flight, spread over `channels`
+/// HTTP/2 connections (Envoy opens one per worker thread); each call's
+/// answer must be OK.
+async fn grpc_concurrent(
+    addr: SocketAddr,
+    run: Duration,
+    concurrency: u64,
+    channels: u64,
+) -> Figures {
+    let clients = grpc_clients(addr, channels).await;
     let start = Instant::now();
     let deadline = start + run;
     let tasks: Vec<_> = (0..concurrency)
@@ -476,30 +939,14 @@ async fn grpc_concurrent(
                 let mut lat = Vec::new();
                 let mut i = c * 1_000_000;
                 while Instant::now() < deadline {
-                    let req = RateLimitRequest {
-                        domain: "bench".into(),
-                        descriptors: vec![RateLimitDescriptor {
-                            entries: vec![
-                                Entry {
-                                    key: "path".into(),
-                                    value: "/api/items".into(),
-                                },
-                                Entry {
-                                    key: "ip".into(),
-                                    value: format!("10.1.{}.{}", (i / 256) % 256, i % 256),
-                                },
-                            ],
-                            ..Default::default()
-                        }],
-                        hits_addend: 0,
-                    };
+                    let req = grpc_request(i);
                     let t = Instant::now();
                     let r = client
                         .should_rate_limit(req)
                         .await
                         .expect("rpc")
                         .into_inner();
-                    assert_eq!(r.overall_code, 1);
+                    assert_eq!(r.overall_code, Code::Ok as i32);
                     lat.push(t.elapsed());
                     i += 1;
                 }
@@ -515,144 +962,614 @@ async fn grpc_concurrent(
         requests: latencies.len() as u64,
         elapsed: start.elapsed(),
         latencies,
+        ..Figures::default()
     }
 }
 
-fn report(name: &str, mut f: Figures, baseline: Option<f64>) -> f64 {
-    let rate = f.rate();
-    let ratio = baseline.map_or(String::from("(baseline)"), |b| {
-        format!("{:.2}x baseline", rate / b)
+/// How early the paced generator may send a call: the pacer thread sends
+/// every call due within this much of its waking in one batch, so that it
+/// wakes the runtime once per batch rather than once per call.
+const PACE_QUANTUM: Duration = Duration::from_micros(100);
+
+/// Open-loop load: ShouldRateLimit calls at `rate` per second for `run`,
+/// round robin over `channels` HTTP/2 connections, each sent at its
+/// scheduled time whatever became of the earlier ones (no cap on calls in
+/// flight). A thread of its own keeps the schedule (tokio's timer ticks in
+/// whole milliseconds), sending at most [`PACE_QUANTUM`] early. Latency
+/// runs from the scheduled send time, or from the actual one when that was
+/// earlier, so a stall (of the server or of this generator) counts against
+/// every call it delays: no coordinated omission. `lags` is how late each
+/// call started. Calls unanswered 5 s after the run are `lost`.
+async fn grpc_paced(addr: SocketAddr, run: Duration, rate: f64, channels: u64) -> Figures {
+    let clients = grpc_clients(addr, channels).await;
+    let total = (run.as_secs_f64() * rate) as u64;
+    let interval = 1.0 / rate;
+    let start = Instant::now() + Duration::from_millis(20);
+    let due = move |i: u64| start + Duration::from_secs_f64(interval * i as f64);
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Vec<(u64, Instant)>>();
+    let pacer = std::thread::spawn(move || {
+        let mut i = 0;
+        while i < total {
+            let now = Instant::now();
+            if due(i) > now + PACE_QUANTUM {
+                std::thread::sleep(due(i) - now - PACE_QUANTUM);
+            }
+            let until = Instant::now() + PACE_QUANTUM;
+            let mut batch = Vec::new();
+            while i < total && due(i) <= until {
+                batch.push((i, due(i)));
+                i += 1;
+            }
+            if tx.send(batch).is_err() {
+                return;
+            }
+        }
     });
-    print_row(name, &mut f, &ratio);
-    rate
+    let mut calls = Vec::with_capacity(total as usize);
+    while let Some(batch) = rx.recv().await {
+        for (i, due) in batch {
+            let mut client = clients[(i % channels) as usize].clone();
+            let req = grpc_request(i);
+            calls.push(tokio::spawn(async move {
+                let now = Instant::now();
+                let lag = now.saturating_duration_since(due);
+                let from = due.min(now);
+                let answer = client.should_rate_limit(req).await;
+                (
+                    from.elapsed(),
+                    lag,
+                    answer.map(|r| r.into_inner().overall_code),
+                )
+            }));
+        }
+    }
+    pacer.join().expect("pacer");
+    let grace = start + run + Duration::from_secs(5);
+    let mut f = Figures {
+        elapsed: run,
+        ..Figures::default()
+    };
+    for mut call in calls {
+        match tokio::time::timeout_at(grace.into(), &mut call).await {
+            Ok(Ok((latency, lag, Ok(code)))) => {
+                assert_eq!(code, Code::Ok as i32, "answer not OK");
+                f.latencies.push(latency);
+                f.lags.push(lag);
+            }
+            Ok(Ok((_, _, Err(status)))) => panic!("rpc: {status}"),
+            Ok(Err(e)) => panic!("call: {e}"),
+            Err(_) => {
+                call.abort();
+                f.lost += 1;
+            }
+        }
+    }
+    f.requests = f.latencies.len() as u64;
+    f
 }
 
-/// Prints one row of figures: rate, p50, p99, then `note`.
-fn print_row(name: &str, f: &mut Figures, note: &str) {
+// Measuring: CPU time, memory, rows --------------------------------------------
+
+/// User plus system CPU time of process `pid` so far, from `/proc/PID/stat`.
+fn cpu_time(pid: u32) -> Option<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name: state is the first, utime the 12th, stime the 13th.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some(Duration::from_secs_f64(ticks as f64 / clock_ticks()))
+}
+
+/// Clock ticks per second (`getconf CLK_TCK`, 100 if that fails).
+fn clock_ticks() -> f64 {
+    static TICKS: OnceLock<f64> = OnceLock::new();
+    *TICKS.get_or_init(|| {
+        Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+            .unwrap_or(100.0)
+    })
+}
+
+/// Resident memory of process `pid` (`VmRSS` of /proc/PID/status), in bytes.
+fn rss_bytes(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kb * 1024)
+}
+
+/// A server under load: where to send it, and the processes whose CPU time
+/// its requests cost (a label and a pid each).
+struct Target {
+    addr: SocketAddr,
+    pids: Vec<(&'static str, u32)>,
+}
+
+/// The figures of one target over one or more runs, with the CPU time its
+/// processes and this process (the load generator) spent meanwhile.
+struct Tally {
+    f: Figures,
+    labels: Vec<&'static str>,
+    cpu: Vec<Option<Duration>>,
+    load_cpu: Option<Duration>,
+    wall: Duration,
+}
+
+impl Tally {
+    fn add(self, other: Tally) -> Tally {
+        let sum = |a: Option<Duration>, b: Option<Duration>| Some(a? + b?);
+        Tally {
+            f: self.f.add(other.f),
+            labels: self.labels,
+            cpu: self
+                .cpu
+                .iter()
+                .zip(&other.cpu)
+                .map(|(a, b)| sum(*a, *b))
+                .collect(),
+            load_cpu: sum(self.load_cpu, other.load_cpu),
+            wall: self.wall + other.wall,
+        }
+    }
+
+    fn rate(&self) -> f64 {
+        self.f.rate()
+    }
+
+    /// CPU µs per answered request of process `k`.
+    fn cpu_us(&self, k: usize) -> Option<f64> {
+        let cpu = self.cpu.get(k).copied().flatten()?;
+        Some(cpu.as_secs_f64() * 1e6 / self.f.requests.max(1) as f64)
+    }
+
+    /// The share of one core process `k` used.
+    fn util(&self, k: usize) -> Option<f64> {
+        let cpu = self.cpu.get(k).copied().flatten()?;
+        Some(cpu.as_secs_f64() / self.wall.as_secs_f64().max(1e-9))
+    }
+
+    /// The share of one core the load generator used.
+    fn load_util(&self) -> Option<f64> {
+        Some(self.load_cpu?.as_secs_f64() / self.wall.as_secs_f64().max(1e-9))
+    }
+
+    /// "cpu/req divvy 12.3 µs (97%), redis ... ; load gen 64%".
+    fn cpu_note(&self, per: &str) -> String {
+        let mut parts = Vec::new();
+        for (k, label) in self.labels.iter().enumerate() {
+            parts.push(format!(
+                "{label} {} ({})",
+                us(self.cpu_us(k)),
+                percent(self.util(k))
+            ));
+        }
+        format!(
+            "cpu/{per} {}; load gen {}",
+            parts.join(", "),
+            percent(self.load_util())
+        )
+    }
+}
+
+/// Runs `load` on `rt`, reading the CPU time of `pids` and of this process
+/// before and after.
+fn measure<Fut>(rt: &Runtime, pids: &[(&'static str, u32)], load: Fut) -> Tally
+where
+    Fut: Future<Output = Figures>,
+{
+    let me = std::process::id();
+    let before: Vec<Option<Duration>> = pids.iter().map(|(_, p)| cpu_time(*p)).collect();
+    let load_before = cpu_time(me);
+    let started = Instant::now();
+    let f = rt.block_on(load);
+    let wall = started.elapsed();
+    let delta = |b: Option<Duration>, a: Option<Duration>| Some(a?.saturating_sub(b?));
+    Tally {
+        f,
+        labels: pids.iter().map(|(l, _)| *l).collect(),
+        cpu: pids
+            .iter()
+            .zip(before)
+            .map(|((_, p), b)| delta(b, cpu_time(*p)))
+            .collect(),
+        load_cpu: delta(load_before, cpu_time(me)),
+        wall,
+    }
+}
+
+/// `load` (given an address and a run length) on two targets, in halves of
+/// `run`, in the order a, b, b, a: a noisy neighbour weighs on both alike.
+fn abba<F, Fut>(rt: &Runtime, targets: [&Target; 2], run: Duration, load: F) -> [Tally; 2]
+where
+    F: Fn(SocketAddr, Duration) -> Fut,
+    Fut: Future<Output = Figures>,
+{
+    let mut tallies: [Option<Tally>; 2] = [None, None];
+    for k in [0, 1, 1, 0] {
+        let t = measure(rt, &targets[k].pids, load(targets[k].addr, run / 2));
+        tallies[k] = Some(match tallies[k].take() {
+            None => t,
+            Some(sum) => sum.add(t),
+        });
+    }
+    tallies.map(|t| t.expect("measured"))
+}
+
+fn us(v: Option<f64>) -> String {
+    v.map_or_else(|| String::from("n/a"), |v| format!("{v:.1} µs"))
+}
+
+fn percent(v: Option<f64>) -> String {
+    v.map_or_else(|| String::from("n/a"), |v| format!("{:.0}%", v * 100.0))
+}
+
+fn ratio(a: f64, b: f64) -> String {
+    if b > 0.0 && a.is_finite() {
+        format!("{:.2}x", a / b)
+    } else {
+        String::from("n/a")
+    }
+}
+
+fn ratio_opt(a: Option<f64>, b: Option<f64>) -> String {
+    match (a, b) {
+        (Some(a), Some(b)) => ratio(a, b),
+        _ => String::from("n/a"),
+    }
+}
+
+fn dur_ratio(a: Duration, b: Duration) -> String {
+    ratio(a.as_secs_f64(), b.as_secs_f64())
+}
+
+/// `12345.6` as `12,346`.
+fn thousands(v: f64) -> String {
+    let digits = format!("{:.0}", v.max(0.0));
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// p50 / p99 / p99.9 as one cell.
+fn pcts(f: &mut Figures) -> String {
+    format!(
+        "{:.1?} / {:.1?} / {:.1?}",
+        f.pct(0.5),
+        f.pct(0.99),
+        f.pct(0.999)
+    )
+}
+
+/// One row of figures: rate, p50, p99, p99.9, then `note`.
+fn print_row(name: &str, f: &mut Figures, unit: &str, note: &str) {
     println!(
-        "{name:<46} {:>10.0} req/s  p50 {:>8.1?}  p99 {:>8.1?}  {note}",
+        "  {name:<38} {:>9.0} {unit}  p50 {:>8.1?}  p99 {:>8.1?}  p99.9 {:>8.1?}  {note}",
         f.rate(),
         f.pct(0.50),
-        f.pct(0.99)
+        f.pct(0.99),
+        f.pct(0.999)
     );
 }
 
-/// The sections `--only` may name.
-const SECTIONS: [&str; 4] = ["memory", "redis", "algorithms", "global"];
-
-/// The memory store over each protocol, next to the in-process baseline.
-async fn memory_section(divvy: &Divvy, run: Duration, seconds: u64) {
-    let base = baseline_server().await;
-    // Warm up both.
-    line_concurrent(divvy.line, Duration::from_millis(500), 8).await;
-    line_concurrent(base, Duration::from_millis(500), 8).await;
-    println!("{seconds} s per run, 2 cores shared by load generator and server\n");
-    let b = report(
-        "baseline: line, 1 conn, 256 pipelined",
-        line_pipelined(base, run, 256).await,
-        None,
-    );
-    report(
-        "divvy: line, 1 conn, 256 pipelined",
-        line_pipelined(divvy.line, run, 256).await,
-        Some(b),
-    );
-    let b = report(
-        "baseline: line, 64 conns x 1 in flight",
-        line_concurrent(base, run, 64).await,
-        None,
-    );
-    report(
-        "divvy: line, 64 conns x 1 in flight",
-        line_concurrent(divvy.line, run, 64).await,
-        Some(b),
-    );
-    report(
-        "divvy: gRPC, 64 in flight, 1 channel",
-        grpc_concurrent(divvy.grpc, run, 64, 1).await,
-        Some(b),
-    );
-    report(
-        "divvy: gRPC, 64 in flight, 4 channels",
-        grpc_concurrent(divvy.grpc, run, 64, 4).await,
-        Some(b),
-    );
-    let b1 = report(
-        "baseline: line, 1 conn x 1 in flight",
-        line_concurrent(base, run, 1).await,
-        None,
-    );
-    report(
-        "divvy: line, 1 conn x 1 in flight",
-        line_concurrent(divvy.line, run, 1).await,
-        Some(b1),
-    );
-    report(
-        "divvy: gRPC, 1 in flight",
-        grpc_concurrent(divvy.grpc, run, 1, 1).await,
-        Some(b1),
-    );
+/// The closing table: key figures and ratios.
+#[derive(Default)]
+struct Summary {
+    rows: Vec<[String; 5]>,
 }
 
-/// The Redis store, next to the memory store and redis-benchmark's own
-/// EVALSHA figure on the same Redis, in the same run.
-fn redis_section(
-    rt: &tokio::runtime::Runtime,
-    divvy: &Divvy,
-    redis: &RedisProc,
-    run: Duration,
-    seconds: u64,
-) {
-    let url = format!("redis://127.0.0.1:{}", redis.port);
-    let shared = start_divvy_with(POLICY, &["--redis-url", &url]);
-    println!();
-    let evalsha = redis_benchmark_evalsha(redis.port, 64, 1, seconds);
-    let evalsha_pipelined = redis_benchmark_evalsha(redis.port, 64, 16, seconds);
-    println!(
-        "{:<46} {evalsha:>10.0} req/s  (64 clients, no pipelining)",
-        "redis-benchmark: EVALSHA of divvy's script"
-    );
-    println!(
-        "{:<46} {evalsha_pipelined:>10.0} req/s  (64 clients, 16 pipelined)",
-        "redis-benchmark: EVALSHA of divvy's script"
-    );
-    rt.block_on(async {
-        line_concurrent(shared.line, Duration::from_millis(500), 8).await;
-        let m = report(
-            "memory store: line, 64 conns x 1 in flight",
-            line_concurrent(divvy.line, run, 64).await,
-            None,
-        );
-        let r = report(
-            "redis store: line, 64 conns x 1 in flight",
-            line_concurrent(shared.line, run, 64).await,
-            Some(m),
+impl Summary {
+    fn row(&mut self, section: &str, measure: &str, divvy: String, base: String, ratio: String) {
+        self.rows
+            .push([section.to_owned(), measure.to_owned(), divvy, base, ratio]);
+    }
+
+    fn print(&self, command: &str, seconds: f64) {
+        println!("\n## Summary\n");
+        println!("| section | measurement | divvy | baseline | divvy / baseline |");
+        println!("|---|---|---|---|---|");
+        for r in &self.rows {
+            println!("| {} | {} | {} | {} | {} |", r[0], r[1], r[2], r[3], r[4]);
+        }
+        println!(
+            "\nProduced by `{command}` ({seconds} s per run; {}; loopback, release build).",
+            placement().note
         );
         println!(
-            "  redis store vs redis-benchmark EVALSHA (unpipelined): {:.2}x",
-            r / evalsha.max(1.0)
+            "Absolute figures depend on the machine and its neighbours; the ratios to a baseline \
+             measured in the same run are the figures to compare."
         );
-        let m = report(
-            "memory store: line, 1 conn, 256 pipelined",
-            line_pipelined(divvy.line, run, 256).await,
-            None,
-        );
-        report(
-            "redis store: line, 1 conn, 256 pipelined",
-            line_pipelined(shared.line, run, 256).await,
-            Some(m),
-        );
-        let m = report(
-            "memory store: gRPC, 64 in flight, 4 channels",
-            grpc_concurrent(divvy.grpc, run, 64, 4).await,
-            None,
-        );
-        report(
-            "redis store: gRPC, 64 in flight, 4 channels",
-            grpc_concurrent(shared.grpc, run, 64, 4).await,
-            Some(m),
-        );
+    }
+}
+
+// The sections ----------------------------------------------------------------
+
+/// gRPC on the memory store: the do-nothing tonic server and divvy, maximum
+/// throughput and paced latency.
+fn grpc_section(rt: &Runtime, run: Duration, summary: &mut Summary) {
+    println!(
+        "\n## grpc: ShouldRateLimit, memory store; do-nothing tonic server vs divvy\n  \
+         max: {GRPC_CHANNELS} connections (tonic Channels) x {GRPC_STREAMS} calls in flight each; \
+         paced: open loop at {:?} of the do-nothing maximum, latency from the scheduled send",
+        GRPC_PACED.map(|p| format!("{:.0}%", p * 100.0))
+    );
+    let base = BaselineProc::start(BASELINE_GRPC);
+    let divvy = start_divvy();
+    let targets = [
+        Target {
+            addr: base.addr,
+            pids: vec![("server", base.pid())],
+        },
+        Target {
+            addr: divvy.grpc,
+            pids: vec![("server", divvy.pid())],
+        },
+    ];
+    let concurrency = GRPC_CHANNELS * GRPC_STREAMS;
+    rt.block_on(async {
+        for t in &targets {
+            grpc_concurrent(
+                t.addr,
+                Duration::from_millis(500),
+                concurrency,
+                GRPC_CHANNELS,
+            )
+            .await;
+        }
     });
+    let [mut b, mut d] = abba(rt, [&targets[0], &targets[1]], run, |addr, run| {
+        grpc_concurrent(addr, run, concurrency, GRPC_CHANNELS)
+    });
+    let name = format!("max, {GRPC_CHANNELS} x {GRPC_STREAMS} in flight");
+    let note = b.cpu_note("req");
+    print_row(&format!("do-nothing: {name}"), &mut b.f, "req/s", &note);
+    let note = d.cpu_note("req");
+    print_row(&format!("divvy: {name}"), &mut d.f, "req/s", &note);
+    println!(
+        "  divvy / do-nothing: throughput {}, server cpu/req {}",
+        ratio(d.rate(), b.rate()),
+        ratio_opt(d.cpu_us(0), b.cpu_us(0))
+    );
+    summary.row(
+        "grpc",
+        &format!("max req/s, {GRPC_CHANNELS} conns x {GRPC_STREAMS} streams"),
+        thousands(d.rate()),
+        thousands(b.rate()),
+        ratio(d.rate(), b.rate()),
+    );
+    summary.row(
+        "grpc",
+        "server CPU µs/req at max",
+        us(d.cpu_us(0)),
+        us(b.cpu_us(0)),
+        ratio_opt(d.cpu_us(0), b.cpu_us(0)),
+    );
+    summary.row(
+        "grpc",
+        "load generator CPU at max (near 100%: the generator bounds max)",
+        percent(d.load_util()),
+        percent(b.load_util()),
+        String::from("–"),
+    );
+    let max = b.rate();
+    for share in GRPC_PACED {
+        let rate = max * share;
+        let [mut b, mut d] = abba(rt, [&targets[0], &targets[1]], run, |addr, run| {
+            grpc_paced(addr, run, rate, GRPC_CHANNELS)
+        });
+        let label = format!("paced {:.0}% ({rate:.0}/s)", share * 100.0);
+        for (who, t) in [("do-nothing", &mut b), ("divvy", &mut d)] {
+            let note = format!(
+                "send lag p50 {:.1?} p99 {:.1?}{}; {}",
+                t.f.lag_pct(0.5),
+                t.f.lag_pct(0.99),
+                if t.f.lost > 0 {
+                    format!("; {} calls unanswered", t.f.lost)
+                } else {
+                    String::new()
+                },
+                t.cpu_note("req")
+            );
+            print_row(&format!("{who}: {label}"), &mut t.f, "req/s", &note);
+        }
+        let (bp, dp) = (
+            [b.f.pct(0.5), b.f.pct(0.99), b.f.pct(0.999)],
+            [d.f.pct(0.5), d.f.pct(0.99), d.f.pct(0.999)],
+        );
+        println!(
+            "  divvy / do-nothing at {:.0}%: p50 {}, p99 {}, p99.9 {}, server cpu/req {}",
+            share * 100.0,
+            dur_ratio(dp[0], bp[0]),
+            dur_ratio(dp[1], bp[1]),
+            dur_ratio(dp[2], bp[2]),
+            ratio_opt(d.cpu_us(0), b.cpu_us(0))
+        );
+        summary.row(
+            "grpc",
+            &format!(
+                "p50 / p99 / p99.9 paced at {:.0}% of do-nothing max ({rate:.0}/s)",
+                share * 100.0
+            ),
+            pcts(&mut d.f),
+            pcts(&mut b.f),
+            format!(
+                "{} / {} / {}",
+                dur_ratio(dp[0], bp[0]),
+                dur_ratio(dp[1], bp[1]),
+                dur_ratio(dp[2], bp[2])
+            ),
+        );
+    }
+}
+
+/// The line protocol on the memory store: the constant-answer server and divvy.
+fn line_section(rt: &Runtime, run: Duration, summary: &mut Summary) {
+    println!(
+        "\n## line: divvy line protocol, memory store; constant-answer line server vs divvy \
+         (every answer OK true, so HIT/s = req/s)"
+    );
+    let base = BaselineProc::start(BASELINE_LINE);
+    let divvy = start_divvy();
+    let targets = [
+        Target {
+            addr: base.addr,
+            pids: vec![("server", base.pid())],
+        },
+        Target {
+            addr: divvy.line,
+            pids: vec![("server", divvy.pid())],
+        },
+    ];
+    rt.block_on(async {
+        for t in &targets {
+            line_concurrent(t.addr, Duration::from_millis(500), 8).await;
+        }
+    });
+    for (name, conns, window) in LINE_LOADS {
+        let [mut b, mut d] = abba(rt, [&targets[0], &targets[1]], run, |addr, run| {
+            line_load(addr, run, conns, window)
+        });
+        let note = b.cpu_note("HIT");
+        print_row(&format!("constant: {name}"), &mut b.f, "HIT/s", &note);
+        let note = d.cpu_note("HIT");
+        print_row(&format!("divvy: {name}"), &mut d.f, "HIT/s", &note);
+        println!(
+            "  divvy / constant: HIT/s {}, p99 {}, server cpu/HIT {}",
+            ratio(d.rate(), b.rate()),
+            dur_ratio(d.f.pct(0.99), b.f.pct(0.99)),
+            ratio_opt(d.cpu_us(0), b.cpu_us(0))
+        );
+        summary.row(
+            "line",
+            &format!("HIT/s, {name}"),
+            thousands(d.rate()),
+            thousands(b.rate()),
+            ratio(d.rate(), b.rate()),
+        );
+        summary.row(
+            "line",
+            &format!("p50 / p99 / p99.9, {name}"),
+            pcts(&mut d.f),
+            pcts(&mut b.f),
+            format!(
+                "{} / {} / {}",
+                dur_ratio(d.f.pct(0.5), b.f.pct(0.5)),
+                dur_ratio(d.f.pct(0.99), b.f.pct(0.99)),
+                dur_ratio(d.f.pct(0.999), b.f.pct(0.999))
+            ),
+        );
+        summary.row(
+            "line",
+            &format!("server CPU µs/HIT, {name}"),
+            us(d.cpu_us(0)),
+            us(b.cpu_us(0)),
+            ratio_opt(d.cpu_us(0), b.cpu_us(0)),
+        );
+    }
+}
+
+/// The Redis store next to the memory store, and redis-benchmark's own
+/// EVALSHA figure on the same redis-server, in the same run.
+fn redis_section(rt: &Runtime, redis: &RedisProc, run: Duration, summary: &mut Summary) {
+    println!(
+        "\n## redis: line protocol, Redis store (redis-server on the servers' CPU) vs memory store"
+    );
+    let url = format!("redis://127.0.0.1:{}", redis.port);
+    let memory = start_divvy();
+    let shared = start_divvy_with(POLICY, &["--redis-url", &url]);
+    let requests = ((run.as_secs_f64() * 60_000.0) as u64).max(10_000);
+    for (clients, pipeline) in [(64, 1), (64, 16)] {
+        let (rate, cpu) = redis_benchmark_evalsha(redis, clients, pipeline, requests);
+        println!(
+            "  {:<38} {rate:>9.0} call/s  ({clients} clients, {pipeline} pipelined; redis cpu/call {})",
+            "redis-benchmark: EVALSHA of divvy's script",
+            us(cpu)
+        );
+        if pipeline == 1 {
+            summary.row(
+                "redis",
+                "redis-benchmark EVALSHA of divvy's script, 64 clients: calls/s, Redis CPU µs/call",
+                format!("{} /s, {}", thousands(rate), us(cpu)),
+                String::from("–"),
+                String::from("–"),
+            );
+        }
+    }
+    let targets = [
+        Target {
+            addr: memory.line,
+            pids: vec![("divvy", memory.pid())],
+        },
+        Target {
+            addr: shared.line,
+            pids: vec![("divvy", shared.pid()), ("redis", redis.child.id())],
+        },
+    ];
+    rt.block_on(async {
+        for t in &targets {
+            line_concurrent(t.addr, Duration::from_millis(500), 8).await;
+        }
+    });
+    for (name, conns, window) in [LINE_LOADS[0], LINE_LOADS[2]] {
+        let [mut m, mut r] = abba(rt, [&targets[0], &targets[1]], run, |addr, run| {
+            line_load(addr, run, conns, window)
+        });
+        let note = m.cpu_note("HIT");
+        print_row(&format!("memory store: {name}"), &mut m.f, "HIT/s", &note);
+        let note = r.cpu_note("HIT");
+        print_row(&format!("redis store: {name}"), &mut r.f, "HIT/s", &note);
+        println!(
+            "  redis / memory store: HIT/s {}, p99 {}, divvy cpu/HIT {}, divvy + redis cpu/HIT {}",
+            ratio(r.rate(), m.rate()),
+            dur_ratio(r.f.pct(0.99), m.f.pct(0.99)),
+            ratio_opt(r.cpu_us(0), m.cpu_us(0)),
+            ratio_opt(
+                r.cpu_us(0).zip(r.cpu_us(1)).map(|(a, b)| a + b),
+                m.cpu_us(0)
+            )
+        );
+        summary.row(
+            "redis",
+            &format!("HIT/s, {name} (baseline: memory store)"),
+            thousands(r.rate()),
+            thousands(m.rate()),
+            ratio(r.rate(), m.rate()),
+        );
+        summary.row(
+            "redis",
+            &format!("p50 / p99 / p99.9, {name} (baseline: memory store)"),
+            pcts(&mut r.f),
+            pcts(&mut m.f),
+            format!(
+                "{} / {} / {}",
+                dur_ratio(r.f.pct(0.5), m.f.pct(0.5)),
+                dur_ratio(r.f.pct(0.99), m.f.pct(0.99)),
+                dur_ratio(r.f.pct(0.999), m.f.pct(0.999))
+            ),
+        );
+        summary.row(
+            "redis",
+            &format!("CPU µs/HIT divvy + Redis, {name} (baseline: memory store)"),
+            format!("{} + {}", us(r.cpu_us(0)), us(r.cpu_us(1))),
+            us(m.cpu_us(0)),
+            ratio_opt(
+                r.cpu_us(0).zip(r.cpu_us(1)).map(|(a, b)| a + b),
+                m.cpu_us(0),
+            ),
+        );
+    }
 }
 
 /// Rounds of the algorithms section: each rule runs `--seconds / ROUNDS` per
@@ -661,10 +1578,18 @@ fn redis_section(
 const ROUNDS: u32 = 4;
 
 /// Each rule of [`ALGORITHM_RULES`] on one store (`extra`: divvy's store
-/// flags), one divvy per rule, line protocol, 64 connections x 1 in flight,
-/// `run` in all per rule, interleaved in [`ROUNDS`] rounds. Ratios are to
-/// `window`; a second divvy with the window rule shows the noise floor.
-fn algorithms_section(rt: &tokio::runtime::Runtime, store: &str, extra: &[&str], run: Duration) {
+/// flags; `redis`: the redis-server's pid, whose CPU time is counted too),
+/// one divvy per rule, line protocol, 64 connections x 1 in flight, `run` in
+/// all per rule, interleaved in [`ROUNDS`] rounds. Ratios are to `window`;
+/// a second divvy with the window rule shows the noise floor.
+fn algorithms_section(
+    rt: &Runtime,
+    store: &str,
+    extra: &[&str],
+    redis: Option<u32>,
+    run: Duration,
+    summary: &mut Summary,
+) {
     let rules: Vec<(&str, &str)> = ALGORITHM_RULES
         .into_iter()
         .chain([("window, 2nd divvy", ALGORITHM_RULES[0].1)])
@@ -673,40 +1598,171 @@ fn algorithms_section(rt: &tokio::runtime::Runtime, store: &str, extra: &[&str],
         .iter()
         .map(|(_, rule)| start_divvy_with(&algorithm_policy(rule), extra))
         .collect();
-    let mut figures: Vec<Option<Figures>> = rules.iter().map(|_| None).collect();
+    let mut tallies: Vec<Option<Tally>> = rules.iter().map(|_| None).collect();
     rt.block_on(async {
         for divvy in &servers {
             line_concurrent_with(divvy.line, Duration::from_millis(300), 8, actor_line).await;
         }
-        for round in 0..ROUNDS as usize {
-            for k in 0..servers.len() {
-                // Each round starts one rule later, so no rule always runs first.
-                let k = (round + k) % servers.len();
-                let f = line_concurrent_with(servers[k].line, run / ROUNDS, 64, actor_line).await;
-                figures[k] = Some(match figures[k].take() {
-                    None => f,
-                    Some(sum) => sum.add(f),
-                });
-            }
-        }
     });
+    for round in 0..ROUNDS as usize {
+        for k in 0..servers.len() {
+            // Each round starts one rule later, so no rule always runs first.
+            let k = (round + k) % servers.len();
+            let mut pids = vec![("divvy", servers[k].pid())];
+            pids.extend(redis.map(|p| ("redis", p)));
+            let t = measure(
+                rt,
+                &pids,
+                line_concurrent_with(servers[k].line, run / ROUNDS, 64, actor_line),
+            );
+            tallies[k] = Some(match tallies[k].take() {
+                None => t,
+                Some(sum) => sum.add(t),
+            });
+        }
+    }
     drop(servers);
-    let mut window: Option<(f64, Duration)> = None;
-    for ((name, _), f) in rules.iter().zip(figures) {
-        let mut f = f.expect("at least one round");
-        let (rate, p99) = (f.rate(), f.pct(0.99));
-        let note = match window {
-            None => {
-                window = Some((rate, p99));
-                String::from("(baseline)")
-            }
-            Some((w, w99)) => format!(
-                "{name} / window = {:.2}x, p99 {:.2}x",
-                rate / w.max(1.0),
-                p99.as_secs_f64() / w99.as_secs_f64().max(1e-9)
-            ),
+    // HIT/s and CPU µs per HIT (divvy's, then Redis's on the Redis store).
+    let cell = |t: &Tally| match t.cpu_us(1) {
+        Some(r) => format!(
+            "{} HIT/s, {} + redis {}",
+            thousands(t.rate()),
+            us(t.cpu_us(0)),
+            us(Some(r))
+        ),
+        None => format!("{} HIT/s, {}", thousands(t.rate()), us(t.cpu_us(0))),
+    };
+    let mut window: Option<(f64, Duration, Option<f64>, String)> = None;
+    for ((name, _), t) in rules.iter().zip(tallies) {
+        let mut t = t.expect("at least one round");
+        let (rate, p99, cpu) = (t.rate(), t.f.pct(0.99), t.cpu_us(0));
+        let Some((w, w99, wcpu, wcell)) = &window else {
+            let note = format!("(baseline); {}", t.cpu_note("HIT"));
+            print_row(&format!("{store}: {name}"), &mut t.f, "HIT/s", &note);
+            window = Some((rate, p99, cpu, cell(&t)));
+            continue;
         };
-        print_row(&format!("{store}: {name}"), &mut f, &note);
+        let note = format!(
+            "{name} / window = {}, p99 {}, divvy cpu/HIT {}; {}",
+            ratio(rate, *w),
+            dur_ratio(p99, *w99),
+            ratio_opt(cpu, *wcpu),
+            t.cpu_note("HIT")
+        );
+        print_row(&format!("{store}: {name}"), &mut t.f, "HIT/s", &note);
+        summary.row(
+            "algorithms",
+            &format!("{store}: {name} vs window, 64 x 1: HIT/s, divvy CPU/HIT"),
+            cell(&t),
+            wcell.clone(),
+            format!(
+                "{} (divvy CPU/HIT {})",
+                ratio(rate, *w),
+                ratio_opt(cpu, *wcpu)
+            ),
+        );
+    }
+}
+
+/// The rules of the memory-per-counter section: each actor's one HIT is
+/// allowed and leaves a counter that stays live for minutes (a token bucket
+/// with a high rate would refill within microseconds and be dropped as good
+/// as fresh), an actorField making one counter per actor.
+const MEMORY_RULES: [(&str, &str); 4] = [
+    ("window", "creditLimit: 10\n    resetSeconds: 1h\n    actorField: ip"),
+    (
+        "fixed",
+        "creditLimit: 10\n    resetSeconds: 1h\n    actorField: ip\n    algorithm: fixed",
+    ),
+    (
+        "sliding",
+        "creditLimit: 10\n    resetSeconds: 1h\n    actorField: ip\n    algorithm: sliding",
+    ),
+    (
+        "token_bucket",
+        "creditLimit: 10\n    resetSeconds: 1h\n    actorField: ip\n    algorithm: token_bucket\n    burst: 10",
+    ),
+];
+
+/// Live counters added in the memory-per-counter section.
+const COUNTERS: u64 = 1_000_000;
+
+/// `divvy_counters` from divvy's /metrics (as of its last sweep).
+fn live_counters(divvy: &Divvy) -> Option<u64> {
+    http_get(divvy.http, "/metrics")
+        .lines()
+        .find_map(|l| l.strip_prefix("divvy_counters "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map(|v| v as u64)
+}
+
+/// Waits (at most 5 s) for `divvy_counters` to reach `at_least`; its last value.
+fn counters_at_least(divvy: &Divvy, at_least: u64) -> Option<u64> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let n = live_counters(divvy);
+        if n.is_some_and(|n| n >= at_least) || Instant::now() > deadline {
+            return n;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Resident memory per live counter, each single-limit algorithm on the memory store.
+fn memory_per_counter_section(rt: &Runtime, summary: &mut Summary) {
+    println!(
+        "\n## memory-per-counter: memory store, {} HITs with distinct actors (16 conns x 256 \
+         pipelined), rule with actorField ip, 10 per 1 h; divvy's VmRSS before and after",
+        thousands(COUNTERS as f64)
+    );
+    for (name, rule) in MEMORY_RULES {
+        // Sweeps every second keep divvy_counters current.
+        let divvy = start_divvy_with(&algorithm_policy(rule), &["--sweep-seconds", "1"]);
+        let pid = divvy.pid();
+        // Warm-up with other actors (10.128.x.x): the runtime, connection
+        // buffers and the allocator's first pages are in place before the
+        // first reading.
+        rt.block_on(line_fill(divvy.line, 1 << 23, 20_000, 16, 256));
+        let n0 = counters_at_least(&divvy, 20_000);
+        let rss0 = rss_bytes(pid);
+        let mut t = measure(
+            rt,
+            &[("divvy", pid)],
+            line_fill(divvy.line, 0, COUNTERS, 16, 256),
+        );
+        let n1 = counters_at_least(&divvy, n0.unwrap_or(0) + COUNTERS);
+        let rss1 = rss_bytes(pid);
+        let added = match (n0, n1) {
+            (Some(a), Some(b)) => b.saturating_sub(a),
+            _ => COUNTERS,
+        };
+        let per = match (rss0, rss1) {
+            (Some(a), Some(b)) if added > 0 => Some((b as f64 - a as f64) / added as f64),
+            _ => None,
+        };
+        let per_text = per.map_or_else(|| String::from("n/a"), |p| format!("{p:.0} B"));
+        let note = t.cpu_note("new counter");
+        print_row(&format!("{name}: filling"), &mut t.f, "HIT/s", &note);
+        println!(
+            "  {name}: VmRSS {:.1} MiB -> {:.1} MiB, live counters {} -> {}: {per_text} per counter \
+             (target <= 100 B: {})",
+            rss0.unwrap_or(0) as f64 / 1048576.0,
+            rss1.unwrap_or(0) as f64 / 1048576.0,
+            n0.map_or_else(|| String::from("?"), |n| n.to_string()),
+            n1.map_or_else(|| String::from("?"), |n| n.to_string()),
+            match per {
+                Some(p) if p <= 100.0 => "met",
+                Some(_) => "missed",
+                None => "n/a",
+            }
+        );
+        summary.row(
+            "memory-per-counter",
+            &format!("{name}: bytes of RSS per live counter (target <= 100)"),
+            per_text,
+            String::from("–"),
+            String::from("–"),
+        );
     }
 }
 
@@ -864,6 +1920,7 @@ async fn line_paced(addr: SocketAddr, run: Duration, rate: f64, conns: u64) -> F
         requests: latencies.len() as u64,
         elapsed: start.elapsed().min(run),
         latencies,
+        ..Figures::default()
     }
 }
 
@@ -900,41 +1957,6 @@ fn keep_alive(
         }
         (sent, bad, first_bad)
     })
-}
-
-/// User plus system CPU time of process `pid` so far, from `/proc/PID/stat`.
-fn cpu_time(pid: u32, tick: f64) -> Option<Duration> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the command name: state is the first, utime the 12th, stime the 13th.
-    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
-    Some(Duration::from_secs_f64(ticks as f64 / tick))
-}
-
-/// Clock ticks per second (`getconf CLK_TCK`, 100 if that fails).
-fn clock_ticks() -> f64 {
-    Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
-        .unwrap_or(100.0)
-}
-
-/// Pins every thread of this process to `cpu` with `taskset`; `Err` says why not.
-fn pin_self(cpu: u32) -> Result<(), String> {
-    let pid = std::process::id().to_string();
-    match Command::new("taskset")
-        .args(["-a", "-cp", &cpu.to_string(), &pid])
-        .output()
-    {
-        Ok(o) if o.status.success() => Ok(()),
-        Ok(o) => Err(format!(
-            "taskset -a -cp {cpu} {pid} failed: {}",
-            String::from_utf8_lossy(&o.stderr).trim()
-        )),
-        Err(e) => Err(format!("taskset not available ({e})")),
-    }
 }
 
 /// `GET path` on divvy's HTTP port: the body.
@@ -983,19 +2005,11 @@ fn print_global_row(name: &str, f: &mut Figures, note: &str) {
 /// A global limit's decision latency next to the same limit local to the
 /// region, both on one regional redis-server, the global store 40 ms away
 /// each way; see the file's documentation.
-fn global_section(rt: &tokio::runtime::Runtime, run: Duration, command: &str) {
-    println!("\nglobal: {command}");
-    // Both redis-servers start before this process is pinned, so they run
-    // on any CPU.
-    let global_redis = start_redis();
-    let regional = start_redis();
-    let pinned = match pin_self(1) {
-        Ok(()) => true,
-        Err(why) => {
-            println!("  {why}: running unpinned");
-            false
-        }
-    };
+fn global_section(rt: &Runtime, run: Duration, summary: &mut Summary) {
+    println!("\n## global: a scope: global token bucket vs the same bucket local to the region");
+    // The redis-servers run on any CPU (not pinned with the servers).
+    let global_redis = start_redis_with(any_cpu_command("redis-server"));
+    let regional = start_redis_with(any_cpu_command("redis-server"));
     let proxy = DelayProxy::start(global_redis.port);
     println!(
         "  topology: global redis :{} <- proxy :{} ({} ms each way, PING round trip {:.1} ms) \
@@ -1009,9 +2023,8 @@ fn global_section(rt: &tokio::runtime::Runtime, run: Duration, command: &str) {
     let regional_url = format!("redis://127.0.0.1:{}", regional.port);
     let global_url = format!("redis://127.0.0.1:{}", proxy.port);
     let lease_ms = GLOBAL_LEASE_MS.to_string();
-    let cpu = pinned.then_some(0);
-    let baseline = start_divvy_on(&global_policy(false), &["--redis-url", &regional_url], cpu);
-    let global = start_divvy_on(
+    let baseline = start_divvy_with(&global_policy(false), &["--redis-url", &regional_url]);
+    let global = start_divvy_with(
         &global_policy(true),
         &[
             "--redis-url",
@@ -1023,11 +2036,11 @@ fn global_section(rt: &tokio::runtime::Runtime, run: Duration, command: &str) {
             "--global-lease-ms",
             &lease_ms,
         ],
-        cpu,
     );
-    if pinned {
-        println!("  pinned: divvy servers on CPU 0 (taskset -c 0), this process (load generator and proxy) on CPU 1, redis-servers unpinned");
-    }
+    println!(
+        "  placement: {} (the proxy runs in this process); redis-servers unpinned",
+        placement().note
+    );
     println!(
         "  load: line protocol HIT site=partner1, {GLOBAL_RATE:.0} req/s paced over {GLOBAL_CONNS} conns \
          (1 in flight each), {:.0} s per run, {GLOBAL_ROUNDS} rounds each, interleaved; \
@@ -1036,7 +2049,6 @@ fn global_section(rt: &tokio::runtime::Runtime, run: Duration, command: &str) {
         run.as_secs_f64(),
         GLOBAL_WARMUP.as_secs_f64()
     );
-    let tick = clock_ticks();
     let servers = [
         ("baseline (local limit)", &baseline),
         ("global (scope: global)", &global),
@@ -1059,15 +2071,9 @@ fn global_section(rt: &tokio::runtime::Runtime, run: Duration, command: &str) {
             // Each round starts with the other server.
             let k = (round + k) % servers.len();
             let (name, divvy) = servers[k];
-            let before = (
-                cpu_time(divvy.child.id(), tick),
-                cpu_time(regional.child.id(), tick),
-            );
+            let before = (cpu_time(divvy.child.id()), cpu_time(regional.child.id()));
             let mut f = rt.block_on(line_paced(divvy.line, run, GLOBAL_RATE, GLOBAL_CONNS));
-            let after = (
-                cpu_time(divvy.child.id(), tick),
-                cpu_time(regional.child.id(), tick),
-            );
+            let after = (cpu_time(divvy.child.id()), cpu_time(regional.child.id()));
             let per_request = |b: Option<Duration>, a: Option<Duration>| match (b, a) {
                 (Some(b), Some(a)) => Some(a.saturating_sub(b)),
                 _ => None,
@@ -1107,25 +2113,43 @@ fn global_section(rt: &tokio::runtime::Runtime, run: Duration, command: &str) {
         }
     }
     println!("  all rounds:");
-    let mut pcts = Vec::new();
+    let mut rows = Vec::new();
     for (k, f) in totals.into_iter().enumerate() {
         let mut f = f.expect("at least one round");
         let n = f.requests.max(1) as f64;
+        let cpu = cpu_totals[k].0.as_secs_f64() * 1e6 / n;
         let note = format!(
-            "{} requests, cpu/req divvy {:.1} µs, redis {:.1} µs",
+            "{} requests, cpu/req divvy {cpu:.1} µs, redis {:.1} µs",
             f.requests,
-            cpu_totals[k].0.as_secs_f64() * 1e6 / n,
             cpu_totals[k].1.as_secs_f64() * 1e6 / n
         );
         print_global_row(&format!("  {}", servers[k].0), &mut f, &note);
-        pcts.push((f.pct(0.50), f.pct(0.99), f.pct(0.999)));
+        rows.push(([f.pct(0.50), f.pct(0.99), f.pct(0.999)], pcts(&mut f), cpu));
     }
-    let ratio = |g: Duration, b: Duration| g.as_secs_f64() / b.as_secs_f64().max(1e-9);
-    println!(
-        "  global / baseline: p50 {:.2}x, p99 {:.2}x, p99.9 {:.2}x",
-        ratio(pcts[1].0, pcts[0].0),
-        ratio(pcts[1].1, pcts[0].1),
-        ratio(pcts[1].2, pcts[0].2)
+    let (b, g) = (&rows[0], &rows[1]);
+    let ratios = format!(
+        "{} / {} / {}",
+        dur_ratio(g.0[0], b.0[0]),
+        dur_ratio(g.0[1], b.0[1]),
+        dur_ratio(g.0[2], b.0[2])
+    );
+    println!("  global / baseline: p50 / p99 / p99.9 {ratios}");
+    summary.row(
+        "global",
+        &format!(
+            "p50 / p99 / p99.9 at {GLOBAL_RATE:.0} req/s paced, global store {} ms away (baseline: local limit)",
+            GLOBAL_DELAY.as_millis()
+        ),
+        g.1.clone(),
+        b.1.clone(),
+        ratios,
+    );
+    summary.row(
+        "global",
+        "divvy CPU µs/req (baseline: local limit)",
+        us(Some(g.2)),
+        us(Some(b.2)),
+        ratio(g.2, b.2),
     );
     println!("  after the runs, {}", lease_summary(&global));
 }
@@ -1133,61 +2157,103 @@ fn global_section(rt: &tokio::runtime::Runtime, run: Duration, command: &str) {
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let value = |flag: &str| args.iter().skip_while(|a| *a != flag).nth(1).cloned();
-    let seconds: u64 = value("--seconds").and_then(|s| s.parse().ok()).unwrap_or(4);
-    let run = Duration::from_secs(seconds);
-    // `--only SECTION` runs one section; `--redis-only` (`--only redis`)
-    // skips the memory-store section (the Redis section still measures the
-    // memory store next to the Redis store).
-    let only = value("--only").or_else(|| {
-        args.iter()
-            .any(|a| a == "--redis-only")
-            .then(|| String::from("redis"))
-    });
-    if let Some(o) = &only {
+    // This program started again as a baseline server (see `BaselineProc`).
+    for flag in [BASELINE_GRPC, BASELINE_LINE] {
+        if let Some(port) = value(flag) {
+            serve_baseline(flag, &port);
+        }
+    }
+    let seconds: f64 = value("--seconds")
+        .and_then(|s| s.parse().ok())
+        .filter(|s: &f64| *s > 0.0)
+        .unwrap_or(4.0);
+    let run = Duration::from_secs_f64(seconds);
+    // `--only A,B` runs those sections; `--redis-only` is `--only redis`.
+    let only: Option<Vec<String>> = value("--only")
+        .map(|o| o.split(',').map(|s| s.trim().to_owned()).collect())
+        .or_else(|| {
+            args.iter()
+                .any(|a| a == "--redis-only")
+                .then(|| vec![String::from("redis")])
+        });
+    for o in only.iter().flatten() {
         assert!(
             SECTIONS.contains(&o.as_str()),
-            "--only takes one of {SECTIONS:?}, found `{o}`"
+            "--only takes some of {SECTIONS:?} (comma-separated), found `{o}`"
         );
     }
-    let wants = |section: &str| only.as_deref().is_none_or(|o| o == section);
+    let wants = |section: &str| {
+        only.as_ref().is_none_or(|o| {
+            o.iter().any(|s| {
+                s == section || (s == "memory" && (section == "grpc" || section == "line"))
+            })
+        })
+    };
+    let user: Vec<&str> = args[1..]
+        .iter()
+        .map(String::as_str)
+        .filter(|a| *a != "--bench")
+        .collect();
+    let command = if user.is_empty() {
+        String::from("cargo bench --bench load")
+    } else {
+        format!("cargo bench --bench load -- {}", user.join(" "))
+    };
+    let placed = PLACEMENT.get_or_init(place);
+    let pinned = placed.load.is_some();
+    println!("# divvy load benchmark: {command}");
+    println!(
+        "{seconds} s per run; {}; load average at start {}",
+        placed.note,
+        std::fs::read_to_string("/proc/loadavg")
+            .unwrap_or_default()
+            .split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    // The load generator: one worker on its one CPU (plus the thread that
+    // blocks on each run), two when unpinned.
     let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(if pinned { 1 } else { 2 })
         .enable_all()
         .build()
         .expect("runtime");
+    let mut summary = Summary::default();
+    if wants("grpc") {
+        grpc_section(&rt, run, &mut summary);
+    }
+    if wants("line") {
+        line_section(&rt, run, &mut summary);
+    }
     let mut redis = None;
-    if wants("memory") || wants("redis") {
-        let divvy = start_divvy();
-        if wants("memory") {
-            rt.block_on(memory_section(&divvy, run, seconds));
-        }
-        if wants("redis") {
-            let redis = redis.get_or_insert_with(start_redis);
-            redis_section(&rt, &divvy, redis, run, seconds);
-        }
+    if wants("redis") {
+        let redis = redis.get_or_insert_with(start_redis);
+        redis_section(&rt, redis, run, &mut summary);
     }
     if wants("algorithms") {
         let redis = redis.get_or_insert_with(start_redis);
         let url = format!("redis://127.0.0.1:{}", redis.port);
         println!(
-            "\nalgorithms: line, 64 conns x 1 in flight, one actor per conn, nothing denied \
-             (req/s = HIT/s);\n{seconds} s per rule in {ROUNDS} interleaved rounds, one divvy per rule"
+            "\n## algorithms: line, 64 conns x 1 in flight, one actor per conn, nothing denied \
+             (req/s = HIT/s);\n  {seconds} s per rule in {ROUNDS} interleaved rounds, one divvy per rule"
         );
-        algorithms_section(&rt, "memory store", &[], run);
-        algorithms_section(&rt, "redis store", &["--redis-url", &url], run);
+        algorithms_section(&rt, "memory store", &[], None, run, &mut summary);
+        algorithms_section(
+            &rt,
+            "redis store",
+            &["--redis-url", &url],
+            Some(redis.child.id()),
+            run,
+            &mut summary,
+        );
+    }
+    drop(redis);
+    if wants("memory-per-counter") {
+        memory_per_counter_section(&rt, &mut summary);
     }
     if wants("global") {
-        // Last: it pins this process to one CPU.
-        let user: Vec<&str> = args[1..]
-            .iter()
-            .map(String::as_str)
-            .filter(|a| *a != "--bench")
-            .collect();
-        let command = if user.is_empty() {
-            String::from("cargo bench --bench load")
-        } else {
-            format!("cargo bench --bench load -- {}", user.join(" "))
-        };
-        global_section(&rt, run, &command);
+        global_section(&rt, run, &mut summary);
     }
+    summary.print(&command, seconds);
 }

@@ -1271,6 +1271,29 @@ struct Summary {
 }
 
 impl Summary {
+    /// The rate and latency rows of `d` against the baseline `b`.
+    fn rate_and_latency(&mut self, section: &str, what: &str, d: &mut Tally, b: &mut Tally) {
+        self.row(
+            section,
+            &format!("HIT/s, {what}"),
+            thousands(d.rate()),
+            thousands(b.rate()),
+            ratio(d.rate(), b.rate()),
+        );
+        self.row(
+            section,
+            &format!("p50 / p99 / p99.9, {what}"),
+            pcts(&mut d.f),
+            pcts(&mut b.f),
+            format!(
+                "{} / {} / {}",
+                dur_ratio(d.f.pct(0.5), b.f.pct(0.5)),
+                dur_ratio(d.f.pct(0.99), b.f.pct(0.99)),
+                dur_ratio(d.f.pct(0.999), b.f.pct(0.999))
+            ),
+        );
+    }
+
     fn row(&mut self, section: &str, measure: &str, divvy: String, base: String, ratio: String) {
         self.rows
             .push([section.to_owned(), measure.to_owned(), divvy, base, ratio]);
@@ -1451,25 +1474,7 @@ fn line_section(rt: &Runtime, run: Duration, summary: &mut Summary) {
             dur_ratio(d.f.pct(0.99), b.f.pct(0.99)),
             ratio_opt(d.cpu_us(0), b.cpu_us(0))
         );
-        summary.row(
-            "line",
-            &format!("HIT/s, {name}"),
-            thousands(d.rate()),
-            thousands(b.rate()),
-            ratio(d.rate(), b.rate()),
-        );
-        summary.row(
-            "line",
-            &format!("p50 / p99 / p99.9, {name}"),
-            pcts(&mut d.f),
-            pcts(&mut b.f),
-            format!(
-                "{} / {} / {}",
-                dur_ratio(d.f.pct(0.5), b.f.pct(0.5)),
-                dur_ratio(d.f.pct(0.99), b.f.pct(0.99)),
-                dur_ratio(d.f.pct(0.999), b.f.pct(0.999))
-            ),
-        );
+        summary.rate_and_latency("line", name, &mut d, &mut b);
         summary.row(
             "line",
             &format!("server CPU µs/HIT, {name}"),
@@ -1540,24 +1545,11 @@ fn redis_section(rt: &Runtime, redis: &RedisProc, run: Duration, summary: &mut S
                 m.cpu_us(0)
             )
         );
-        summary.row(
+        summary.rate_and_latency(
             "redis",
-            &format!("HIT/s, {name} (baseline: memory store)"),
-            thousands(r.rate()),
-            thousands(m.rate()),
-            ratio(r.rate(), m.rate()),
-        );
-        summary.row(
-            "redis",
-            &format!("p50 / p99 / p99.9, {name} (baseline: memory store)"),
-            pcts(&mut r.f),
-            pcts(&mut m.f),
-            format!(
-                "{} / {} / {}",
-                dur_ratio(r.f.pct(0.5), m.f.pct(0.5)),
-                dur_ratio(r.f.pct(0.99), m.f.pct(0.99)),
-                dur_ratio(r.f.pct(0.999), m.f.pct(0.999))
-            ),
+            &format!("{name} (baseline: memory store)"),
+            &mut r,
+            &mut m,
         );
         summary.row(
             "redis",

@@ -9,6 +9,9 @@
 //!   or `memory` (both memory-store sections, `grpc` and `line`);
 //!   `--redis-only` is `--only redis`.
 //!
+//! `DIVVY_BENCH_BIN=/path/to/divvy` measures another build of divvy (an
+//! older commit's, for a before/after) instead of this one's.
+//!
 //! It installs nothing: the load generator is this program (tonic and
 //! tokio), redis-server, redis-cli and redis-benchmark must be on the PATH
 //! for the sections that use Redis.
@@ -468,7 +471,9 @@ fn start_divvy_with(policy: &str, extra: &[&str]) -> Divvy {
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("bench.yaml");
     std::fs::write(&path, policy).expect("policy");
-    let mut child = server_command(env!("CARGO_BIN_EXE_divvy"))
+    let binary =
+        std::env::var("DIVVY_BENCH_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_divvy").to_owned());
+    let mut child = server_command(&binary)
         .arg("serve")
         .arg("--config")
         .arg(&path)

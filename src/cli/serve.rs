@@ -262,7 +262,8 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 lease_client = Some(redis.client());
                 secret_client = Some(redis.client());
                 let failover =
-                    FailoverStore::new(Arc::new(redis), args.on_store_failure, args.local_share);
+                    FailoverStore::new(Arc::new(redis), args.on_store_failure, args.local_share)
+                        .with_max_counters(args.max_counters);
                 let failover = Arc::new(if connected {
                     failover
                 } else {

@@ -146,8 +146,12 @@ impl Governors {
         for label in stale {
             if let Some(r) = running.remove(&label) {
                 r.task.abort();
-                let lease = Lease::new(self.lease_client.clone(), &label, self.replica());
-                tokio::spawn(async move { lease.release().await });
+                // A governor that only changed restarts below under the same
+                // name and keeps its lease; one that is gone gives it up.
+                if !wanted.contains_key(&label) {
+                    let lease = Lease::new(self.lease_client.clone(), &label, self.replica());
+                    tokio::spawn(async move { lease.release().await });
+                }
                 lock(&self.states).remove(&label);
                 forget_metrics(&label);
                 tracing::info!(rule = %label, "governor stopped (policy changed); its last knob stays in force");

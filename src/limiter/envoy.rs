@@ -97,6 +97,8 @@ pub struct EnvoyDescriptor {
     pub cost: u64,
     /// Its own limit (requests per unit, unit), replacing the file's.
     pub limit_override: Option<(u32, EnvoyUnit)>,
+    /// `is_negative_hits`: give `cost` back instead of taking it.
+    pub refund: bool,
 }
 
 /// The limit a descriptor was decided by.
@@ -165,15 +167,22 @@ struct Planned {
     cost: u64,
 }
 
+/// The counter of a descriptor: the domain, each entry's key and value
+/// (bounded as in divvy's keys) with its length in front, so no choice of
+/// keys and values can spell another descriptor's counter, and the unit.
 fn counter_key(domain: &str, path: &[(String, String)], unit: EnvoyUnit) -> String {
-    let mut key = String::with_capacity(16 + domain.len() + path.len() * 16);
+    use std::fmt::Write as _;
+    let mut key = String::with_capacity(16 + domain.len() + path.len() * 24);
     key.push_str("divvy-rl:");
     key.push_str(domain);
+    let mut part = String::new();
     for (k, v) in path {
-        key.push('_');
-        key.push_str(k);
-        key.push('_');
-        bounded::push_value(&mut key, v);
+        for text in [k, v] {
+            part.clear();
+            bounded::push_value(&mut part, text);
+            // Writing to a String cannot fail.
+            let _ = write!(key, "_{}:{part}", part.len());
+        }
     }
     key.push(':');
     key.push_str(&unit.seconds().to_string());
@@ -212,16 +221,15 @@ impl Limiter {
                 .collect();
             if let Some((rpu, unit)) = d.limit_override {
                 let path: Vec<(String, String)> = d.entries.clone();
-                let stats_key = std::iter::once(domain.to_owned())
-                    .chain(d.entries.iter().map(|(k, v)| {
-                        if v.is_empty() {
-                            k.clone()
-                        } else {
-                            format!("{k}_{v}")
-                        }
-                    }))
-                    .collect::<Vec<_>>()
-                    .join(".");
+                let mut stats_key = domain.to_owned();
+                for (k, v) in &d.entries {
+                    stats_key.push('.');
+                    bounded::push_value(&mut stats_key, k);
+                    if !v.is_empty() {
+                        stats_key.push('_');
+                        bounded::push_value(&mut stats_key, v);
+                    }
+                }
                 found.push(Some(Found {
                     current: EnvoyCurrent {
                         requests_per_unit: rpu,
@@ -304,7 +312,8 @@ impl Limiter {
                 );
                 // A shadow limit never denies the request, nor does a
                 // check (hits_addend 0).
-                op.decides = !shadow && d.cost > 0;
+                op.decides = !shadow && d.cost > 0 && !d.refund;
+                op.refund = d.refund;
                 ops.push(op);
                 ops.len() - 1
             });

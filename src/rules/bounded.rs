@@ -123,11 +123,12 @@ pub async fn agree_through_redis(client: &fred::prelude::Client) -> bool {
     let stored: Result<Option<String>, _> = client.get(SECRET_KEY).await;
     match stored {
         Ok(Some(hex)) if set_secret_hex(&hex) => true,
-        Ok(_) => {
-            tracing::warn!("{SECRET_KEY} in Redis is not 32 hex digits; long actor values are hashed with this replica's own key");
+        Ok(Some(_)) => {
+            tracing::warn!("{SECRET_KEY} in Redis is not 32 hex digits; long actor values are hashed with this replica's own key (delete the key to let replicas agree again)");
             true
         }
-        Err(_) => false,
+        // Gone between the SET NX and the GET: try again.
+        Ok(None) | Err(_) => false,
     }
 }
 

@@ -12,6 +12,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use super::bounded;
 use crate::config::envoy_ratelimit::{EnvoyConfig, EnvoyLimit, EnvoyNode};
 
 /// A compiled node.
@@ -33,6 +34,8 @@ struct Node {
 pub struct EnvoyNodeInfo {
     /// The entry key.
     pub key: String,
+    /// The value as written (with its `*`s); empty: any value.
+    pub value: String,
     /// `key` or `key_value` as written (with its `*`s).
     pub composite: String,
     /// The limit, if any.
@@ -111,6 +114,7 @@ fn compile(nodes: &[EnvoyNode], parent_key: &str) -> Level {
         children.push(Node {
             spec: EnvoyNodeInfo {
                 key: n.key.clone(),
+                value: n.value.clone(),
                 composite,
                 limit: n.limit.clone(),
                 shadow_mode: n.shadow_mode,
@@ -136,6 +140,7 @@ impl DomainTree {
         let root = Node {
             spec: EnvoyNodeInfo {
                 key: String::new(),
+                value: String::new(),
                 composite: String::new(),
                 limit: None,
                 shadow_mode: false,
@@ -205,27 +210,32 @@ impl DomainTree {
             if next.is_none() {
                 next = level.exact.get(key).map(|&c| &level.children[c]);
             }
+            // Request text in stats keys is bounded as in counter keys.
             detailed.push('.');
-            detailed.push_str(&with_value);
+            bounded::push_value(&mut detailed, key);
+            detailed.push('_');
+            bounded::push_value(&mut detailed, value);
             to_metric.push('.');
-            to_metric.push_str(key);
+            bounded::push_value(&mut to_metric, key);
             let mut counted_value = value.to_owned();
             if let Some(n) = next {
                 let shown: Option<String> = match wildcard {
                     Some(_) if n.spec.share_threshold => {
-                        let pattern = n.spec.composite[key.len() + 1..].to_owned();
+                        // The node's own pattern: the request's key may be
+                        // longer than the node's (a key-only wildcard).
+                        let pattern = n.spec.value.clone();
                         counted_value = pattern.clone();
                         Some(pattern)
                     }
                     Some(_) if n.spec.value_to_metric => Some(value.to_owned()),
-                    Some(_) => Some(n.spec.composite[key.len() + 1..].to_owned()),
+                    Some(_) => Some(n.spec.value.clone()),
                     None if by_value => Some(value.to_owned()),
                     None if n.spec.value_to_metric => Some(value.to_owned()),
                     None => None,
                 };
                 if let Some(v) = shown.filter(|v| !v.is_empty()) {
                     to_metric.push('_');
-                    to_metric.push_str(&v);
+                    bounded::push_value(&mut to_metric, &v);
                 }
             }
             counter_path.push((key.to_owned(), counted_value));
@@ -298,5 +308,20 @@ mod tests {
         assert_eq!(rpu(&t, &[("nope", "x")]), None);
         let m = t.find(&[("k1", "x"), ("k2", "wow")]).unwrap();
         assert_eq!(m.stats_key, "d.k1.k2_w*");
+    }
+
+    #[test]
+    fn a_request_key_longer_than_the_wildcard_nodes_is_harmless() {
+        let t = tree(
+            "domain: d\ndescriptors:\n  - key: k\n    value: '*'\n    share_threshold: true\n    rate_limit: {unit: second, requests_per_unit: 1}\n  - key: 'a*'\n    rate_limit: {unit: second, requests_per_unit: 2}\n",
+        );
+        // `k_longer_v` matches the pattern `k_*`.
+        let m = t.find(&[("k_longer", "v")]).unwrap();
+        assert_eq!(m.node.limit.unwrap().requests_per_unit, 1);
+        assert_eq!(
+            m.counter_path,
+            vec![("k_longer".to_owned(), "*".to_owned())]
+        );
+        assert_eq!(rpu(&t, &[("abc", "v")]), Some(2));
     }
 }

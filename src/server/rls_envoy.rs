@@ -58,6 +58,7 @@ pub fn descriptors(
                     .collect(),
                 cost,
                 limit_override,
+                refund: d.is_negative_hits,
             })
         })
         .collect()

@@ -63,6 +63,14 @@ impl FailoverStore {
         }
     }
 
+    /// Caps the local counters (the `local` policy's) at `max`, as
+    /// `--max-counters` caps the memory store.
+    pub fn with_max_counters(mut self, max: usize) -> FailoverStore {
+        self.local =
+            MemoryStore::with_max_counters(Arc::new(super::memory::SystemClock::default()), max);
+        self
+    }
+
     /// Probes the primary now and then in the background, closing the breaker
     /// when it answers; also sweeps the local counters.
     pub fn spawn_probe(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {

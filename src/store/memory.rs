@@ -392,10 +392,12 @@ impl States for Locked<'_, '_> {
         }
         let mut evicted = 0;
         while shard.map.len() >= self.per_shard {
-            if shard.map.pop_lru().is_none() {
-                break;
+            match shard.map.pop_lru() {
+                None => break,
+                // An expired counter the sweep has not reached yet is no loss.
+                Some((_, e)) if e.expires_at <= self.now => {}
+                Some(_) => evicted += 1,
             }
-            evicted += 1;
         }
         shard.map.put(self.ids[i], entry);
         shard.peak = shard.peak.max(shard.map.len());

@@ -83,7 +83,7 @@ pub struct Metrics {
     /// per-descriptor stats (`stat`: total_hits, over_limit, near_limit,
     /// within_limit, shadow_mode; `key`: `<domain>.<key_value path>`).
     pub envoy_stats: IntCounterVec,
-    envoy_keys: std::sync::Mutex<std::collections::HashSet<String>>,
+    envoy_keys: std::sync::RwLock<std::collections::HashSet<String>>,
     /// `divvy_counters`: live counters in the memory store (as of its last sweep).
     pub counters: IntGauge,
     /// `divvy_counters_evicted_total`: counters the memory store evicted to stay under `--max-counters`.
@@ -353,7 +353,7 @@ impl Metrics {
                 "envoyproxy/ratelimit's per-descriptor stats: key is <domain>.<key_value path> (values only with detailed_metric or value_to_metric; at most 10000 keys, then `overflow`), stat is total_hits, over_limit, near_limit, within_limit or shadow_mode",
                 &["key", "stat"],
             ),
-            envoy_keys: std::sync::Mutex::new(std::collections::HashSet::new()),
+            envoy_keys: std::sync::RwLock::new(std::collections::HashSet::new()),
             counters: gauge(
                 &r,
                 "divvy_counters",
@@ -427,9 +427,18 @@ impl Metrics {
     /// `overflow` once [`MAX_STATS_KEYS`] distinct keys are in use (keys
     /// with request values must not grow the series without bound).
     pub fn envoy_stats_key<'a>(&self, key: &'a str) -> &'a str {
+        // Shared for the usual case (a key seen before), exclusive to add one.
+        if self
+            .envoy_keys
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .contains(key)
+        {
+            return key;
+        }
         let mut keys = self
             .envoy_keys
-            .lock()
+            .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if keys.contains(key) {
             return key;

@@ -2489,3 +2489,29 @@ async fn healthcheck_rlconfig_and_stats() {
         "{stats:#?}"
     );
 }
+
+/// `POST /json` decides a domain an envoyproxy/ratelimit file defines by
+/// that file, as gRPC does (`category=account`: 4 per minute in the
+/// example), and a domain no file defines gets "no limit" without a divvy
+/// policy.
+#[test]
+fn json_endpoint_answers_for_envoy_domains() {
+    let server = example();
+    let body =
+        r#"{"domain":"rl","descriptors":[{"entries":[{"key":"category","value":"account"}]}]}"#;
+    let (status, text) = server.http("POST", "/json", body);
+    assert_eq!(status, 200, "{text}");
+    let v: serde_json::Value = serde_json::from_str(&text).expect("json");
+    assert_eq!(v["overallCode"], "OK", "{text}");
+    assert_eq!(
+        v["statuses"][0]["currentLimit"]["requestsPerUnit"], 4,
+        "{text}"
+    );
+    assert_eq!(v["statuses"][0]["currentLimit"]["unit"], "MINUTE", "{text}");
+    let body = r#"{"domain":"nobody","descriptors":[{"entries":[{"key":"a","value":"b"}]}]}"#;
+    let (status, text) = server.http("POST", "/json", body);
+    assert_eq!(status, 200, "{text}");
+    let v: serde_json::Value = serde_json::from_str(&text).expect("json");
+    assert!(v["statuses"][0].get("currentLimit").is_none(), "{text}");
+    assert_eq!(v["statuses"][0]["limitRemaining"], 0, "{text}");
+}

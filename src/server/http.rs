@@ -30,8 +30,8 @@ use axum::{Json, Router};
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
 
+use super::headers::HeaderStyle;
 use super::json::{format_response, parse_request};
-use super::rls::{to_hits, to_response};
 use crate::config::LimitSpec;
 use crate::knobs::{now_ms, Knob};
 use crate::limiter::{counter_op, knob_for, Limiter};
@@ -328,13 +328,9 @@ async fn json_check(State(s): State<AdminState>, body: Bytes) -> Response {
         Ok(r) => r,
         Err(e) => return bad(e),
     };
-    let hits = match to_hits(&request) {
-        Ok(h) => h,
-        Err(status) => return bad(status.message().to_owned()),
-    };
-    match s.limiter.check(Some(&request.domain), &hits).await {
-        Ok(decisions) => {
-            let response = to_response(&decisions);
+    let envoy = crate::limiter::envoy::EnvoySettings::from_env();
+    match super::rls::respond(&s.limiter, &envoy, HeaderStyle::None, &request).await {
+        Ok(response) => {
             let code = if response.overall_code == 2 {
                 StatusCode::TOO_MANY_REQUESTS
             } else {
@@ -342,9 +338,12 @@ async fn json_check(State(s): State<AdminState>, body: Bytes) -> Response {
             };
             (code, Json(format_response(&response))).into_response()
         }
-        Err(e) => (
+        Err(status) if status.code() == tonic::Code::InvalidArgument => {
+            bad(status.message().to_owned())
+        }
+        Err(status) => (
             StatusCode::SERVICE_UNAVAILABLE,
-            Json(json!({"error": e.to_string()})),
+            Json(json!({"error": status.message()})),
         )
             .into_response(),
     }

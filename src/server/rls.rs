@@ -69,49 +69,55 @@ impl RateLimitService for RlsService {
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
         let request = request.into_inner();
-        let hits = to_hits(&request).inspect_err(|_| metrics().error("invalid-argument"))?;
-        let rules = self.limiter.rules();
-        if let Some(tree) = rules.envoy_domain(&request.domain) {
-            let costs: Vec<u64> = hits.iter().map(|h| h.cost).collect();
-            let descriptors = rls_envoy::descriptors(&request, &costs)
-                .inspect_err(|_| metrics().error("invalid-argument"))?;
-            let statuses = self
-                .limiter
-                .check_envoy(tree, &descriptors, &self.envoy)
-                .await
-                .map_err(|e| {
-                    metrics().error("unavailable");
-                    Status::unavailable(e.to_string())
-                })?;
-            return Ok(Response::new(rls_envoy::response(
-                &request,
-                &statuses,
-                &self.envoy,
-            )));
-        }
-        if !rules.has_divvy_rules() {
-            return Ok(Response::new(rls_envoy::no_limit(&request)));
-        }
-        drop(rules);
-        let decisions = self
-            .limiter
-            .check(Some(&request.domain), &hits)
+        respond(&self.limiter, &self.envoy, self.headers, &request)
             .await
-            .map_err(|e| {
-                metrics().error("unavailable");
-                Status::unavailable(e.to_string())
-            })?;
-        let mut response = to_response(&decisions);
-        response.response_headers_to_add = rate_limit_headers(self.headers, &decisions)
-            .into_iter()
-            .map(|(key, value)| HeaderValue {
-                key,
-                value,
-                ..Default::default()
-            })
-            .collect();
-        Ok(Response::new(response))
+            .map(Response::new)
     }
+}
+
+/// Decides `request` and shapes the answer: by the envoyproxy/ratelimit
+/// file that defines its domain, else by the divvy rules (or "no limit"
+/// when there are none). Shared by gRPC and `POST /json`.
+pub async fn respond(
+    limiter: &Limiter,
+    envoy: &EnvoySettings,
+    headers: HeaderStyle,
+    request: &RateLimitRequest,
+) -> Result<RateLimitResponse, Status> {
+    let hits = to_hits(request).inspect_err(|_| metrics().error("invalid-argument"))?;
+    let unavailable = |e: crate::store::StoreError| {
+        metrics().error("unavailable");
+        Status::unavailable(e.to_string())
+    };
+    let rules = limiter.rules();
+    if let Some(tree) = rules.envoy_domain(&request.domain) {
+        let costs: Vec<u64> = hits.iter().map(|h| h.cost).collect();
+        let descriptors = rls_envoy::descriptors(request, &costs)
+            .inspect_err(|_| metrics().error("invalid-argument"))?;
+        let statuses = limiter
+            .check_envoy(tree, &descriptors, envoy)
+            .await
+            .map_err(unavailable)?;
+        return Ok(rls_envoy::response(request, &statuses, envoy));
+    }
+    if !rules.has_divvy_rules() {
+        return Ok(rls_envoy::no_limit(request));
+    }
+    drop(rules);
+    let decisions = limiter
+        .check(Some(&request.domain), &hits)
+        .await
+        .map_err(unavailable)?;
+    let mut response = to_response(&decisions);
+    response.response_headers_to_add = rate_limit_headers(headers, &decisions)
+        .into_iter()
+        .map(|(key, value)| HeaderValue {
+            key,
+            value,
+            ..Default::default()
+        })
+        .collect();
+    Ok(response)
 }
 
 /// Validates a request and turns its descriptors into hits.

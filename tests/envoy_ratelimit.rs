@@ -2075,53 +2075,65 @@ impl Drop for Envoy {
 
 /// examples/envoyproxy-ratelimit/envoy.yaml with its ports moved: divvy's
 /// gRPC port, the "Service 1" upstream (mock, 9999) and "Service 2" (10001).
+/// Free ports are picked, then bound by Envoy: another test can take one in
+/// between, so an Envoy that exits is started again on new ports (three
+/// tries); its log is shown when none becomes ready.
 fn start_envoy(divvy_grpc: u16, service_1: u16, service_2: u16) -> Envoy {
-    let (listener, admin) = (free_port(), free_port());
-    let text = std::fs::read_to_string(root().join("examples/envoyproxy-ratelimit/envoy.yaml"))
-        .unwrap()
-        .replace("port_value: 8888", &format!("port_value: {listener}"))
-        .replace("port_value: 8001", &format!("port_value: {admin}"))
-        .replace("port_value: 8081", &format!("port_value: {divvy_grpc}"))
-        .replace("port_value: 9999", &format!("port_value: {service_1}"))
-        .replace("port_value: 10001", &format!("port_value: {service_2}"));
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("envoy.yaml");
-    std::fs::write(&config, text).unwrap();
-    let child = Command::new(envoy_binary())
-        .arg("-c")
-        .arg(&config)
-        .args([
-            "--disable-hot-restart",
-            "--log-level",
-            "warning",
-            "--concurrency",
-            "1",
-            // Their docker-compose: the source_cluster action's value.
-            "--service-cluster",
-            "proxy",
-            "--service-node",
-            "proxy",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start envoy");
-    let envoy = Envoy {
-        child,
-        port: listener,
-        _dir: dir,
-    };
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        if let Some((200, _, body)) = get(admin, "/ready", &[]) {
-            if body.contains("LIVE") {
+    let mut last_log = String::new();
+    for _attempt in 0..3 {
+        let (listener, admin) = (free_port(), free_port());
+        let text = std::fs::read_to_string(root().join("examples/envoyproxy-ratelimit/envoy.yaml"))
+            .unwrap()
+            .replace("port_value: 8888", &format!("port_value: {listener}"))
+            .replace("port_value: 8001", &format!("port_value: {admin}"))
+            .replace("port_value: 8081", &format!("port_value: {divvy_grpc}"))
+            .replace("port_value: 9999", &format!("port_value: {service_1}"))
+            .replace("port_value: 10001", &format!("port_value: {service_2}"));
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("envoy.yaml");
+        std::fs::write(&config, text).unwrap();
+        let log_path = dir.path().join("envoy.log");
+        let log = std::fs::File::create(&log_path).unwrap();
+        let child = Command::new(envoy_binary())
+            .arg("-c")
+            .arg(&config)
+            .args([
+                "--disable-hot-restart",
+                "--log-level",
+                "warning",
+                "--concurrency",
+                "1",
+                // Their docker-compose: the source_cluster action's value.
+                "--service-cluster",
+                "proxy",
+                "--service-node",
+                "proxy",
+            ])
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start envoy");
+        let mut envoy = Envoy {
+            child,
+            port: listener,
+            _dir: dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            if let Some((200, _, body)) = get(admin, "/ready", &[]) {
+                if body.contains("LIVE") {
+                    return envoy;
+                }
+            }
+            let exited = matches!(envoy.child.try_wait(), Ok(Some(_)));
+            if exited || Instant::now() >= deadline {
+                last_log = std::fs::read_to_string(&log_path).unwrap_or_default();
                 break;
             }
+            std::thread::sleep(Duration::from_millis(100));
         }
-        assert!(Instant::now() < deadline, "envoy did not become ready");
-        std::thread::sleep(Duration::from_millis(100));
     }
-    envoy
+    panic!("envoy did not become ready in three tries; its last log:\n{last_log}");
 }
 
 /// An HTTP answer: status, lower-cased headers, body.

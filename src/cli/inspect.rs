@@ -60,14 +60,14 @@ fn summary(policy: &Policy) -> String {
             "governor {}: {} -> setpoint {} every {:?}, creditLimit {}..{}, kp {} ki {} kd {}{}{}\n",
             g.rule,
             g.query,
-            g.setpoint,
+            g.tuning.setpoint,
             g.every,
-            g.min,
-            g.max,
-            g.kp,
-            g.ki,
-            g.kd,
-            g.breaker_above
+            g.tuning.min,
+            g.tuning.max,
+            g.tuning.kp,
+            g.tuning.ki,
+            g.tuning.kd,
+            g.tuning.breaker_above
                 .map_or_else(String::new, |a| format!(", breaker above {a}")),
             g.prometheus
                 .as_deref()

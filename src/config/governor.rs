@@ -66,6 +66,28 @@ pub struct RawBreaker {
     pub above: Option<f64>,
 }
 
+/// What a governor's controller is asked to do (validated: every number
+/// finite, `min <= max`, gains not negative).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Tuning {
+    /// The load to hold.
+    pub setpoint: f64,
+    /// Lowest output (creditLimit).
+    pub min: f64,
+    /// Highest output (creditLimit).
+    pub max: f64,
+    /// Proportional gain.
+    pub kp: f64,
+    /// Integral gain (per second).
+    pub ki: f64,
+    /// Derivative gain (seconds).
+    pub kd: f64,
+    /// Load above which the output drops to 0 at once.
+    pub breaker_above: Option<f64>,
+    /// Steps without data after which the output falls to `min`.
+    pub fallback_after: u32,
+}
+
 /// A validated governor.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GovernorSpec {
@@ -75,24 +97,10 @@ pub struct GovernorSpec {
     pub query: String,
     /// Prometheus's base URL; `None`: the server's `--prometheus-url`.
     pub prometheus: Option<String>,
-    /// The load to hold.
-    pub setpoint: f64,
     /// The control interval.
     pub every: Duration,
-    /// Lowest creditLimit.
-    pub min: f64,
-    /// Highest creditLimit.
-    pub max: f64,
-    /// Proportional gain.
-    pub kp: f64,
-    /// Integral gain (per second).
-    pub ki: f64,
-    /// Derivative gain (seconds).
-    pub kd: f64,
-    /// Load above which the breaker opens.
-    pub breaker_above: Option<f64>,
-    /// Intervals without data after which the rate falls to `min`.
-    pub fallback_after: u32,
+    /// The controller's numbers.
+    pub tuning: Tuning,
 }
 
 // Every number is checked finite by validation, so equality is total.
@@ -247,15 +255,17 @@ pub fn check_governors(
                 rule,
                 query,
                 prometheus: g.prometheus,
-                setpoint,
                 every,
-                min,
-                max,
-                kp,
-                ki,
-                kd,
-                breaker_above: above,
-                fallback_after,
+                tuning: Tuning {
+                    setpoint,
+                    min,
+                    max,
+                    kp,
+                    ki,
+                    kd,
+                    breaker_above: above,
+                    fallback_after,
+                },
             });
         }
     }
@@ -283,15 +293,16 @@ mod tests {
         let g = check("  - {rule: reindex, query: 'max(load)', setpoint: 2, max: 500}\n").unwrap();
         assert_eq!(g.len(), 1);
         let g = &g[0];
-        assert_eq!((g.kp, g.ki, g.kd), super::DEFAULT_GAINS);
+        let t = g.tuning;
+        assert_eq!((t.kp, t.ki, t.kd), super::DEFAULT_GAINS);
         assert_eq!(
-            (g.min, g.every, g.fallback_after),
+            (t.min, g.every, t.fallback_after),
             (0.0, super::DEFAULT_EVERY, 6)
         );
-        assert_eq!(g.breaker_above, None);
+        assert_eq!(t.breaker_above, None);
         let g = check("  - {rule: both-key, query: x, setpoint: 2, max: 5, every: 500ms, breaker: {above: 6}, prometheus: 'http://p:9090'}\n").unwrap();
         assert_eq!(g[0].every, std::time::Duration::from_millis(500));
-        assert_eq!(g[0].breaker_above, Some(6.0));
+        assert_eq!(g[0].tuning.breaker_above, Some(6.0));
     }
 
     #[test]

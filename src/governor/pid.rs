@@ -14,26 +14,7 @@
 
 use std::time::Duration;
 
-/// What the controller is asked to do.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Tuning {
-    /// The load to hold.
-    pub setpoint: f64,
-    /// Lowest output.
-    pub min: f64,
-    /// Highest output.
-    pub max: f64,
-    /// Proportional gain.
-    pub kp: f64,
-    /// Integral gain (per second).
-    pub ki: f64,
-    /// Derivative gain (seconds).
-    pub kd: f64,
-    /// Load above which the output drops to 0 at once.
-    pub breaker_above: Option<f64>,
-    /// Steps without data after which the output falls to `min`.
-    pub fallback_after: u32,
-}
+pub use crate::config::governor::Tuning;
 
 /// The terms and state after a step (what `/governors` shows).
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -17,7 +17,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::lease::{Holding, Lease};
-use super::pid::{Controller, Step, Tuning};
+use super::pid::{Controller, Step};
 use super::prometheus::{Prometheus, ReadError};
 use crate::config::GovernorSpec;
 use crate::knobs::body::target;
@@ -180,7 +180,7 @@ impl Governors {
                     self.record(&spec, &url, |s| s.role = "starting".to_owned());
                     let me = Arc::clone(self);
                     let spec2 = spec.clone();
-                    tracing::info!(rule = %label, prometheus = %url, query = %spec.query, setpoint = spec.setpoint, "governor started");
+                    tracing::info!(rule = %label, prometheus = %url, query = %spec.query, setpoint = spec.tuning.setpoint, "governor started");
                     tokio::spawn(async move { me.govern(spec2, url).await })
                 }
             };
@@ -196,10 +196,10 @@ impl Governors {
                 rule: spec.rule.clone(),
                 query: spec.query.clone(),
                 prometheus: url.to_owned(),
-                setpoint: spec.setpoint,
+                setpoint: spec.tuning.setpoint,
                 every_ms: u64::try_from(spec.every.as_millis()).unwrap_or(u64::MAX),
-                min: spec.min,
-                max: spec.max,
+                min: spec.tuning.min,
+                max: spec.tuning.max,
                 ..GovernorState::default()
             });
         f(s);
@@ -221,7 +221,7 @@ impl Governors {
         let m = metrics();
         m.governor_setpoint
             .with_label_values(&[&label])
-            .set(spec.setpoint);
+            .set(spec.tuning.setpoint);
         m.governor_leader.with_label_values(&[&label]).set(0.0);
         let source = match Prometheus::new(&url) {
             Ok(p) => p,
@@ -235,16 +235,7 @@ impl Governors {
             }
         };
         let lease = Lease::new(self.lease_client.clone(), &label, self.replica());
-        let tuning = Tuning {
-            setpoint: spec.setpoint,
-            min: spec.min,
-            max: spec.max,
-            kp: spec.kp,
-            ki: spec.ki,
-            kd: spec.kd,
-            breaker_above: spec.breaker_above,
-            fallback_after: spec.fallback_after,
-        };
+        let tuning = spec.tuning;
         // The query must answer well within the interval.
         let timeout = (spec.every * 4 / 5).max(Duration::from_millis(50));
         let stale_after = spec.every * 3;

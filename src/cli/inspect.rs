@@ -42,7 +42,7 @@ fn summary(policy: &Policy) -> String {
         fn count(nodes: &[crate_envoy::EnvoyNode]) -> usize {
             nodes
                 .iter()
-                .map(|n| usize::from(n.limit.is_some()) + count(&n.children))
+                .map(|n| usize::from(n.info.limit.is_some()) + count(&n.children))
                 .sum()
         }
         out.push_str(&format!(

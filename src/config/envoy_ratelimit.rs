@@ -112,9 +112,9 @@ pub struct EnvoyLimit {
     pub replaces: Vec<String>,
 }
 
-/// One descriptor node of the tree.
+/// A descriptor node as written, without its children.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EnvoyNode {
+pub struct EnvoyNodeInfo {
     /// The entry key.
     pub key: String,
     /// The entry value (`*` wildcards anywhere); empty: any value.
@@ -133,11 +133,9 @@ pub struct EnvoyNode {
     pub share_threshold: bool,
     /// Free metadata, as JSON (for dynamic metadata).
     pub metadata: Option<serde_json::Value>,
-    /// Children in file order.
-    pub children: Vec<EnvoyNode>,
 }
 
-impl EnvoyNode {
+impl EnvoyNodeInfo {
     /// `key` or `key_value`, as envoyproxy/ratelimit names the node.
     pub fn composite(&self) -> String {
         if self.value.is_empty() {
@@ -146,6 +144,15 @@ impl EnvoyNode {
             format!("{}_{}", self.key, self.value)
         }
     }
+}
+
+/// One descriptor node of the tree.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EnvoyNode {
+    /// The node itself.
+    pub info: EnvoyNodeInfo,
+    /// Children in file order.
+    pub children: Vec<EnvoyNode>,
 }
 
 /// One envoyproxy/ratelimit file.
@@ -329,15 +336,17 @@ fn load_descriptors(list: Option<&Value>, parent: &str) -> Result<Vec<EnvoyNode>
             }
         };
         out.push(EnvoyNode {
-            key,
-            value,
-            limit,
-            shadow_mode: flag(m, "shadow_mode")?,
-            quota_mode: flag(m, "quota_mode")?,
-            detailed_metric: flag(m, "detailed_metric")?,
-            value_to_metric: flag(m, "value_to_metric")?,
-            share_threshold,
-            metadata,
+            info: EnvoyNodeInfo {
+                key,
+                value,
+                limit,
+                shadow_mode: flag(m, "shadow_mode")?,
+                quota_mode: flag(m, "quota_mode")?,
+                detailed_metric: flag(m, "detailed_metric")?,
+                value_to_metric: flag(m, "value_to_metric")?,
+                share_threshold,
+                metadata,
+            },
             children: load_descriptors(m.get("descriptors"), &format!("{full}."))?,
         });
     }
@@ -470,8 +479,11 @@ mod tests {
         .unwrap();
         assert_eq!(c.domain, "rl");
         let foo = &c.descriptors[0];
-        assert_eq!(foo.limit.as_ref().unwrap().unit, Some(EnvoyUnit::Minute));
-        let bar = &foo.children[0];
+        assert_eq!(
+            foo.info.limit.as_ref().unwrap().unit,
+            Some(EnvoyUnit::Minute)
+        );
+        let bar = &foo.children[0].info;
         assert_eq!(bar.composite(), "bar_b*");
         assert!(bar.shadow_mode && bar.limit.as_ref().unwrap().unlimited);
     }

@@ -13,7 +13,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::bounded;
-use crate::config::envoy_ratelimit::{EnvoyConfig, EnvoyLimit, EnvoyNode};
+pub use crate::config::envoy_ratelimit::EnvoyNodeInfo;
+use crate::config::envoy_ratelimit::{EnvoyConfig, EnvoyNode};
 
 /// A compiled node.
 #[derive(Debug)]
@@ -27,31 +28,6 @@ struct Node {
     /// Wildcard children in file order, their composite split at `*`.
     wildcards: Vec<(usize, Vec<String>)>,
     children: Vec<Node>,
-}
-
-/// What a node carries besides its children.
-#[derive(Debug, Clone)]
-pub struct EnvoyNodeInfo {
-    /// The entry key.
-    pub key: String,
-    /// The value as written (with its `*`s); empty: any value.
-    pub value: String,
-    /// `key` or `key_value` as written (with its `*`s).
-    pub composite: String,
-    /// The limit, if any.
-    pub limit: Option<EnvoyLimit>,
-    /// shadow_mode.
-    pub shadow_mode: bool,
-    /// quota_mode.
-    pub quota_mode: bool,
-    /// detailed_metric.
-    pub detailed_metric: bool,
-    /// value_to_metric.
-    pub value_to_metric: bool,
-    /// share_threshold.
-    pub share_threshold: bool,
-    /// metadata.
-    pub metadata: Option<serde_json::Value>,
 }
 
 /// A domain's compiled tree.
@@ -104,7 +80,7 @@ fn compile(nodes: &[EnvoyNode], parent_key: &str) -> Level {
     let mut wildcards = Vec::new();
     let mut children = Vec::new();
     for (i, n) in nodes.iter().enumerate() {
-        let composite = n.composite();
+        let composite = n.info.composite();
         let full_key = format!("{parent_key}.{composite}");
         if composite.contains('*') {
             wildcards.push((i, composite.split('*').map(str::to_owned).collect()));
@@ -112,18 +88,7 @@ fn compile(nodes: &[EnvoyNode], parent_key: &str) -> Level {
         exact.insert(composite.clone(), i);
         let (e, w, c) = compile(&n.children, &full_key);
         children.push(Node {
-            spec: EnvoyNodeInfo {
-                key: n.key.clone(),
-                value: n.value.clone(),
-                composite,
-                limit: n.limit.clone(),
-                shadow_mode: n.shadow_mode,
-                quota_mode: n.quota_mode,
-                detailed_metric: n.detailed_metric,
-                value_to_metric: n.value_to_metric,
-                share_threshold: n.share_threshold,
-                metadata: n.metadata.clone(),
-            },
+            spec: n.info.clone(),
             full_key,
             exact: e,
             wildcards: w,
@@ -141,7 +106,6 @@ impl DomainTree {
             spec: EnvoyNodeInfo {
                 key: String::new(),
                 value: String::new(),
-                composite: String::new(),
                 limit: None,
                 shadow_mode: false,
                 quota_mode: false,

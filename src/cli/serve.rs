@@ -547,18 +547,27 @@ async fn shutdown_signal() {
 /// (see `divvy::rules::bounded`), retrying every second while Redis does
 /// not answer; meanwhile this replica uses a key of its own, so a long
 /// value may count on a different counter than on other replicas.
+///
+/// Then, every 30 s, puts the key back if Redis lost it, so replicas
+/// started later still agree with this one.
 async fn agree_on_key_secret(client: fred::prelude::Client) {
-    use divvy::rules::bounded::agree_through_redis;
-    if agree_through_redis(&client).await {
-        return;
+    use divvy::rules::bounded::{agree_through_redis, keep_in_redis};
+    let agreed = agree_through_redis(&client).await;
+    if !agreed {
+        tracing::warn!(
+            "could not read the shared key for long actor values from Redis; retrying every second"
+        );
     }
-    tracing::warn!(
-        "could not read the shared key for long actor values from Redis; retrying every second"
-    );
     tokio::spawn(async move {
-        while !agree_through_redis(&client).await {
-            tokio::time::sleep(Duration::from_secs(1)).await;
+        if !agreed {
+            while !agree_through_redis(&client).await {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            info!("agreed on the shared key for long actor values through Redis");
         }
-        info!("agreed on the shared key for long actor values through Redis");
+        loop {
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            keep_in_redis(&client).await;
+        }
     });
 }

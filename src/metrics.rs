@@ -69,7 +69,7 @@ pub struct Metrics {
     pub global_renewals: IntCounterVec,
     /// `divvy_global_alive_timestamp_seconds`: last step of the lease task.
     pub global_alive: IntGauge,
-    /// `divvy_governor_measurement{rule}`: the last load a governor read (NaN before any).
+    /// `divvy_governor_measurement{rule}`: the last load a governor read (absent before the first).
     pub governor_measurement: GaugeVec,
     /// `divvy_governor_output{rule}`: the creditLimit a governor last set.
     pub governor_output: GaugeVec,
@@ -90,7 +90,7 @@ pub struct Metrics {
     pub counters_evicted: IntCounter,
     /// `divvy_rejected_total{reason}`: requests, connections and counters refused to keep work and memory bounded.
     pub rejected: IntCounterVec,
-    /// `divvy_governor_queries_total{rule,result}`: Prometheus queries by result (ok, error, empty, stale).
+    /// `divvy_governor_queries_total{rule,result}`: Prometheus queries by result (ok, error, empty, stale, nan).
     pub governor_queries: IntCounterVec,
 }
 
@@ -383,7 +383,7 @@ impl Metrics {
             governor_queries: counter_vec(
                 &r,
                 "divvy_governor_queries_total",
-                "A governor's Prometheus queries by result (ok, error, empty, stale)",
+                "A governor's Prometheus queries by result (ok, error, empty, stale, nan)",
                 &["rule", "result"],
             ),
             registry: r,

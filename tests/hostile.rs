@@ -905,3 +905,44 @@ async fn rejections_are_counted_by_reason() {
     assert_eq!(counts["eviction"], 0.0);
     assert_eq!(counts["request_too_large"], 0.0);
 }
+
+/// What already held and must stay so: 10,000 request headers on the admin
+/// port are answered 431, and the admin API still answers afterwards.
+#[test]
+fn ten_thousand_admin_headers_are_answered_431() {
+    let server = Server::with_policy(POLICY, "yaml");
+    let mut s = TcpStream::connect(server.http).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut head = String::from("GET /healthz HTTP/1.1\r\nHost: x\r\n");
+    for i in 0..10_000 {
+        head.push_str(&format!("x-h{i}: v\r\n"));
+    }
+    head.push_str("\r\n");
+    // The server may answer and close before reading it all.
+    let _ = s.write_all(head.as_bytes());
+    let mut status = String::new();
+    BufReader::new(&s)
+        .read_line(&mut status)
+        .expect("a status line");
+    println!("10,000 headers: {status:?}");
+    assert!(status.starts_with("HTTP/1.1 431"), "{status:?}");
+    assert_eq!(server.http("GET", "/healthz", "").0, 200);
+}
+
+/// What already held and must stay so: 3,000 idle line connections (they
+/// connect and send nothing) do not delay a new client.
+#[test]
+fn three_thousand_idle_line_connections_leave_new_clients_served() {
+    let server = Server::with_policy(POLICY, "yaml");
+    let idle: Vec<TcpStream> = (0..3000)
+        .map(|_| TcpStream::connect(server.line).expect("connect"))
+        .collect();
+    let started = Instant::now();
+    let mut c = Conn::open(server.line);
+    let a = c.send("HIT path=/x ip=new").expect("HIT");
+    let took = started.elapsed();
+    println!("a new client with 3,000 idle connections open: answered in {took:?}");
+    assert_eq!(parse_ok(&a), (true, 999, 3600), "{a:?}");
+    assert!(took < Duration::from_secs(2), "took {took:?}");
+    drop(idle);
+}

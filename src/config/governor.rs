@@ -323,6 +323,12 @@ mod tests {
             "{e}"
         );
         assert!(e.contains("`kp` must be a finite number"), "{e}");
+        let e = check("  - {rule: reindex, query: x, setpoint: 2, max: 5, breaker: {above: 2}}\n")
+            .unwrap_err();
+        assert!(
+            e.contains("`breaker.above` (2) must be above the setpoint (2)"),
+            "{e}"
+        );
         let e = check("  - {rule: reindex, query: x, setpoint: 2}\n").unwrap_err();
         assert!(e.contains("`max` is required"), "{e}");
         let e =

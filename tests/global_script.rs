@@ -1,11 +1,12 @@
 //! The renewal script (`store/lua/global_renew.lua`) against the arithmetic
 //! it mirrors (`divvy::global::allocate`), on a real redis-server: random
-//! sequences of renewals by several regions, each grant compared.
+//! sequences of renewals by several regions, each grant (and whether
+//! another region waits for share) compared.
 
 mod common;
 
 use common::redis::Redis;
-use divvy::global::allocate::{grant, targets, Sharing};
+use divvy::global::allocate::{grant, others_waiting, targets, Sharing};
 use divvy::global::RENEW_SCRIPT;
 
 /// xorshift64*.
@@ -78,6 +79,16 @@ fn the_script_grants_what_the_arithmetic_says() {
             let t = targets(&sharing, &demands);
             let others: f64 = live.iter().map(|&o| entries[o].map_or(0.0, |e| e.1)).sum();
             let want = grant(rate, t[t.len() - 1], others);
+            let grants: Vec<f64> = live
+                .iter()
+                .map(|&o| entries[o].map_or(0.0, |e| e.1))
+                .collect();
+            let waiting = others_waiting(&t[..t.len() - 1], &grants);
+            assert_eq!(
+                lines.get(3).map(|l| l.trim()),
+                Some(if waiting { "1" } else { "0" }),
+                "case {case}: others waiting (targets {t:?}, grants {grants:?})"
+            );
             assert!(
                 (target - t[t.len() - 1]).abs() < 1e-3,
                 "case {case}: target {target} vs {}",

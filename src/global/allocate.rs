@@ -83,6 +83,14 @@ pub fn grant(rate: f64, target: f64, others: f64) -> f64 {
     target.min(rate - others).max(0.0)
 }
 
+/// Whether another region waits for share the renewing one holds: some
+/// other region's live grant is below 0.9 × its target. `targets` and
+/// `grants` are the others', in the same order. The renewing region then
+/// renews every quarter period, so the share it gives up moves at once.
+pub fn others_waiting(targets: &[f64], grants: &[f64]) -> bool {
+    targets.iter().zip(grants).any(|(t, g)| *g < 0.9 * t)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -122,5 +130,12 @@ mod tests {
         assert_eq!(grant(200.0, 120.0, 100.0), 100.0);
         assert_eq!(grant(200.0, 50.0, 100.0), 50.0);
         assert_eq!(grant(200.0, 50.0, 250.0), 0.0);
+    }
+
+    #[test]
+    fn a_region_under_its_target_is_waiting() {
+        assert!(others_waiting(&[100.0, 50.0], &[100.0, 10.0]));
+        assert!(!others_waiting(&[100.0, 50.0], &[95.0, 46.0]));
+        assert!(!others_waiting(&[], &[]));
     }
 }

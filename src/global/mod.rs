@@ -252,8 +252,7 @@ impl Global {
         match &self.regional {
             None => {
                 if due || self.starving(&demands, &specs) {
-                    self.renew(&demands, &specs).await;
-                    renewed = true;
+                    renewed = self.renew(&demands, &specs).await;
                 }
             }
             Some(regional) => {
@@ -263,8 +262,7 @@ impl Global {
                 if renewer {
                     let (all, all_specs) = self.take_regional(regional, now).await;
                     if due || self.starving(&all, &all_specs) {
-                        self.renew(&all, &all_specs).await;
-                        renewed = true;
+                        renewed = self.renew(&all, &all_specs).await;
                     }
                 } else {
                     self.read_regional(regional).await;
@@ -445,14 +443,15 @@ impl Global {
     }
 
     /// Renews every counter in `specs` with its demand; installs the leases
-    /// (or the conservative quota when the global store fails).
+    /// (or the conservative quota when the global store fails). False when
+    /// there were no counters (the quick first renewals wait for traffic).
     async fn renew(
         &self,
         demands: &HashMap<String, f64>,
         specs: &HashMap<String, (f64, u64, String)>,
-    ) {
+    ) -> bool {
         if specs.is_empty() {
-            return;
+            return false;
         }
         let keys: Vec<String> = specs.keys().cloned().collect();
         let global_keys: Vec<String> = keys
@@ -498,14 +497,16 @@ impl Global {
                 .unwrap_or(0)
                 .saturating_sub(u64::try_from(timeout.as_millis()).unwrap_or(0));
         match result {
-            Ok(Ok(raw)) if raw.len() == keys.len() * 3 => {
+            Ok(Ok(raw)) if raw.len() == keys.len() * 4 => {
                 let mut leases = HashMap::with_capacity(keys.len());
                 let mut views = HashMap::with_capacity(keys.len());
                 let mut short = false;
                 for (i, k) in keys.iter().enumerate() {
-                    let grant: f64 = raw[3 * i].parse().unwrap_or(0.0);
-                    let target: f64 = raw[3 * i + 1].parse().unwrap_or(0.0);
-                    short |= grant < 0.9 * target;
+                    let grant: f64 = raw[4 * i].parse().unwrap_or(0.0);
+                    let target: f64 = raw[4 * i + 1].parse().unwrap_or(0.0);
+                    // Short of its target, or holding share another region
+                    // waits for: renew every quarter period until settled.
+                    short |= grant < 0.9 * target || raw[4 * i + 3] == "1";
                     let (rate, burst, label) =
                         specs.get(k).cloned().unwrap_or((0.0, 1, String::new()));
                     let lease_burst = if rate > 0.0 {
@@ -522,7 +523,7 @@ impl Global {
                             fallback: false,
                         },
                     );
-                    views.insert(k.clone(), raw[3 * i + 2].clone());
+                    views.insert(k.clone(), raw[4 * i + 2].clone());
                     let m = metrics();
                     m.global_lease
                         .with_label_values(&[&label])
@@ -551,6 +552,7 @@ impl Global {
                     }
                 }
                 self.install(leases).await;
+                true
             }
             other => {
                 let why = match other {
@@ -592,6 +594,7 @@ impl Global {
                     );
                 }
                 self.install(leases).await;
+                true
             }
         }
     }

@@ -6,8 +6,10 @@
 -- rate), ARGV[4] headroom (fraction of demand), ARGV[5] now ms or -1 for
 -- Redis TIME; then per key: rate (credits/s), demand (credits/s).
 -- Returns per key: the grant (credits/s, as text), the region's target
--- (what it would get once the others have renewed) and the view
--- ("region=grant region=grant ...", every live region's grant).
+-- (what it would get once the others have renewed), the view
+-- ("region=grant region=grant ...", every live region's grant) and "1" when
+-- another region holds less than 0.9 × its own target (it waits for share
+-- this region holds: renew sooner to give it back), else "0".
 local region = ARGV[1]
 local life = tonumber(ARGV[2])
 local floor_f = tonumber(ARGV[3])
@@ -89,6 +91,10 @@ for k = 1, #KEYS do
   demands[#demands + 1] = demand
   local t = targets(rate, demands)
   local g = math.max(math.min(t[#t], rate - others), 0)
+  local waiting = '0'
+  for i = 1, #names - 1 do
+    if grants[i] < 0.9 * t[i] then waiting = '1' end
+  end
   redis.call('HSET', key, region, string.format('%.6f %.6f %.0f', demand, g, now + life))
   redis.call('PEXPIRE', key, life * 3)
   local view = {}
@@ -97,5 +103,6 @@ for k = 1, #KEYS do
   out[#out + 1] = string.format('%.6f', g)
   out[#out + 1] = string.format('%.6f', t[#t])
   out[#out + 1] = table.concat(view, ' ')
+  out[#out + 1] = waiting
 end
 return out

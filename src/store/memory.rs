@@ -24,6 +24,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use super::algorithm::{self, Params, State, States};
+use super::lru_table::{LruTable, MAX_SLOTS};
 use super::{Charge, CounterOp, CounterState, Store, StoreError, StoreFuture};
 
 /// A source of time, replaceable in tests.
@@ -72,57 +73,26 @@ struct Entry {
 /// n²/2¹²⁹, and no client can aim for one without the key.
 type Id = u128;
 
-/// Hashes an [`Id`] for the shard's table: its low 64 bits, already random.
-#[derive(Default, Clone, Copy)]
-struct IdHasher(u64);
-
-impl std::hash::Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        // Only `write_u128` is used for ids; fold anything else.
-        for &b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(b);
-        }
-    }
-
-    fn write_u128(&mut self, v: u128) {
-        self.0 = v as u64;
-    }
-}
-
-type IdMap = lru::LruCache<Id, Entry, std::hash::BuildHasherDefault<IdHasher>>;
-
-fn id_map() -> IdMap {
-    lru::LruCache::unbounded_with_hasher(std::hash::BuildHasherDefault::default())
-}
-
 /// One shard: counters in least-recently-used order.
 struct Shard {
-    map: IdMap,
-    /// Most counters held since the map was last rebuilt (to give memory back).
+    map: LruTable<Entry>,
+    /// Most counters held since the table last gave memory back.
     peak: usize,
 }
 
 impl Shard {
     fn new() -> Shard {
         Shard {
-            map: id_map(),
+            map: LruTable::new(),
             peak: 0,
         }
     }
 
-    /// Rebuilds the map when it holds under a quarter of its peak, so its
-    /// table's memory goes back after a flood; keeps the LRU order.
+    /// Gives the table's memory back when it holds under a quarter of its
+    /// peak, so a flood's memory goes back once it is swept.
     fn shrink(&mut self) {
         if self.peak > 256 && self.map.len() < self.peak / 4 {
-            let mut fresh = id_map();
-            while let Some((k, v)) = self.map.pop_lru() {
-                fresh.put(k, v);
-            }
-            self.map = fresh;
+            self.map.shrink();
             self.peak = self.map.len();
         }
     }
@@ -134,7 +104,7 @@ pub struct MemoryStore {
     /// The key of the counters' [`Id`]s.
     id_key: (u64, u64),
     clock: Arc<dyn Clock>,
-    /// Most counters a shard holds (`usize::MAX`: no cap).
+    /// Most counters a shard holds (`MAX_SLOTS`: no cap but the table's own).
     per_shard: usize,
     /// Counters evicted to stay under the cap.
     evicted: AtomicU64,
@@ -187,7 +157,7 @@ impl MemoryStore {
                 (s.hash_one(0x5eed_u64), s.hash_one(0xd1f7_u64))
             },
             clock,
-            per_shard: max.map_or(usize::MAX, |m| (m / shards).max(1)),
+            per_shard: max.map_or(MAX_SLOTS, |m| (m / shards).clamp(1, MAX_SLOTS)),
             evicted: AtomicU64::new(0),
             evict_logged: AtomicU64::new(0),
         }
@@ -195,7 +165,7 @@ impl MemoryStore {
 
     /// The most counters held at once (`None`: no cap).
     pub fn max_counters(&self) -> Option<usize> {
-        (self.per_shard != usize::MAX).then(|| self.per_shard * self.shards.len())
+        (self.per_shard != MAX_SLOTS).then(|| self.per_shard * self.shards.len())
     }
 
     /// Counters evicted so far to stay under the cap.
@@ -258,16 +228,7 @@ impl MemoryStore {
         let mut dropped = 0;
         for shard in self.shards.iter() {
             let mut shard = lock(shard);
-            let expired: Vec<Id> = shard
-                .map
-                .iter()
-                .filter(|(_, e)| e.expires_at <= now)
-                .map(|(k, _)| *k)
-                .collect();
-            for k in &expired {
-                shard.map.pop(k);
-            }
-            dropped += expired.len();
+            dropped += shard.map.retain(|e| e.expires_at > now);
             // Give memory back after a flood of short-lived counters.
             shard.shrink();
         }
@@ -373,7 +334,7 @@ impl States for Locked<'_, '_> {
         // A use: the counter becomes the shard's most recently used.
         self.guards[self.slot[i]]
             .map
-            .get(&self.ids[i])
+            .get(self.ids[i])
             .map(|e| e.state)
     }
 
@@ -382,11 +343,11 @@ impl States for Locked<'_, '_> {
         let expires_at = algorithm::expires_at(&state, &Params::of(op));
         let shard = &mut self.guards[self.slot[i]];
         if expires_at <= self.now {
-            shard.map.pop(&self.ids[i]);
+            shard.map.remove(self.ids[i]);
             return;
         }
         let entry = Entry { state, expires_at };
-        if let Some(e) = shard.map.peek_mut(&self.ids[i]) {
+        if let Some(e) = shard.map.peek_mut(self.ids[i]) {
             *e = entry;
             return;
         }
@@ -399,7 +360,11 @@ impl States for Locked<'_, '_> {
                 Some(_) => evicted += 1,
             }
         }
-        shard.map.put(self.ids[i], entry);
+        if let Some((_, e)) = shard.map.put(self.ids[i], entry) {
+            if e.expires_at > self.now {
+                evicted += 1;
+            }
+        }
         shard.peak = shard.peak.max(shard.map.len());
         for _ in 0..evicted {
             self.store.note_eviction(self.now);
@@ -422,7 +387,7 @@ impl Store for MemoryStore {
     ) -> StoreFuture<'a, Result<Option<CounterState>, StoreError>> {
         let now = self.now_ms();
         let id = self.id_of(&op.key);
-        let entry = lock(&self.shards[self.shard_of(id)]).map.peek(&id).copied();
+        let entry = lock(&self.shards[self.shard_of(id)]).map.peek(id).copied();
         let state = entry.filter(|e| e.expires_at > now).map(|e| {
             let (remaining, reset_ms) =
                 algorithm::view(op.algorithm, Some(e.state), now, &Params::of(op));
@@ -480,7 +445,7 @@ mod tests {
 
     fn has(s: &MemoryStore, key: &str) -> bool {
         let id = s.id_of(key);
-        lock(&s.shards[s.shard_of(id)]).map.contains(&id)
+        lock(&s.shards[s.shard_of(id)]).map.contains(id)
     }
 
     #[test]

@@ -7,6 +7,7 @@
 
 pub mod algorithm;
 pub mod failover;
+pub mod lru_table;
 pub mod memory;
 pub mod redis;
 pub mod redis_url;

@@ -21,6 +21,23 @@ fn no_huge_pages() {
     }
 }
 
+/// mimalloc's `mi_option_purge_delay` (15 in its `mi_option_e`, v2 and v3;
+/// the crate's bindings do not name it).
+const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
+
+/// Gives freed memory back to the system at once rather than after
+/// mimalloc's default 10 ms, which a worker thread that goes quiet may never
+/// reach: without it, the arrays a counter table leaves behind when it
+/// grows stayed resident in some runs (103 instead of 74 bytes per counter
+/// at 1 M counters); the hot path's CPU per HIT is the same within noise.
+fn purge_at_once() {
+    // SAFETY: mi_option_set takes two integers and only sets an option
+    // read by the allocator's own purging.
+    unsafe {
+        libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 0);
+    }
+}
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -75,6 +92,7 @@ fn main() -> ExitCode {
     let result = match parsed.command {
         Command::Serve(args) => {
             no_huge_pages();
+            purge_at_once();
             cli::serve::serve(*args)
         }
         Command::Check { file } => cli::inspect::check(&file),

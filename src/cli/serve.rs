@@ -72,7 +72,7 @@ pub struct ServeArgs {
     #[arg(long, env = "DIVVY_LINE_MAX_CONNECTIONS", default_value_t = 10_000)]
     line_max_connections: usize,
     /// Most live counters in the memory store; when full, the least
-    /// recently used are evicted (about 0.8 GiB at ~80 bytes a counter).
+    /// recently used are evicted (about 0.7 GiB at 74 bytes a counter).
     #[arg(long, env = "DIVVY_MAX_COUNTERS", default_value_t = 10_000_000)]
     max_counters: usize,
     /// Close a line-protocol connection that sends nothing for this many seconds.

@@ -32,6 +32,10 @@
 //!   `divvy_rejected_total` is exported at 0; an over-long line and
 //!   requests with 300 descriptors / 300 entries are refused and counted;
 //!   random bytes on the gRPC port are harmless.
+//! - `silent_grpc_connections_are_closed_after_the_idle_timeout`:
+//!   `--grpc-idle-seconds 1` closes a connection that sent only the HTTP/2
+//!   preface after about 1 s (0.9–5 s), and one that sends a PING every
+//!   300 ms still answers a PING after 2.5 s.
 
 mod common;
 
@@ -945,4 +949,72 @@ fn three_thousand_idle_line_connections_leave_new_clients_served() {
     assert_eq!(parse_ok(&a), (true, 999, 3600), "{a:?}");
     assert!(took < Duration::from_secs(2), "took {took:?}");
     drop(idle);
+}
+
+/// The HTTP/2 client preface and an empty SETTINGS frame.
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00";
+
+/// An HTTP/2 PING frame carrying `payload`.
+fn h2_ping(payload: &[u8; 8]) -> Vec<u8> {
+    let mut frame = b"\x00\x00\x08\x06\x00\x00\x00\x00\x00".to_vec();
+    frame.extend_from_slice(payload);
+    frame
+}
+
+/// `--grpc-idle-seconds`: a gRPC connection whose peer sends nothing is
+/// closed after the timeout; one whose peer keeps sending (PINGs) is not.
+#[test]
+fn silent_grpc_connections_are_closed_after_the_idle_timeout() {
+    let server = Server::with_policy_args(POLICY, "yaml", &["--grpc-idle-seconds", "1"]);
+
+    // Silent after the preface: the server's SETTINGS arrive, then EOF.
+    let mut silent = TcpStream::connect(server.grpc).expect("connect");
+    silent.write_all(H2_PREFACE).expect("preface");
+    silent
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let start = Instant::now();
+    let mut buf = [0u8; 4096];
+    let closed_after = loop {
+        match silent.read(&mut buf) {
+            Ok(0) => break start.elapsed(),
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break start.elapsed(),
+            Err(e) => panic!("the silent connection was not closed within 10 s: {e}"),
+        }
+    };
+    println!("silent gRPC connection closed after {closed_after:?} (--grpc-idle-seconds 1)");
+    assert!(
+        closed_after >= Duration::from_millis(900) && closed_after < Duration::from_secs(5),
+        "closed after {closed_after:?}, want about 1 s"
+    );
+
+    // A peer that sends a PING every 300 ms for 2.5 s is still served.
+    let mut busy = TcpStream::connect(server.grpc).expect("connect");
+    busy.write_all(H2_PREFACE).expect("preface");
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_millis(2500) {
+        busy.write_all(&h2_ping(b"keepbusy"))
+            .expect("the busy connection stays open");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    busy.write_all(&h2_ping(b"stillup!")).expect("ping");
+    busy.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let mut got = Vec::new();
+    let answered = loop {
+        match busy.read(&mut buf) {
+            Ok(0) | Err(_) => break false,
+            Ok(n) => {
+                got.extend_from_slice(&buf[..n]);
+                if got.windows(8).any(|w| w == b"stillup!") {
+                    break true;
+                }
+            }
+        }
+    };
+    assert!(
+        answered,
+        "a connection that kept sending for 2.5 s (idle timeout 1 s) no longer answers PING ({} bytes read)",
+        got.len()
+    );
 }

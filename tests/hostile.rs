@@ -36,6 +36,9 @@
 //!   `--grpc-idle-seconds 1` closes a connection that sent only the HTTP/2
 //!   preface after about 1 s (0.9–5 s), and one that sends a PING every
 //!   300 ms still answers a PING after 2.5 s.
+//! - `grpc_keepalive_pings_the_peer`: `--grpc-keepalive-seconds 1` sends a
+//!   server PING about 1 s into a quiet connection; without the flag none
+//!   comes within 3 s.
 
 mod common;
 
@@ -1017,4 +1020,52 @@ fn silent_grpc_connections_are_closed_after_the_idle_timeout() {
         "a connection that kept sending for 2.5 s (idle timeout 1 s) no longer answers PING ({} bytes read)",
         got.len()
     );
+}
+
+/// `--grpc-keepalive-seconds`: the server PINGs a connection every N s
+/// (none without the flag, within the same wait).
+#[test]
+fn grpc_keepalive_pings_the_peer() {
+    // The first server PING (type 6, not an ACK) on a connection that sent
+    // only the preface, or None within `wait`.
+    fn first_ping(server: &Server, wait: Duration) -> Option<Duration> {
+        let mut conn = TcpStream::connect(server.grpc).expect("connect");
+        conn.write_all(H2_PREFACE).expect("preface");
+        conn.set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+        let start = Instant::now();
+        let mut got: Vec<u8> = Vec::new();
+        let mut buf = [0u8; 4096];
+        while start.elapsed() < wait {
+            match conn.read(&mut buf) {
+                Ok(0) => return None,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+                Err(_) => {}
+            }
+            // Walk the complete frames read so far.
+            let mut at = 0;
+            while got.len() >= at + 9 {
+                let len = usize::from(got[at]) << 16
+                    | usize::from(got[at + 1]) << 8
+                    | usize::from(got[at + 2]);
+                let (kind, flags) = (got[at + 3], got[at + 4]);
+                if kind == 6 && flags & 1 == 0 {
+                    return Some(start.elapsed());
+                }
+                at += 9 + len;
+            }
+        }
+        None
+    }
+    let with = Server::with_policy_args(POLICY, "yaml", &["--grpc-keepalive-seconds", "1"]);
+    let ping = first_ping(&with, Duration::from_secs(4));
+    println!("--grpc-keepalive-seconds 1: first server PING after {ping:?}");
+    assert!(
+        ping.is_some_and(|t| t >= Duration::from_millis(800)),
+        "no server PING about 1 s into a quiet connection: {ping:?}"
+    );
+    let without = Server::with_policy(POLICY, "yaml");
+    let none = first_ping(&without, Duration::from_secs(3));
+    println!("without the flag: first server PING within 3 s: {none:?}");
+    assert_eq!(none, None, "a PING without --grpc-keepalive-seconds");
 }

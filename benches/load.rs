@@ -1462,19 +1462,8 @@ fn line_section(rt: &Runtime, run: Duration, summary: &mut Summary) {
             pids: vec![("server", divvy.pid())],
         },
     ];
-    rt.block_on(async {
-        for t in &targets {
-            line_concurrent(t.addr, Duration::from_millis(500), 8).await;
-        }
-    });
-    for (name, conns, window) in LINE_LOADS {
-        let [mut b, mut d] = abba(rt, [&targets[0], &targets[1]], run, |addr, run| {
-            line_load(addr, run, conns, window)
-        });
-        let note = b.cpu_note("HIT");
-        print_row(&format!("constant: {name}"), &mut b.f, "HIT/s", &note);
-        let note = d.cpu_note("HIT");
-        print_row(&format!("divvy: {name}"), &mut d.f, "HIT/s", &note);
+    for (name, [mut b, mut d]) in line_pairs(rt, &targets, ["constant", "divvy"], run, &LINE_LOADS)
+    {
         println!(
             "  divvy / constant: HIT/s {}, p99 {}, server cpu/HIT {}",
             ratio(d.rate(), b.rate()),
@@ -1490,6 +1479,34 @@ fn line_section(rt: &Runtime, run: Duration, summary: &mut Summary) {
             ratio_opt(d.cpu_us(0), b.cpu_us(0)),
         );
     }
+}
+
+/// Warms both targets up, then runs each line load on them in ABBA order
+/// and prints a row for each (labelled `labels`): each load's name and
+/// the two tallies, in the targets' order. Lazy: a load runs when the
+/// caller asks for it, so the caller's lines follow its rows.
+fn line_pairs<'a>(
+    rt: &'a Runtime,
+    targets: &'a [Target; 2],
+    labels: [&'a str; 2],
+    run: Duration,
+    loads: &'a [(&'static str, u64, usize)],
+) -> impl Iterator<Item = (&'static str, [Tally; 2])> + 'a {
+    rt.block_on(async {
+        for t in targets {
+            line_concurrent(t.addr, Duration::from_millis(500), 8).await;
+        }
+    });
+    loads.iter().map(move |&(name, conns, window)| {
+        let mut pair = abba(rt, [&targets[0], &targets[1]], run, |addr, run| {
+            line_load(addr, run, conns, window)
+        });
+        for (t, label) in pair.iter_mut().zip(labels) {
+            let note = t.cpu_note("HIT");
+            print_row(&format!("{label}: {name}"), &mut t.f, "HIT/s", &note);
+        }
+        (name, pair)
+    })
 }
 
 /// The Redis store next to the memory store, and redis-benchmark's own
@@ -1529,19 +1546,10 @@ fn redis_section(rt: &Runtime, redis: &RedisProc, run: Duration, summary: &mut S
             pids: vec![("divvy", shared.pid()), ("redis", redis.child.id())],
         },
     ];
-    rt.block_on(async {
-        for t in &targets {
-            line_concurrent(t.addr, Duration::from_millis(500), 8).await;
-        }
-    });
-    for (name, conns, window) in [LINE_LOADS[0], LINE_LOADS[2]] {
-        let [mut m, mut r] = abba(rt, [&targets[0], &targets[1]], run, |addr, run| {
-            line_load(addr, run, conns, window)
-        });
-        let note = m.cpu_note("HIT");
-        print_row(&format!("memory store: {name}"), &mut m.f, "HIT/s", &note);
-        let note = r.cpu_note("HIT");
-        print_row(&format!("redis store: {name}"), &mut r.f, "HIT/s", &note);
+    let loads = [LINE_LOADS[0], LINE_LOADS[2]];
+    for (name, [mut m, mut r]) in
+        line_pairs(rt, &targets, ["memory store", "redis store"], run, &loads)
+    {
         println!(
             "  redis / memory store: HIT/s {}, p99 {}, divvy cpu/HIT {}, divvy + redis cpu/HIT {}",
             ratio(r.rate(), m.rate()),

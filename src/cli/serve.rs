@@ -72,8 +72,8 @@ pub struct ServeArgs {
     #[arg(long, env = "DIVVY_LINE_MAX_CONNECTIONS", default_value_t = 10_000)]
     line_max_connections: usize,
     /// Most live counters in the memory store; when full, the least
-    /// recently used are evicted (about 0.7 GiB at 74 bytes a counter).
-    #[arg(long, env = "DIVVY_MAX_COUNTERS", default_value_t = 10_000_000)]
+    /// recently used are evicted (about 0.9 GiB at 74 bytes a counter).
+    #[arg(long, env = "DIVVY_MAX_COUNTERS", default_value_t = 13_000_000)]
     max_counters: usize,
     /// Close a line-protocol connection that sends nothing for this many seconds.
     #[arg(long, env = "DIVVY_LINE_IDLE_SECONDS", default_value_t = 600)]

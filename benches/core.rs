@@ -1,11 +1,16 @@
 //! In-process benchmarks of the core: rule matching with small and large
 //! policies, and memory-store growth under unbounded distinct actors.
 //!
-//! Run with `cargo bench --bench core`. Figures print; nothing is asserted.
+//! Run with `cargo bench --bench core` (`-- line`, `-- matching` or
+//! `-- memory` for one section). Figures print; nothing is asserted.
 //!
 //! - Matching: time per `RuleSet::plan` for a 10-rule policy (the baseline)
 //!   and a 10,000-rule policy whose rules each carry an exact value, plus a
 //!   linear scan of the same 10,000 rules for comparison.
+//! - Line path: CPU time per HIT of one line-protocol connection served
+//!   in-process over an in-memory pipe (framing, parsing, matching, the
+//!   memory store, answering; no kernel), 256 HITs per batch, 65,536
+//!   actors, the policy of `cargo bench --bench load`.
 //! - Memory: 10 million distinct IPs hit a 60-second per-IP rule over one
 //!   simulated hour (a manual clock, so it runs in seconds), with the store
 //!   swept every simulated 5 seconds as the server does. It prints the
@@ -20,6 +25,10 @@ use divvy::config::{parse_str, Format};
 use divvy::rules::{Operation, RuleSet};
 use divvy::store::memory::Clock;
 use divvy::store::{Algorithm, CounterOp, MemoryStore};
+
+/// The server's allocator, so allocation costs are the server's.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn policy(rules: usize) -> RuleSet {
     let mut yaml = String::from("overrides:\n");
@@ -145,7 +154,109 @@ fn memory() {
     );
 }
 
+/// The policy of the load benchmark's line sections.
+const LINE_POLICY: &str = r#"
+overrides:
+  - operation: {path: "/api/*", ip: "*"}
+    creditLimit: 1000000000
+    resetSeconds: 1h
+    actorField: ip
+  - operation: {path: /login}
+    creditLimit: 5
+    resetSeconds: 1m
+default:
+  creditLimit: 1000000000
+  resetSeconds: 1h
+"#;
+
+fn line_path() {
+    use divvy::limiter::Limiter;
+    use divvy::server::line::{conn::serve_connection, ConnLimits};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const BATCH: usize = 256;
+    const ROUNDS: usize = 2_000;
+    let rules = RuleSet::new(parse_str(LINE_POLICY, Format::Yaml, "bench.yaml").expect("policy"));
+    let limiter = Arc::new(Limiter::new(rules, Arc::new(MemoryStore::new())));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let batches: Vec<Vec<u8>> = (0..256u64)
+        .map(|b| {
+            (0..BATCH as u64)
+                .map(|i| {
+                    let n = b * BATCH as u64 + i;
+                    format!(
+                        "HIT method=GET path=/api/items ip=10.0.{}.{}\n",
+                        (n / 256) % 256,
+                        n % 256
+                    )
+                })
+                .collect::<String>()
+                .into_bytes()
+        })
+        .collect();
+    let elapsed = rt.block_on(async move {
+        let (client, server) = tokio::io::duplex(64 * 1024);
+        let (_stop_tx, stop) = tokio::sync::watch::channel(false);
+        let limits = ConnLimits {
+            max_line: 8192,
+            max_batch: BATCH,
+            idle_timeout: Duration::from_secs(60),
+            max_connections: 1,
+        };
+        tokio::spawn(serve_connection(server, limiter, limits, stop));
+        let (mut rd, mut wr) = tokio::io::split(client);
+        let mut answers = vec![0u8; 64 * 1024];
+        let mut run = async |rounds: usize| {
+            let start = Instant::now();
+            for r in 0..rounds {
+                wr.write_all(&batches[r % batches.len()])
+                    .await
+                    .expect("write");
+                let mut lines = 0;
+                while lines < BATCH {
+                    let n = rd.read(&mut answers).await.expect("read");
+                    lines += answers[..n].iter().filter(|&&b| b == b'\n').count();
+                }
+            }
+            start.elapsed()
+        };
+        run(ROUNDS / 4).await;
+        let mut times = Vec::new();
+        for _ in 0..7 {
+            times.push(run(ROUNDS).await);
+        }
+        times
+    });
+    let mut per_hit: Vec<f64> = elapsed
+        .iter()
+        .map(|e| e.as_secs_f64() * 1e6 / (ROUNDS * BATCH) as f64)
+        .collect();
+    per_hit.sort_by(f64::total_cmp);
+    println!(
+        "line path in-process (parse, match, memory store, answer; 256 per batch): \
+         {:.3} µs per HIT (best of 7), median {:.3}",
+        per_hit[0],
+        per_hit[per_hit.len() / 2]
+    );
+}
+
 fn main() {
-    matching();
-    memory();
+    // `cargo bench --bench core -- line` runs only the named sections
+    // (`line`, `matching`, `memory`); without names, all of them.
+    let names: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let wanted = |name: &str| names.is_empty() || names.iter().any(|n| n == name);
+    if wanted("line") {
+        line_path();
+    }
+    if wanted("matching") {
+        matching();
+    }
+    if wanted("memory") {
+        memory();
+    }
 }

@@ -55,7 +55,7 @@ impl Pattern {
     /// Whether `value` matches this pattern.
     pub fn matches(&self, value: &str) -> bool {
         match self {
-            Pattern::Exact(s) => s == value,
+            Pattern::Exact(s) => short_eq(s.as_bytes(), value.as_bytes()),
             Pattern::Any => true,
             Pattern::Glob(g) => g.matches(value),
         }
@@ -82,6 +82,13 @@ impl fmt::Display for Pattern {
     }
 }
 
+/// `a == b` for slices of equal length, compared in place: rule values are
+/// short, and a call to the C library's `memcmp` costs more than the loop.
+#[inline]
+pub(crate) fn short_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x == y)
+}
+
 /// One symbol of a glob being tested for inclusion: a literal char, or a star
 /// of the covered glob (which only a star of the covering glob may absorb).
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -96,9 +103,10 @@ impl Glob {
     fn matches(&self, value: &str) -> bool {
         let first = &self.pieces[0];
         let last = &self.pieces[self.pieces.len() - 1];
-        if value.len() < first.len() + last.len()
-            || !value.starts_with(first.as_str())
-            || !value.ends_with(last.as_str())
+        let v = value.as_bytes();
+        if v.len() < first.len() + last.len()
+            || !short_eq(&v[..first.len()], first.as_bytes())
+            || !short_eq(&v[v.len() - last.len()..], last.as_bytes())
         {
             return false;
         }

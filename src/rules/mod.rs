@@ -249,15 +249,23 @@ impl RuleSet {
     /// The canaries and the deciding rule for `op` in `domain`
     /// (`None` for a line-protocol HIT, which only domain-less rules match).
     pub fn plan(&self, domain: Option<&str>, op: &Operation) -> MatchPlan {
-        let mut candidates: Vec<usize> = self.unindexed.clone();
+        // Rules indexed by one of the request's pairs; most requests have
+        // none, and then the unindexed rules (in order) are the candidates.
+        let mut indexed: Vec<usize> = Vec::new();
         for (k, v) in op.pairs() {
             if let Some(list) = self.by_pair.get(k.as_str()).and_then(|m| m.get(v.as_str())) {
-                candidates.extend_from_slice(list);
+                indexed.extend_from_slice(list);
             }
         }
-        candidates.sort_unstable();
+        let candidates: &[usize] = if indexed.is_empty() {
+            &self.unindexed
+        } else {
+            indexed.extend_from_slice(&self.unindexed);
+            indexed.sort_unstable();
+            &indexed
+        };
         let mut canaries = Vec::new();
-        for i in candidates {
+        for &i in candidates {
             let rule = &self.rules[i];
             if rule.matches(domain, op) {
                 if rule.is_canary() {

@@ -21,20 +21,21 @@ impl Operation {
             .collect();
         // A stable sort keeps request order among equal keys; keep the last of each run.
         pairs.sort_by(|a, b| a.0.cmp(&b.0));
-        let mut out: Vec<(String, String)> = Vec::with_capacity(pairs.len());
-        for (k, v) in pairs {
-            match out.last_mut() {
-                Some(last) if last.0 == k => last.1 = v,
-                _ => out.push((k, v)),
+        // `dedup_by` keeps the first of a run: give it each later value.
+        pairs.dedup_by(|later, kept| {
+            let same = later.0 == kept.0;
+            if same {
+                std::mem::swap(&mut later.1, &mut kept.1);
             }
-        }
-        Operation { pairs: out }
+            same
+        });
+        Operation { pairs }
     }
 
     /// The value of `key`, if present.
     pub fn get(&self, key: &str) -> Option<&str> {
         self.pairs
-            .binary_search_by(|(k, _)| k.as_str().cmp(key))
+            .binary_search_by(|(k, _)| short_cmp(k.as_bytes(), key.as_bytes()))
             .ok()
             .map(|i| self.pairs[i].1.as_str())
     }
@@ -50,6 +51,18 @@ impl Operation {
     }
 }
 
+/// `a.cmp(b)` compared in place: keys are short, and a call to the C
+/// library's `memcmp` costs more than the loop.
+#[inline]
+fn short_cmp(a: &[u8], b: &[u8]) -> std::cmp::Ordering {
+    for (x, y) in a.iter().zip(b) {
+        if x != y {
+            return x.cmp(y);
+        }
+    }
+    a.len().cmp(&b.len())
+}
+
 #[cfg(test)]
 mod tests {
     use super::Operation;
@@ -61,5 +74,15 @@ mod tests {
         assert_eq!(op.get("a"), Some("x"));
         assert_eq!(op.get("c"), None);
         assert_eq!(op.pairs().len(), 2);
+    }
+
+    #[test]
+    fn keys_sharing_a_prefix_are_found() {
+        let op = Operation::from_pairs([("ab", "2"), ("a", "1"), ("abc", "3"), ("b", "4")]);
+        for (k, v) in [("a", "1"), ("ab", "2"), ("abc", "3"), ("b", "4")] {
+            assert_eq!(op.get(k), Some(v));
+        }
+        assert_eq!(op.get("abd"), None);
+        assert_eq!(op.get(""), None);
     }
 }

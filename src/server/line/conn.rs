@@ -50,7 +50,8 @@ struct Framer {
 
 /// One framed item.
 enum Frame {
-    Line(String),
+    /// A line without its newline (bytes, decoded where it is parsed).
+    Line(BytesMut),
     TooLong,
 }
 
@@ -76,7 +77,7 @@ impl Framer {
                             .inc();
                         return Some(Frame::TooLong);
                     }
-                    return Some(Frame::Line(String::from_utf8_lossy(&line).into_owned()));
+                    return Some(Frame::Line(line));
                 }
                 None => {
                     // A trailing `\r` may be the start of this line's `\r\n`:
@@ -153,7 +154,7 @@ pub async fn serve_connection<S>(
         hits.clear();
         while slots.len() < limits.max_batch {
             match framer.next() {
-                Some(Frame::Line(line)) => match parse_line(&line) {
+                Some(Frame::Line(line)) => match parse_line(&String::from_utf8_lossy(&line)) {
                     Ok(Command::Hit(pairs)) => {
                         hits.push(Hit::one(Operation::from_pairs(pairs)));
                         slots.push(Slot::Hit);

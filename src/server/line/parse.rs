@@ -70,9 +70,21 @@ fn read_string(s: &str) -> Result<(&str, &str), LineError> {
             )),
         };
     }
-    let end = s
-        .find(|c: char| c == '=' || is_js_whitespace(c))
-        .unwrap_or(s.len());
+    // Bytes first (requests are ASCII); from the first non-ASCII byte on,
+    // chars, for JavaScript's non-ASCII whitespace.
+    let mut end = s.len();
+    for (i, &b) in s.as_bytes().iter().enumerate() {
+        if b >= 0x80 {
+            end = i + s[i..]
+                .find(|c: char| c == '=' || is_js_whitespace(c))
+                .unwrap_or(s.len() - i);
+            break;
+        }
+        if b == b'=' || matches!(b, b' ' | b'\t' | b'\n' | 0x0B | 0x0C | b'\r') {
+            end = i;
+            break;
+        }
+    }
     Ok((&s[..end], &s[end..]))
 }
 
@@ -125,9 +137,12 @@ fn parse_pairs(args: &str) -> Result<Vec<(String, String)>, LineError> {
 /// Parses one request line (without its newline).
 pub fn parse_line(line: &str) -> Result<Command, LineError> {
     let (word, rest) = read_string(line)?;
-    let command = word.to_uppercase();
-    if command != "HIT" {
-        return Err(LineError::UnknownCommand(command));
+    // JavaScript's toUpperCase, as the original compares; ASCII first.
+    if !word.eq_ignore_ascii_case("HIT") {
+        let command = word.to_uppercase();
+        if command != "HIT" {
+            return Err(LineError::UnknownCommand(command));
+        }
     }
     Ok(Command::Hit(parse_pairs(rest)?))
 }
@@ -168,6 +183,13 @@ mod tests {
             ok("HIT a=1\u{A0}b=2\u{3000}"),
             pairs(&[("a", "1"), ("b", "2")])
         );
+        // Non-ASCII bytes before JavaScript whitespace (the byte scan hands over to chars).
+        assert_eq!(
+            ok("HIT é=aé\u{2003}b=\u{1680}"),
+            pairs(&[("é", "aé"), ("b", "")])
+        );
+        // toUpperCase maps the dotless ı to I.
+        assert_eq!(ok("hıt a=b"), pairs(&[("a", "b")]));
         assert_eq!(ok("HIT=x"), pairs(&[("", "x")]));
         assert_eq!(ok("HIT \"k k\"=\"v=v\""), pairs(&[("k k", "v=v")]));
     }

@@ -205,6 +205,9 @@ pub fn apply_request<S: States>(
     same: &[usize],
     charge: Charge,
 ) -> Vec<CounterState> {
+    if let [op] = ops {
+        return vec![apply_one(states, now, op, charge)];
+    }
     let n = ops.len();
     // Per distinct counter (indexed by `same`): the stored state, loaded on
     // first use, and the state after the groups charged so far.
@@ -283,6 +286,35 @@ pub fn apply_request<S: States>(
         }
     }
     out
+}
+
+/// [`apply_request`] for a request of one op (most requests), without the
+/// bookkeeping of groups: the op is its own group, charged when allowed
+/// unless the request is already denied.
+fn apply_one<S: States>(states: &mut S, now: u64, op: &CounterOp, charge: Charge) -> CounterState {
+    let p = Params::of(op);
+    let st = states.load(0);
+    let v = step(op.algorithm, st, now, &p);
+    if charge == Charge::Denied {
+        if v.allowed && v.next.is_some() {
+            // Allowed, but the request was denied: the counter stays as it was.
+            let (remaining, reset_ms) = view(op.algorithm, st, now, &p);
+            return CounterState {
+                allowed: true,
+                remaining,
+                reset_after: Duration::from_millis(reset_ms),
+            };
+        }
+        return v.answer();
+    }
+    if v.allowed {
+        if let Some(new) = v.next {
+            if Some(new) != st {
+                states.save(0, new);
+            }
+        }
+    }
+    v.answer()
 }
 
 fn load<S: States>(

@@ -14,7 +14,6 @@ pub mod glob;
 pub mod operation;
 
 use std::collections::HashMap;
-use std::fmt::Write as _;
 use std::sync::Arc;
 
 use crate::config::{GovernorSpec, LimitSpec, MatchPolicy, Policy, RuleSpec};
@@ -31,6 +30,9 @@ pub struct Rule {
     domain: Option<Pattern>,
     /// `divvy:<operation>:` (or `divvy@<domain>:<operation>:` for a domain rule).
     key_prefix: String,
+    /// Per limit of the spec: the end of its counter keys, after the actor
+    /// (`:<creditLimit>:<resetSeconds>[:<algorithm>]`).
+    key_suffixes: Vec<String>,
     /// Its metrics, looked up once.
     pub counters: crate::metrics::RuleCounters,
 }
@@ -47,6 +49,11 @@ impl Rule {
             None => format!("divvy:{}:", spec.operation_text()),
             Some(d) => format!("divvy@{d}:{}:", spec.operation_text()),
         };
+        let key_suffixes = spec
+            .limits
+            .iter()
+            .map(|limit| key_suffix(&spec, limit))
+            .collect();
         let counters =
             crate::metrics::RuleCounters::new(spec.label.as_deref(), spec.domain.as_deref());
         Rule {
@@ -54,6 +61,7 @@ impl Rule {
             matchers,
             domain,
             key_prefix,
+            key_suffixes,
             counters,
         }
     }
@@ -102,11 +110,16 @@ impl Rule {
             }
         }
         bounded::push_value(&mut key, actor);
-        // Writing to a String cannot fail.
-        let _ = write!(key, ":{}:{}", limit.credit_limit, limit.reset_seconds);
-        if self.spec.multi || limit.algorithm != Algorithm::Window {
-            key.push(':');
-            key.push_str(limit.algorithm.as_str());
+        // One of the spec's own limits (an override's limit is made per request).
+        match self
+            .spec
+            .limits
+            .iter()
+            .position(|l| std::ptr::eq(l, limit))
+            .and_then(|i| self.key_suffixes.get(i))
+        {
+            Some(suffix) => key.push_str(suffix),
+            None => key.push_str(&key_suffix(&self.spec, limit)),
         }
         key
     }
@@ -115,6 +128,18 @@ impl Rule {
     pub fn is_canary(&self) -> bool {
         self.spec.match_policy == MatchPolicy::Canary
     }
+}
+
+/// The end of a counter key of `limit` (a limit of `spec`, or one made
+/// from it): `:<creditLimit>:<resetSeconds>`, then `:<algorithm>` for a rule
+/// with several limits or an algorithm other than divvy's window.
+fn key_suffix(spec: &RuleSpec, limit: &LimitSpec) -> String {
+    let mut suffix = format!(":{}:{}", limit.credit_limit, limit.reset_seconds);
+    if spec.multi || limit.algorithm != Algorithm::Window {
+        suffix.push(':');
+        suffix.push_str(limit.algorithm.as_str());
+    }
+    suffix
 }
 
 /// The rules that apply to one operation.

@@ -240,7 +240,17 @@ async fn answer(limiter: &Limiter, slots: &[Slot], hits: &[Hit], out: &mut Vec<u
                                     i64::try_from(t.as_millis().div_ceil(1000)).unwrap_or(i64::MAX)
                                 }
                             };
-                            writeln!(out, "OK {} {} {}", o.allowed, o.remaining, reset)
+                            out.extend_from_slice(if o.allowed {
+                                b"OK true "
+                            } else {
+                                b"OK false "
+                            });
+                            let mut num = itoa::Buffer::new();
+                            out.extend_from_slice(num.format(o.remaining).as_bytes());
+                            out.push(b' ');
+                            out.extend_from_slice(num.format(reset).as_bytes());
+                            out.push(b'\n');
+                            Ok(())
                         }
                         None => writeln!(out, "ERR unknown \"internal error: missing decision\""),
                     },

@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::time::Instant;
 
 use super::parse::{parse_line, Command, LineError};
 use crate::limiter::{Hit, Limiter, Reset};
@@ -125,16 +126,20 @@ impl Drop for OpenConnection {
 /// or reads none of its answers, for `idle_timeout`), fails, or `shutdown`
 /// turns true. On shutdown the batch being decided is still answered; no
 /// further line is read.
+///
+/// One timer per connection keeps the idle limit: it is set to fire
+/// `idle_timeout` after the last read and, when it fires early (there was a
+/// read since), moved to that read's deadline. A busy connection does no
+/// timer work per batch.
 pub async fn serve_connection<S>(
-    stream: S,
+    mut stream: S,
     limiter: Arc<Limiter>,
     limits: ConnLimits,
-    mut shutdown: tokio::sync::watch::Receiver<bool>,
+    shutdown: tokio::sync::watch::Receiver<bool>,
 ) where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let _open = OpenConnection::new();
-    let (mut reader, mut writer) = tokio::io::split(stream);
     let mut framer = Framer {
         buf: BytesMut::with_capacity(8 * 1024),
         discarding: false,
@@ -145,6 +150,16 @@ pub async fn serve_connection<S>(
         limits.max_line
     ))
     .to_string();
+    let idle = limits.idle_timeout;
+    let mut last_read = Instant::now();
+    let timer = tokio::time::sleep(idle);
+    tokio::pin!(timer);
+    let mut stop_rx = shutdown.clone();
+    let stopped = async move {
+        // A dropped sender stops the connection too.
+        let _ = stop_rx.wait_for(|&stop| stop).await;
+    };
+    tokio::pin!(stopped);
     let mut out = Vec::with_capacity(8 * 1024);
     let mut slots: Vec<Slot> = Vec::new();
     let mut hits: Vec<Hit> = Vec::new();
@@ -173,14 +188,25 @@ pub async fn serve_connection<S>(
         }
         if !slots.is_empty() {
             answer(&limiter, &slots, &hits, &mut out).await;
-            let write = async {
-                writer.write_all(&out).await?;
-                writer.flush().await
-            };
             // A client that stops reading its answers is idle too.
-            match tokio::time::timeout(limits.idle_timeout, write).await {
-                Ok(Ok(())) => {}
-                Ok(Err(_)) | Err(_) => return,
+            let write = async {
+                stream.write_all(&out).await?;
+                stream.flush().await
+            };
+            tokio::pin!(write);
+            loop {
+                tokio::select! {
+                    biased;
+                    written = &mut write => match written {
+                        Ok(()) => break,
+                        Err(_) => return,
+                    },
+                    () = &mut timer => {
+                        if !still_active(timer.as_mut(), last_read, idle) {
+                            return;
+                        }
+                    }
+                }
             }
             out.clear();
             if *shutdown.borrow() {
@@ -193,17 +219,35 @@ pub async fn serve_connection<S>(
             return;
         }
         tokio::select! {
-            read = tokio::time::timeout(limits.idle_timeout, reader.read_buf(&mut framer.buf)) => {
-                match read {
-                    Err(_idle) => return,
-                    Ok(Ok(0)) => eof = true,
-                    Ok(Ok(_)) => {}
-                    Ok(Err(_)) => return,
+            biased;
+            () = &mut stopped => return,
+            read = stream.read_buf(&mut framer.buf) => match read {
+                Ok(0) => eof = true,
+                Ok(_) => last_read = Instant::now(),
+                Err(_) => return,
+            },
+            () = &mut timer => {
+                if !still_active(timer.as_mut(), last_read, idle) {
+                    return;
                 }
             }
-            _ = shutdown.changed() => return,
         }
     }
+}
+
+/// The idle timer fired: whether the connection read something within
+/// `idle` (then the timer is moved to `idle` after that read).
+fn still_active(
+    timer: std::pin::Pin<&mut tokio::time::Sleep>,
+    last_read: Instant,
+    idle: Duration,
+) -> bool {
+    let deadline = last_read + idle;
+    if Instant::now() >= deadline {
+        return false;
+    }
+    timer.reset(deadline);
+    true
 }
 
 /// Decides the batch's HITs in one limiter call and writes every answer, in order, to `out`.

@@ -180,6 +180,45 @@ fn counters_written_by_the_original_layout_are_shared() {
 }
 
 #[test]
+fn a_charge_keeps_the_counters_expiry_and_mends_odd_values() {
+    let redis = Redis::start();
+    let server = serve(Some(&redis.url()), &[]);
+    let mut conn = Conn::open(&server);
+    // Charged in place (the TTL Redis holds is kept, not rewritten).
+    redis.cli(&["SET", "divvy:k=ten who=*:kept:10:3600", "5", "PX", "100000"]);
+    assert_eq!(conn.hit("HIT k=ten who=kept"), "OK true 4 100");
+    assert_eq!(redis.cli(&["GET", "divvy:k=ten who=*:kept:10:3600"]), "4");
+    let ttl: u64 = redis
+        .cli(&["PTTL", "divvy:k=ten who=*:kept:10:3600"])
+        .parse()
+        .unwrap();
+    assert!((90_000..=100_000).contains(&ttl), "PTTL {ttl}");
+    // A counter without a TTL gets the window's on its next charge.
+    redis.cli(&["SET", "divvy:k=ten who=*:forever:10:3600", "5"]);
+    assert_eq!(conn.hit("HIT k=ten who=forever"), "OK true 4 3600");
+    let ttl: u64 = redis
+        .cli(&["PTTL", "divvy:k=ten who=*:forever:10:3600"])
+        .parse()
+        .unwrap();
+    assert!((3_590_000..=3_600_000).contains(&ttl), "PTTL {ttl}");
+    // A number Redis cannot count with is written whole, keeping its expiry.
+    redis.cli(&[
+        "SET",
+        "divvy:k=ten who=*:float:10:3600",
+        "5.0",
+        "PX",
+        "100000",
+    ]);
+    assert_eq!(conn.hit("HIT k=ten who=float"), "OK true 4 100");
+    assert_eq!(redis.cli(&["GET", "divvy:k=ten who=*:float:10:3600"]), "4");
+    let ttl: u64 = redis
+        .cli(&["PTTL", "divvy:k=ten who=*:float:10:3600"])
+        .parse()
+        .unwrap();
+    assert!((90_000..=100_000).contains(&ttl), "PTTL {ttl}");
+}
+
+#[test]
 fn a_foreign_value_under_a_counter_key_harms_nothing_else() {
     let redis = Redis::start();
     // Something else wrote a hash where a counter would live, and a string.

@@ -24,22 +24,29 @@ if now < 0 then
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000 + floor(tonumber(t[2]) / 1000)
 end
-local function fmt(x) return string.format('%.0f', x) end
+local format = string.format
+-- Integers only; '%d' is far cheaper than '%.0f' where it is exact.
+local function fmt(x)
+  if x < 9e15 and x > -9e15 then return format('%d', x) end
+  return format('%.0f', x)
+end
 local function ceil_div(a, b) return floor((a + b - 1) / b) end
 local function has(f, bit) return f % (bit * 2) >= bit end
 
 -- Loading and saving ----------------------------------------------------
-local function decode(alg, key, W)
-  -- pcall: a key of another type (not a counter we wrote) reads as no counter
-  -- and is overwritten by the first charge.
-  local v = redis.pcall('GET', key)
+-- v: the key's value from the MGET below (false when absent, or a key of
+-- another type, which reads as no counter and is overwritten by the first
+-- charge).
+local function decode(alg, key, W, v)
   if type(v) ~= 'string' then return nil end
   if alg == 0 then
     local r = tonumber(v)
     if r == nil then return nil end
     local ttl = redis.call('PTTL', key)
-    if ttl < 0 then ttl = W end
-    return {r = r, e = now + ttl}
+    if ttl < 0 then return {r = r, e = now + W} end
+    -- x: the key keeps this expiry, so a new count can be written with
+    -- DECRBY, which leaves the TTL alone (much cheaper than SET ... PX).
+    return {r = r, e = now + ttl, x = true}
   elseif alg == 1 then
     local s, c = string.match(v, '^(%d+):(%d+)$')
     if not s then return nil end
@@ -81,17 +88,16 @@ local function window_step(st, L, W, B, cost, refund)
   local reset = st.e - now
   local shift = L - B
   local r = st.r + shift
-  local function save(left)
-    local v = left - shift
-    if v ~= st.r then return {r = v, e = st.e} end
-    return nil
-  end
   if refund then
     local left = min(r + cost, L)
-    return 1, max(left, 0), reset, save(left)
+    local v = left - shift
+    return 1, max(left, 0), reset, (v ~= st.r) and {r = v, e = st.e} or nil
   end
   if cost == 0 then return (r > 0) and 1 or 0, max(r, 0), reset, nil end
-  if r >= cost then return 1, r - cost, reset, save(r - cost) end
+  if r >= cost then
+    local v = r - cost - shift
+    return 1, r - cost, reset, (v ~= st.r) and {r = v, e = st.e} or nil
+  end
   return 0, max(r, 0), reset, nil
 end
 
@@ -216,15 +222,20 @@ for i = 1, n do
   flags[i] = tonumber(ARGV[b + 6])
 end
 
+-- Every value in one call; nothing is written before the end.
+local raw = {}
+if n > 0 then raw = redis.call('MGET', unpack(KEYS)) end
 local stored = {}  -- key -> committed state (false: none)
+local loaded = {}  -- key -> the state as read from Redis (false: none)
 local owner = {}   -- key -> op whose numbers save it
 local dirty = {}
 local function load(o)
   local k = KEYS[o]
   local s = stored[k]
   if s == nil then
-    s = decode(alg[o], k, win[o]) or false
+    s = decode(alg[o], k, win[o], raw[o]) or false
     stored[k] = s
+    loaded[k] = s
   end
   return s or nil
 end
@@ -234,70 +245,104 @@ local rs = 1
 while rs <= n do
   local re = rs
   while re < n and not has(flags[re + 1], 4) do re = re + 1 end
-  local aon = has(flags[rs], 8) or has(flags[rs], 16)
-  local blocked = has(flags[rs], 16)
-  local charged_state, before, charged = {}, {}, {}
-  local ra, rr, rt, rn = {}, {}, {}, {}
-  local i = rs
-  while i <= re do
-    local j = i
-    while j < re and has(flags[j + 1], 1) do j = j + 1 end
-    local overlay = {}
-    local all = true
-    for o = i, j do
-      local k = KEYS[o]
-      local st = overlay[k]
-      if st == nil then st = charged_state[k] end
-      if st == nil then st = load(o) or false end
-      local s = st or nil
-      local a, r, t, nx = steps[alg[o]](s, lim[o], win[o], bur[o], cost[o], has(flags[o], 32))
-      if nx and alg[o] == 0 and has(flags[o], 64) and nx.r + (lim[o] - bur[o]) >= lim[o] then
+  if re == rs and not has(flags[rs], 16) then
+    -- One op, not denied (most requests): what the general path below does
+    -- for it, without its per-request tables. Charged: saved; denied:
+    -- nothing is charged, whatever the request's kind.
+    local o = rs
+    local k = KEYS[o]
+    local f = flags[o]
+    local a, r, t, nx = steps[alg[o]](load(o), lim[o], win[o], bur[o], cost[o], has(f, 32))
+    if a == 1 then
+      if nx and alg[o] == 0 and has(f, 64) and nx.r + (lim[o] - bur[o]) >= lim[o] then
         nx = {r = nx.r, e = now}
       end
-      if a ~= 1 then all = false end
-      overlay[k] = nx or st
-      before[o] = st
-      ra[o], rr[o], rt[o], rn[o] = a, r, t, nx ~= nil
-    end
-    if all then
-      for k, v in pairs(overlay) do charged_state[k] = v end
-      for o = i, j do charged[o] = true; owner[KEYS[o]] = o end
-    elseif aon and not has(flags[i], 2) then
-      blocked = true
-    end
-    i = j + 1
-  end
-  for o = rs, re do
-    if ra[o] == 1 and rn[o] and (blocked or not charged[o]) then
-      local st
-      if blocked then st = load(o) else st = before[o] or nil end
-      local r, t = view(alg[o], st, lim[o], win[o], bur[o])
-      out[#out + 1] = 1
-      out[#out + 1] = r
-      out[#out + 1] = t
-    else
-      out[#out + 1] = ra[o]
-      out[#out + 1] = rr[o]
-      out[#out + 1] = rt[o]
-    end
-  end
-  if not blocked then
-    for k, v in pairs(charged_state) do
-      if v and v ~= stored[k] then
-        stored[k] = v
+      owner[k] = o
+      if nx then
+        stored[k] = nx
         dirty[k] = true
       end
     end
+    out[#out + 1] = a
+    out[#out + 1] = r
+    out[#out + 1] = t
+    rs = rs + 1
+  else
+    local aon = has(flags[rs], 8) or has(flags[rs], 16)
+    local blocked = has(flags[rs], 16)
+    local charged_state, before, charged = {}, {}, {}
+    local ra, rr, rt, rn = {}, {}, {}, {}
+    local i = rs
+    while i <= re do
+      local j = i
+      while j < re and has(flags[j + 1], 1) do j = j + 1 end
+      local overlay = {}
+      local all = true
+      for o = i, j do
+        local k = KEYS[o]
+        local st = overlay[k]
+        if st == nil then st = charged_state[k] end
+        if st == nil then st = load(o) or false end
+        local s = st or nil
+        local a, r, t, nx = steps[alg[o]](s, lim[o], win[o], bur[o], cost[o], has(flags[o], 32))
+        if nx and alg[o] == 0 and has(flags[o], 64) and nx.r + (lim[o] - bur[o]) >= lim[o] then
+          nx = {r = nx.r, e = now}
+        end
+        if a ~= 1 then all = false end
+        overlay[k] = nx or st
+        before[o] = st
+        ra[o], rr[o], rt[o], rn[o] = a, r, t, nx ~= nil
+      end
+      if all then
+        for k, v in pairs(overlay) do charged_state[k] = v end
+        for o = i, j do charged[o] = true; owner[KEYS[o]] = o end
+      elseif aon and not has(flags[i], 2) then
+        blocked = true
+      end
+      i = j + 1
+    end
+    for o = rs, re do
+      if ra[o] == 1 and rn[o] and (blocked or not charged[o]) then
+        local st
+        if blocked then st = load(o) else st = before[o] or nil end
+        local r, t = view(alg[o], st, lim[o], win[o], bur[o])
+        out[#out + 1] = 1
+        out[#out + 1] = r
+        out[#out + 1] = t
+      else
+        out[#out + 1] = ra[o]
+        out[#out + 1] = rr[o]
+        out[#out + 1] = rt[o]
+      end
+    end
+    if not blocked then
+      for k, v in pairs(charged_state) do
+        if v and v ~= stored[k] then
+          stored[k] = v
+          dirty[k] = true
+        end
+      end
+    end
+    rs = re + 1
   end
-  rs = re + 1
 end
 
 for k, _ in pairs(dirty) do
   local o = owner[k]
   local st = stored[k]
   local ttl = expires(alg[o], st, lim[o], win[o]) - now
+  local was = loaded[k]
   if ttl <= 0 then
     redis.call('DEL', k)
+  elseif alg[o] == 0 and was and was.x and was.e == st.e then
+    -- divvy's window, same expiry: only the credits change. A value that
+    -- is a number to Lua but not an integer to Redis is rewritten whole.
+    if was.r ~= st.r then
+      local done = redis.pcall('DECRBY', k, fmt(was.r - st.r))
+      if type(done) == 'table' and done.err then
+        redis.call('SET', k, encode(0, st), 'PX', fmt(ttl))
+      end
+    end
   else
     redis.call('SET', k, encode(alg[o], st), 'PX', fmt(ttl))
   end

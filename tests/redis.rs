@@ -219,6 +219,18 @@ fn a_charge_keeps_the_counters_expiry_and_mends_odd_values() {
 }
 
 #[test]
+fn a_flushed_script_cache_is_loaded_again() {
+    let redis = Redis::start();
+    let server = serve(Some(&redis.url()), &["--on-store-failure", "deny"]);
+    let mut conn = Conn::open(&server);
+    assert_eq!(conn.hit("HIT k=ten who=f"), "OK true 9 3600");
+    assert_eq!(redis.cli(&["SCRIPT", "FLUSH"]), "OK");
+    // NOSCRIPT, then the script is loaded again and the call retried once.
+    assert_eq!(conn.hit("HIT k=ten who=f"), "OK true 8 3600");
+    assert_eq!(redis.cli(&["GET", "divvy:k=ten who=*:f:10:3600"]), "8");
+}
+
+#[test]
 fn a_foreign_value_under_a_counter_key_harms_nothing_else() {
     let redis = Redis::start();
     // Something else wrote a hash where a counter would live, and a string.

@@ -241,6 +241,50 @@ impl Core {
         undo: bool,
     ) -> Result<Vec<CounterState>, StoreError> {
         let count: usize = parts.iter().map(|(ops, _)| ops.len()).sum();
+        let (keys, args) = self.script_args(parts, count, undo);
+        let first: Result<Vec<i64>, Error> =
+            self.client.evalsha(self.sha.as_str(), keys, args).await;
+        let raw = match first {
+            Err(e) if e.details().starts_with("NOSCRIPT") => {
+                tracing::info!("redis lost the counter script; loading it again");
+                self.client
+                    .script_load_cluster::<(), _>(SCRIPT)
+                    .await
+                    .map_err(|e| store_error(&e))?;
+                // Built again: cloning them for every call, only for this rare
+                // retry, cost more.
+                let (keys, args) = self.script_args(parts, count, undo);
+                self.client
+                    .evalsha::<Vec<i64>, _, _, _>(self.sha.as_str(), keys, args)
+                    .await
+                    .map_err(|e| store_error(&e))?
+            }
+            other => other.map_err(|e| store_error(&e))?,
+        };
+        if raw.len() != count * 3 {
+            return Err(StoreError::Unavailable(format!(
+                "redis: the counter script returned {} values for {} counters",
+                raw.len(),
+                count
+            )));
+        }
+        Ok(raw
+            .chunks_exact(3)
+            .map(|c| CounterState {
+                allowed: c[0] == 1,
+                remaining: u64::try_from(c[1]).unwrap_or(0),
+                reset_after: Duration::from_millis(u64::try_from(c[2]).unwrap_or(0)),
+            })
+            .collect())
+    }
+
+    /// The script's KEYS and ARGV for `parts` (`count` counters in all).
+    fn script_args<'a>(
+        &self,
+        parts: &[Part<'a>],
+        count: usize,
+        undo: bool,
+    ) -> (Vec<&'a str>, Vec<i64>) {
         let mut keys: Vec<&str> = Vec::with_capacity(count);
         let mut args: Vec<i64> = Vec::with_capacity(1 + count * 6);
         let now = self.clock.as_ref().map_or(-1, |c| {
@@ -282,39 +326,7 @@ impl Core {
                 ]);
             }
         }
-        let first: Result<Vec<i64>, Error> = self
-            .client
-            .evalsha(self.sha.as_str(), keys.clone(), args.clone())
-            .await;
-        let raw = match first {
-            Err(e) if e.details().starts_with("NOSCRIPT") => {
-                tracing::info!("redis lost the counter script; loading it again");
-                self.client
-                    .script_load_cluster::<(), _>(SCRIPT)
-                    .await
-                    .map_err(|e| store_error(&e))?;
-                self.client
-                    .evalsha::<Vec<i64>, _, _, _>(self.sha.as_str(), keys, args)
-                    .await
-                    .map_err(|e| store_error(&e))?
-            }
-            other => other.map_err(|e| store_error(&e))?,
-        };
-        if raw.len() != count * 3 {
-            return Err(StoreError::Unavailable(format!(
-                "redis: the counter script returned {} values for {} counters",
-                raw.len(),
-                count
-            )));
-        }
-        Ok(raw
-            .chunks_exact(3)
-            .map(|c| CounterState {
-                allowed: c[0] == 1,
-                remaining: u64::try_from(c[1]).unwrap_or(0),
-                reset_after: Duration::from_millis(u64::try_from(c[2]).unwrap_or(0)),
-            })
-            .collect())
+        (keys, args)
     }
 
     /// Cluster: one script call per hash slot, in parallel; then the charges

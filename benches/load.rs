@@ -430,21 +430,23 @@ fn redis_benchmark_evalsha(
         .args(["-h", "127.0.0.1", "-p", &port.to_string()])
         .args(["-c", &clients.to_string(), "-P", &pipeline.to_string()])
         .args(["-n", &requests.to_string(), "-r", "100000", "-q"])
-        // One counter per call: now from Redis TIME (-1), then divvy's window
-        // (algorithm 0), limit, window ms, burst, cost 1, flags 4 (a request
-        // starts here); the same arguments the Redis store sends.
+        // One counter per call: now from Redis TIME (-1), one limit shape
+        // (divvy's window, algorithm 0: limit, window ms, burst), then the
+        // counter's shape 1 * 128 + flags 4 (a request starts here) and cost
+        // 1; the same arguments the Redis store sends.
         .args([
             "EVALSHA",
             &sha,
             "1",
             "bench:__rand_int__",
             "-1",
+            "1",
             "0",
             "1000000000",
             "3600000",
             "1000000000",
+            "132",
             "1",
-            "4",
         ])
         .output()
         .expect("redis-benchmark (tests/run-all.sh installs redis-tools)");

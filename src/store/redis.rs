@@ -60,6 +60,12 @@ pub const PROBE_KEY: &str = "divvy:__probe__";
 
 /// Most counters sent in one batched script call.
 pub const MAX_BATCH_KEYS: usize = 512;
+/// Most distinct limit shapes looked up when a batch's script arguments are
+/// built; a counter whose shape is not among the first ones adds its own
+/// (the script reads it just the same), so a batch of many rules costs no
+/// more than linear time.
+const SHAPES_SEARCHED: usize = 16;
+
 /// Most batched script calls in flight at once.
 pub const MAX_BATCHES_IN_FLIGHT: usize = 2;
 
@@ -241,7 +247,7 @@ impl Core {
         undo: bool,
     ) -> Result<Vec<CounterState>, StoreError> {
         let count: usize = parts.iter().map(|(ops, _)| ops.len()).sum();
-        let (keys, args) = self.script_args(parts, count, undo);
+        let (keys, args) = script_args(parts, count, undo, self.now());
         let first: Result<Vec<i64>, Error> =
             self.client.evalsha(self.sha.as_str(), keys, args).await;
         let raw = match first {
@@ -253,7 +259,7 @@ impl Core {
                     .map_err(|e| store_error(&e))?;
                 // Built again: cloning them for every call, only for this rare
                 // retry, cost more.
-                let (keys, args) = self.script_args(parts, count, undo);
+                let (keys, args) = script_args(parts, count, undo, self.now());
                 self.client
                     .evalsha::<Vec<i64>, _, _, _>(self.sha.as_str(), keys, args)
                     .await
@@ -278,55 +284,12 @@ impl Core {
             .collect())
     }
 
-    /// The script's KEYS and ARGV for `parts` (`count` counters in all).
-    fn script_args<'a>(
-        &self,
-        parts: &[Part<'a>],
-        count: usize,
-        undo: bool,
-    ) -> (Vec<&'a str>, Vec<i64>) {
-        let mut keys: Vec<&str> = Vec::with_capacity(count);
-        let mut args: Vec<i64> = Vec::with_capacity(1 + count * 6);
-        let now = self.clock.as_ref().map_or(-1, |c| {
+    /// The time sent to the script: the injected clock's, or -1 (the
+    /// script reads Redis `TIME`).
+    fn now(&self) -> i64 {
+        self.clock.as_ref().map_or(-1, |c| {
             i64::try_from(c.now().as_millis()).unwrap_or(i64::MAX)
-        });
-        args.push(now);
-        let int = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
-        for (ops, charge) in parts {
-            for (i, op) in ops.iter().enumerate() {
-                keys.push(op.key.as_str());
-                let mut flags = 0;
-                if i == 0 {
-                    flags |= 4;
-                    match charge {
-                        Charge::Each => {}
-                        Charge::AllOrNothing => flags |= 8,
-                        Charge::Denied => flags |= 16,
-                    }
-                } else if op.joint {
-                    flags |= 1;
-                }
-                if !op.decides {
-                    flags |= 2;
-                }
-                // A refund is a flag, not a negative cost: a refund of 0 is still one.
-                if op.refund {
-                    flags |= 32;
-                }
-                if undo {
-                    flags |= 64;
-                }
-                args.extend([
-                    op.algorithm.code(),
-                    int(op.limit),
-                    int(window_ms(op.window)),
-                    int(op.burst.max(1)),
-                    int(op.cost),
-                    flags,
-                ]);
-            }
-        }
-        (keys, args)
+        })
     }
 
     /// Cluster: one script call per hash slot, in parallel; then the charges
@@ -549,5 +512,121 @@ impl Store for RedisStore {
 
     fn name(&self) -> &'static str {
         "redis"
+    }
+}
+
+/// The script's KEYS and ARGV for `parts` (`count` counters in all) at `now`:
+/// the time, the limit shapes (algorithm, limit, window, burst) the
+/// counters use, then each counter's shape and flags, and cost.
+fn script_args<'a>(
+    parts: &[Part<'a>],
+    count: usize,
+    undo: bool,
+    now: i64,
+) -> (Vec<&'a str>, Vec<i64>) {
+    let mut keys: Vec<&str> = Vec::with_capacity(count);
+    let mut shapes: Vec<[i64; 4]> = Vec::new();
+    let mut per_key: Vec<i64> = Vec::with_capacity(count * 2);
+    let int = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+    for (ops, charge) in parts {
+        for (i, op) in ops.iter().enumerate() {
+            keys.push(op.key.as_str());
+            let shape = [
+                op.algorithm.code(),
+                int(op.limit),
+                int(window_ms(op.window)),
+                int(op.burst.max(1)),
+            ];
+            let index = match shapes[..shapes.len().min(SHAPES_SEARCHED)]
+                .iter()
+                .position(|s| *s == shape)
+            {
+                Some(found) => found,
+                None => {
+                    shapes.push(shape);
+                    shapes.len() - 1
+                }
+            };
+            let mut flags = 0;
+            if i == 0 {
+                flags |= 4;
+                match charge {
+                    Charge::Each => {}
+                    Charge::AllOrNothing => flags |= 8,
+                    Charge::Denied => flags |= 16,
+                }
+            } else if op.joint {
+                flags |= 1;
+            }
+            if !op.decides {
+                flags |= 2;
+            }
+            // A refund is a flag, not a negative cost: a refund of 0 is still one.
+            if op.refund {
+                flags |= 32;
+            }
+            if undo {
+                flags |= 64;
+            }
+            // Shapes count from 1 in the script; at most one per counter,
+            // so the product stays far below 2^53.
+            let shape_id = i64::try_from(index + 1).unwrap_or(i64::MAX);
+            per_key.extend([shape_id * 128 + flags, int(op.cost)]);
+        }
+    }
+    let mut args: Vec<i64> = Vec::with_capacity(2 + shapes.len() * 4 + per_key.len());
+    args.push(now);
+    args.push(i64::try_from(shapes.len()).unwrap_or(i64::MAX));
+    args.extend(shapes.iter().flatten());
+    args.extend(per_key);
+    (keys, args)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn op(key: &str, limit: u64, cost: u64) -> CounterOp {
+        CounterOp::new(key, Algorithm::Window, limit, Duration::from_secs(60), cost)
+    }
+
+    #[test]
+    fn script_args_send_each_shape_once() {
+        let a = [op("a", 10, 1), op("b", 10, 2), op("c", 20, 1)];
+        let b = [op("d", 10, 3)];
+        let parts: Vec<Part<'_>> = vec![(&a, Charge::Each), (&b, Charge::AllOrNothing)];
+        let (keys, args) = script_args(&parts, 4, false, 1_000);
+        assert_eq!(keys, ["a", "b", "c", "d"]);
+        let shape = |limit: i64| [0, limit, 60_000, limit];
+        let mut want = vec![1_000, 2];
+        want.extend(shape(10));
+        want.extend(shape(20));
+        // shape * 128 + flags (4: a request starts; 8: all-or-nothing), cost.
+        want.extend([128 + 4, 1, 128, 2, 256, 1, 128 + 4 + 8, 3]);
+        assert_eq!(args, want);
+    }
+
+    #[test]
+    fn script_args_past_the_searched_shapes_add_their_own() {
+        // 20 limits, then the 20th again: past the first SHAPES_SEARCHED
+        // shapes it is not looked up, so it is sent twice; every counter
+        // still names a shape with its own numbers.
+        let ops: Vec<CounterOp> = (1..=20)
+            .chain([20, 1])
+            .map(|limit| op(&format!("k{limit}"), limit, 1))
+            .collect();
+        let parts: Vec<Part<'_>> = vec![(&ops, Charge::Each)];
+        let (_, args) = script_args(&parts, ops.len(), false, -1);
+        let shapes = usize::try_from(args[1]).unwrap();
+        assert_eq!(shapes, 21);
+        let per_key = &args[2 + shapes * 4..];
+        assert_eq!(per_key.len(), ops.len() * 2);
+        for (op, pair) in ops.iter().zip(per_key.chunks_exact(2)) {
+            let shape = usize::try_from(pair[0] / 128).unwrap();
+            let limit = args[2 + (shape - 1) * 4 + 1];
+            assert_eq!(limit, i64::try_from(op.limit).unwrap());
+        }
+        // The last counter's shape (limit 1) is the first one, found.
+        assert_eq!(per_key[per_key.len() - 2] / 128, 1);
     }
 }

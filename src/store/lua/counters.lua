@@ -3,9 +3,13 @@
 -- random sequences through both and compares the answers).
 --
 -- ARGV[1]: the time in ms since the epoch, or -1 to read Redis TIME (so
--- replicas with skewed clocks agree). Then 6 values per key:
+-- replicas with skewed clocks agree). ARGV[2]: P, the number of limit
+-- shapes; then 4 values per shape:
 --   algorithm (0 divvy window, 1 fixed, 2 sliding, 3 token bucket),
---   limit, window in ms, burst, cost, flags:
+--   limit, window in ms, burst;
+-- then 2 values per key: shape * 128 + flags (shapes count from 1), cost.
+-- (Most keys of a batch share a few shapes, so each key costs Redis two
+-- numbers to parse rather than six.) Flags:
 --   1 the op belongs to the group of the op before it (one rule's limits);
 --   2 the op's group does not decide (a canary);
 --   4 a request starts at this op; with 4: 8 the request is all-or-nothing,
@@ -211,15 +215,25 @@ end
 
 -- Requests ----------------------------------------------------------------
 local n = #KEYS
+local shapes = tonumber(ARGV[2])
+local salg, slim, swin, sbur = {}, {}, {}, {}
+for p = 1, shapes do
+  local b = 4 * p - 2
+  salg[p] = tonumber(ARGV[b + 1])
+  slim[p] = tonumber(ARGV[b + 2])
+  swin[p] = tonumber(ARGV[b + 3])
+  sbur[p] = tonumber(ARGV[b + 4])
+end
 local alg, lim, win, bur, cost, flags = {}, {}, {}, {}, {}, {}
+local base = 2 + 4 * shapes
 for i = 1, n do
-  local b = 6 * (i - 1) + 1
-  alg[i] = tonumber(ARGV[b + 1])
-  lim[i] = tonumber(ARGV[b + 2])
-  win[i] = tonumber(ARGV[b + 3])
-  bur[i] = tonumber(ARGV[b + 4])
-  cost[i] = tonumber(ARGV[b + 5])
-  flags[i] = tonumber(ARGV[b + 6])
+  local b = base + 2 * i
+  local x = tonumber(ARGV[b - 1])
+  local f = x % 128
+  local p = (x - f) / 128
+  alg[i], lim[i], win[i], bur[i] = salg[p], slim[p], swin[p], sbur[p]
+  flags[i] = f
+  cost[i] = tonumber(ARGV[b])
 end
 
 -- Every value in one call; nothing is written before the end.

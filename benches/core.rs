@@ -155,19 +155,7 @@ fn memory() {
 }
 
 /// The policy of the load benchmark's line sections.
-const LINE_POLICY: &str = r#"
-overrides:
-  - operation: {path: "/api/*", ip: "*"}
-    creditLimit: 1000000000
-    resetSeconds: 1h
-    actorField: ip
-  - operation: {path: /login}
-    creditLimit: 5
-    resetSeconds: 1m
-default:
-  creditLimit: 1000000000
-  resetSeconds: 1h
-"#;
+const LINE_POLICY: &str = include_str!("line_policy.yaml");
 
 fn line_path() {
     use divvy::limiter::Limiter;

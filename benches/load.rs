@@ -111,19 +111,8 @@ use tokio::runtime::Runtime;
 use tokio::sync::Semaphore;
 use tonic::transport::Channel;
 
-const POLICY: &str = r#"
-overrides:
-  - operation: {path: "/api/*", ip: "*"}
-    creditLimit: 1000000000
-    resetSeconds: 1h
-    actorField: ip
-  - operation: {path: /login}
-    creditLimit: 5
-    resetSeconds: 1m
-default:
-  creditLimit: 1000000000
-  resetSeconds: 1h
-"#;
+/// The policy the line and gRPC loads run against (shared with the core bench).
+const POLICY: &str = include_str!("line_policy.yaml");
 
 /// The sections `--only` may name (`memory` is `grpc` and `line`).
 const SECTIONS: [&str; 7] = [

@@ -769,3 +769,27 @@ async fn a_refund_of_nothing_is_allowed_by_both_stores() {
         vec![st(true, 0, 9_000)]
     );
 }
+
+#[tokio::test]
+async fn one_call_of_more_counters_than_lua_unpacks_at_once() {
+    // 9,000 counters in one request: the script reads them in several
+    // MGETs (Lua's unpack stops near 8,000 values), and answers each.
+    let (_server, clock, redis) = setup().await;
+    clock.set(T0);
+    let ops: Vec<CounterOp> = (0..9_000)
+        .map(|i| {
+            let c = Counter::new(&format!("big:{i}"), Algorithm::Fixed, 10, 1000, 10);
+            c.op(1 + i % 3)
+        })
+        .collect();
+    let got = redis
+        .store
+        .apply(&ops, Charge::Each)
+        .await
+        .expect("one script call of 9,000 counters");
+    assert_eq!(got.len(), 9_000);
+    for (i, state) in got.iter().enumerate() {
+        let cost = 1 + (i as u64) % 3;
+        assert_eq!(*state, st(true, 10 - cost, 1000), "counter {i}");
+    }
+}

@@ -128,9 +128,12 @@ impl Drop for OpenConnection {
 /// further line is read.
 ///
 /// One timer per connection keeps the idle limit: it is set to fire
-/// `idle_timeout` after the last read and, when it fires early (there was a
-/// read since), moved to that read's deadline. A busy connection does no
-/// timer work per batch.
+/// `idle_timeout` after the connection was last active (a read, a batch
+/// decided, its answers written) and, when it fires early (there was
+/// activity since), moved to that deadline. A busy connection does no timer
+/// work per batch. Time spent deciding a batch is not the client's: a write
+/// gets the whole `idle_timeout` from when the answers are ready, and the
+/// next read from when they are written.
 pub async fn serve_connection<S>(
     mut stream: S,
     limiter: Arc<Limiter>,
@@ -151,7 +154,7 @@ pub async fn serve_connection<S>(
     ))
     .to_string();
     let idle = limits.idle_timeout;
-    let mut last_read = Instant::now();
+    let mut last_active = Instant::now();
     let timer = tokio::time::sleep(idle);
     tokio::pin!(timer);
     let mut stop_rx = shutdown.clone();
@@ -188,6 +191,7 @@ pub async fn serve_connection<S>(
         }
         if !slots.is_empty() {
             answer(&limiter, &slots, &hits, &mut out).await;
+            last_active = Instant::now();
             // A client that stops reading its answers is idle too.
             let write = async {
                 stream.write_all(&out).await?;
@@ -198,11 +202,15 @@ pub async fn serve_connection<S>(
                 tokio::select! {
                     biased;
                     written = &mut write => match written {
-                        Ok(()) => break,
+                        Ok(()) => {
+                            // Deciding and writing are not the client's idle time.
+                            last_active = Instant::now();
+                            break;
+                        }
                         Err(_) => return,
                     },
                     () = &mut timer => {
-                        if !still_active(timer.as_mut(), last_read, idle) {
+                        if !still_active(timer.as_mut(), last_active, idle) {
                             return;
                         }
                     }
@@ -223,11 +231,11 @@ pub async fn serve_connection<S>(
             () = &mut stopped => return,
             read = stream.read_buf(&mut framer.buf) => match read {
                 Ok(0) => eof = true,
-                Ok(_) => last_read = Instant::now(),
+                Ok(_) => last_active = Instant::now(),
                 Err(_) => return,
             },
             () = &mut timer => {
-                if !still_active(timer.as_mut(), last_read, idle) {
+                if !still_active(timer.as_mut(), last_active, idle) {
                     return;
                 }
             }
@@ -235,14 +243,14 @@ pub async fn serve_connection<S>(
     }
 }
 
-/// The idle timer fired: whether the connection read something within
-/// `idle` (then the timer is moved to `idle` after that read).
+/// The idle timer fired: whether the connection was active within `idle`
+/// (then the timer is moved to `idle` after that activity).
 fn still_active(
     timer: std::pin::Pin<&mut tokio::time::Sleep>,
-    last_read: Instant,
+    last_active: Instant,
     idle: Duration,
 ) -> bool {
-    let deadline = last_read + idle;
+    let deadline = last_active + idle;
     if Instant::now() >= deadline {
         return false;
     }

@@ -29,9 +29,11 @@ if now < 0 then
   now = tonumber(t[1]) * 1000 + floor(tonumber(t[2]) / 1000)
 end
 local format = string.format
--- Integers only; '%d' is far cheaper than '%.0f' where it is exact.
+-- Integers only; '%d' is far cheaper than '%.0f' where it is exact (below
+-- 2^53, and only where Lua's '%d' is 64-bit: not on a 32-bit Redis build).
+local wide_d = format('%d', 2^40) == '1099511627776'
 local function fmt(x)
-  if x < 9e15 and x > -9e15 then return format('%d', x) end
+  if wide_d and x < 9e15 and x > -9e15 then return format('%d', x) end
   return format('%.0f', x)
 end
 local function ceil_div(a, b) return floor((a + b - 1) / b) end
@@ -236,9 +238,17 @@ for i = 1, n do
   cost[i] = tonumber(ARGV[b])
 end
 
--- Every value in one call; nothing is written before the end.
+-- Every value in one call (a few for very large calls: Lua unpacks at most
+-- about 8,000 values at once); nothing is written before the end.
 local raw = {}
-if n > 0 then raw = redis.call('MGET', unpack(KEYS)) end
+if n > 0 and n <= 4000 then
+  raw = redis.call('MGET', unpack(KEYS))
+elseif n > 4000 then
+  for from = 1, n, 4000 do
+    local part = redis.call('MGET', unpack(KEYS, from, min(from + 3999, n)))
+    for i = 1, #part do raw[from + i - 1] = part[i] end
+  end
+end
 local stored = {}  -- key -> committed state (false: none)
 local loaded = {}  -- key -> the state as read from Redis (false: none)
 local owner = {}   -- key -> op whose numbers save it

@@ -208,6 +208,18 @@ pub fn apply_request<S: States>(
     if let [op] = ops {
         return vec![apply_one(states, now, op, charge)];
     }
+    apply_groups(states, now, ops, same, charge)
+}
+
+/// [`apply_request`] for any number of ops: groups, all-or-nothing, and
+/// several ops on one counter.
+fn apply_groups<S: States>(
+    states: &mut S,
+    now: u64,
+    ops: &[CounterOp],
+    same: &[usize],
+    charge: Charge,
+) -> Vec<CounterState> {
     let n = ops.len();
     // Per distinct counter (indexed by `same`): the stored state, loaded on
     // first use, and the state after the groups charged so far.
@@ -290,7 +302,8 @@ pub fn apply_request<S: States>(
 
 /// [`apply_request`] for a request of one op (most requests), without the
 /// bookkeeping of groups: the op is its own group, charged when allowed
-/// unless the request is already denied.
+/// unless the request is already denied. It answers and saves exactly as
+/// [`apply_groups`] does for one op (a property test compares them).
 fn apply_one<S: States>(states: &mut S, now: u64, op: &CounterOp, charge: Charge) -> CounterState {
     let p = Params::of(op);
     let st = states.load(0);
@@ -371,5 +384,83 @@ pub(crate) mod tests {
                 (v.allowed, v.remaining, v.reset_ms)
             })
             .collect()
+    }
+
+    /// One counter's stored state, with every save recorded.
+    struct One {
+        state: Option<State>,
+        saves: Vec<State>,
+    }
+
+    impl States for One {
+        fn load(&mut self, _: usize) -> Option<State> {
+            self.state
+        }
+        fn save(&mut self, _: usize, state: State) {
+            self.state = Some(state);
+            self.saves.push(state);
+        }
+    }
+
+    use proptest::prelude::*;
+
+    fn any_op() -> impl Strategy<Value = CounterOp> {
+        (
+            prop_oneof![
+                Just(Algorithm::Window),
+                Just(Algorithm::Fixed),
+                Just(Algorithm::Sliding),
+                Just(Algorithm::TokenBucket),
+            ],
+            1u64..=12,
+            1u64..=5,
+            1u64..=15,
+            0u64..=16,
+            any::<bool>(),
+            any::<bool>(),
+        )
+            .prop_map(|(algorithm, limit, secs, burst, cost, refund, decides)| {
+                let burst = if algorithm == Algorithm::TokenBucket {
+                    burst
+                } else {
+                    limit
+                };
+                CounterOp {
+                    burst,
+                    refund,
+                    decides,
+                    ..CounterOp::new("k", algorithm, limit, Duration::from_secs(secs), cost)
+                }
+            })
+    }
+
+    fn any_charge() -> impl Strategy<Value = Charge> {
+        prop_oneof![
+            Just(Charge::Each),
+            Just(Charge::AllOrNothing),
+            Just(Charge::Denied)
+        ]
+    }
+
+    proptest! {
+        /// The one-op fast path answers and saves as the general path does,
+        /// step after step on one counter.
+        #[test]
+        fn one_op_fast_path_is_the_general_path(
+            steps in prop::collection::vec((0u64..=3_000, any_op(), any_charge()), 1..=30)
+        ) {
+            let mut fast = One { state: None, saves: Vec::new() };
+            let mut general = One { state: None, saves: Vec::new() };
+            let mut now = 1_700_000_000_000u64;
+            for (advance, op, charge) in steps {
+                now += advance;
+                let ops = [op];
+                let a = apply_one(&mut fast, now, &ops[0], charge);
+                let b = apply_groups(&mut general, now, &ops, &[0], charge);
+                prop_assert_eq!(vec![a], b);
+                prop_assert_eq!(&fast.saves, &general.saves);
+                prop_assert_eq!(fast.state, general.state);
+            }
+        }
     }
 }

@@ -52,7 +52,8 @@
 //!   servers' CPU), next to the memory store: line protocol 64 x 1 and
 //!   1 x 256 pipelined, with divvy's and Redis's CPU µs per HIT; and
 //!   redis-benchmark's EVALSHA of divvy's script on the same redis-server,
-//!   with Redis's CPU µs per call.
+//!   with Redis's CPU µs per call (one counter a call) and per counter (32
+//!   counters a call, mostly existing ones).
 //! - `algorithms`: each counting algorithm (window, fixed, sliding,
 //!   token_bucket, and a rule with two token-bucket limits) on the line
 //!   protocol, 64 connections x 1 in flight, one actor per connection, on
@@ -404,39 +405,40 @@ fn redis_cli(port: u16, args: &[&str]) -> String {
         .unwrap_or_default()
 }
 
-/// redis-benchmark's own EVALSHA rate for divvy's script on random
-/// counters (`requests` calls), and Redis's CPU time per call.
+/// redis-benchmark's own EVALSHA rate for divvy's script (`requests`
+/// calls of `counters` counters each, one request a counter, as the store
+/// batches them), and Redis's CPU time per call. One counter a call draws
+/// from 100,000 random counters; several draw each from 100, so most
+/// calls charge counters that exist, as a busy service's batches do.
 fn redis_benchmark_evalsha(
     redis: &RedisProc,
     clients: u32,
     pipeline: u32,
     requests: u64,
+    counters: u32,
 ) -> (f64, Option<f64>) {
     let port = redis.port;
     let sha = redis_cli(port, &["SCRIPT", "LOAD", divvy::store::redis::SCRIPT]);
+    let range = if counters == 1 { "100000" } else { "100" };
+    let keys: Vec<String> = (0..counters)
+        .map(|i| format!("bench:{i}:__rand_int__"))
+        .collect();
+    // Now from Redis TIME (-1), one limit shape (divvy's window, algorithm
+    // 0: limit, window ms, burst), then per counter its shape 1 * 128 +
+    // flags 4 (a request starts here) and cost 1; the same arguments the
+    // Redis store sends.
+    let mut args: Vec<String> = vec!["EVALSHA".into(), sha, counters.to_string()];
+    args.extend(keys);
+    args.extend(["-1", "1", "0", "1000000000", "3600000", "1000000000"].map(String::from));
+    for _ in 0..counters {
+        args.extend(["132", "1"].map(String::from));
+    }
     let before = cpu_time(redis.child.id());
     let out = Command::new("redis-benchmark")
         .args(["-h", "127.0.0.1", "-p", &port.to_string()])
         .args(["-c", &clients.to_string(), "-P", &pipeline.to_string()])
-        .args(["-n", &requests.to_string(), "-r", "100000", "-q"])
-        // One counter per call: now from Redis TIME (-1), one limit shape
-        // (divvy's window, algorithm 0: limit, window ms, burst), then the
-        // counter's shape 1 * 128 + flags 4 (a request starts here) and cost
-        // 1; the same arguments the Redis store sends.
-        .args([
-            "EVALSHA",
-            &sha,
-            "1",
-            "bench:__rand_int__",
-            "-1",
-            "1",
-            "0",
-            "1000000000",
-            "3600000",
-            "1000000000",
-            "132",
-            "1",
-        ])
+        .args(["-n", &requests.to_string(), "-r", range, "-q"])
+        .args(&args)
         .output()
         .expect("redis-benchmark (tests/run-all.sh installs redis-tools)");
     let cpu = match (before, cpu_time(redis.child.id())) {
@@ -1511,7 +1513,7 @@ fn redis_section(rt: &Runtime, redis: &RedisProc, run: Duration, summary: &mut S
     let shared = start_divvy_with(POLICY, &["--redis-url", &url]);
     let requests = ((run.as_secs_f64() * 60_000.0) as u64).max(10_000);
     for (clients, pipeline) in [(64, 1), (64, 16)] {
-        let (rate, cpu) = redis_benchmark_evalsha(redis, clients, pipeline, requests);
+        let (rate, cpu) = redis_benchmark_evalsha(redis, clients, pipeline, requests, 1);
         println!(
             "  {:<38} {rate:>9.0} call/s  ({clients} clients, {pipeline} pipelined; redis cpu/call {})",
             "redis-benchmark: EVALSHA of divvy's script",
@@ -1527,6 +1529,22 @@ fn redis_section(rt: &Runtime, redis: &RedisProc, run: Duration, summary: &mut S
             );
         }
     }
+    // The script's cost per counter in a batch, without divvy's side.
+    let batched = (requests / 32).max(1_000);
+    let (rate, cpu) = redis_benchmark_evalsha(redis, 16, 1, batched, 32);
+    let per_counter = cpu.map(|c| c / 32.0);
+    println!(
+        "  {:<38} {rate:>9.0} call/s  (16 clients, 32 counters a call; redis cpu/counter {})",
+        "redis-benchmark: EVALSHA of divvy's script",
+        us(per_counter)
+    );
+    summary.row(
+        "redis",
+        "redis-benchmark EVALSHA of divvy's script, 32 counters a call: Redis CPU µs/counter",
+        us(per_counter),
+        String::from("–"),
+        String::from("–"),
+    );
     let targets = [
         Target {
             addr: memory.line,

@@ -77,6 +77,16 @@ pub fn targets(s: &Sharing, demands: &[f64]) -> Vec<f64> {
     out
 }
 
+/// Whether a counter's demand moved since the region last reported it by
+/// more than 20 % of what it reported (or of the floor share, so a trickle
+/// does not count): the region then renews at its next quarter-period step
+/// rather than at its period, so share a falling region no longer uses goes
+/// back, and a rising region asks for more, within a quarter period.
+/// `floor_rate` is the floor as credits per second (floor × rate).
+pub fn demand_moved(reported: f64, now: f64, floor_rate: f64) -> bool {
+    (now - reported).abs() > 0.2 * reported.max(floor_rate)
+}
+
 /// The grant of a renewing region with `target`, while the others hold
 /// `others` (the sum of their live grants).
 pub fn grant(rate: f64, target: f64, others: f64) -> f64 {
@@ -130,6 +140,17 @@ mod tests {
         assert_eq!(grant(200.0, 120.0, 100.0), 100.0);
         assert_eq!(grant(200.0, 50.0, 100.0), 50.0);
         assert_eq!(grant(200.0, 50.0, 250.0), 0.0);
+    }
+
+    #[test]
+    fn a_demand_moved_by_a_fifth_is_reported_at_once() {
+        assert!(!demand_moved(360.0, 300.0, 2.0));
+        assert!(demand_moved(360.0, 285.0, 2.0));
+        assert!(demand_moved(60.0, 75.0, 2.0));
+        assert!(!demand_moved(60.0, 61.5, 2.0));
+        // Below the floor share, moves of less than a fifth of it do not count.
+        assert!(!demand_moved(0.0, 0.3, 2.0));
+        assert!(demand_moved(0.0, 0.5, 2.0));
     }
 
     #[test]

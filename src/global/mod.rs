@@ -7,7 +7,9 @@
 //!   burst ([`Global::quota`]): the request path never waits on the global
 //!   store.
 //! - Demand (credits asked for, allowed or not) is counted per counter. Every
-//!   lease period the region's renewer sends all its counters' demands to
+//!   lease period (and at the next quarter-period step when a counter's
+//!   demand, measured over half a period, moved by a fifth since it was last
+//!   reported) the region's renewer sends all its counters' demands to
 //!   the global store in one script call (`store/lua/global_renew.lua`, the
 //!   mirror of [`allocate`]) and gets back each counter's grant; the sum of
 //!   live grants never exceeds the global rate.
@@ -80,7 +82,7 @@ struct Counter {
     demand: u64,
     /// Epoch ms demand was last seen.
     seen_ms: u64,
-    /// The last steps' (credits asked, seconds): about one period.
+    /// The last steps' (credits asked, seconds): about half a period.
     recent: std::collections::VecDeque<(u64, f64)>,
 }
 
@@ -101,6 +103,8 @@ pub struct Global {
     /// Whether a grant fell short of its target (others still hold share):
     /// renew sooner to pick it up when they give it back.
     short: AtomicBool,
+    /// Each counter's demand as the last renewal reported it.
+    reported: Mutex<HashMap<String, f64>>,
     wake: tokio::sync::Notify,
 }
 
@@ -139,6 +143,7 @@ impl Global {
             fallback: AtomicBool::new(false),
             renewer: AtomicBool::new(false),
             short: AtomicBool::new(false),
+            reported: Mutex::new(HashMap::new()),
             wake: tokio::sync::Notify::new(),
             options,
         }
@@ -251,7 +256,7 @@ impl Global {
         let mut renewed = false;
         match &self.regional {
             None => {
-                if due || self.starving(&demands, &specs) {
+                if due || self.starving(&demands, &specs) || self.moved(&demands, &specs) {
                     renewed = self.renew(&demands, &specs).await;
                 }
             }
@@ -261,7 +266,7 @@ impl Global {
                 self.renewer.store(renewer, Ordering::Release);
                 if renewer {
                     let (all, all_specs) = self.take_regional(regional, now).await;
-                    if due || self.starving(&all, &all_specs) {
+                    if due || self.starving(&all, &all_specs) || self.moved(&all, &all_specs) {
                         renewed = self.renew(&all, &all_specs).await;
                     }
                 } else {
@@ -290,8 +295,29 @@ impl Global {
         })
     }
 
-    /// Each counter's demand over about the last period (credits per
-    /// second, measured on this replica's own clock), and the counters' specs.
+    /// Whether some counter's demand moved by a fifth since the last
+    /// renewal reported it (`allocate::demand_moved`), or was never
+    /// reported: renew now, at this quarter-period step, not a period later.
+    fn moved(
+        &self,
+        demands: &HashMap<String, f64>,
+        specs: &HashMap<String, (f64, u64, String)>,
+    ) -> bool {
+        let reported = self.reported.lock().unwrap_or_else(|e| e.into_inner());
+        demands.iter().any(|(k, &d)| {
+            let floor_rate = specs.get(k).map_or(0.0, |s| s.0 * self.options.floor);
+            match reported.get(k) {
+                Some(&r) => allocate::demand_moved(r, d, floor_rate),
+                None => d > 0.0,
+            }
+        })
+    }
+
+    /// Each counter's demand over about the last half period (credits per
+    /// second, measured on this replica's own clock), and the counters'
+    /// specs. Half a period, not a whole one: a shift of demand shows in
+    /// the estimate (and so, through `moved`, in the grants) within about
+    /// half a period, while two quarter-period steps still smooth it.
     #[allow(clippy::type_complexity)]
     fn take_demand(&self, now: u64) -> (HashMap<String, f64>, HashMap<String, (f64, u64, String)>) {
         let elapsed = {
@@ -304,7 +330,7 @@ impl Global {
         // Counters not asked for in 5 periods are forgotten (their lease lapses).
         let keep_ms = u64::try_from(self.options.period.as_millis() * 5).unwrap_or(u64::MAX);
         counters.retain(|_, c| now.saturating_sub(c.seen_ms) < keep_ms);
-        let window = self.options.period.as_secs_f64();
+        let window = self.options.period.as_secs_f64() / 2.0;
         let mut demands = HashMap::new();
         let mut specs = HashMap::new();
         for (k, c) in counters.iter_mut() {
@@ -312,7 +338,7 @@ impl Global {
             if elapsed > 0.0 {
                 c.recent.push_back((asked, elapsed));
             }
-            // Keep about one period of steps.
+            // Keep about half a period of steps.
             while c.recent.len() > 1 && c.recent.iter().skip(1).map(|r| r.1).sum::<f64>() >= window
             {
                 c.recent.pop_front();
@@ -322,7 +348,7 @@ impl Global {
             let rate = if secs > 0.0 {
                 count as f64 / secs
             } else {
-                // The first step after a counter appears: what was asked, over a period.
+                // The first step after a counter appears: what was asked, over the window.
                 asked as f64 / window.max(0.05)
             };
             demands.insert(k.clone(), rate);
@@ -533,6 +559,10 @@ impl Global {
                         .set(gauge_value(demands.get(k).copied().unwrap_or(0.0)));
                 }
                 self.short.store(short, Ordering::Release);
+                *self.reported.lock().unwrap_or_else(|e| e.into_inner()) = keys
+                    .iter()
+                    .map(|k| (k.clone(), demands.get(k).copied().unwrap_or(0.0)))
+                    .collect();
                 if self.fallback.swap(false, Ordering::AcqRel) {
                     tracing::info!("global store answers again; leases in force");
                 }

@@ -151,7 +151,8 @@ fn twelve_regions_one_hour_of_skewed_bursty_demand() {
             if ms < reg.offset_ms || !(ms - reg.offset_ms).is_multiple_of(quarter) {
                 continue;
             }
-            reg.recent.push_back(std::mem::take(&mut reg.asked_since_step));
+            reg.recent
+                .push_back(std::mem::take(&mut reg.asked_since_step));
             while reg.recent.len() > 2 {
                 reg.recent.pop_front();
             }

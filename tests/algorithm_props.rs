@@ -38,7 +38,7 @@ use divvy::store::redis::{RedisOptions, RedisStore};
 use divvy::store::redis_url::parse_redis_url;
 use divvy::store::{Algorithm, Charge, CounterOp, CounterState, MemoryStore, Store};
 use fred::clients::Client;
-use fred::interfaces::{ClientLike, KeysInterface, LuaInterface};
+use fred::interfaces::{ClientLike, LuaInterface};
 use fred::types::config::Config as FredConfig;
 use fred::types::Builder;
 use proptest::prelude::*;
@@ -791,56 +791,5 @@ async fn one_call_of_more_counters_than_lua_unpacks_at_once() {
     for (i, state) in got.iter().enumerate() {
         let cost = 1 + (i as u64) % 3;
         assert_eq!(*state, st(true, 10 - cost, 1000), "counter {i}");
-    }
-}
-
-/// One charge of `cost` on `c`'s counter through the Redis store alone.
-async fn charge(redis: &RedisSide, c: &Counter, cost: u64) -> Vec<CounterState> {
-    redis
-        .store
-        .apply(&[c.op(cost)], Charge::Each)
-        .await
-        .expect("apply")
-}
-
-/// The key's PTTL as Redis holds it.
-async fn pttl(redis: &RedisSide, key: &str) -> i64 {
-    redis.admin.pttl(key).await.expect("PTTL")
-}
-
-#[tokio::test]
-async fn a_charge_in_the_window_it_opened_keeps_the_keys_expiry() {
-    let (_server, clock, redis) = setup().await;
-    // (algorithm, its expiry after the window opening at T0, then after
-    // the one opening at T0 + 10 s: the fixed window at its end, the
-    // sliding one a window later, when it no longer weighs).
-    for (algorithm, first, next) in [
-        (Algorithm::Fixed, 9_000, 9_500),
-        (Algorithm::Sliding, 19_000, 19_500),
-    ] {
-        let c = Counter::new("kept", algorithm, 5, 10_000, 5);
-        redis.flush().await;
-        clock.set(T0 + 1_000);
-        assert_eq!(charge(&redis, &c, 1).await, vec![st(true, 4, 9_000)]);
-        let p = pttl(&redis, &c.key).await;
-        assert!(p > first - 1_000 && p <= first, "{algorithm:?}: PTTL {p}");
-        // Another expiry, set by hand: a charge in the same window writes
-        // the count (SET ... KEEPTTL) and leaves the expiry alone.
-        let () = redis
-            .admin
-            .pexpire(&c.key, 500_000, None)
-            .await
-            .expect("PEXPIRE");
-        clock.set(T0 + 2_000);
-        assert_eq!(charge(&redis, &c, 1).await, vec![st(true, 3, 8_000)]);
-        let p = pttl(&redis, &c.key).await;
-        assert!(p > 499_000 && p <= 500_000, "{algorithm:?}: PTTL {p}");
-        // The next window writes its own expiry. Sliding: the last
-        // window's 2 weigh floor(2 × 0.95) = 1.
-        clock.set(T0 + 10_500);
-        let left = if algorithm == Algorithm::Fixed { 4 } else { 3 };
-        assert_eq!(charge(&redis, &c, 1).await, vec![st(true, left, 9_500)]);
-        let p = pttl(&redis, &c.key).await;
-        assert!(p > next - 1_000 && p <= next, "{algorithm:?}: PTTL {p}");
     }
 }

@@ -367,17 +367,6 @@ for k, _ in pairs(dirty) do
         redis.call('SET', k, encode(0, st), 'PX', fmt(ttl))
       end
     end
-  elseif (alg[o] == 1 or alg[o] == 2) and was and was.s == st.s then
-    -- A fixed or sliding window charged in the window it was opened in
-    -- expires when that window's expiry says: the expiry set then holds,
-    -- and SET ... KEEPTTL leaves it alone (cheaper than SET ... PX). Redis
-    -- before 6.0 has no KEEPTTL: there, the error is caught and the value
-    -- written with its expiry.
-    local v = encode(alg[o], st)
-    local done = redis.pcall('SET', k, v, 'KEEPTTL')
-    if type(done) == 'table' and done.err then
-      redis.call('SET', k, v, 'PX', fmt(ttl))
-    end
   else
     redis.call('SET', k, encode(alg[o], st), 'PX', fmt(ttl))
   end

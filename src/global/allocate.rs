@@ -79,12 +79,16 @@ pub fn targets(s: &Sharing, demands: &[f64]) -> Vec<f64> {
 
 /// Whether a counter's demand moved since the region last reported it by
 /// more than 20 % of what it reported (or of the floor share, so a trickle
-/// does not count): the region then renews at its next quarter-period step
-/// rather than at its period, so share a falling region no longer uses goes
-/// back, and a rising region asks for more, within a quarter period.
-/// `floor_rate` is the floor as credits per second (floor × rate).
-pub fn demand_moved(reported: f64, now: f64, floor_rate: f64) -> bool {
-    (now - reported).abs() > 0.2 * reported.max(floor_rate)
+/// does not count) and by more than chance would move it: three standard
+/// deviations of a Poisson count over the `window_secs` the demand is
+/// measured over (a 100/s counter measured over 1 s must move by 30/s).
+/// The region then renews at its next quarter-period step rather than at
+/// its period, so share a falling region no longer uses goes back, and a
+/// rising region asks for more, within a quarter period. `floor_rate` is
+/// the floor as credits per second (floor × rate).
+pub fn demand_moved(reported: f64, now: f64, floor_rate: f64, window_secs: f64) -> bool {
+    let noise = 3.0 * (reported.max(now) / window_secs.max(1e-3)).sqrt();
+    (now - reported).abs() > (0.2 * reported.max(floor_rate)).max(noise)
 }
 
 /// The grant of a renewing region with `target`, while the others hold
@@ -144,13 +148,20 @@ mod tests {
 
     #[test]
     fn a_demand_moved_by_a_fifth_is_reported_at_once() {
-        assert!(!demand_moved(360.0, 300.0, 2.0));
-        assert!(demand_moved(360.0, 285.0, 2.0));
-        assert!(demand_moved(60.0, 75.0, 2.0));
-        assert!(!demand_moved(60.0, 61.5, 2.0));
+        // Over a 1 s window: a fifth of 360 is 72 (noise 57).
+        assert!(!demand_moved(360.0, 300.0, 2.0, 1.0));
+        assert!(demand_moved(360.0, 285.0, 2.0, 1.0));
+        assert!(demand_moved(360.0, 60.0, 2.0, 1.0));
+        // 60/s: chance moves a 1 s count by up to 3 × √75 ≈ 26/s.
+        assert!(!demand_moved(60.0, 75.0, 2.0, 1.0));
+        assert!(demand_moved(60.0, 90.0, 2.0, 1.0));
+        assert!(demand_moved(60.0, 360.0, 2.0, 1.0));
+        // Measured over 10 s, chance moves it less: a fifth counts.
+        assert!(demand_moved(60.0, 75.0, 2.0, 10.0));
+        assert!(!demand_moved(60.0, 61.5, 2.0, 10.0));
         // Below the floor share, moves of less than a fifth of it do not count.
-        assert!(!demand_moved(0.0, 0.3, 2.0));
-        assert!(demand_moved(0.0, 0.5, 2.0));
+        assert!(!demand_moved(0.0, 0.3, 2.0, 100.0));
+        assert!(demand_moved(0.0, 0.5, 2.0, 100.0));
     }
 
     #[test]

@@ -295,19 +295,28 @@ impl Global {
         })
     }
 
-    /// Whether some counter's demand moved by a fifth since the last
-    /// renewal reported it (`allocate::demand_moved`), or was never
-    /// reported: renew now, at this quarter-period step, not a period later.
+    /// Whether some counter's demand moved since the last renewal reported
+    /// it (`allocate::demand_moved`), or has demand and was never reported:
+    /// renew now, at this quarter-period step, not a period later. Never
+    /// while the global store fails: a failed renewal reports nothing, and
+    /// the retries keep their own pace (a period, or a quarter while short).
     fn moved(
         &self,
         demands: &HashMap<String, f64>,
         specs: &HashMap<String, (f64, u64, String)>,
     ) -> bool {
+        if self.in_fallback() {
+            return false;
+        }
+        let window_secs = self.options.period.as_secs_f64() / 2.0;
         let reported = self.reported.lock().unwrap_or_else(|e| e.into_inner());
         demands.iter().any(|(k, &d)| {
-            let floor_rate = specs.get(k).map_or(0.0, |s| s.0 * self.options.floor);
+            // A counter with no spec is not renewed (nothing to send).
+            let Some(&(rate, _, _)) = specs.get(k) else {
+                return false;
+            };
             match reported.get(k) {
-                Some(&r) => allocate::demand_moved(r, d, floor_rate),
+                Some(&r) => allocate::demand_moved(r, d, rate * self.options.floor, window_secs),
                 None => d > 0.0,
             }
         })

@@ -295,6 +295,11 @@ impl Global {
         })
     }
 
+    /// What demand is measured over: half a lease period (see `take_demand`).
+    fn demand_window_secs(&self) -> f64 {
+        self.options.period.as_secs_f64() / 2.0
+    }
+
     /// Whether some counter's demand moved since the last renewal reported
     /// it (`allocate::demand_moved`), or has demand and was never reported:
     /// renew now, at this quarter-period step, not a period later. Never
@@ -308,7 +313,7 @@ impl Global {
         if self.in_fallback() {
             return false;
         }
-        let window_secs = self.options.period.as_secs_f64() / 2.0;
+        let window_secs = self.demand_window_secs();
         let reported = self.reported.lock().unwrap_or_else(|e| e.into_inner());
         demands.iter().any(|(k, &d)| {
             // A counter with no spec is not renewed (nothing to send).
@@ -339,7 +344,7 @@ impl Global {
         // Counters not asked for in 5 periods are forgotten (their lease lapses).
         let keep_ms = u64::try_from(self.options.period.as_millis() * 5).unwrap_or(u64::MAX);
         counters.retain(|_, c| now.saturating_sub(c.seen_ms) < keep_ms);
-        let window = self.options.period.as_secs_f64() / 2.0;
+        let window = self.demand_window_secs();
         let mut demands = HashMap::new();
         let mut specs = HashMap::new();
         for (k, c) in counters.iter_mut() {

@@ -413,6 +413,30 @@ impl Core {
     }
 }
 
+/// Hands one request's counters to the batcher and waits for their answers.
+async fn batched(
+    batcher: &mpsc::Sender<Pending>,
+    ops: &[CounterOp],
+    charge: Charge,
+) -> Result<Vec<CounterState>, StoreError> {
+    let (reply, answer) = oneshot::channel();
+    batcher
+        .send(Pending {
+            ops: ops.to_vec(),
+            charge,
+            reply,
+        })
+        .await
+        .map_err(|_| StoreError::Unavailable("redis: the batcher stopped".into()))?;
+    // The batch's script call carries the command timeout, so an answer
+    // always comes; no timer per request.
+    answer.await.unwrap_or_else(|_| {
+        Err(StoreError::Unavailable(
+            "redis: the batch was dropped".into(),
+        ))
+    })
+}
+
 /// Which ops of one script call were charged: a charging op (cost > 0, not a
 /// refund) whose group was allowed in full, in a request not blocked there.
 fn charged_in_slot(part: &[CounterOp], got: &[CounterState], charge: Charge) -> Vec<bool> {
@@ -442,30 +466,17 @@ impl Store for RedisStore {
         ops: &'a [CounterOp],
         charge: Charge,
     ) -> StoreFuture<'a, Result<Vec<CounterState>, StoreError>> {
-        Box::pin(async move {
-            if ops.is_empty() {
-                return Ok(Vec::new());
-            }
-            let Some(batcher) = &self.batcher else {
-                return self.core.apply_cluster(ops, charge).await;
-            };
-            let (reply, answer) = oneshot::channel();
-            batcher
-                .send(Pending {
-                    ops: ops.to_vec(),
-                    charge,
-                    reply,
-                })
-                .await
-                .map_err(|_| StoreError::Unavailable("redis: the batcher stopped".into()))?;
-            // The batch's script call carries the command timeout, so an
-            // answer always comes; no timer per request.
-            answer.await.unwrap_or_else(|_| {
-                Err(StoreError::Unavailable(
-                    "redis: the batch was dropped".into(),
-                ))
-            })
-        })
+        if ops.is_empty() {
+            return Box::pin(std::future::ready(Ok(Vec::new())));
+        }
+        // Two futures, boxed apart: the Cluster path holds the client's
+        // command futures (several KB), and a batched request, which only
+        // waits for its answer, must not carry (allocate, copy, zero) that
+        // space on every call.
+        match &self.batcher {
+            None => Box::pin(self.core.apply_cluster(ops, charge)),
+            Some(batcher) => Box::pin(batched(batcher, ops, charge)),
+        }
     }
 
     fn peek<'a>(
@@ -628,5 +639,19 @@ mod tests {
         }
         // The last counter's shape (limit 1) is the first one, found.
         assert_eq!(per_key[per_key.len() - 2] / 128, 1);
+    }
+
+    #[test]
+    fn a_batched_request_carries_no_client_future() {
+        // Every request through the batcher allocates this future; the
+        // client's command futures are several KB, and when they were part
+        // of it, each request paid for faulting in and zeroing the pages.
+        fn size<F: std::future::Future>(_: &F) -> usize {
+            std::mem::size_of::<F>()
+        }
+        let (tx, _rx) = mpsc::channel(1);
+        let ops = [op("a", 10, 1)];
+        let f = batched(&tx, &ops, Charge::Each);
+        assert!(size(&f) < 1024, "{} bytes", size(&f));
     }
 }

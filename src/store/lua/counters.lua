@@ -23,9 +23,10 @@
 -- "used:at" (used capacity, credits x window ms; at: ms it is valid at).
 -- Returns 3 values per key: allowed (1/0), credits left, ms to reset.
 local floor, min, max = math.floor, math.min, math.max
+local rcall, rpcall = redis.call, redis.pcall
 local now = tonumber(ARGV[1])
 if now < 0 then
-  local t = redis.call('TIME')
+  local t = rcall('TIME')
   now = tonumber(t[1]) * 1000 + floor(tonumber(t[2]) / 1000)
 end
 local format = string.format
@@ -36,183 +37,190 @@ local function fmt(x)
   if wide_d and x < 9e15 and x > -9e15 then return format('%d', x) end
   return format('%.0f', x)
 end
-local function ceil_div(a, b) return floor((a + b - 1) / b) end
 local function has(f, bit) return f % (bit * 2) >= bit end
 
--- Loading and saving ----------------------------------------------------
--- v: the key's value from the MGET below (false when absent, or a key of
--- another type, which reads as no counter and is overwritten by the first
--- charge).
-local function decode(alg, key, W, v)
-  if type(v) ~= 'string' then return nil end
-  if alg == 0 then
-    local r = tonumber(v)
-    if r == nil then return nil end
-    local ttl = redis.call('PTTL', key)
-    if ttl < 0 then return {r = r, e = now + W} end
-    -- x: the key keeps this expiry, so a new count can be written with
-    -- DECRBY, which leaves the TTL alone (much cheaper than SET ... PX).
-    return {r = r, e = now + ttl, x = true}
-  elseif alg == 1 then
-    local s, c = string.match(v, '^(%d+):(%d+)$')
-    if not s then return nil end
-    return {s = tonumber(s), c = tonumber(c)}
-  elseif alg == 2 then
-    local s, p, c = string.match(v, '^(%d+):(%d+):(%d+)$')
-    if not s then return nil end
-    return {s = tonumber(s), p = tonumber(p), c = tonumber(c)}
-  end
-  local u, a = string.match(v, '^(%d+):(%d+)$')
-  if not u then return nil end
-  return {u = tonumber(u), a = tonumber(a)}
-end
+-- The algorithms, built only when a call needs them (the lean path below
+-- needs none for divvy's window): creating these closures on every call
+-- cost a measurable share of a small call.
+local function library()
+  local function ceil_div(a, b) return floor((a + b - 1) / b) end
 
-local function expires(alg, st, L, W)
-  if alg == 0 then return st.e
-  elseif alg == 1 then return st.s + W
-  elseif alg == 2 then return st.s + 2 * W end
-  return st.a + ceil_div(st.u, L)
-end
-
-local function encode(alg, st)
-  if alg == 0 then return fmt(st.r)
-  elseif alg == 1 then return fmt(st.s) .. ':' .. fmt(st.c)
-  elseif alg == 2 then return fmt(st.s) .. ':' .. fmt(st.p) .. ':' .. fmt(st.c) end
-  return fmt(st.u) .. ':' .. fmt(st.a)
-end
-
--- The algorithms: each returns allowed, remaining, reset ms, next state --
--- divvy's window: the stored credits count against the rule's own limit,
--- sent as B; the limit in force L (a knob's) shifts them by L - B.
-local function window_step(st, L, W, B, cost, refund)
-  if st == nil or st.e <= now then
-    if not refund and cost > 0 and cost <= L then
-      return 1, L - cost, W, {r = L - cost - (L - B), e = now + W}
+  -- Loading and saving ----------------------------------------------------
+  -- v: the key's value from the MGET below (false when absent, or a key of
+  -- another type, which reads as no counter and is overwritten by the first
+  -- charge).
+  local function decode(alg, key, W, v)
+    if type(v) ~= 'string' then return nil end
+    if alg == 0 then
+      local r = tonumber(v)
+      if r == nil then return nil end
+      local ttl = rcall('PTTL', key)
+      if ttl < 0 then return {r = r, e = now + W} end
+      -- x: the key keeps this expiry, so a new count can be written with
+      -- DECRBY, which leaves the TTL alone (much cheaper than SET ... PX).
+      return {r = r, e = now + ttl, x = true}
+    elseif alg == 1 then
+      local s, c = string.match(v, '^(%d+):(%d+)$')
+      if not s then return nil end
+      return {s = tonumber(s), c = tonumber(c)}
+    elseif alg == 2 then
+      local s, p, c = string.match(v, '^(%d+):(%d+):(%d+)$')
+      if not s then return nil end
+      return {s = tonumber(s), p = tonumber(p), c = tonumber(c)}
     end
-    return (refund or cost <= L) and 1 or 0, L, W, nil
+    local u, a = string.match(v, '^(%d+):(%d+)$')
+    if not u then return nil end
+    return {u = tonumber(u), a = tonumber(a)}
   end
-  local reset = st.e - now
-  local shift = L - B
-  local r = st.r + shift
-  if refund then
-    local left = min(r + cost, L)
-    local v = left - shift
-    return 1, max(left, 0), reset, (v ~= st.r) and {r = v, e = st.e} or nil
-  end
-  if cost == 0 then return (r > 0) and 1 or 0, max(r, 0), reset, nil end
-  if r >= cost then
-    local v = r - cost - shift
-    return 1, r - cost, reset, (v ~= st.r) and {r = v, e = st.e} or nil
-  end
-  return 0, max(r, 0), reset, nil
-end
 
-local function fixed_current(st, W)
-  local s0 = now - now % W
-  if st ~= nil and st.s >= s0 then return st.s, st.c end
-  return s0, 0
-end
+  local function expires(alg, st, L, W)
+    if alg == 0 then return st.e
+    elseif alg == 1 then return st.s + W
+    elseif alg == 2 then return st.s + 2 * W end
+    return st.a + ceil_div(st.u, L)
+  end
 
-local function fixed_step(st, L, W, B, cost, refund)
-  local s, c = fixed_current(st, W)
-  local reset = max(s + W - now, 0)
-  if refund then
-    local left = max(c - cost, 0)
-    return 1, max(L - left, 0), reset, (left ~= c) and {s = s, c = left} or nil
+  local function encode(alg, st)
+    if alg == 0 then return fmt(st.r)
+    elseif alg == 1 then return fmt(st.s) .. ':' .. fmt(st.c)
+    elseif alg == 2 then return fmt(st.s) .. ':' .. fmt(st.p) .. ':' .. fmt(st.c) end
+    return fmt(st.u) .. ':' .. fmt(st.a)
   end
-  if cost == 0 then return (c < L) and 1 or 0, max(L - c, 0), reset, nil end
-  if cost <= L and c <= L - cost then return 1, L - c - cost, reset, {s = s, c = c + cost} end
-  return 0, max(L - c, 0), reset, nil
-end
 
-local function sliding_current(st, W)
-  local s0 = now - now % W
-  if st ~= nil then
-    if st.s >= s0 then return st.s, st.p, st.c end
-    if st.s + W == s0 then return s0, st.c, 0 end
+  -- The algorithms: each returns allowed, remaining, reset ms, next state --
+  -- divvy's window: the stored credits count against the rule's own limit,
+  -- sent as B; the limit in force L (a knob's) shifts them by L - B.
+  local function window_step(st, L, W, B, cost, refund)
+    if st == nil or st.e <= now then
+      if not refund and cost > 0 and cost <= L then
+        return 1, L - cost, W, {r = L - cost - (L - B), e = now + W}
+      end
+      return (refund or cost <= L) and 1 or 0, L, W, nil
+    end
+    local reset = st.e - now
+    local shift = L - B
+    local r = st.r + shift
+    if refund then
+      local left = min(r + cost, L)
+      local v = left - shift
+      return 1, max(left, 0), reset, (v ~= st.r) and {r = v, e = st.e} or nil
+    end
+    if cost == 0 then return (r > 0) and 1 or 0, max(r, 0), reset, nil end
+    if r >= cost then
+      local v = r - cost - shift
+      return 1, r - cost, reset, (v ~= st.r) and {r = v, e = st.e} or nil
+    end
+    return 0, max(r, 0), reset, nil
   end
-  return s0, 0, 0
-end
 
-local function first_time_weighing(p, k, W)
-  if p <= k then return 0 end
-  return max(W - floor(((k + 1) * W - 1) / p), 0)
-end
+  local function fixed_current(st, W)
+    local s0 = now - now % W
+    if st ~= nil and st.s >= s0 then return st.s, st.c end
+    return s0, 0
+  end
 
-local function sliding_step(st, L, W, B, cost, refund)
-  local s, p, c = sliding_current(st, W)
-  local e = min(max(now - s, 0), W - 1)
-  local weighted = floor(min(p, L) * (W - e) / W)
-  local used = weighted + c
-  local reset = max(s + W - now, 0)
-  if refund then
-    local left = max(c - cost, 0)
-    return 1, max(L - (weighted + left), 0), reset, (left ~= c) and {s = s, p = p, c = left} or nil
+  local function fixed_step(st, L, W, B, cost, refund)
+    local s, c = fixed_current(st, W)
+    local reset = max(s + W - now, 0)
+    if refund then
+      local left = max(c - cost, 0)
+      return 1, max(L - left, 0), reset, (left ~= c) and {s = s, c = left} or nil
+    end
+    if cost == 0 then return (c < L) and 1 or 0, max(L - c, 0), reset, nil end
+    if cost <= L and c <= L - cost then return 1, L - c - cost, reset, {s = s, c = c + cost} end
+    return 0, max(L - c, 0), reset, nil
   end
-  local need = max(cost, 1)
-  if need <= L and used <= L - need then
-    return 1, L - (used + cost), reset, (cost > 0) and {s = s, p = p, c = c + cost} or nil
-  end
-  local at
-  if need > L then
-    at = s + W
-  elseif c + need <= L then
-    at = s + first_time_weighing(min(p, L), L - c - need, W)
-  else
-    at = s + W + first_time_weighing(min(c, L), L - need, W)
-  end
-  return 0, max(L - used, 0), max(at - now, 1), nil
-end
 
-local function bucket_current(st, L)
-  if st == nil then return 0, now end
-  if now > st.a then
-    local el = now - st.a
-    if el >= ceil_div(st.u, L) then return 0, now end
-    return st.u - el * L, now
+  local function sliding_current(st, W)
+    local s0 = now - now % W
+    if st ~= nil then
+      if st.s >= s0 then return st.s, st.p, st.c end
+      if st.s + W == s0 then return s0, st.c, 0 end
+    end
+    return s0, 0, 0
   end
-  return st.u, st.a
-end
 
-local function bucket_step(st, L, W, B, cost, refund)
-  local used, at = bucket_current(st, L)
-  local cap = B * W
-  local ahead = max(at - now, 0)
-  if refund then
-    local left = max(used - cost * W, 0)
-    return 1, floor(max(cap - left, 0) / W), ahead + ceil_div(left, L),
-      (left ~= used) and {u = left, a = at} or nil
+  local function first_time_weighing(p, k, W)
+    if p <= k then return 0 end
+    return max(W - floor(((k + 1) * W - 1) / p), 0)
   end
-  local needc = max(cost, 1)
-  if needc > B then
-    return 0, floor(max(cap - used, 0) / W), ahead + ceil_div(used, L), nil
-  end
-  local need = needc * W
-  if used <= cap - need then
-    local after = used
-    if cost > 0 then after = used + need end
-    return 1, floor((cap - after) / W), ahead + ceil_div(after, L),
-      (cost > 0) and {u = after, a = at} or nil
-  end
-  return 0, floor(max(cap - used, 0) / W), ahead + ceil_div(used + need - cap, L), nil
-end
 
-local steps = {[0] = window_step, [1] = fixed_step, [2] = sliding_step, [3] = bucket_step}
+  local function sliding_step(st, L, W, B, cost, refund)
+    local s, p, c = sliding_current(st, W)
+    local e = min(max(now - s, 0), W - 1)
+    local weighted = floor(min(p, L) * (W - e) / W)
+    local used = weighted + c
+    local reset = max(s + W - now, 0)
+    if refund then
+      local left = max(c - cost, 0)
+      return 1, max(L - (weighted + left), 0), reset, (left ~= c) and {s = s, p = p, c = left} or nil
+    end
+    local need = max(cost, 1)
+    if need <= L and used <= L - need then
+      return 1, L - (used + cost), reset, (cost > 0) and {s = s, p = p, c = c + cost} or nil
+    end
+    local at
+    if need > L then
+      at = s + W
+    elseif c + need <= L then
+      at = s + first_time_weighing(min(p, L), L - c - need, W)
+    else
+      at = s + W + first_time_weighing(min(c, L), L - need, W)
+    end
+    return 0, max(L - used, 0), max(at - now, 1), nil
+  end
 
--- What a counter shows uncharged: credits left, ms until it is full.
-local function view(alg, st, L, W, B)
-  local _, r, t = steps[alg](st, L, W, B, 0, false)
-  if alg == 1 then
-    local s = fixed_current(st, W)
-    t = max(s + W - now, 0)
-  elseif alg == 2 then
-    local s = sliding_current(st, W)
-    t = max(s + W - now, 0)
-  elseif alg == 3 then
+  local function bucket_current(st, L)
+    if st == nil then return 0, now end
+    if now > st.a then
+      local el = now - st.a
+      if el >= ceil_div(st.u, L) then return 0, now end
+      return st.u - el * L, now
+    end
+    return st.u, st.a
+  end
+
+  local function bucket_step(st, L, W, B, cost, refund)
     local used, at = bucket_current(st, L)
-    t = max(at - now, 0) + ceil_div(used, L)
+    local cap = B * W
+    local ahead = max(at - now, 0)
+    if refund then
+      local left = max(used - cost * W, 0)
+      return 1, floor(max(cap - left, 0) / W), ahead + ceil_div(left, L),
+        (left ~= used) and {u = left, a = at} or nil
+    end
+    local needc = max(cost, 1)
+    if needc > B then
+      return 0, floor(max(cap - used, 0) / W), ahead + ceil_div(used, L), nil
+    end
+    local need = needc * W
+    if used <= cap - need then
+      local after = used
+      if cost > 0 then after = used + need end
+      return 1, floor((cap - after) / W), ahead + ceil_div(after, L),
+        (cost > 0) and {u = after, a = at} or nil
+    end
+    return 0, floor(max(cap - used, 0) / W), ahead + ceil_div(used + need - cap, L), nil
   end
-  return r, t
+
+  local steps = {[0] = window_step, [1] = fixed_step, [2] = sliding_step, [3] = bucket_step}
+
+  -- What a counter shows uncharged: credits left, ms until it is full.
+  local function view(alg, st, L, W, B)
+    local _, r, t = steps[alg](st, L, W, B, 0, false)
+    if alg == 1 then
+      local s = fixed_current(st, W)
+      t = max(s + W - now, 0)
+    elseif alg == 2 then
+      local s = sliding_current(st, W)
+      t = max(s + W - now, 0)
+    elseif alg == 3 then
+      local used, at = bucket_current(st, L)
+      t = max(at - now, 0) + ceil_div(used, L)
+    end
+    return r, t
+  end
+  return decode, expires, encode, steps, view
 end
 
 -- Requests ----------------------------------------------------------------
@@ -226,29 +234,161 @@ for p = 1, shapes do
   swin[p] = tonumber(ARGV[b + 3])
   sbur[p] = tonumber(ARGV[b + 4])
 end
-local alg, lim, win, bur, cost, flags = {}, {}, {}, {}, {}, {}
 local base = 2 + 4 * shapes
+-- Each key's shape and flags; whether every request of the call is one
+-- counter, charged or checked: flags 4, maybe with 2 (a canary) or 8
+-- (all-or-nothing, which one counter is anyway); no group, refund or
+-- request denied beforehand. Such a call (most are) takes the lean path.
+local xs = {}
+local lean = true
+-- Most keys of a call send the same few numbers ("132", "1"): each text is
+-- read once.
+local number = setmetatable({}, {__index = function(t, text)
+  local v = tonumber(text)
+  t[text] = v
+  return v
+end})
 for i = 1, n do
-  local b = base + 2 * i
-  local x = tonumber(ARGV[b - 1])
+  local x = number[ARGV[base + 2 * i - 1]]
+  xs[i] = x
+  local f = x % 128
+  if f < 4 or f >= 16 or f % 2 == 1 then lean = false end
+end
+
+-- Every value in one call (a few for very large calls: Lua unpacks at most
+-- about 8,000 values at once).
+local raw = {}
+if n > 0 and n <= 4000 then
+  raw = rcall('MGET', unpack(KEYS))
+elseif n > 4000 then
+  for from = 1, n, 4000 do
+    local part = rcall('MGET', unpack(KEYS, from, min(from + 3999, n)))
+    for i = 1, #part do raw[from + i - 1] = part[i] end
+  end
+end
+
+-- The lean path: what the general one below does for single-counter
+-- requests, with no per-request tables. divvy's window, the common case, is
+-- inline (no table per key, none of the algorithm closures) and each charge
+-- is written at once: a key charged twice in one call is written twice,
+-- and after the MGET every read comes from `credits`, so a write cannot
+-- change a later answer.
+if lean then
+  local out = {}
+  local j = 0
+  -- divvy's window, by key: the credits stored (false: no counter) and the
+  -- expiry in ms, negative while the key has no TTL and must be rewritten
+  -- whole.
+  local credits, expiry = {}, {}
+  local decode, expires, encode, steps -- the other algorithms, when needed
+  local seen = {} -- their states, by key (false: no counter)
+  local owner, dirty = {}, {} -- by key: the op whose numbers save it; changed
+  local wtext = {} -- a shape's window in ms, as text
+  for i = 1, n do
+    local x = xs[i]
+    local p = (x - x % 128) / 128
+    local alg, L, W, B = salg[p], slim[p], swin[p], sbur[p]
+    local ctext = ARGV[base + 2 * i]
+    local cost = number[ctext]
+    local k = KEYS[i]
+    local a, r, t
+    if alg == 0 then
+      local s = credits[k]
+      if s == nil then
+        local v = raw[i]
+        s = type(v) == 'string' and tonumber(v) or false
+        if s then
+          local ttl = rcall('PTTL', k)
+          if ttl < 0 then expiry[k] = -(now + W) else expiry[k] = now + ttl end
+        end
+        credits[k] = s
+      end
+      local e = expiry[k]
+      local whole = false
+      if s and e < 0 then e, whole = -e, true end
+      if not s or e <= now then
+        -- window_step of no counter, or of an expired one
+        if cost > 0 and cost <= L then
+          a, r, t = 1, L - cost, W
+          local w = wtext[p]
+          if not w then w = fmt(W); wtext[p] = w end
+          rcall('SET', k, fmt(B - cost), 'PX', w)
+          credits[k], expiry[k] = B - cost, now + W
+        else
+          a, r, t = (cost <= L) and 1 or 0, L, W
+        end
+      else
+        t = e - now
+        local have = s + (L - B)
+        if cost == 0 then
+          a, r = (have > 0) and 1 or 0, max(have, 0)
+        elseif have >= cost then
+          a, r = 1, have - cost
+          s = s - cost
+          credits[k] = s
+          local done
+          if not whole then done = rpcall('DECRBY', k, ctext) end
+          -- A value that is a number to Lua but not an integer to Redis
+          -- (or a key without TTL) is rewritten whole.
+          if whole or (type(done) == 'table' and done.err) then
+            rcall('SET', k, fmt(s), 'PX', fmt(t))
+            expiry[k] = e
+          end
+        else
+          a, r = 0, max(have, 0)
+        end
+      end
+    else
+      if not steps then decode, expires, encode, steps = library() end
+      local st = seen[k]
+      if st == nil then
+        st = decode(alg, k, W, raw[i]) or false
+        seen[k] = st
+      end
+      local nx
+      a, r, t, nx = steps[alg](st or nil, L, W, B, cost, false)
+      if a == 1 then
+        owner[k] = i
+        if nx then
+          seen[k] = nx
+          dirty[k] = true
+        end
+      end
+    end
+    out[j + 1], out[j + 2], out[j + 3] = a, r, t
+    j = j + 3
+  end
+  -- The other algorithms' counters are saved once, at the end, with the
+  -- numbers of the last request that charged or checked them, as the
+  -- general path saves them.
+  for k, _ in pairs(dirty) do
+    local x = xs[owner[k]]
+    local p = (x - x % 128) / 128
+    local alg, L, W = salg[p], slim[p], swin[p]
+    local st = seen[k]
+    local ttl = expires(alg, st, L, W) - now
+    if ttl <= 0 then
+      rcall('DEL', k)
+    else
+      rcall('SET', k, encode(alg, st), 'PX', fmt(ttl))
+    end
+  end
+  return out
+end
+
+-- The general path: groups, all-or-nothing requests, refunds. Nothing is
+-- written before the end.
+local decode, expires, encode, steps, view = library()
+local alg, lim, win, bur, cost, flags = {}, {}, {}, {}, {}, {}
+for i = 1, n do
+  local x = xs[i]
   local f = x % 128
   local p = (x - f) / 128
   alg[i], lim[i], win[i], bur[i] = salg[p], slim[p], swin[p], sbur[p]
   flags[i] = f
-  cost[i] = tonumber(ARGV[b])
+  cost[i] = number[ARGV[base + 2 * i]]
 end
 
--- Every value in one call (a few for very large calls: Lua unpacks at most
--- about 8,000 values at once); nothing is written before the end.
-local raw = {}
-if n > 0 and n <= 4000 then
-  raw = redis.call('MGET', unpack(KEYS))
-elseif n > 4000 then
-  for from = 1, n, 4000 do
-    local part = redis.call('MGET', unpack(KEYS, from, min(from + 3999, n)))
-    for i = 1, #part do raw[from + i - 1] = part[i] end
-  end
-end
 local stored = {}  -- key -> committed state (false: none)
 local loaded = {}  -- key -> the state as read from Redis (false: none)
 local owner = {}   -- key -> op whose numbers save it
@@ -357,18 +497,18 @@ for k, _ in pairs(dirty) do
   local ttl = expires(alg[o], st, lim[o], win[o]) - now
   local was = loaded[k]
   if ttl <= 0 then
-    redis.call('DEL', k)
+    rcall('DEL', k)
   elseif alg[o] == 0 and was and was.x and was.e == st.e then
     -- divvy's window, same expiry: only the credits change. A value that
     -- is a number to Lua but not an integer to Redis is rewritten whole.
     if was.r ~= st.r then
-      local done = redis.pcall('DECRBY', k, fmt(was.r - st.r))
+      local done = rpcall('DECRBY', k, fmt(was.r - st.r))
       if type(done) == 'table' and done.err then
-        redis.call('SET', k, encode(0, st), 'PX', fmt(ttl))
+        rcall('SET', k, encode(0, st), 'PX', fmt(ttl))
       end
     end
   else
-    redis.call('SET', k, encode(alg[o], st), 'PX', fmt(ttl))
+    rcall('SET', k, encode(alg[o], st), 'PX', fmt(ttl))
   end
 end
 return out

@@ -1,0 +1,330 @@
+//! The counter script's two paths answer and write alike.
+//!
+//! `src/store/lua/counters.lua` takes a lean path when every request of a
+//! call is one counter (most calls), and the general path otherwise
+//! (groups, all-or-nothing requests, refunds). Random calls run here twice
+//! on a real `redis-server` this test starts, on two copies of the same
+//! counters: once as they are (the lean path), once with one more request
+//! of two grouped counters on keys of its own, which sends the whole call
+//! down the general path without touching the other counters. Every answer,
+//! and every key's type, value and expiry afterwards, must be the same.
+//!
+//! The counters start in every state Redis may hold: none, credits with
+//! an expiry, credits without one (an older writer), a number Redis cannot
+//! count with (`5.0`), text, a hash; and divvy's window is charged under a
+//! knob's limit as well as its own. The script gets a simulated time (it
+//! only decides the fixed, sliding and token bucket windows; divvy's
+//! window lives in the key's TTL, on Redis's clock): expiries are compared
+//! to within a second, everything else exactly.
+
+mod common;
+
+use std::time::Duration;
+
+use divvy::store::redis::SCRIPT;
+use fred::clients::Client;
+use fred::interfaces::{ClientLike, LuaInterface};
+use fred::types::config::Config as FredConfig;
+use fred::types::Builder;
+use proptest::prelude::*;
+use proptest::test_runner::{Config as ProptestConfig, TestCaseError, TestRunner};
+
+/// A simulated "now" (2023-11-14), a multiple of 10 s.
+const T0: i64 = 1_700_000_000_000;
+
+/// Counters of a case.
+const COUNTERS: usize = 5;
+
+/// Sets a key to one of the states a counter may be found in (ARGV[1]),
+/// with ARGV[2] as the number it holds.
+const SETUP: &str = r#"
+local k, kind, v = KEYS[1], ARGV[1], ARGV[2]
+redis.call('DEL', k)
+if kind == 'ttl' then redis.call('SET', k, v, 'PX', 600000)
+elseif kind == 'forever' then redis.call('SET', k, v)
+elseif kind == 'float' then redis.call('SET', k, v .. '.0', 'PX', 600000)
+elseif kind == 'text' then redis.call('SET', k, 'abc', 'PX', 600000)
+elseif kind == 'hash' then redis.call('HSET', k, 'f', v) end
+return 1
+"#;
+
+/// Each key's type, value (strings) and PTTL, as text.
+const STATE: &str = r#"
+local out = {}
+for _, k in ipairs(KEYS) do
+  local t = redis.call('TYPE', k).ok
+  local v = ''
+  if t == 'string' then v = redis.call('GET', k) end
+  out[#out + 1] = t .. ' ' .. v
+  out[#out + 1] = tostring(redis.call('PTTL', k))
+end
+return out
+"#;
+
+/// One counter: its limit shape and the state its key starts in.
+#[derive(Debug, Clone)]
+struct Counter {
+    /// 0 divvy window, 1 fixed, 2 sliding, 3 token bucket.
+    algorithm: i64,
+    /// The rule's own limit (the burst the script gets for divvy's window).
+    own: i64,
+    window_ms: i64,
+    /// The token bucket's burst.
+    burst: i64,
+    start: &'static str,
+    stored: i64,
+}
+
+/// One request of one counter.
+#[derive(Debug, Clone)]
+struct Op {
+    counter: usize,
+    /// The limit in force: the rule's own, or a knob's above or below it.
+    knob: i64,
+    cost: i64,
+    /// 4 (a request starts), with 2 (canary) or 8 (all-or-nothing) at times.
+    flags: i64,
+}
+
+#[derive(Debug, Clone)]
+struct Case {
+    counters: Vec<Counter>,
+    /// Calls, one after another, each `advance_ms` after the one before.
+    calls: Vec<(i64, Vec<Op>)>,
+}
+
+fn counter() -> impl Strategy<Value = Counter> {
+    (
+        prop_oneof![4 => Just(0i64), 1 => Just(1i64), 1 => Just(2i64), 1 => Just(3i64)],
+        1i64..=5,
+        prop_oneof![Just(1_000i64), Just(60_000i64), Just(3_600_000i64)],
+        1i64..=4,
+        prop::sample::select(vec!["none", "ttl", "forever", "float", "text", "hash"]),
+        0i64..=6,
+    )
+        .prop_map(
+            |(algorithm, own, window_ms, burst, start, stored)| Counter {
+                algorithm,
+                own,
+                window_ms,
+                burst,
+                start,
+                stored,
+            },
+        )
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    (
+        0..COUNTERS,
+        prop_oneof![3 => Just(0i64), 1 => Just(-1i64), 1 => Just(2i64)],
+        prop_oneof![1 => Just(0i64), 4 => Just(1i64), 1 => Just(2i64), 1 => Just(7i64)],
+        prop::sample::select(vec![4i64, 4, 4, 6, 12]),
+    )
+        .prop_map(|(counter, shift, cost, flags)| Op {
+            counter,
+            knob: shift,
+            cost,
+            flags,
+        })
+}
+
+fn case() -> impl Strategy<Value = Case> {
+    (
+        prop::collection::vec(counter(), COUNTERS),
+        prop::collection::vec(
+            (
+                prop_oneof![Just(0i64), 1i64..=2_000, Just(3_600_000i64)],
+                prop::collection::vec(op(), 1..10),
+            ),
+            1..4,
+        ),
+    )
+        .prop_map(|(counters, calls)| Case { counters, calls })
+}
+
+/// The script's keys and arguments for `ops` on the keys `prefix:i` at
+/// `now`; with `general`, one more request of two grouped counters on keys
+/// of its own.
+fn call_args(
+    case: &Case,
+    ops: &[Op],
+    prefix: &str,
+    now: i64,
+    general: bool,
+) -> (Vec<String>, Vec<i64>) {
+    let mut keys = Vec::new();
+    let mut shapes = Vec::new();
+    let mut per_key = Vec::new();
+    for (n, op) in ops.iter().enumerate() {
+        let c = &case.counters[op.counter];
+        keys.push(format!("{prefix}:{}", op.counter));
+        let limit = (c.own + op.knob).max(1);
+        let burst = if c.algorithm == 0 { c.own } else { c.burst };
+        shapes.extend([c.algorithm, limit, c.window_ms, burst]);
+        per_key.extend([(n as i64 + 1) * 128 + op.flags, op.cost]);
+    }
+    if general {
+        let n = ops.len() as i64;
+        keys.push(format!("{prefix}:group:a"));
+        keys.push(format!("{prefix}:group:b"));
+        shapes.extend([1, 5, 60_000, 5]);
+        // A request starts (4), and its second counter joins its group (1).
+        per_key.extend([(n + 1) * 128 + 4, 1, (n + 1) * 128 + 1, 1]);
+    }
+    let mut args = vec![now, (shapes.len() / 4) as i64];
+    args.extend(shapes);
+    args.extend(per_key);
+    (keys, args)
+}
+
+async fn run_case(client: &Client, case: &Case) -> Result<(), String> {
+    client
+        .flushall::<()>(false)
+        .await
+        .map_err(|e| e.to_string())?;
+    for prefix in ["lean", "general"] {
+        for (i, c) in case.counters.iter().enumerate() {
+            let _: i64 = client
+                .eval(
+                    SETUP,
+                    vec![format!("{prefix}:{i}")],
+                    vec![c.start.to_owned(), c.stored.to_string()],
+                )
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+    }
+    let mut now = T0;
+    for (advance, ops) in &case.calls {
+        now += advance;
+        let mut answers = Vec::new();
+        for (prefix, general) in [("lean", false), ("general", true)] {
+            let (keys, args) = call_args(case, ops, prefix, now, general);
+            let mut got: Vec<i64> = client
+                .eval(SCRIPT, keys, args)
+                .await
+                .map_err(|e| format!("{prefix} call: {e}"))?;
+            got.truncate(ops.len() * 3);
+            answers.push(got);
+        }
+        for (n, (l, g)) in answers[0]
+            .chunks_exact(3)
+            .zip(answers[1].chunks_exact(3))
+            .enumerate()
+        {
+            // Allowed and remaining exactly; the reset to within a second
+            // (divvy's window reads it from a TTL on Redis's clock).
+            if l[0] != g[0] || l[1] != g[1] || (l[2] - g[2]).abs() > 1_000 {
+                return Err(format!(
+                    "at {now}, op {n} ({:?}): lean path answered {l:?}, general path {g:?}",
+                    ops[n]
+                ));
+            }
+        }
+        let state = |prefix: &'static str| {
+            let keys: Vec<String> = (0..COUNTERS).map(|i| format!("{prefix}:{i}")).collect();
+            async move {
+                client
+                    .eval::<Vec<String>, _, _, _>(STATE, keys, Vec::<String>::new())
+                    .await
+                    .map_err(|e| e.to_string())
+            }
+        };
+        let (lean, general) = (state("lean").await?, state("general").await?);
+        for (i, (l, g)) in lean
+            .chunks_exact(2)
+            .zip(general.chunks_exact(2))
+            .enumerate()
+        {
+            let (lt, gt): (i64, i64) = (
+                l[1].parse().map_err(|_| format!("PTTL {}", l[1]))?,
+                g[1].parse().map_err(|_| format!("PTTL {}", g[1]))?,
+            );
+            // An expiry on both or neither, within a second of each other.
+            if l[0] != g[0] || (lt < 0) != (gt < 0) || (lt - gt).abs() > 1_000 {
+                return Err(format!(
+                    "at {now}, counter {i} ({:?}): lean path left `{}` PTTL {lt}, general path `{}` PTTL {gt}",
+                    case.counters[i], l[0], g[0]
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn the_lean_and_general_paths_answer_and_write_alike() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let server = common::redis::Redis::start();
+    let client = runtime.block_on(async {
+        let client = Builder::from_config(FredConfig::from_url(&server.url()).expect("url"))
+            .with_performance_config(|p| p.default_command_timeout = Duration::from_secs(5))
+            .build()
+            .expect("fred client");
+        client.init().await.expect("connection");
+        client
+    });
+    let mut runner = TestRunner::new(ProptestConfig {
+        failure_persistence: None,
+        ..ProptestConfig::with_cases(256)
+    });
+    let result = runner.run(&case(), |case| {
+        runtime
+            .block_on(run_case(&client, &case))
+            .map_err(TestCaseError::fail)
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}
+
+/// A call with a group is not lean; one without is. The general path
+/// forced by the test's extra request is the one the property compares to.
+#[tokio::test]
+async fn a_call_with_a_group_takes_the_general_path() {
+    let server = common::redis::Redis::start();
+    let client = Builder::from_config(FredConfig::from_url(&server.url()).expect("url"))
+        .build()
+        .expect("fred client");
+    client.init().await.expect("connection");
+    let case = Case {
+        counters: vec![Counter {
+            algorithm: 0,
+            own: 3,
+            window_ms: 60_000,
+            burst: 1,
+            start: "none",
+            stored: 0,
+        }],
+        calls: Vec::new(),
+    };
+    let ops = [Op {
+        counter: 0,
+        knob: 0,
+        cost: 1,
+        flags: 4,
+    }];
+    // SCRIPT's lean path returns before the general path's closures are
+    // built; with a Lua error planted in the general path only, the lean
+    // call still works and the grouped call fails.
+    let planted = SCRIPT.replacen(
+        "local decode, expires, encode, steps, view = library()",
+        "error('general path')",
+        1,
+    );
+    assert_ne!(planted, SCRIPT, "the general path's first line moved");
+    let (keys, args) = call_args(&case, &ops, "p", T0, false);
+    let lean: Vec<i64> = client
+        .eval(planted.as_str(), keys, args)
+        .await
+        .expect("the lean path");
+    assert_eq!(lean, vec![1, 2, 60_000]);
+    let (keys, args) = call_args(&case, &ops, "q", T0, true);
+    let general: Result<Vec<i64>, _> = client.eval(planted.as_str(), keys, args).await;
+    let error = general.expect_err("the general path");
+    assert!(error.to_string().contains("general path"), "{error}");
+}

@@ -405,6 +405,25 @@ fn redis_cli(port: u16, args: &[&str]) -> String {
         .unwrap_or_default()
 }
 
+/// EVALSHA and EVAL calls the redis-server on `port` has run (its
+/// `INFO commandstats`).
+fn script_calls(port: u16) -> Option<u64> {
+    let info = redis_cli(port, &["INFO", "commandstats"]);
+    let mut total = None;
+    for line in info.lines() {
+        // cmdstat_evalsha:calls=123,usec=...
+        let Some(rest) = line
+            .strip_prefix("cmdstat_evalsha:calls=")
+            .or_else(|| line.strip_prefix("cmdstat_eval:calls="))
+        else {
+            continue;
+        };
+        let n: u64 = rest.split(',').next()?.parse().ok()?;
+        total = Some(total.unwrap_or(0) + n);
+    }
+    total
+}
+
 /// redis-benchmark's own EVALSHA rate for divvy's script (`requests`
 /// calls of `counters` counters each, one request a counter, as the store
 /// batches them), and Redis's CPU time per call. One counter a call draws
@@ -1556,9 +1575,20 @@ fn redis_section(rt: &Runtime, redis: &RedisProc, run: Duration, summary: &mut S
         },
     ];
     let loads = [LINE_LOADS[0], LINE_LOADS[2]];
-    for (name, [mut m, mut r]) in
-        line_pairs(rt, &targets, ["memory store", "redis store"], run, &loads)
-    {
+    let pairs = line_pairs(rt, &targets, ["memory store", "redis store"], run, &loads);
+    let mut calls_before = script_calls(redis.port);
+    for (name, [mut m, mut r]) in pairs {
+        // Only the Redis store's runs call the script, so the calls since
+        // the last load are theirs: how many HITs one script call carried.
+        let calls = script_calls(redis.port);
+        let per_call = calls
+            .zip(calls_before)
+            .map(|(a, b)| a.saturating_sub(b))
+            .filter(|&c| c > 0)
+            .map(|c| r.f.requests as f64 / c as f64);
+        calls_before = calls;
+        let per_call = per_call.map_or_else(|| String::from("n/a"), |v| format!("{v:.1}"));
+        println!("  redis store: {name}: {per_call} HITs per script call");
         println!(
             "  redis / memory store: HIT/s {}, p99 {}, divvy cpu/HIT {}, divvy + redis cpu/HIT {}",
             ratio(r.rate(), m.rate()),
@@ -1574,6 +1604,13 @@ fn redis_section(rt: &Runtime, redis: &RedisProc, run: Duration, summary: &mut S
             &format!("{name} (baseline: memory store)"),
             &mut r,
             &mut m,
+        );
+        summary.row(
+            "redis",
+            &format!("HITs per script call (the batch), {name}"),
+            per_call,
+            String::from("–"),
+            String::from("–"),
         );
         summary.row(
             "redis",

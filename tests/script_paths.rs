@@ -1,13 +1,15 @@
 //! The counter script's two paths answer and write alike.
 //!
-//! `src/store/lua/counters.lua` takes a lean path when every request of a
-//! call is one counter (most calls), and the general path otherwise
-//! (groups, all-or-nothing requests, refunds). Random calls run here twice
-//! on a real `redis-server` this test starts, on two copies of the same
-//! counters: once as they are (the lean path), once with one more request
-//! of two grouped counters on keys of its own, which sends the whole call
-//! down the general path without touching the other counters. Every answer,
-//! and every key's type, value and expiry afterwards, must be the same.
+//! `src/store/lua/counters.lua` takes a lean path when every counter of a
+//! call is charged on its own (most calls: requests of one counter, and a
+//! connection's pipelined requests), and the general path otherwise
+//! (groups, all-or-nothing requests of several counters, refunds). Random
+//! calls run here twice on a real `redis-server` this test starts, on two
+//! copies of the same counters: once as they are, by a copy of the script
+//! that fails if it leaves the lean path; once with one more request of
+//! two grouped counters on keys of its own, which sends the whole call down
+//! the general path without touching the other counters. Every answer, and
+//! every key's type, value and expiry afterwards, must be the same.
 //!
 //! The counters start in every state Redis may hold: none, credits with
 //! an expiry, credits without one (an older writer), a number Redis cannot
@@ -82,7 +84,8 @@ struct Op {
     /// The limit in force: the rule's own, or a knob's above or below it.
     knob: i64,
     cost: i64,
-    /// 4 (a request starts), with 2 (canary) or 8 (all-or-nothing) at times.
+    /// 4 (a request starts), with 2 (canary) or 8 (all-or-nothing) at
+    /// times; or 0 or 2: a counter of its own in the request before it.
     flags: i64,
 }
 
@@ -119,7 +122,7 @@ fn op() -> impl Strategy<Value = Op> {
         0..COUNTERS,
         prop_oneof![3 => Just(0i64), 1 => Just(-1i64), 1 => Just(2i64)],
         prop_oneof![1 => Just(0i64), 4 => Just(1i64), 1 => Just(2i64), 1 => Just(7i64)],
-        prop::sample::select(vec![4i64, 4, 4, 6, 12]),
+        prop::sample::select(vec![4i64, 4, 4, 6, 12, 0, 0, 2]),
     )
         .prop_map(|(counter, shift, cost, flags)| Op {
             counter,
@@ -135,12 +138,41 @@ fn case() -> impl Strategy<Value = Case> {
         prop::collection::vec(
             (
                 prop_oneof![Just(0i64), 1i64..=2_000, Just(3_600_000i64)],
-                prop::collection::vec(op(), 1..10),
+                prop::collection::vec(op(), 1..10).prop_map(requests),
             ),
             1..4,
         ),
     )
         .prop_map(|(counters, calls)| Case { counters, calls })
+}
+
+/// `ops` as the store sends them: the first starts a request, and an
+/// all-or-nothing request is one counter (the lean path's calls; one of
+/// several counters takes the general path, which the property compares
+/// to).
+fn requests(mut ops: Vec<Op>) -> Vec<Op> {
+    let mut whole = false;
+    for (n, op) in ops.iter_mut().enumerate() {
+        if op.flags < 4 && (n == 0 || whole) {
+            op.flags += 4;
+        }
+        if op.flags >= 4 {
+            whole = op.flags >= 8;
+        }
+    }
+    ops
+}
+
+/// SCRIPT with a Lua error planted where the general path starts: a call
+/// it answers took the lean path.
+fn lean_only() -> String {
+    let planted = SCRIPT.replacen(
+        "local decode, expires, encode, steps, view = library()",
+        "error('general path')",
+        1,
+    );
+    assert_ne!(planted, SCRIPT, "the general path's first line moved");
+    planted
 }
 
 /// The script's keys and arguments for `ops` on the keys `prefix:i` at
@@ -178,7 +210,7 @@ fn call_args(
     (keys, args)
 }
 
-async fn run_case(client: &Client, case: &Case) -> Result<(), String> {
+async fn run_case(client: &Client, lean_script: &str, case: &Case) -> Result<(), String> {
     client
         .flushall::<()>(false)
         .await
@@ -201,8 +233,9 @@ async fn run_case(client: &Client, case: &Case) -> Result<(), String> {
         let mut answers = Vec::new();
         for (prefix, general) in [("lean", false), ("general", true)] {
             let (keys, args) = call_args(case, ops, prefix, now, general);
+            let script = if general { SCRIPT } else { lean_script };
             let mut got: Vec<i64> = client
-                .eval(SCRIPT, keys, args)
+                .eval(script, keys, args)
                 .await
                 .map_err(|e| format!("{prefix} call: {e}"))?;
             got.truncate(ops.len() * 3);
@@ -272,9 +305,10 @@ fn the_lean_and_general_paths_answer_and_write_alike() {
         failure_persistence: None,
         ..ProptestConfig::with_cases(256)
     });
+    let lean = lean_only();
     let result = runner.run(&case(), |case| {
         runtime
-            .block_on(run_case(&client, &case))
+            .block_on(run_case(&client, &lean, &case))
             .map_err(TestCaseError::fail)
     });
     if let Err(e) = result {
@@ -282,49 +316,62 @@ fn the_lean_and_general_paths_answer_and_write_alike() {
     }
 }
 
-/// A call with a group is not lean; one without is. The general path
-/// forced by the test's extra request is the one the property compares to.
+/// Which calls take the lean path (the property relies on it): a request
+/// of one counter, and a request of several counters each charged on its
+/// own; not a group, nor an all-or-nothing request of several counters.
 #[tokio::test]
-async fn a_call_with_a_group_takes_the_general_path() {
+async fn only_counters_charged_on_their_own_take_the_lean_path() {
     let server = common::redis::Redis::start();
     let client = Builder::from_config(FredConfig::from_url(&server.url()).expect("url"))
         .build()
         .expect("fred client");
     client.init().await.expect("connection");
+    let window = Counter {
+        algorithm: 0,
+        own: 3,
+        window_ms: 60_000,
+        burst: 1,
+        start: "none",
+        stored: 0,
+    };
     let case = Case {
-        counters: vec![Counter {
-            algorithm: 0,
-            own: 3,
-            window_ms: 60_000,
-            burst: 1,
-            start: "none",
-            stored: 0,
-        }],
+        counters: vec![window.clone(), window],
         calls: Vec::new(),
     };
-    let ops = [Op {
-        counter: 0,
+    let op = |counter: usize, flags: i64| Op {
+        counter,
         knob: 0,
         cost: 1,
-        flags: 4,
-    }];
-    // SCRIPT's lean path returns before the general path's closures are
-    // built; with a Lua error planted in the general path only, the lean
-    // call still works and the grouped call fails.
-    let planted = SCRIPT.replacen(
-        "local decode, expires, encode, steps, view = library()",
-        "error('general path')",
-        1,
-    );
-    assert_ne!(planted, SCRIPT, "the general path's first line moved");
-    let (keys, args) = call_args(&case, &ops, "p", T0, false);
-    let lean: Vec<i64> = client
-        .eval(planted.as_str(), keys, args)
-        .await
-        .expect("the lean path");
-    assert_eq!(lean, vec![1, 2, 60_000]);
-    let (keys, args) = call_args(&case, &ops, "q", T0, true);
-    let general: Result<Vec<i64>, _> = client.eval(planted.as_str(), keys, args).await;
-    let error = general.expect_err("the general path");
-    assert!(error.to_string().contains("general path"), "{error}");
+        flags,
+    };
+    // The lean path returns before the general path starts: with a Lua
+    // error planted there, a lean call still works, and another fails.
+    let planted = lean_only();
+    let calls: [(&str, Vec<Op>, bool, bool); 5] = [
+        ("one counter", vec![op(0, 4)], false, true),
+        ("a canary", vec![op(0, 6)], false, true),
+        ("pipelined", vec![op(0, 4), op(1, 0), op(0, 2)], false, true),
+        (
+            "all-or-nothing of two",
+            vec![op(0, 12), op(1, 0)],
+            false,
+            false,
+        ),
+        ("with a group", vec![op(0, 4)], true, false),
+    ];
+    for (n, (what, ops, group, lean)) in calls.into_iter().enumerate() {
+        let (keys, args) = call_args(&case, &ops, &format!("c{n}"), T0, group);
+        let got: Result<Vec<i64>, _> = client.eval(planted.as_str(), keys, args).await;
+        match got {
+            Ok(answers) => {
+                assert!(lean, "{what}: answered on the lean path: {answers:?}");
+                assert_eq!(answers.len(), ops.len() * 3, "{what}");
+                assert_eq!(answers[..3], [1, 2, 60_000], "{what}");
+            }
+            Err(e) => {
+                assert!(!lean, "{what}: {e}");
+                assert!(e.to_string().contains("general path"), "{what}: {e}");
+            }
+        }
+    }
 }

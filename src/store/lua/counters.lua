@@ -235,12 +235,14 @@ for p = 1, shapes do
   sbur[p] = tonumber(ARGV[b + 4])
 end
 local base = 2 + 4 * shapes
--- Each key's shape and flags; whether every request of the call is one
--- counter, charged or checked: flags 4, maybe with 2 (a canary) or 8
--- (all-or-nothing, which one counter is anyway); no group, refund or
--- request denied beforehand. Such a call (most are) takes the lean path.
+-- Each key's shape and flags; whether every counter of the call is charged
+-- or checked on its own: no group (flag 1), no request denied beforehand
+-- (16), no refund (32, 64), and no all-or-nothing request (8) of more than
+-- one counter. Such a call (a request of one counter, or a connection's
+-- pipelined requests of one counter each: most calls) takes the lean path.
 local xs = {}
 local lean = true
+local whole_request = false -- the request under way is all-or-nothing
 -- Most keys of a call send the same few numbers ("132", "1"): each text is
 -- read once.
 local number = setmetatable({}, {__index = function(t, text)
@@ -252,7 +254,14 @@ for i = 1, n do
   local x = number[ARGV[base + 2 * i - 1]]
   xs[i] = x
   local f = x % 128
-  if f < 4 or f >= 16 or f % 2 == 1 then lean = false end
+  local starts = f % 8 >= 4
+  if f >= 16 or f % 2 == 1 or (f >= 8 and not starts) then
+    lean = false
+  elseif starts then
+    whole_request = f >= 8
+  elseif whole_request then
+    lean = false
+  end
 end
 
 -- Every value in one call (a few for very large calls: Lua unpacks at most
@@ -267,8 +276,8 @@ elseif n > 4000 then
   end
 end
 
--- The lean path: what the general one below does for single-counter
--- requests, with no per-request tables. divvy's window, the common case, is
+-- The lean path: what the general one below does for counters charged on
+-- their own, with no per-request tables. divvy's window, the common case, is
 -- inline (no table per key, none of the algorithm closures) and each charge
 -- is written at once: a key charged twice in one call is written twice,
 -- and after the MGET every read comes from `credits`, so a write cannot

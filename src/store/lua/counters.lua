@@ -279,9 +279,11 @@ end
 -- The lean path: what the general one below does for counters charged on
 -- their own, with no per-request tables. divvy's window, the common case, is
 -- inline (no table per key, none of the algorithm closures) and each charge
--- is written at once: a key charged twice in one call is written twice,
--- and after the MGET every read comes from `credits`, so a write cannot
--- change a later answer.
+-- is written at once: a key charged twice in one call is written twice
+-- (and replicated so), and after the MGET every read comes from `credits`,
+-- so a write cannot change a later answer. The general path writes only at
+-- its end; the store never sends a call that can fail halfway (limits and
+-- windows are validated), and a call is far too short for SCRIPT KILL.
 if lean then
   local out = {}
   local j = 0
@@ -333,15 +335,20 @@ if lean then
           a, r = (have > 0) and 1 or 0, max(have, 0)
         elseif have >= cost then
           a, r = 1, have - cost
-          s = s - cost
-          credits[k] = s
-          local done
-          if not whole then done = rpcall('DECRBY', k, ctext) end
-          -- A value that is a number to Lua but not an integer to Redis
-          -- (or a key without TTL) is rewritten whole.
-          if whole or (type(done) == 'table' and done.err) then
-            rcall('SET', k, fmt(s), 'PX', fmt(t))
-            expiry[k] = e
+          -- As window_step computes it (beyond 2^53 the subtraction can
+          -- round back to the value stored: nothing is written then).
+          local v = have - cost - (L - B)
+          if v ~= s then
+            s = v
+            credits[k] = s
+            local done
+            if not whole then done = rpcall('DECRBY', k, ctext) end
+            -- A value that is a number to Lua but not an integer to Redis
+            -- (or a key without TTL) is rewritten whole.
+            if whole or (type(done) == 'table' and done.err) then
+              rcall('SET', k, fmt(s), 'PX', fmt(t))
+              expiry[k] = e
+            end
           end
         else
           a, r = 0, max(have, 0)

@@ -1,14 +1,15 @@
 //! The counter script's two paths answer and write alike.
 //!
-//! `src/store/lua/counters.lua` takes a lean path when every counter of a
-//! call is charged on its own (most calls: requests of one counter, and a
-//! connection's pipelined requests), and the general path otherwise
-//! (groups, all-or-nothing requests of several counters, refunds). Random
-//! calls run here twice on a real `redis-server` this test starts, on two
-//! copies of the same counters: once as they are, by a copy of the script
-//! that fails if it leaves the lean path; once with one more request of
-//! two grouped counters on keys of its own, which sends the whole call down
-//! the general path without touching the other counters. Every answer, and
+//! `src/store/lua/counters.lua` takes a lean path when every group of a
+//! call is charged on its own (most calls: requests of one counter or of
+//! one rule's limits, and a connection's pipelined requests), and the
+//! general path otherwise (all-or-nothing requests of several counters,
+//! refunds, requests denied beforehand). Random calls run here twice on a
+//! real `redis-server` this test starts, on two copies of the same
+//! counters: once as they are, by a copy of the script that fails if it
+//! leaves the lean path; once with one more request, all-or-nothing, of two
+//! counters on keys of their own, which sends the whole call down the
+//! general path without touching the other counters. Every answer, and
 //! every key's type, value and expiry afterwards, must be the same.
 //!
 //! The counters start in every state Redis may hold: none, credits with
@@ -92,7 +93,8 @@ struct Op {
     knob: i64,
     cost: i64,
     /// 4 (a request starts), with 2 (canary) or 8 (all-or-nothing) at
-    /// times; or 0 or 2: a counter of its own in the request before it.
+    /// times; or 0 or 2: a counter of its own in the request before it; or
+    /// 1 or 3: in the group (one rule's limits) of the counter before it.
     flags: i64,
 }
 
@@ -134,7 +136,7 @@ fn op() -> impl Strategy<Value = Op> {
         0..COUNTERS,
         prop_oneof![3 => Just(0i64), 1 => Just(-1i64), 1 => Just(2i64)],
         prop_oneof![1 => Just(0i64), 4 => Just(1i64), 1 => Just(2i64), 1 => Just(7i64)],
-        prop::sample::select(vec![4i64, 4, 4, 6, 12, 0, 0, 2]),
+        prop::sample::select(vec![4i64, 4, 4, 6, 12, 0, 0, 2, 1, 1, 3]),
     )
         .prop_map(|(counter, shift, cost, flags)| Op {
             counter,
@@ -213,8 +215,8 @@ fn lean_only() -> String {
 }
 
 /// The script's keys and arguments for `ops` on the keys `prefix:i` at
-/// `now`; with `general`, one more request of two grouped counters on keys
-/// of its own.
+/// `now`; with `general`, one more request, all-or-nothing, of two counters
+/// on keys of its own.
 fn call_args(
     case: &Case,
     ops: &[Op],
@@ -235,11 +237,12 @@ fn call_args(
     }
     if general {
         let n = ops.len() as i64;
-        keys.push(format!("{prefix}:group:a"));
-        keys.push(format!("{prefix}:group:b"));
+        keys.push(format!("{prefix}:whole:a"));
+        keys.push(format!("{prefix}:whole:b"));
         shapes.extend([1, 5, 60_000, 5]);
-        // A request starts (4), and its second counter joins its group (1).
-        per_key.extend([(n + 1) * 128 + 4, 1, (n + 1) * 128 + 1, 1]);
+        // An all-or-nothing request starts (4 + 8), and a second counter of
+        // its own (0) follows.
+        per_key.extend([(n + 1) * 128 + 12, 1, (n + 1) * 128, 1]);
     }
     let mut args = vec![now, (shapes.len() / 4) as i64];
     args.extend(shapes);
@@ -379,9 +382,9 @@ fn the_lean_and_general_paths_answer_and_write_alike() {
     }
 }
 
-/// Which calls take the lean path (the property relies on it): a request
-/// of one counter, and a request of several counters each charged on its
-/// own; not a group, nor an all-or-nothing request of several counters.
+/// Which calls take the lean path (the property relies on it): requests of
+/// one counter, of several counters each charged on its own, of a group;
+/// not an all-or-nothing request of several counters.
 #[tokio::test]
 async fn only_counters_charged_on_their_own_take_the_lean_path() {
     let server = common::redis::Redis::start();
@@ -410,17 +413,24 @@ async fn only_counters_charged_on_their_own_take_the_lean_path() {
     // The lean path returns before the general path starts: with a Lua
     // error planted there, a lean call still works, and another fails.
     let planted = lean_only();
-    let calls: [(&str, Vec<Op>, bool, bool); 5] = [
+    let calls: [(&str, Vec<Op>, bool, bool); 7] = [
         ("one counter", vec![op(0, 4)], false, true),
         ("a canary", vec![op(0, 6)], false, true),
         ("pipelined", vec![op(0, 4), op(1, 0), op(0, 2)], false, true),
+        ("a group", vec![op(0, 4), op(1, 1)], false, true),
         (
             "all-or-nothing of two",
             vec![op(0, 12), op(1, 0)],
             false,
             false,
         ),
-        ("with a group", vec![op(0, 4)], true, false),
+        (
+            "all-or-nothing group",
+            vec![op(0, 12), op(1, 1)],
+            false,
+            false,
+        ),
+        ("the property's general side", vec![op(0, 4)], true, false),
     ];
     for (n, (what, ops, group, lean)) in calls.into_iter().enumerate() {
         let (keys, args) = call_args(&case, &ops, &format!("c{n}"), T0, group);

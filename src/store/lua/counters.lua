@@ -235,11 +235,11 @@ for p = 1, shapes do
   sbur[p] = tonumber(ARGV[b + 4])
 end
 local base = 2 + 4 * shapes
--- Each key's shape and flags; whether every counter of the call is charged
--- or checked on its own: no group (flag 1), no request denied beforehand
--- (16), no refund (32, 64), and no all-or-nothing request (8) of more than
--- one counter. Such a call (a request of one counter, or a connection's
--- pipelined requests of one counter each: most calls) takes the lean path.
+-- Each key's shape and flags; whether every group of the call is charged
+-- or checked on its own: no request denied beforehand (16), no refund (32,
+-- 64), and no all-or-nothing request (8) of more than one counter. Such a
+-- call (requests of one counter or of one rule's limits, and a
+-- connection's pipelined requests: most calls) takes the lean path.
 local xs = {}
 local lean = true
 local whole_request = false -- the request under way is all-or-nothing
@@ -255,7 +255,7 @@ for i = 1, n do
   xs[i] = x
   local f = x % 128
   local starts = f % 8 >= 4
-  if f >= 16 or f % 2 == 1 or (f >= 8 and not starts) then
+  if f >= 16 or (f >= 8 and not starts) then
     lean = false
   elseif starts then
     whole_request = f >= 8
@@ -291,88 +291,168 @@ if lean then
   -- expiry in ms, negative while the key has no TTL and must be rewritten
   -- whole.
   local credits, expiry = {}, {}
-  local decode, expires, encode, steps -- the other algorithms, when needed
-  local seen = {} -- their states, by key (false: no counter)
+  local decode, expires, encode, steps, view -- when needed
+  local seen = {} -- other algorithms' states, by key (false: no counter)
   local owner, dirty = {}, {} -- by key: the op whose numbers save it; changed
   local wtext = {} -- a shape's window in ms, as text
-  for i = 1, n do
-    local x = xs[i]
-    local p = (x - x % 128) / 128
-    local alg, L, W, B = salg[p], slim[p], swin[p], sbur[p]
-    local ctext = ARGV[base + 2 * i]
-    local cost = number[ctext]
-    local k = KEYS[i]
-    local a, r, t
-    if alg == 0 then
-      local s = credits[k]
-      if s == nil then
-        local v = raw[i]
-        s = type(v) == 'string' and tonumber(v) or false
-        if s then
-          local ttl = rcall('PTTL', k)
-          if ttl < 0 then expiry[k] = -(now + W) else expiry[k] = now + ttl end
-        end
-        credits[k] = s
+  -- divvy's window `k` (op i) into `credits` and `expiry`, once.
+  local function window_load(i, k, W)
+    local s = credits[k]
+    if s == nil then
+      local v = raw[i]
+      s = type(v) == 'string' and tonumber(v) or false
+      if s then
+        local ttl = rcall('PTTL', k)
+        if ttl < 0 then expiry[k] = -(now + W) else expiry[k] = now + ttl end
       end
-      local e = expiry[k]
-      local whole = false
-      if s and e < 0 then e, whole = -e, true end
-      if not s or e <= now then
-        -- window_step of no counter, or of an expired one
-        if cost > 0 and cost <= L then
-          a, r, t = 1, L - cost, W
-          local w = wtext[p]
-          if not w then w = fmt(W); wtext[p] = w end
-          rcall('SET', k, fmt(B - cost), 'PX', w)
-          credits[k], expiry[k] = B - cost, now + W
-        else
-          a, r, t = (cost <= L) and 1 or 0, L, W
-        end
-      else
-        t = e - now
-        local have = s + (L - B)
-        if cost == 0 then
-          a, r = (have > 0) and 1 or 0, max(have, 0)
-        elseif have >= cost then
-          a, r = 1, have - cost
-          -- As window_step computes it (beyond 2^53 the subtraction can
-          -- round back to the value stored: nothing is written then).
-          local v = have - cost - (L - B)
-          if v ~= s then
-            s = v
-            credits[k] = s
-            local done
-            if not whole then done = rpcall('DECRBY', k, ctext) end
-            -- A value that is a number to Lua but not an integer to Redis
-            -- (or a key without TTL) is rewritten whole.
-            if whole or (type(done) == 'table' and done.err) then
-              rcall('SET', k, fmt(s), 'PX', fmt(t))
-              expiry[k] = e
-            end
-          end
-        else
-          a, r = 0, max(have, 0)
-        end
+      credits[k] = s
+    end
+    return s
+  end
+  -- divvy's window `k` charged from `s` credits (its expiry, and whether
+  -- it must be rewritten whole, from `expiry`) to `v` ending at `e`: `DECRBY`
+  -- in place where it can be, else `SET ... PX`.
+  local function window_save(k, s, v, e, delta)
+    local was = expiry[k]
+    if s and was and (was == e or was == -e) and was > 0 then
+      local done = rpcall('DECRBY', k, delta or fmt(s - v))
+      -- A value that is a number to Lua but not an integer to Redis is
+      -- rewritten whole.
+      if type(done) == 'table' and done.err then
+        rcall('SET', k, fmt(v), 'PX', fmt(e - now))
       end
     else
-      if not steps then decode, expires, encode, steps = library() end
-      local st = seen[k]
-      if st == nil then
-        st = decode(alg, k, W, raw[i]) or false
-        seen[k] = st
-      end
-      local nx
-      a, r, t, nx = steps[alg](st or nil, L, W, B, cost, false)
-      if a == 1 then
-        owner[k] = i
-        if nx then
-          seen[k] = nx
-          dirty[k] = true
+      rcall('SET', k, fmt(v), 'PX', fmt(e - now))
+    end
+    credits[k], expiry[k] = v, e
+  end
+  local i = 1
+  while i <= n do
+    -- ops i..g: one group (the ops after i with flag 1, in i's request)
+    local g = i
+    while g < n and xs[g + 1] % 2 == 1 and xs[g + 1] % 8 < 4 do g = g + 1 end
+    if g == i then
+      local x = xs[i]
+      local p = (x - x % 128) / 128
+      local alg, L, W, B = salg[p], slim[p], swin[p], sbur[p]
+      local ctext = ARGV[base + 2 * i]
+      local cost = number[ctext]
+      local k = KEYS[i]
+      local a, r, t
+      if alg == 0 then
+        local s = window_load(i, k, W)
+        local e = s and expiry[k]
+        if s and e < 0 then e = -e end
+        if not s or e <= now then
+          -- window_step of no counter, or of an expired one
+          if cost > 0 and cost <= L then
+            a, r, t = 1, L - cost, W
+            local w = wtext[p]
+            if not w then w = fmt(W); wtext[p] = w end
+            rcall('SET', k, fmt(B - cost), 'PX', w)
+            credits[k], expiry[k] = B - cost, now + W
+          else
+            a, r, t = (cost <= L) and 1 or 0, L, W
+          end
+        else
+          t = e - now
+          local have = s + (L - B)
+          if cost == 0 then
+            a, r = (have > 0) and 1 or 0, max(have, 0)
+          elseif have >= cost then
+            a, r = 1, have - cost
+            -- As window_step computes it (beyond 2^53 the subtraction can
+            -- round back to the value stored: nothing is written then).
+            local v = have - cost - (L - B)
+            if v ~= s then window_save(k, s, v, e, ctext) end
+          else
+            a, r = 0, max(have, 0)
+          end
+        end
+      else
+        if not steps then decode, expires, encode, steps, view = library() end
+        local st = seen[k]
+        if st == nil then
+          st = decode(alg, k, W, raw[i]) or false
+          seen[k] = st
+        end
+        local nx
+        a, r, t, nx = steps[alg](st or nil, L, W, B, cost, false)
+        if a == 1 then
+          owner[k] = i
+          if nx then
+            seen[k] = nx
+            dirty[k] = true
+          end
         end
       end
+      out[j + 1], out[j + 2], out[j + 3] = a, r, t
+      j = j + 3
+    else
+      -- A group (one rule's limits): every op on the state its keys have
+      -- after the ops before it, then all charged or none; as the general
+      -- path does it, with the algorithms' own functions.
+      if not steps then decode, expires, encode, steps, view = library() end
+      local over, before = {}, {}
+      local ra, rr, rt, rn = {}, {}, {}, {}
+      local all = true
+      for o = i, g do
+        local x = xs[o]
+        local p = (x - x % 128) / 128
+        local alg, L, W, B = salg[p], slim[p], swin[p], sbur[p]
+        local k = KEYS[o]
+        local st = over[k]
+        if st == nil then
+          if alg == 0 then
+            local s = window_load(o, k, W)
+            local e = s and expiry[k]
+            st = s and {r = s, e = (e < 0) and -e or e} or false
+          else
+            st = seen[k]
+            if st == nil then
+              st = decode(alg, k, W, raw[o]) or false
+              seen[k] = st
+            end
+          end
+        end
+        local a, r, t, nx = steps[alg](st or nil, L, W, B, number[ARGV[base + 2 * o]], false)
+        if a ~= 1 then all = false end
+        over[k] = nx or st
+        before[o] = st
+        ra[o], rr[o], rt[o], rn[o] = a, r, t, nx ~= nil
+      end
+      for o = i, g do
+        local x = xs[o]
+        local p = (x - x % 128) / 128
+        local alg, L, W, B = salg[p], slim[p], swin[p], sbur[p]
+        if all then
+          local k = KEYS[o]
+          local st = over[k]
+          if alg == 0 then
+            local s = credits[k]
+            local e = expiry[k]
+            if st and (st.r ~= s or not e or (st.e ~= e and st.e ~= -e)) then
+              window_save(k, s, st.r, st.e)
+            end
+          else
+            owner[k] = o
+            if st ~= seen[k] then
+              seen[k] = st
+              dirty[k] = true
+            end
+          end
+          out[j + 1], out[j + 2], out[j + 3] = ra[o], rr[o], rt[o]
+        elseif ra[o] == 1 and rn[o] then
+          -- allowed alone, not charged: what the counter shows uncharged
+          local r, t = view(alg, before[o] or nil, L, W, B)
+          out[j + 1], out[j + 2], out[j + 3] = 1, r, t
+        else
+          out[j + 1], out[j + 2], out[j + 3] = ra[o], rr[o], rt[o]
+        end
+        j = j + 3
+      end
     end
-    out[j + 1], out[j + 2], out[j + 3] = a, r, t
-    j = j + 3
+    i = g + 1
   end
   -- The other algorithms' counters are saved once, at the end, with the
   -- numbers of the last request that charged or checked them, as the

@@ -276,14 +276,16 @@ elseif n > 4000 then
   end
 end
 
--- The lean path: what the general one below does for counters charged on
--- their own, with no per-request tables. divvy's window, the common case, is
--- inline (no table per key, none of the algorithm closures) and each charge
--- is written at once: a key charged twice in one call is written twice
--- (and replicated so), and after the MGET every read comes from `credits`,
--- so a write cannot change a later answer. The general path writes only at
--- its end; the store never sends a call that can fail halfway (limits and
--- windows are validated), and a call is far too short for SCRIPT KILL.
+-- The lean path: what the general one below does for groups charged on
+-- their own, with no per-request tables. A lone counter of divvy's window,
+-- the common case, is inline (no table per key, none of the algorithm
+-- closures). divvy's window is written at once (a key charged twice in
+-- one call is written, and replicated, twice; after the MGET every read
+-- comes from `credits`, so a write cannot change a later answer); the
+-- other algorithms are saved once, at the end, as the general path saves
+-- them. The general path writes only at its end; the store never sends a
+-- call that can fail halfway (limits and windows are validated), and a
+-- call is far too short for SCRIPT KILL.
 if lean then
   local out = {}
   local j = 0
@@ -314,7 +316,8 @@ if lean then
   -- in place where it can be, else `SET ... PX`.
   local function window_save(k, s, v, e, delta)
     local was = expiry[k]
-    if s and was and (was == e or was == -e) and was > 0 then
+    -- (`was` is negative for a key without TTL: never equal to `e`.)
+    if s and was == e then
       local done = rpcall('DECRBY', k, delta or fmt(s - v))
       -- A value that is a number to Lua but not an integer to Redis is
       -- rewritten whole.

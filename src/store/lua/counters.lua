@@ -329,15 +329,29 @@ if lean then
     end
     credits[k], expiry[k] = v, e
   end
+  -- Op o's limit shape: algorithm, limit, window ms, burst.
+  local function shape(o)
+    local x = xs[o]
+    local p = (x - x % 128) / 128
+    return salg[p], slim[p], swin[p], sbur[p], p
+  end
+  -- Another algorithm's counter `k` (op o) as `seen` holds it, loaded once.
+  local function other_load(o, k, alg, W)
+    if not steps then decode, expires, encode, steps, view = library() end
+    local st = seen[k]
+    if st == nil then
+      st = decode(alg, k, W, raw[o]) or false
+      seen[k] = st
+    end
+    return st
+  end
   local i = 1
   while i <= n do
     -- ops i..g: one group (the ops after i with flag 1, in i's request)
     local g = i
     while g < n and xs[g + 1] % 2 == 1 and xs[g + 1] % 8 < 4 do g = g + 1 end
     if g == i then
-      local x = xs[i]
-      local p = (x - x % 128) / 128
-      local alg, L, W, B = salg[p], slim[p], swin[p], sbur[p]
+      local alg, L, W, B, p = shape(i)
       local ctext = ARGV[base + 2 * i]
       local cost = number[ctext]
       local k = KEYS[i]
@@ -373,12 +387,7 @@ if lean then
           end
         end
       else
-        if not steps then decode, expires, encode, steps, view = library() end
-        local st = seen[k]
-        if st == nil then
-          st = decode(alg, k, W, raw[i]) or false
-          seen[k] = st
-        end
+        local st = other_load(i, k, alg, W) -- (builds `steps` first)
         local nx
         a, r, t, nx = steps[alg](st or nil, L, W, B, cost, false)
         if a == 1 then
@@ -400,9 +409,7 @@ if lean then
       local ra, rr, rt, rn = {}, {}, {}, {}
       local all = true
       for o = i, g do
-        local x = xs[o]
-        local p = (x - x % 128) / 128
-        local alg, L, W, B = salg[p], slim[p], swin[p], sbur[p]
+        local alg, L, W, B = shape(o)
         local k = KEYS[o]
         local st = over[k]
         if st == nil then
@@ -411,11 +418,7 @@ if lean then
             local e = s and expiry[k]
             st = s and {r = s, e = (e < 0) and -e or e} or false
           else
-            st = seen[k]
-            if st == nil then
-              st = decode(alg, k, W, raw[o]) or false
-              seen[k] = st
-            end
+            st = other_load(o, k, alg, W)
           end
         end
         local a, r, t, nx = steps[alg](st or nil, L, W, B, number[ARGV[base + 2 * o]], false)
@@ -425,9 +428,7 @@ if lean then
         ra[o], rr[o], rt[o], rn[o] = a, r, t, nx ~= nil
       end
       for o = i, g do
-        local x = xs[o]
-        local p = (x - x % 128) / 128
-        local alg, L, W, B = salg[p], slim[p], swin[p], sbur[p]
+        local alg, L, W, B = shape(o)
         if all then
           local k = KEYS[o]
           local st = over[k]
@@ -461,9 +462,7 @@ if lean then
   -- numbers of the last request that charged or checked them, as the
   -- general path saves them.
   for k, _ in pairs(dirty) do
-    local x = xs[owner[k]]
-    local p = (x - x % 128) / 128
-    local alg, L, W = salg[p], slim[p], swin[p]
+    local alg, L, W = shape(owner[k])
     local st = seen[k]
     local ttl = expires(alg, st, L, W) - now
     if ttl <= 0 then
@@ -475,8 +474,9 @@ if lean then
   return out
 end
 
--- The general path: groups, all-or-nothing requests, refunds. Nothing is
--- written before the end.
+-- The general path: all-or-nothing requests of several counters (and the
+-- groups in them), refunds, requests denied beforehand. Nothing is written
+-- before the end.
 local decode, expires, encode, steps, view = library()
 local alg, lim, win, bur, cost, flags = {}, {}, {}, {}, {}, {}
 for i = 1, n do

@@ -12,9 +12,10 @@
 //! `DIVVY_BENCH_BIN=/path/to/divvy` measures another build of divvy (an
 //! older commit's, for a before/after) instead of this one's.
 //!
-//! It installs nothing: the load generator is this program (tonic and
-//! tokio), redis-server, redis-cli and redis-benchmark must be on the PATH
-//! for the sections that use Redis.
+//! It installs nothing: the load generator is this program (tokio, and
+//! tonic) and, for gRPC, h2load (Debian's nghttp2-client, which the test
+//! command installs) when it is on the PATH; redis-server, redis-cli and
+//! redis-benchmark must be on the PATH for the sections that use Redis.
 //!
 //! Placement: with two or more CPUs allowed, every server process (divvy,
 //! the do-nothing baselines, the benchmark's own redis-servers) runs on the
@@ -31,17 +32,24 @@
 //! - `grpc`: Envoy's ShouldRateLimit on the memory store. The baseline is a
 //!   do-nothing tonic RateLimitService (this program started again with the
 //!   hidden argument `--baseline-grpc-server PORT`, pinned like divvy) that
-//!   answers every call with one constant OK response. Maximum throughput
-//!   with 16 HTTP/2 connections (tonic Channels) x 32 calls in flight each;
-//!   then paced (open-loop) load at 25% and 50% of the baseline's measured
-//!   maximum, on both servers: calls are sent on a fixed schedule whatever
-//!   the answers (a thread keeps the schedule and hands the runtime every
-//!   call due within the next 100 µs at once), and latency runs from each
-//!   call's scheduled send time, or its actual one if that was earlier (no
-//!   coordinated omission), p50/p99/p99.9; the generator's own send lag is
-//!   printed next to them. With the generator on one core, maximum
-//!   throughput is often the generator's: the servers' CPU µs per call, and
-//!   the generator's CPU use printed next to it, say how far that goes.
+//!   answers every call with one constant OK response. The load comes from
+//!   h2load when it is on the PATH: a C HTTP/2 client that costs several
+//!   times less per call than a tonic one, so that the server, not the
+//!   generator, sets the maximum (every call is then the same request, one
+//!   actor; each server's answer to it is checked once, as h2load sees HTTP
+//!   statuses only). Maximum throughput with 16 HTTP/2 connections x 32
+//!   calls in flight each; then paced (open-loop) load at 25% and 50% of the
+//!   baseline's measured maximum, on both servers: each connection sends on
+//!   its own timer (`h2load --rps`) whatever the answers, up to 256 calls in
+//!   flight, and latency runs from each call's send to its answer (h2load's
+//!   per-call log), p50/p99/p99.9. Without h2load, this program's tonic
+//!   client does both (a thread keeps the paced schedule and hands the
+//!   runtime every call due within the next 100 µs at once; latency runs
+//!   from each call's scheduled send time, or its actual one if that was
+//!   earlier, and the generator's own send lag is printed), and maximum
+//!   throughput is then mostly the generator's: the servers' CPU µs per
+//!   call, and the generator's CPU use printed next to it, say how far that
+//!   goes. The generator's CPU includes h2load's (a child waited for).
 //! - `line`: the divvy line protocol on the memory store against a
 //!   constant-answer line server (this program with `--baseline-line-server
 //!   PORT`, pinned like divvy): 64 connections x 1 request in flight, 16
@@ -132,6 +140,10 @@ const GRPC_CHANNELS: u64 = 16;
 const GRPC_STREAMS: u64 = 32;
 /// Paced gRPC load, as fractions of the do-nothing server's maximum.
 const GRPC_PACED: [f64; 2] = [0.25, 0.5];
+/// Paced gRPC load through h2load: at most this many calls in flight per
+/// connection, far above what the paced rates need, so that a stall of the
+/// server delays the calls it holds and not the sending of later ones.
+const GRPC_PACED_STREAMS: u64 = 256;
 
 /// Line-protocol loads: a name, connections, requests in flight on each.
 const LINE_LOADS: [(&str, u64, usize); 3] = [
@@ -1067,14 +1079,176 @@ async fn grpc_paced(addr: SocketAddr, run: Duration, rate: f64, channels: u64) -
     f
 }
 
+/// The gRPC load generator: h2load when it is on the PATH, else this
+/// program's tonic client.
+#[derive(Clone, Copy, PartialEq)]
+enum GrpcGenerator {
+    /// h2load, from Debian's nghttp2-client (the test command installs it):
+    /// nghttp2 in C, several times cheaper per call than a tonic client, so
+    /// the server rather than the generator sets the maximum.
+    H2load,
+    /// This program's tonic client ([`grpc_concurrent`], [`grpc_paced`]).
+    Tonic,
+}
+
+impl GrpcGenerator {
+    /// h2load if `h2load --version` runs, else tonic.
+    fn pick() -> GrpcGenerator {
+        let runs = Command::new("h2load")
+            .arg("--version")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if runs {
+            GrpcGenerator::H2load
+        } else {
+            GrpcGenerator::Tonic
+        }
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            GrpcGenerator::H2load => {
+                "h2load (nghttp2-client), one process on the load generator's CPU; \
+                 every call is the same request (one actor)"
+            }
+            GrpcGenerator::Tonic => {
+                "this program's tonic client (h2load not on the PATH: install \
+                 nghttp2-client for a generator that costs less than the servers)"
+            }
+        }
+    }
+}
+
+/// `request` as the body of a unary gRPC call: the 5-byte frame header
+/// (uncompressed, length) and the protobuf message.
+fn grpc_body(request: &RateLimitRequest) -> Vec<u8> {
+    let message = prost::Message::encode_to_vec(request);
+    let len = u32::try_from(message.len()).expect("small message");
+    let mut body = vec![0u8];
+    body.extend_from_slice(&len.to_be_bytes());
+    body.extend_from_slice(&message);
+    body
+}
+
+/// One h2load run against `addr` for `run`: `clients` HTTP/2 connections,
+/// at most `streams` calls in flight on each, every call the request of
+/// [`grpc_request`]`(0)`; as fast as answers come, or with `rate` set,
+/// `rate / clients` calls per second on each connection (`--rps`: each
+/// connection sends on its own timer, whatever became of its earlier calls,
+/// up to `streams` in flight). Latency is h2load's, from sending a call to
+/// the end of its answer, read from its per-call log. h2load sees HTTP
+/// statuses only: the caller checks the gRPC answer to this request once.
+async fn h2load_grpc(
+    addr: SocketAddr,
+    run: Duration,
+    clients: u64,
+    streams: u64,
+    rate: Option<f64>,
+) -> Figures {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let body = dir.path().join("body");
+    let log = dir.path().join("log");
+    std::fs::write(&body, grpc_body(&grpc_request(0))).expect("body");
+    let mut command = Command::new("h2load");
+    command
+        .arg(format!("--clients={clients}"))
+        .arg(format!("--max-concurrent-streams={streams}"))
+        .arg(format!("--duration={}ms", run.as_millis().max(1)))
+        .arg(format!("--data={}", body.display()))
+        .arg(format!("--log-file={}", log.display()))
+        .args([
+            "--header=content-type: application/grpc",
+            "--header=te: trailers",
+        ]);
+    if let Some(rate) = rate {
+        command.arg(format!("--rps={:.3}", rate / clients as f64));
+    }
+    let output = command
+        .arg(format!(
+            "http://{addr}/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+        ))
+        .stdin(Stdio::null())
+        .output()
+        .expect("run h2load");
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "h2load failed:\n{text}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    // "requests: 137039 total, 137039 started, 137039 done, 137039 succeeded, 0 failed, 0 errored, 0 timeout"
+    let counts = text
+        .lines()
+        .find_map(|l| l.strip_prefix("requests: "))
+        .unwrap_or_else(|| panic!("no request counts in h2load's output:\n{text}"));
+    let count = |what: &str| -> u64 {
+        counts
+            .split(", ")
+            .find_map(|part| part.strip_suffix(what))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no `{what}` in h2load's `{counts}`"))
+    };
+    let (succeeded, failed, errored) = (count(" succeeded"), count(" failed"), count(" errored"));
+    // Calls still in flight when the run ends may be counted as failed.
+    assert!(
+        errored == 0 && failed <= clients * streams,
+        "h2load: {counts}\n{text}"
+    );
+    let mut latencies = Vec::with_capacity(succeeded as usize);
+    for row in std::fs::read_to_string(&log).expect("h2load log").lines() {
+        let mut cols = row.split('\t');
+        let (_, status, micros) = (cols.next(), cols.next(), cols.next());
+        if status.is_some_and(|s| s.starts_with('2')) {
+            if let Some(us) = micros.and_then(|m| m.trim().parse::<u64>().ok()) {
+                latencies.push(Duration::from_micros(us));
+            }
+        }
+    }
+    Figures {
+        requests: succeeded,
+        elapsed: run,
+        latencies,
+        ..Figures::default()
+    }
+}
+
+/// Checks that `addr` answers [`grpc_request`]`(0)`, the call h2load repeats,
+/// with OK.
+async fn grpc_answers_ok(addr: SocketAddr) {
+    let mut client = grpc_clients(addr, 1).await.remove(0);
+    let answer = client
+        .should_rate_limit(grpc_request(0))
+        .await
+        .expect("rpc")
+        .into_inner();
+    assert_eq!(answer.overall_code, Code::Ok as i32, "{answer:?}");
+}
+
 // Measuring: CPU time, memory, rows --------------------------------------------
 
 /// User plus system CPU time of process `pid` so far, from `/proc/PID/stat`.
 fn cpu_time(pid: u32) -> Option<Duration> {
+    stat_cpu_time(pid, 2)
+}
+
+/// This process's CPU time plus that of the children it has waited for
+/// (h2load runs), from `/proc/self/stat`.
+fn generator_cpu_time() -> Option<Duration> {
+    stat_cpu_time(std::process::id(), 4)
+}
+
+/// The sum of the first `n` CPU-time fields of `/proc/PID/stat`: utime,
+/// stime, then cutime and cstime (children waited for).
+fn stat_cpu_time(pid: u32, n: usize) -> Option<Duration> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the command name: state is the first, utime the 12th, stime the 13th.
+    // Fields after the command name: state is the first, utime the 12th.
     let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    let mut ticks = 0u64;
+    for f in fields.get(11..11 + n)? {
+        ticks += f.parse::<u64>().ok()?;
+    }
     Some(Duration::from_secs_f64(ticks as f64 / clock_ticks()))
 }
 
@@ -1184,9 +1358,8 @@ fn measure<Fut>(rt: &Runtime, pids: &[(&'static str, u32)], load: Fut) -> Tally
 where
     Fut: Future<Output = Figures>,
 {
-    let me = std::process::id();
     let before: Vec<Option<Duration>> = pids.iter().map(|(_, p)| cpu_time(*p)).collect();
-    let load_before = cpu_time(me);
+    let load_before = generator_cpu_time();
     let started = Instant::now();
     let f = rt.block_on(load);
     let wall = started.elapsed();
@@ -1199,7 +1372,7 @@ where
             .zip(before)
             .map(|((_, p), b)| delta(b, cpu_time(*p)))
             .collect(),
-        load_cpu: delta(load_before, cpu_time(me)),
+        load_cpu: delta(load_before, generator_cpu_time()),
         wall,
     }
 }
@@ -1338,13 +1511,48 @@ impl Summary {
 
 // The sections ----------------------------------------------------------------
 
+/// Maximum-throughput gRPC load through `generator`.
+async fn grpc_max(generator: GrpcGenerator, addr: SocketAddr, run: Duration) -> Figures {
+    match generator {
+        GrpcGenerator::H2load => h2load_grpc(addr, run, GRPC_CHANNELS, GRPC_STREAMS, None).await,
+        GrpcGenerator::Tonic => {
+            grpc_concurrent(addr, run, GRPC_CHANNELS * GRPC_STREAMS, GRPC_CHANNELS).await
+        }
+    }
+}
+
+/// Paced gRPC load at `rate` calls per second through `generator`.
+async fn grpc_paced_by(
+    generator: GrpcGenerator,
+    addr: SocketAddr,
+    run: Duration,
+    rate: f64,
+) -> Figures {
+    match generator {
+        GrpcGenerator::H2load => {
+            h2load_grpc(addr, run, GRPC_CHANNELS, GRPC_PACED_STREAMS, Some(rate)).await
+        }
+        GrpcGenerator::Tonic => grpc_paced(addr, run, rate, GRPC_CHANNELS).await,
+    }
+}
+
 /// gRPC on the memory store: the do-nothing tonic server and divvy, maximum
 /// throughput and paced latency.
 fn grpc_section(rt: &Runtime, run: Duration, summary: &mut Summary) {
+    let generator = GrpcGenerator::pick();
+    let paced = match generator {
+        GrpcGenerator::H2load => format!(
+            "each connection sends on its own timer (h2load --rps), up to {GRPC_PACED_STREAMS} \
+             in flight, latency from each call's send"
+        ),
+        GrpcGenerator::Tonic => String::from("latency from each call's scheduled send"),
+    };
     println!(
         "\n## grpc: ShouldRateLimit, memory store; do-nothing tonic server vs divvy\n  \
-         max: {GRPC_CHANNELS} connections (tonic Channels) x {GRPC_STREAMS} calls in flight each; \
-         paced: open loop at {:?} of the do-nothing maximum, latency from the scheduled send",
+         generator: {}\n  \
+         max: {GRPC_CHANNELS} HTTP/2 connections x {GRPC_STREAMS} calls in flight each; \
+         paced: open loop at {:?} of the do-nothing maximum, {paced}",
+        generator.describe(),
         GRPC_PACED.map(|p| format!("{:.0}%", p * 100.0))
     );
     let base = BaselineProc::start(BASELINE_GRPC);
@@ -1359,20 +1567,14 @@ fn grpc_section(rt: &Runtime, run: Duration, summary: &mut Summary) {
             pids: vec![("server", divvy.pid())],
         },
     ];
-    let concurrency = GRPC_CHANNELS * GRPC_STREAMS;
     rt.block_on(async {
         for t in &targets {
-            grpc_concurrent(
-                t.addr,
-                Duration::from_millis(500),
-                concurrency,
-                GRPC_CHANNELS,
-            )
-            .await;
+            grpc_answers_ok(t.addr).await;
+            grpc_max(generator, t.addr, Duration::from_millis(500)).await;
         }
     });
     let [mut b, mut d] = abba(rt, [&targets[0], &targets[1]], run, |addr, run| {
-        grpc_concurrent(addr, run, concurrency, GRPC_CHANNELS)
+        grpc_max(generator, addr, run)
     });
     let name = format!("max, {GRPC_CHANNELS} x {GRPC_STREAMS} in flight");
     let note = b.cpu_note("req");
@@ -1409,16 +1611,23 @@ fn grpc_section(rt: &Runtime, run: Duration, summary: &mut Summary) {
     for share in GRPC_PACED {
         let rate = max * share;
         let [mut b, mut d] = abba(rt, [&targets[0], &targets[1]], run, |addr, run| {
-            grpc_paced(addr, run, rate, GRPC_CHANNELS)
+            grpc_paced_by(generator, addr, run, rate)
         });
         let label = format!("paced {:.0}% ({rate:.0}/s)", share * 100.0);
         for (who, t) in [("do-nothing", &mut b), ("divvy", &mut d)] {
+            let lag = if t.f.lags.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    "send lag p50 {:.1?} p99 {:.1?}; ",
+                    t.f.lag_pct(0.5),
+                    t.f.lag_pct(0.99)
+                )
+            };
             let note = format!(
-                "send lag p50 {:.1?} p99 {:.1?}{}; {}",
-                t.f.lag_pct(0.5),
-                t.f.lag_pct(0.99),
+                "{lag}{}{}",
                 if t.f.lost > 0 {
-                    format!("; {} calls unanswered", t.f.lost)
+                    format!("{} calls unanswered; ", t.f.lost)
                 } else {
                     String::new()
                 },

@@ -21,20 +21,25 @@ fn no_huge_pages() {
     }
 }
 
-/// mimalloc's `mi_option_purge_delay` (15 in its `mi_option_e`, v2 and v3;
-/// the crate's bindings do not name it).
-const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
+/// Blocks of this size or more come from glibc's allocator as mappings of
+/// their own: the memory store's counter tables (see `store::lru_table`).
+const OWN_MAPPING_BYTES: libc::c_int = 128 * 1024;
 
-/// Gives freed memory back to the system at once rather than after
-/// mimalloc's default 10 ms, which a worker thread that goes quiet may never
-/// reach: without it, the arrays a counter table leaves behind when it
-/// grows stayed resident in some runs (103 instead of 74 bytes per counter
-/// at 1 M counters); the hot path's CPU per HIT is the same within noise.
-fn purge_at_once() {
-    // SAFETY: mi_option_set takes two integers and only sets an option
-    // read by the allocator's own purging.
+/// Has glibc's allocator, which only the memory store's counter tables use
+/// (everything else goes through mimalloc), map every block of
+/// [`OWN_MAPPING_BYTES`] or more on its own and unmap it when it is freed.
+/// Setting the threshold fixes it: by default glibc raises it up to 32 MiB
+/// as mapped blocks are freed, and the arrays a table leaves behind when it
+/// grows would then stay in its heap. Before, mimalloc's purge delay was set
+/// to 0 to get those arrays back; that purged every page freed on the
+/// request path too, and the page faults that followed cost a gRPC request
+/// about a fifth of its CPU (see the README's "Performance").
+fn tables_unmapped_when_freed() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt takes two integers and only sets glibc's allocator's
+    // threshold, before any table exists.
     unsafe {
-        libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 0);
+        libc::mallopt(libc::M_MMAP_THRESHOLD, OWN_MAPPING_BYTES);
     }
 }
 
@@ -92,7 +97,7 @@ fn main() -> ExitCode {
     let result = match parsed.command {
         Command::Serve(args) => {
             no_huge_pages();
-            purge_at_once();
+            tables_unmapped_when_freed();
             cli::serve::serve(*args)
         }
         Command::Check { file } => cli::inspect::check(&file),

@@ -62,6 +62,14 @@ if ! command -v prometheus >/dev/null 2>&1; then
   apt_install prometheus
 fi
 
+# h2load (nghttp2-client): the gRPC load generator of `cargo bench --bench
+# load`, which installs nothing itself (without it, the bench falls back to
+# its own tonic client and says so).
+if ! command -v h2load >/dev/null 2>&1; then
+  log "installing nghttp2-client (h2load, for cargo bench --bench load)"
+  apt_install nghttp2-client
+fi
+
 # The official divvy client, into an ignored folder (nothing from node_modules is committed).
 if [ ! -f .tools/npm/node_modules/@button/divvy-client/package.json ]; then
   log "installing @button/divvy-client 1.0.1 into .tools/npm"

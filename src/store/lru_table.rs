@@ -11,7 +11,19 @@
 //!
 //! Ids are keyed 128-bit hashes (see the memory store): their low 64 bits
 //! are already random, so they are the index's hash as they are.
+//!
+//! Both arrays come from the system allocator (glibc's), not from the
+//! process's mimalloc: `divvy serve` has glibc map every block of 128 KiB
+//! or more on its own (`M_MMAP_THRESHOLD`, fixed, so it does not grow), so
+//! the array a table leaves behind when it grows or shrinks goes back to
+//! the system the moment it is freed, whichever thread frees it. mimalloc
+//! then keeps its default purge delay for everything else; purging every
+//! freed page at once (what kept those arrays from staying resident
+//! before) cost the request path page faults.
 
+use std::alloc::System;
+
+use allocator_api2::vec::Vec as SysVec;
 use hashbrown::HashTable;
 
 /// "No slot" in the recency links.
@@ -34,8 +46,8 @@ struct Slot<V> {
 /// Counters by 128-bit id, in least-recently-used order.
 #[derive(Debug)]
 pub struct LruTable<V> {
-    slots: Vec<Slot<V>>,
-    index: HashTable<u32>,
+    slots: SysVec<Slot<V>, System>,
+    index: HashTable<u32, System>,
     /// The most recently used slot.
     head: u32,
     /// The least recently used slot.
@@ -45,8 +57,8 @@ pub struct LruTable<V> {
 impl<V> Default for LruTable<V> {
     fn default() -> Self {
         LruTable {
-            slots: Vec::new(),
-            index: HashTable::new(),
+            slots: SysVec::new_in(System),
+            index: HashTable::new_in(System),
             head: NIL,
             tail: NIL,
         }

@@ -35,6 +35,9 @@ pub struct Rule {
     key_suffixes: Vec<String>,
     /// Its metrics, looked up once.
     pub counters: crate::metrics::RuleCounters,
+    /// How answers name it: its label, else the rule as written
+    /// (`RuleSpec`'s `Display`), formatted once.
+    pub name: String,
 }
 
 impl Rule {
@@ -56,6 +59,7 @@ impl Rule {
             .collect();
         let counters =
             crate::metrics::RuleCounters::new(spec.label.as_deref(), spec.domain.as_deref());
+        let name = spec.label.clone().unwrap_or_else(|| spec.to_string());
         Rule {
             spec,
             matchers,
@@ -63,6 +67,7 @@ impl Rule {
             key_prefix,
             key_suffixes,
             counters,
+            name,
         }
     }
 

@@ -241,11 +241,7 @@ pub fn to_response(decisions: &Decisions) -> RateLimitResponse {
 }
 
 fn status(rule: &Rule, o: &Outcome) -> DescriptorStatus {
-    let name = rule
-        .spec
-        .label
-        .clone()
-        .unwrap_or_else(|| rule.spec.to_string());
+    let name = rule.name.clone();
     let current_limit = match o.reset {
         Reset::Unlimited => None,
         _ => Some(match unit_for(o.reset_seconds) {

@@ -3,8 +3,10 @@
 mod cli;
 
 /// mimalloc: fast, and it gives freed pages back to the system soon after
-/// a flood of short-lived counters ends (glibc's allocator kept tens of MB;
-/// see the README's "Limits and hostile traffic").
+/// a flood of short-lived counters ends (glibc's allocator, when it held
+/// everything, kept tens of MB of a flood's small blocks; see the README's
+/// "Limits and hostile traffic"). The counter tables' big arrays are the
+/// exception, on glibc's allocator: see [`tables_unmapped_when_freed`].
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -22,22 +24,25 @@ fn no_huge_pages() {
 }
 
 /// Blocks of this size or more come from glibc's allocator as mappings of
-/// their own: the memory store's counter tables (see `store::lru_table`).
+/// their own (when its free lists cannot serve them).
 const OWN_MAPPING_BYTES: libc::c_int = 128 * 1024;
 
-/// Has glibc's allocator, which only the memory store's counter tables use
-/// (everything else goes through mimalloc), map every block of
-/// [`OWN_MAPPING_BYTES`] or more on its own and unmap it when it is freed.
-/// Setting the threshold fixes it: by default glibc raises it up to 32 MiB
-/// as mapped blocks are freed, and the arrays a table leaves behind when it
-/// grows would then stay in its heap. Before, mimalloc's purge delay was set
-/// to 0 to get those arrays back; that purged every page freed on the
-/// request path too, and the page faults that followed cost a gRPC request
-/// about a fifth of its CPU (see the README's "Performance").
+/// On glibc, has its allocator, which the memory store's counter tables use
+/// (see `store::lru_table`; everything else of divvy's goes through
+/// mimalloc), map blocks of [`OWN_MAPPING_BYTES`] or more on their own,
+/// unmapped when freed. Setting the threshold fixes it: by default glibc
+/// raises it up to 32 MiB as mapped blocks are freed, and the arrays a
+/// table leaves behind when it grows would then stay in its heap until the
+/// sweep trims it. Before, mimalloc's purge delay was set to 0 to get those
+/// arrays back; that purged every page freed on the request path too, and
+/// the page faults that followed cost a gRPC request about a fifth of its
+/// CPU (see the README's "Performance"). Elsewhere it does nothing: the
+/// sweep's trim is then the only way back.
 fn tables_unmapped_when_freed() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt takes two integers and only sets glibc's allocator's
-    // threshold, before any table exists.
+    // threshold, before any table exists. A refusal (0) leaves glibc's
+    // default, which the sweep's trim covers.
     unsafe {
         libc::mallopt(libc::M_MMAP_THRESHOLD, OWN_MAPPING_BYTES);
     }

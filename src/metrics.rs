@@ -459,12 +459,12 @@ impl Metrics {
     /// Observes `d` as the time to decide each of `n` requests decided
     /// together (one update of the shared histogram).
     pub fn hit_times(&self, d: Duration, n: usize) {
-        if n == 1 {
+        match n {
+            0 => return,
             // One observation: a local histogram (an allocation and a flush
             // over every bucket) would cost more than it saves.
-            self.hit_duration.observe(d.as_secs_f64());
-            statsd::timing("hit", d);
-            return;
+            1 => return self.hit_time(d),
+            _ => {}
         }
         let local = self.hit_duration.local();
         for _ in 0..n {

@@ -66,8 +66,12 @@ fi
 # load`, which installs nothing itself (without it, the bench falls back to
 # its own tonic client and says so).
 if ! command -v h2load >/dev/null 2>&1; then
-  log "installing nghttp2-client (h2load, for cargo bench --bench load)"
-  apt_install nghttp2-client
+  if command -v apt-get >/dev/null 2>&1; then
+    log "installing nghttp2-client (h2load, for cargo bench --bench load)"
+    apt_install nghttp2-client
+  else
+    log "no h2load and no apt-get: cargo bench --bench load will use its tonic client for gRPC"
+  fi
 fi
 
 # The official divvy client, into an ignored folder (nothing from node_modules is committed).

@@ -35,9 +35,8 @@ pub struct Rule {
     key_suffixes: Vec<String>,
     /// Its metrics, looked up once.
     pub counters: crate::metrics::RuleCounters,
-    /// How answers name it: its label, else the rule as written
-    /// (`RuleSpec`'s `Display`), formatted once.
-    pub name: String,
+    /// See [`Rule::name`].
+    name: String,
 }
 
 impl Rule {
@@ -69,6 +68,13 @@ impl Rule {
             counters,
             name,
         }
+    }
+
+    /// How answers name the rule: its label, else the rule as written
+    /// (`RuleSpec`'s `Display`), formatted once when the rule is compiled
+    /// (neither changes while it is in force: knobs change limits only).
+    pub fn name(&self) -> &str {
+        &self.name
     }
 
     /// Whether this rule applies to `op` in `domain` (`None`: a line-protocol HIT).

@@ -241,12 +241,12 @@ pub fn to_response(decisions: &Decisions) -> RateLimitResponse {
 }
 
 fn status(rule: &Rule, o: &Outcome) -> DescriptorStatus {
-    let name = rule.name.clone();
+    let name = rule.name();
     let current_limit = match o.reset {
         Reset::Unlimited => None,
         _ => Some(match unit_for(o.reset_seconds) {
             Some(unit) => RateLimit {
-                name,
+                name: name.to_owned(),
                 requests_per_unit: saturate(o.credit_limit),
                 unit: unit as i32,
             },

@@ -13,18 +13,35 @@
 //! are already random, so they are the index's hash as they are.
 //!
 //! Both arrays come from the system allocator (glibc's), not from the
-//! process's mimalloc: `divvy serve` has glibc map every block of 128 KiB
-//! or more on its own (`M_MMAP_THRESHOLD`, fixed, so it does not grow), so
-//! the array a table leaves behind when it grows or shrinks goes back to
-//! the system the moment it is freed, whichever thread frees it. mimalloc
-//! then keeps its default purge delay for everything else; purging every
-//! freed page at once (what kept those arrays from staying resident
-//! before) cost the request path page faults.
+//! process's mimalloc, so that the arrays a table leaves behind when it
+//! grows or shrinks go back to the system whichever thread freed them:
+//! `divvy serve` has glibc map blocks of 128 KiB or more on their own
+//! (`M_MMAP_THRESHOLD`, fixed so that glibc does not raise it), which are
+//! unmapped when freed, and the memory store's sweep calls
+//! [`release_freed_arrays`] for what glibc still holds (smaller arrays, and
+//! blocks it took from its heap). mimalloc then keeps its default purge
+//! delay for everything else; purging every freed page at once (what kept
+//! those arrays from staying resident before) cost the request path page
+//! faults.
 
 use std::alloc::System;
 
 use allocator_api2::vec::Vec as SysVec;
 use hashbrown::HashTable;
+
+/// Gives the system back the pages of freed table arrays that glibc's
+/// allocator still holds (`malloc_trim(0)`: every whole free page in every
+/// arena, not only at the top of the heap). Only the counter tables
+/// allocate much from glibc, so this walks few free blocks. Does nothing
+/// where the C library is not glibc.
+pub fn release_freed_arrays() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim takes an integer and only returns free memory of
+    // glibc's allocator to the system; it takes the allocator's own locks.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
 
 /// "No slot" in the recency links.
 const NIL: u32 = u32::MAX;

@@ -232,6 +232,9 @@ impl MemoryStore {
             // Give memory back after a flood of short-lived counters.
             shard.shrink();
         }
+        // What the tables freed (when they grew or shrank) and the system
+        // allocator kept.
+        crate::store::lru_table::release_freed_arrays();
         dropped
     }
 

@@ -36,8 +36,9 @@
 //!   h2load when it is on the PATH: a C HTTP/2 client that costs several
 //!   times less per call than a tonic one, so that the server, not the
 //!   generator, sets the maximum (every call is then the same request, one
-//!   actor; each server's answer to it is checked once, as h2load sees HTTP
-//!   statuses only). Maximum throughput with 16 HTTP/2 connections x 32
+//!   actor; each server's answer to it is checked before and after the
+//!   runs, as h2load sees HTTP statuses only, and a failed call stops the
+//!   benchmark). Maximum throughput with 16 HTTP/2 connections x 32
 //!   calls in flight each; then paced (open-loop) load at 25% and 50% of the
 //!   baseline's measured maximum, on both servers: each connection sends on
 //!   its own timer (`h2load --rps`) whatever the answers, up to 256 calls in
@@ -1093,7 +1094,7 @@ async fn grpc_paced(addr: SocketAddr, run: Duration, rate: f64, channels: u64) -
 
 /// The gRPC load generator: h2load when it is on the PATH, else this
 /// program's tonic client.
-#[derive(Clone, Copy, PartialEq)]
+#[derive(Clone, Copy)]
 enum GrpcGenerator {
     /// h2load, from Debian's nghttp2-client (the test command installs it):
     /// nghttp2 in C, several times cheaper per call than a tonic client, so
@@ -1151,7 +1152,8 @@ fn grpc_body(request: &RateLimitRequest) -> Vec<u8> {
 /// connection sends on its own timer, whatever became of its earlier calls,
 /// up to `streams` in flight). Latency is h2load's, from sending a call to
 /// the end of its answer, read from its per-call log. h2load sees HTTP
-/// statuses only: the caller checks the gRPC answer to this request once.
+/// statuses only: the caller checks the gRPC answer to this request before
+/// and after its runs.
 async fn h2load_grpc(
     addr: SocketAddr,
     run: Duration,

@@ -90,7 +90,7 @@ proptest! {
         let limiter = Limiter::new(RuleSet::new(policy), Arc::new(MemoryStore::new()));
         let request = RateLimitRequest { domain, descriptors, hits_addend };
         let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
-        if let Ok(hits) = to_hits(&request) {
+        if let Ok(hits) = to_hits(request.clone()) {
             prop_assert_eq!(hits.len(), request.descriptors.len());
             let decisions = runtime.block_on(limiter.check(Some(&request.domain), &hits)).unwrap();
             let response = to_response(&decisions);

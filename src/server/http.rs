@@ -329,7 +329,7 @@ async fn json_check(State(s): State<AdminState>, body: Bytes) -> Response {
         Err(e) => return bad(e),
     };
     let envoy = crate::limiter::envoy::EnvoySettings::from_env();
-    match super::rls::respond(&s.limiter, &envoy, HeaderStyle::None, &request).await {
+    match super::rls::respond(&s.limiter, &envoy, HeaderStyle::None, request).await {
         Ok(response) => {
             let code = if response.overall_code == 2 {
                 StatusCode::TOO_MANY_REQUESTS

@@ -1,6 +1,6 @@
 //! Envoy's `RateLimitService` v3 (`ShouldRateLimit`) over gRPC.
 //!
-//! A thin adapter: [`to_hits`] turns a `RateLimitRequest` into limiter hits
+//! A thin adapter: [`to_hits`] (or [`respond`], moving the strings) turns a `RateLimitRequest` into limiter hits
 //! (one per descriptor, entries as key → value, the last repeated key
 //! winning), the limiter decides, and [`to_response`] formats the answer.
 //!
@@ -68,44 +68,52 @@ impl RateLimitService for RlsService {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
-        let request = request.into_inner();
-        respond(&self.limiter, &self.envoy, self.headers, &request)
-            .await
-            .map(Response::new)
+        respond(
+            &self.limiter,
+            &self.envoy,
+            self.headers,
+            request.into_inner(),
+        )
+        .await
+        .map(Response::new)
     }
 }
 
 /// Decides `request` and shapes the answer: by the envoyproxy/ratelimit
 /// file that defines its domain, else by the divvy rules (or "no limit"
-/// when there are none). Shared by gRPC and `POST /json`.
+/// when there are none). Shared by gRPC and `POST /json`. The request is
+/// validated whole first; the divvy rules' path then moves its strings into
+/// the hits rather than copying them.
 pub async fn respond(
     limiter: &Limiter,
     envoy: &EnvoySettings,
     headers: HeaderStyle,
-    request: &RateLimitRequest,
+    request: RateLimitRequest,
 ) -> Result<RateLimitResponse, Status> {
-    let hits = to_hits(request).inspect_err(|_| metrics().error("invalid-argument"))?;
+    let terms = validate(&request).inspect_err(|_| metrics().error("invalid-argument"))?;
     let unavailable = |e: crate::store::StoreError| {
         metrics().error("unavailable");
         Status::unavailable(e.to_string())
     };
     let rules = limiter.rules();
     if let Some(tree) = rules.envoy_domain(&request.domain) {
-        let costs: Vec<u64> = hits.iter().map(|h| h.cost).collect();
-        let descriptors = rls_envoy::descriptors(request, &costs)
+        let costs: Vec<u64> = terms.iter().map(|t| t.cost).collect();
+        let descriptors = rls_envoy::descriptors(&request, &costs)
             .inspect_err(|_| metrics().error("invalid-argument"))?;
         let statuses = limiter
             .check_envoy(tree, &descriptors, envoy)
             .await
             .map_err(unavailable)?;
-        return Ok(rls_envoy::response(request, &statuses, envoy));
+        return Ok(rls_envoy::response(&request, &statuses, envoy));
     }
     if !rules.has_divvy_rules() {
-        return Ok(rls_envoy::no_limit(request));
+        return Ok(rls_envoy::no_limit(&request));
     }
     drop(rules);
+    let domain = request.domain;
+    let hits = into_hits(request.descriptors, terms);
     let decisions = limiter
-        .check(Some(&request.domain), &hits)
+        .check(Some(&domain), &hits)
         .await
         .map_err(unavailable)?;
     let mut response = to_response(&decisions);
@@ -121,7 +129,21 @@ pub async fn respond(
 }
 
 /// Validates a request and turns its descriptors into hits.
-pub fn to_hits(request: &RateLimitRequest) -> Result<Vec<Hit>, Status> {
+pub fn to_hits(request: RateLimitRequest) -> Result<Vec<Hit>, Status> {
+    let terms = validate(&request)?;
+    Ok(into_hits(request.descriptors, terms))
+}
+
+/// What a valid descriptor asks besides its entries.
+struct Terms {
+    cost: u64,
+    refund: bool,
+    limit_override: Option<LimitOverride>,
+}
+
+/// Checks the whole request (domain, descriptor and entry counts, keys,
+/// overrides); each descriptor's [`Terms`] when it is valid.
+fn validate(request: &RateLimitRequest) -> Result<Vec<Terms>, Status> {
     if request.domain.is_empty() {
         return Err(Status::invalid_argument(
             "rate limit domain must not be empty",
@@ -148,11 +170,25 @@ pub fn to_hits(request: &RateLimitRequest) -> Result<Vec<Hit>, Status> {
         .descriptors
         .iter()
         .enumerate()
-        .map(|(i, d)| to_hit(i, d, request_cost))
+        .map(|(i, d)| terms(i, d, request_cost))
         .collect()
 }
 
-fn to_hit(index: usize, d: &RateLimitDescriptor, request_cost: u64) -> Result<Hit, Status> {
+/// Validated descriptors as hits, their keys and values moved, not copied.
+fn into_hits(descriptors: Vec<RateLimitDescriptor>, terms: Vec<Terms>) -> Vec<Hit> {
+    descriptors
+        .into_iter()
+        .zip(terms)
+        .map(|(d, t)| Hit {
+            operation: Operation::from_pairs(d.entries.into_iter().map(|e| (e.key, e.value))),
+            cost: t.cost,
+            refund: t.refund,
+            limit_override: t.limit_override,
+        })
+        .collect()
+}
+
+fn terms(index: usize, d: &RateLimitDescriptor, request_cost: u64) -> Result<Terms, Status> {
     if d.entries.is_empty() {
         return Err(Status::invalid_argument(format!(
             "descriptor {index} has no entries"
@@ -189,10 +225,7 @@ fn to_hit(index: usize, d: &RateLimitDescriptor, request_cost: u64) -> Result<Hi
             })
         }
     };
-    Ok(Hit {
-        operation: Operation::from_pairs(
-            d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())),
-        ),
+    Ok(Terms {
         cost: d.hits_addend.map_or(request_cost, |v| v.value),
         refund: d.is_negative_hits,
         limit_override,

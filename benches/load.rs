@@ -12,8 +12,8 @@
 //! `DIVVY_BENCH_BIN=/path/to/divvy` measures another build of divvy (an
 //! older commit's, for a before/after) instead of this one's.
 //!
-//! It installs nothing: the load generator is this program (tokio, and
-//! tonic) and, for gRPC, h2load (Debian's nghttp2-client, which the test
+//! It installs nothing: the load generator is this program (tokio, tonic
+//! and the `h2` crate) and, for gRPC, h2load (Debian's nghttp2-client, which the test
 //! command installs) when it is on the PATH; redis-server, redis-cli and
 //! redis-benchmark must be on the PATH for the sections that use Redis.
 //!
@@ -40,19 +40,19 @@
 //!   runs, as h2load sees HTTP statuses only, and a failed call stops the
 //!   benchmark). Maximum throughput with 16 HTTP/2 connections x 32
 //!   calls in flight each; then paced (open-loop) load at 25% and 50% of the
-//!   baseline's measured maximum, on both servers: each connection sends on
-//!   its own timer (`h2load --rps`) whatever the answers, up to 256 calls in
-//!   flight (h2load's timer ticks at most every 10 ms and sends every call
-//!   then due at once, so the calls come in bursts, the same for both
-//!   servers), and latency runs from each call's send to its answer
-//!   (h2load's per-call log), p50/p99/p99.9. Without h2load, this program's tonic
-//!   client does both (a thread keeps the paced schedule and hands the
-//!   runtime every call due within the next 100 µs at once; latency runs
-//!   from each call's scheduled send time, or its actual one if that was
-//!   earlier, and the generator's own send lag is printed), and maximum
-//!   throughput is then mostly the generator's: the servers' CPU µs per
-//!   call, and the generator's CPU use printed next to it, say how far that
-//!   goes. The generator's CPU includes h2load's (a child waited for).
+//!   baseline's measured maximum, on both servers, from this program's own
+//!   HTTP/2 client (the `h2` crate, without tonic): a thread keeps the
+//!   schedule and hands the runtime every call due within the next 100 µs,
+//!   each call is sent whatever became of the earlier ones, spread over
+//!   16 connections and 65,536 actors, every answer is decoded and must be
+//!   OK, and latency runs from each call's scheduled send time (or its
+//!   actual one if that was earlier) to the end of its answer, p50/p99/p99.9;
+//!   the generator's own send lag is printed. (h2load's `--rps`, used
+//!   before, sends in 10 ms bursts.) Without h2load, this program's tonic
+//!   client gives the maximum, which is then mostly the generator's: the
+//!   servers' CPU µs per call, and the generator's CPU use printed next to
+//!   it, say how far that goes.
+//!   The generator's CPU includes h2load's (a child waited for).
 //! - `line`: the divvy line protocol on the memory store against a
 //!   constant-answer line server (this program with `--baseline-line-server
 //!   PORT`, pinned like divvy): 64 connections x 1 request in flight, 16
@@ -143,20 +143,6 @@ const GRPC_CHANNELS: u64 = 16;
 const GRPC_STREAMS: u64 = 32;
 /// Paced gRPC load, as fractions of the do-nothing server's maximum.
 const GRPC_PACED: [f64; 2] = [0.25, 0.5];
-/// Paced gRPC load through h2load: at most this many calls in flight per
-/// connection, far above what the paced rates need, so that a stall of the
-/// server delays the calls it holds and not the sending of later ones.
-///
-/// h2load's `--rps` timer fires at most every 10 ms and sends every call
-/// then due at once, so its paced load comes in bursts: at 18,000 calls/s
-/// over 16 connections roughly in phase, about 180 calls every 10 ms, and
-/// the p50 is about the time a server takes to drain one. Both servers get
-/// the same bursts. Tried and not kept: one connection per 100 calls/s (one
-/// call per tick each, but the connections tick in phase: the same bursts,
-/// and more CPU per call for both servers), and `--timing-script-file`
-/// (it fell behind its schedule: 3.7 s for 3 s of calls on one connection,
-/// worse on more).
-const GRPC_PACED_STREAMS: u64 = 256;
 
 /// Line-protocol loads: a name, connections, requests in flight on each.
 const LINE_LOADS: [(&str, u64, usize); 3] = [
@@ -1015,17 +1001,99 @@ async fn grpc_concurrent(
 /// wakes the runtime once per batch rather than once per call.
 const PACE_QUANTUM: Duration = Duration::from_micros(100);
 
+/// Actors the paced generator spreads its calls over (as [`grpc_request`]).
+const PACED_ACTORS: u64 = 65_536;
+
+/// One HTTP/2 connection of the paced generator: the `h2` crate's client
+/// alone (no tonic, no tower buffer task between a call and its
+/// connection), several times cheaper per call than a tonic client.
+async fn h2_connection(addr: SocketAddr) -> h2::client::SendRequest<bytes::Bytes> {
+    let stream = TcpStream::connect(addr).await.expect("connect");
+    stream.set_nodelay(true).expect("nodelay");
+    let (send, connection) = h2::client::handshake(stream)
+        .await
+        .expect("HTTP/2 handshake");
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    send
+}
+
+/// One unary ShouldRateLimit call over `send`: `body` (a [`grpc_body`]) to
+/// `uri`; the answer's `overall_code`, or what went wrong (an HTTP or gRPC
+/// status other than OK, a reset stream, an answer that does not decode).
+async fn h2_call(
+    send: h2::client::SendRequest<bytes::Bytes>,
+    uri: http::Uri,
+    body: bytes::Bytes,
+) -> Result<i32, String> {
+    let mut send = send.ready().await.map_err(|e| e.to_string())?;
+    let request = http::Request::post(uri)
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .map_err(|e| e.to_string())?;
+    let (response, mut stream) = send
+        .send_request(request, false)
+        .map_err(|e| e.to_string())?;
+    stream.send_data(body, true).map_err(|e| e.to_string())?;
+    let response = response.await.map_err(|e| e.to_string())?;
+    let (head, mut answer) = response.into_parts();
+    if head.status != http::StatusCode::OK {
+        return Err(format!("HTTP status {}", head.status));
+    }
+    let mut data = Vec::new();
+    while let Some(chunk) = answer.data().await {
+        let chunk = chunk.map_err(|e| e.to_string())?;
+        let _ = answer.flow_control().release_capacity(chunk.len());
+        data.extend_from_slice(&chunk);
+    }
+    let trailers = answer.trailers().await.map_err(|e| e.to_string())?;
+    // grpc-status comes in the trailers, or in the headers of a
+    // trailers-only answer.
+    let status = trailers
+        .as_ref()
+        .and_then(|t| t.get("grpc-status"))
+        .or_else(|| head.headers.get("grpc-status"))
+        .map(|v| v.as_bytes().to_vec());
+    if status.as_deref() != Some(b"0") {
+        return Err(format!(
+            "grpc-status {:?}",
+            status.map(|s| String::from_utf8_lossy(&s).into_owned())
+        ));
+    }
+    let message = data
+        .get(5..)
+        .ok_or("answer shorter than its frame header")?;
+    let answer: RateLimitResponse =
+        prost::Message::decode(message).map_err(|e| format!("answer: {e}"))?;
+    Ok(answer.overall_code)
+}
+
 /// Open-loop load: ShouldRateLimit calls at `rate` per second for `run`,
-/// round robin over `channels` HTTP/2 connections, each sent at its
+/// round robin over `channels` HTTP/2 connections (the `h2` crate's client,
+/// see [`h2_connection`]) and over [`PACED_ACTORS`] actors, each sent at its
 /// scheduled time whatever became of the earlier ones (no cap on calls in
 /// flight). A thread of its own keeps the schedule (tokio's timer ticks in
-/// whole milliseconds), sending at most [`PACE_QUANTUM`] early. Latency
-/// runs from the scheduled send time, or from the actual one when that was
-/// earlier, so a stall (of the server or of this generator) counts against
-/// every call it delays: no coordinated omission. `lags` is how late each
-/// call started. Calls unanswered 5 s after the run are `lost`.
+/// whole milliseconds), handing the runtime every call due within the next
+/// [`PACE_QUANTUM`] at once. Latency runs from the scheduled send time, or
+/// from the actual one when that was earlier, to the end of the answer, so
+/// a stall (of the server or of this generator) counts against every call
+/// it delays: no coordinated omission. `lags` is how late each call
+/// started. Every answer must be OK; calls unanswered 5 s after the run
+/// are `lost`.
 async fn grpc_paced(addr: SocketAddr, run: Duration, rate: f64, channels: u64) -> Figures {
-    let clients = grpc_clients(addr, channels).await;
+    let mut conns = Vec::new();
+    for _ in 0..channels {
+        conns.push(h2_connection(addr).await);
+    }
+    let uri: http::Uri =
+        format!("http://{addr}/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit")
+            .parse()
+            .expect("uri");
+    let bodies: Vec<bytes::Bytes> = (0..PACED_ACTORS)
+        .map(|i| bytes::Bytes::from(grpc_body(&grpc_request(i))))
+        .collect();
     let total = (run.as_secs_f64() * rate) as u64;
     let interval = 1.0 / rate;
     let start = Instant::now() + Duration::from_millis(20);
@@ -1052,18 +1120,15 @@ async fn grpc_paced(addr: SocketAddr, run: Duration, rate: f64, channels: u64) -
     let mut calls = Vec::with_capacity(total as usize);
     while let Some(batch) = rx.recv().await {
         for (i, due) in batch {
-            let mut client = clients[(i % channels) as usize].clone();
-            let req = grpc_request(i);
+            let send = conns[(i % channels) as usize].clone();
+            let body = bodies[(i % PACED_ACTORS) as usize].clone();
+            let uri = uri.clone();
             calls.push(tokio::spawn(async move {
                 let now = Instant::now();
                 let lag = now.saturating_duration_since(due);
                 let from = due.min(now);
-                let answer = client.should_rate_limit(req).await;
-                (
-                    from.elapsed(),
-                    lag,
-                    answer.map(|r| r.into_inner().overall_code),
-                )
+                let answer = h2_call(send, uri, body).await;
+                (from.elapsed(), lag, answer)
             }));
         }
     }
@@ -1080,8 +1145,8 @@ async fn grpc_paced(addr: SocketAddr, run: Duration, rate: f64, channels: u64) -
                 f.latencies.push(latency);
                 f.lags.push(lag);
             }
-            Ok(Ok((_, _, Err(status)))) => panic!("rpc: {status}"),
-            Ok(Err(e)) => panic!("call: {e}"),
+            Ok(Ok((_, _, Err(e)))) => panic!("call: {e}"),
+            Ok(Err(e)) => panic!("call task: {e}"),
             Err(_) => {
                 call.abort();
                 f.lost += 1;
@@ -1092,15 +1157,15 @@ async fn grpc_paced(addr: SocketAddr, run: Duration, rate: f64, channels: u64) -
     f
 }
 
-/// The gRPC load generator: h2load when it is on the PATH, else this
-/// program's tonic client.
+/// The gRPC generator of maximum load: h2load when it is on the PATH, else
+/// this program's tonic client (paced load always comes from [`grpc_paced`]).
 #[derive(Clone, Copy)]
 enum GrpcGenerator {
     /// h2load, from Debian's nghttp2-client (the test command installs it):
     /// nghttp2 in C, several times cheaper per call than a tonic client, so
     /// the server rather than the generator sets the maximum.
     H2load,
-    /// This program's tonic client ([`grpc_concurrent`], [`grpc_paced`]).
+    /// This program's tonic client ([`grpc_concurrent`]).
     Tonic,
 }
 
@@ -1147,20 +1212,18 @@ fn grpc_body(request: &RateLimitRequest) -> Vec<u8> {
 
 /// One h2load run against `addr` for `run`: `clients` HTTP/2 connections,
 /// at most `streams` calls in flight on each, every call the request of
-/// [`grpc_request`]`(0)`; as fast as answers come, or with `rate` set,
-/// `rate / clients` calls per second on each connection (`--rps`: each
-/// connection sends on its own timer, whatever became of its earlier calls,
-/// up to `streams` in flight). Latency is h2load's, from sending a call to
-/// the end of its answer, read from its per-call log. h2load sees HTTP
-/// statuses only: the caller checks the gRPC answer to this request before
-/// and after its runs.
-async fn h2load_grpc(
-    addr: SocketAddr,
-    run: Duration,
-    clients: u64,
-    streams: u64,
-    rate: Option<f64>,
-) -> Figures {
+/// [`grpc_request`]`(0)`, as fast as answers come. Latency is h2load's,
+/// from sending a call to the end of its answer, read from its per-call
+/// log. h2load sees HTTP statuses only: the caller checks the gRPC answer
+/// to this request before and after its runs.
+///
+/// Paced load does not use h2load: its `--rps` timer fires at most every
+/// 10 ms and sends every call then due at once, so at 18,000 calls/s over
+/// 16 connections about 180 calls came every 10 ms and the p50 was the
+/// time a server took to drain them (one connection per 100 calls/s ticked
+/// in phase, the same bursts; `--timing-script-file` fell behind its
+/// schedule). [`grpc_paced`] keeps a 100 µs schedule instead.
+async fn h2load_grpc(addr: SocketAddr, run: Duration, clients: u64, streams: u64) -> Figures {
     let dir = tempfile::tempdir().expect("temp dir");
     let body = dir.path().join("body");
     let log = dir.path().join("log");
@@ -1176,9 +1239,6 @@ async fn h2load_grpc(
             "--header=content-type: application/grpc",
             "--header=te: trailers",
         ]);
-    if let Some(rate) = rate {
-        command.arg(format!("--rps={:.3}", rate / clients as f64));
-    }
     let output = command
         .arg(format!(
             "http://{addr}/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
@@ -1525,25 +1585,10 @@ impl Summary {
 /// Maximum-throughput gRPC load through `generator`.
 async fn grpc_max(generator: GrpcGenerator, addr: SocketAddr, run: Duration) -> Figures {
     match generator {
-        GrpcGenerator::H2load => h2load_grpc(addr, run, GRPC_CHANNELS, GRPC_STREAMS, None).await,
+        GrpcGenerator::H2load => h2load_grpc(addr, run, GRPC_CHANNELS, GRPC_STREAMS).await,
         GrpcGenerator::Tonic => {
             grpc_concurrent(addr, run, GRPC_CHANNELS * GRPC_STREAMS, GRPC_CHANNELS).await
         }
-    }
-}
-
-/// Paced gRPC load at `rate` calls per second through `generator`.
-async fn grpc_paced_by(
-    generator: GrpcGenerator,
-    addr: SocketAddr,
-    run: Duration,
-    rate: f64,
-) -> Figures {
-    match generator {
-        GrpcGenerator::H2load => {
-            h2load_grpc(addr, run, GRPC_CHANNELS, GRPC_PACED_STREAMS, Some(rate)).await
-        }
-        GrpcGenerator::Tonic => grpc_paced(addr, run, rate, GRPC_CHANNELS).await,
     }
 }
 
@@ -1551,14 +1596,8 @@ async fn grpc_paced_by(
 /// throughput and paced latency.
 fn grpc_section(rt: &Runtime, run: Duration, summary: &mut Summary) {
     let generator = GrpcGenerator::pick();
-    let paced = match generator {
-        GrpcGenerator::H2load => format!(
-            "each connection sends on its own timer (h2load --rps: a tick every 10 ms, \
-             so calls come in bursts), up to {GRPC_PACED_STREAMS} in flight, latency from \
-             each call's send"
-        ),
-        GrpcGenerator::Tonic => String::from("latency from each call's scheduled send"),
-    };
+    let paced = "this program's h2 client (the `h2` crate, no tonic), a thread keeping \
+         the schedule to 100 µs over 65,536 actors, latency from each call's scheduled send";
     println!(
         "\n## grpc: ShouldRateLimit, memory store; do-nothing tonic server vs divvy\n  \
          generator: {}\n  \
@@ -1633,7 +1672,7 @@ fn grpc_section(rt: &Runtime, run: Duration, summary: &mut Summary) {
     for share in GRPC_PACED {
         let rate = max * share;
         let [mut b, mut d] = abba(rt, [&targets[0], &targets[1]], run, |addr, run| {
-            grpc_paced_by(generator, addr, run, rate)
+            grpc_paced(addr, run, rate, GRPC_CHANNELS)
         });
         let label = format!("paced {:.0}% ({rate:.0}/s)", share * 100.0);
         for (who, t) in [("do-nothing", &mut b), ("divvy", &mut d)] {

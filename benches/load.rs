@@ -1014,7 +1014,9 @@ async fn h2_connection(addr: SocketAddr) -> h2::client::SendRequest<bytes::Bytes
         .await
         .expect("HTTP/2 handshake");
     tokio::spawn(async move {
-        let _ = connection.await;
+        if let Err(e) = connection.await {
+            eprintln!("paced gRPC generator: connection to {addr} failed: {e}");
+        }
     });
     send
 }
@@ -1045,6 +1047,8 @@ async fn h2_call(
     let mut data = Vec::new();
     while let Some(chunk) = answer.data().await {
         let chunk = chunk.map_err(|e| e.to_string())?;
+        // Gives the window back; it fails only for a stream already gone,
+        // whose next read reports that.
         let _ = answer.flow_control().release_capacity(chunk.len());
         data.extend_from_slice(&chunk);
     }
@@ -1057,17 +1061,41 @@ async fn h2_call(
         .or_else(|| head.headers.get("grpc-status"))
         .map(|v| v.as_bytes().to_vec());
     if status.as_deref() != Some(b"0") {
+        let message = trailers
+            .as_ref()
+            .and_then(|t| t.get("grpc-message"))
+            .or_else(|| head.headers.get("grpc-message"))
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
         return Err(format!(
-            "grpc-status {:?}",
+            "grpc-status {:?}, grpc-message {message:?}",
             status.map(|s| String::from_utf8_lossy(&s).into_owned())
         ));
     }
-    let message = data
-        .get(5..)
+    // One uncompressed message: flag 0, then its big-endian length.
+    let (frame, message) = data
+        .split_at_checked(5)
         .ok_or("answer shorter than its frame header")?;
+    let length = u32::from_be_bytes([frame[1], frame[2], frame[3], frame[4]]);
+    if frame[0] != 0 || usize::try_from(length).ok() != Some(message.len()) {
+        return Err(format!(
+            "answer not one uncompressed message: flag {}, length {length} for {} bytes",
+            frame[0],
+            message.len()
+        ));
+    }
     let answer: RateLimitResponse =
         prost::Message::decode(message).map_err(|e| format!("answer: {e}"))?;
     Ok(answer.overall_code)
+}
+
+/// The bodies of the paced generator's calls: [`grpc_request`] of each of
+/// [`PACED_ACTORS`] actors, as [`grpc_body`].
+fn paced_bodies() -> Arc<Vec<bytes::Bytes>> {
+    Arc::new(
+        (0..PACED_ACTORS)
+            .map(|i| bytes::Bytes::from(grpc_body(&grpc_request(i))))
+            .collect(),
+    )
 }
 
 /// Open-loop load: ShouldRateLimit calls at `rate` per second for `run`,
@@ -1081,8 +1109,14 @@ async fn h2_call(
 /// a stall (of the server or of this generator) counts against every call
 /// it delays: no coordinated omission. `lags` is how late each call
 /// started. Every answer must be OK; calls unanswered 5 s after the run
-/// are `lost`.
-async fn grpc_paced(addr: SocketAddr, run: Duration, rate: f64, channels: u64) -> Figures {
+/// are `lost`. `bodies` are [`paced_bodies`], built once per section.
+async fn grpc_paced(
+    addr: SocketAddr,
+    run: Duration,
+    rate: f64,
+    channels: u64,
+    bodies: Arc<Vec<bytes::Bytes>>,
+) -> Figures {
     let mut conns = Vec::new();
     for _ in 0..channels {
         conns.push(h2_connection(addr).await);
@@ -1091,9 +1125,6 @@ async fn grpc_paced(addr: SocketAddr, run: Duration, rate: f64, channels: u64) -
         format!("http://{addr}/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit")
             .parse()
             .expect("uri");
-    let bodies: Vec<bytes::Bytes> = (0..PACED_ACTORS)
-        .map(|i| bytes::Bytes::from(grpc_body(&grpc_request(i))))
-        .collect();
     let total = (run.as_secs_f64() * rate) as u64;
     let interval = 1.0 / rate;
     let start = Instant::now() + Duration::from_millis(20);
@@ -1596,8 +1627,11 @@ async fn grpc_max(generator: GrpcGenerator, addr: SocketAddr, run: Duration) -> 
 /// throughput and paced latency.
 fn grpc_section(rt: &Runtime, run: Duration, summary: &mut Summary) {
     let generator = GrpcGenerator::pick();
-    let paced = "this program's h2 client (the `h2` crate, no tonic), a thread keeping \
-         the schedule to 100 µs over 65,536 actors, latency from each call's scheduled send";
+    let paced = format!(
+        "this program's h2 client (the `h2` crate, no tonic), a thread keeping the schedule \
+         to {:?} over {PACED_ACTORS} actors, latency from each call's scheduled send",
+        PACE_QUANTUM
+    );
     println!(
         "\n## grpc: ShouldRateLimit, memory store; do-nothing tonic server vs divvy\n  \
          generator: {}\n  \
@@ -1669,22 +1703,19 @@ fn grpc_section(rt: &Runtime, run: Duration, summary: &mut Summary) {
         String::from("–"),
     );
     let max = b.rate();
+    let bodies = paced_bodies();
     for share in GRPC_PACED {
         let rate = max * share;
         let [mut b, mut d] = abba(rt, [&targets[0], &targets[1]], run, |addr, run| {
-            grpc_paced(addr, run, rate, GRPC_CHANNELS)
+            grpc_paced(addr, run, rate, GRPC_CHANNELS, bodies.clone())
         });
         let label = format!("paced {:.0}% ({rate:.0}/s)", share * 100.0);
         for (who, t) in [("do-nothing", &mut b), ("divvy", &mut d)] {
-            let lag = if t.f.lags.is_empty() {
-                String::new()
-            } else {
-                format!(
-                    "send lag p50 {:.1?} p99 {:.1?}; ",
-                    t.f.lag_pct(0.5),
-                    t.f.lag_pct(0.99)
-                )
-            };
+            let lag = format!(
+                "send lag p50 {:.1?} p99 {:.1?}; ",
+                t.f.lag_pct(0.5),
+                t.f.lag_pct(0.99)
+            );
             let note = format!(
                 "{lag}{}{}",
                 if t.f.lost > 0 {

@@ -62,15 +62,16 @@ if ! command -v prometheus >/dev/null 2>&1; then
   apt_install prometheus
 fi
 
-# h2load (nghttp2-client): the gRPC load generator of `cargo bench --bench
-# load`, which installs nothing itself (without it, the bench falls back to
-# its own tonic client and says so).
+# h2load (nghttp2-client): the generator of maximum gRPC load in `cargo
+# bench --bench load`, which installs nothing itself (without it, the bench
+# falls back to its own tonic client there and says so; paced gRPC load
+# always comes from the bench's own h2 client).
 if ! command -v h2load >/dev/null 2>&1; then
   if command -v apt-get >/dev/null 2>&1; then
     log "installing nghttp2-client (h2load, for cargo bench --bench load)"
     apt_install nghttp2-client
   else
-    log "no h2load and no apt-get: cargo bench --bench load will use its tonic client for gRPC"
+    log "no h2load and no apt-get: cargo bench --bench load will use its tonic client for maximum gRPC load"
   fi
 fi
 

@@ -320,7 +320,8 @@ impl Limiter {
         };
         let mut states = Vec::new();
         // The store's answer ends the decision's time too (what follows is
-        // bookkeeping): one clock read fewer per call.
+        // bookkeeping): one clock read fewer per call that reaches the
+        // store. Without one, the time is read at the end.
         let mut decided_at = None;
         if !ops.is_empty() {
             let store_started = Instant::now();

@@ -1,8 +1,9 @@
 //! Envoy's `RateLimitService` v3 (`ShouldRateLimit`) over gRPC.
 //!
-//! A thin adapter: [`to_hits`] (or [`respond`], moving the strings) turns a `RateLimitRequest` into limiter hits
-//! (one per descriptor, entries as key → value, the last repeated key
-//! winning), the limiter decides, and [`to_response`] formats the answer.
+//! A thin adapter: [`respond`] (or [`to_hits`] alone) validates a
+//! `RateLimitRequest` and moves its descriptors into limiter hits (one per
+//! descriptor, entries as key → value, the last repeated key winning), the
+//! limiter decides, and [`to_response`] formats the answer.
 //!
 //! How a rule is reported in `current_limit`: `requests_per_unit` is the
 //! creditLimit and `unit` is SECOND, MINUTE, HOUR, DAY, WEEK, MONTH (30 days)
@@ -128,7 +129,9 @@ pub async fn respond(
     Ok(response)
 }
 
-/// Validates a request and turns its descriptors into hits.
+/// Validates a request and turns its descriptors into hits (what
+/// [`respond`] does before deciding; the service itself goes through
+/// `respond`).
 pub fn to_hits(request: RateLimitRequest) -> Result<Vec<Hit>, Status> {
     let terms = validate(&request)?;
     Ok(into_hits(request.descriptors, terms))

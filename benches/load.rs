@@ -13,9 +13,10 @@
 //! older commit's, for a before/after) instead of this one's.
 //!
 //! It installs nothing: the load generator is this program (tokio, tonic
-//! and the `h2` crate) and, for gRPC, h2load (Debian's nghttp2-client, which the test
-//! command installs) when it is on the PATH; redis-server, redis-cli and
-//! redis-benchmark must be on the PATH for the sections that use Redis.
+//! and the `h2` crate) and, for gRPC's maximum, h2load (Debian's
+//! nghttp2-client, which the test command installs) when it is on the
+//! PATH; redis-server, redis-cli and redis-benchmark must be on the PATH
+//! for the sections that use Redis.
 //!
 //! Placement: with two or more CPUs allowed, every server process (divvy,
 //! the do-nothing baselines, the benchmark's own redis-servers) runs on the
@@ -51,8 +52,7 @@
 //!   before, sends in 10 ms bursts.) Without h2load, this program's tonic
 //!   client gives the maximum, which is then mostly the generator's: the
 //!   servers' CPU µs per call, and the generator's CPU use printed next to
-//!   it, say how far that goes.
-//!   The generator's CPU includes h2load's (a child waited for).
+//!   it (h2load's included, a child waited for), say how far that goes.
 //! - `line`: the divvy line protocol on the memory store against a
 //!   constant-answer line server (this program with `--baseline-line-server
 //!   PORT`, pinned like divvy): 64 connections x 1 request in flight, 16
@@ -1121,10 +1121,7 @@ async fn grpc_paced(
     for _ in 0..channels {
         conns.push(h2_connection(addr).await);
     }
-    let uri: http::Uri =
-        format!("http://{addr}/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit")
-            .parse()
-            .expect("uri");
+    let uri: http::Uri = grpc_url(addr).parse().expect("uri");
     let total = (run.as_secs_f64() * rate) as u64;
     let interval = 1.0 / rate;
     let start = Instant::now() + Duration::from_millis(20);
@@ -1230,6 +1227,12 @@ impl GrpcGenerator {
     }
 }
 
+/// The URL of ShouldRateLimit on `addr` (h2load's target, and the paced
+/// generator's request URI).
+fn grpc_url(addr: SocketAddr) -> String {
+    format!("http://{addr}/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit")
+}
+
 /// `request` as the body of a unary gRPC call: the 5-byte frame header
 /// (uncompressed, length) and the protobuf message.
 fn grpc_body(request: &RateLimitRequest) -> Vec<u8> {
@@ -1259,8 +1262,7 @@ async fn h2load_grpc(addr: SocketAddr, run: Duration, clients: u64, streams: u64
     let body = dir.path().join("body");
     let log = dir.path().join("log");
     std::fs::write(&body, grpc_body(&grpc_request(0))).expect("body");
-    let mut command = Command::new("h2load");
-    command
+    let output = Command::new("h2load")
         .arg(format!("--clients={clients}"))
         .arg(format!("--max-concurrent-streams={streams}"))
         .arg(format!("--duration={}ms", run.as_millis().max(1)))
@@ -1269,11 +1271,8 @@ async fn h2load_grpc(addr: SocketAddr, run: Duration, clients: u64, streams: u64
         .args([
             "--header=content-type: application/grpc",
             "--header=te: trailers",
-        ]);
-    let output = command
-        .arg(format!(
-            "http://{addr}/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
-        ))
+        ])
+        .arg(grpc_url(addr))
         .stdin(Stdio::null())
         .output()
         .expect("run h2load");
@@ -1653,7 +1652,7 @@ fn grpc_section(rt: &Runtime, run: Duration, summary: &mut Summary) {
         },
     ];
     // h2load repeats one call and sees HTTP statuses only: its answer is
-    // checked before and after every run (the counter only grows, so OK at
+    // checked before and after the runs (the counter only grows, so OK at
     // the end means OK throughout).
     let answers_ok = || {
         rt.block_on(async {
@@ -1711,13 +1710,10 @@ fn grpc_section(rt: &Runtime, run: Duration, summary: &mut Summary) {
         });
         let label = format!("paced {:.0}% ({rate:.0}/s)", share * 100.0);
         for (who, t) in [("do-nothing", &mut b), ("divvy", &mut d)] {
-            let lag = format!(
-                "send lag p50 {:.1?} p99 {:.1?}; ",
-                t.f.lag_pct(0.5),
-                t.f.lag_pct(0.99)
-            );
             let note = format!(
-                "{lag}{}{}",
+                "send lag p50 {:.1?} p99 {:.1?}; {}{}",
+                t.f.lag_pct(0.5),
+                t.f.lag_pct(0.99),
                 if t.f.lost > 0 {
                     format!("{} calls unanswered; ", t.f.lost)
                 } else {

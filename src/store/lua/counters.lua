@@ -29,7 +29,7 @@ if now < 0 then
   local t = rcall('TIME')
   now = tonumber(t[1]) * 1000 + floor(tonumber(t[2]) / 1000)
 end
-local format = string.format
+local format, match = string.format, string.match
 -- Integers only; '%d' is far cheaper than '%.0f' where it is exact (below
 -- 2^53, and only where Lua's '%d' is 64-bit: not on a 32-bit Redis build).
 local wide_d = format('%d', 2^40) == '1099511627776'
@@ -279,7 +279,10 @@ end
 -- The lean path: what the general one below does for groups charged on
 -- their own, with no per-request tables. A lone counter of divvy's window,
 -- the common case, is inline (no table per key, none of the algorithm
--- closures). divvy's window is written at once (a key charged twice in
+-- closures); so is a lone counter of another algorithm that is allowed
+-- (one state table per key, built by the MGET's value and changed in place;
+-- a denial takes the algorithms' own functions for when it is due again).
+-- divvy's window is written at once (a key charged twice in
 -- one call is written, and replicated, twice; after the MGET every read
 -- comes from `credits`, so a write cannot change a later answer); the
 -- other algorithms are saved once, at the end, as the general path saves
@@ -387,15 +390,81 @@ if lean then
           end
         end
       else
-        local st = other_load(i, k, alg, W) -- (builds `steps` first)
-        local nx
-        a, r, t, nx = steps[alg](st or nil, L, W, B, cost, false)
-        if a == 1 then
-          owner[k] = i
-          if nx then
-            seen[k] = nx
+        -- The other algorithms: what their steps do when the counter is
+        -- allowed, inline (state tables changed in place: nothing else
+        -- holds them between ops); a denial's answer (when the counter is
+        -- due again) comes from the algorithms' own functions.
+        local st = seen[k]
+        if st == nil then
+          st = false
+          local v = raw[i]
+          if type(v) == 'string' then
+            if alg == 1 then
+              local s, c = match(v, '^(%d+):(%d+)$')
+              if s then st = {s = tonumber(s), c = tonumber(c)} end
+            elseif alg == 2 then
+              local s, q, c = match(v, '^(%d+):(%d+):(%d+)$')
+              if s then st = {s = tonumber(s), p = tonumber(q), c = tonumber(c)} end
+            else
+              local u, at = match(v, '^(%d+):(%d+)$')
+              if u then st = {u = tonumber(u), a = tonumber(at)} end
+            end
+          end
+          seen[k] = st
+        end
+        if alg == 1 then
+          -- fixed_step
+          local s, c = now - now % W, 0
+          if st and st.s >= s then c = st.c; s = st.s end
+          if cost == 0 and c < L then
+            a, r = 1, L - c
+          elseif cost > 0 and cost <= L and c <= L - cost then
+            a, r = 1, L - c - cost
+            if st then st.s, st.c = s, c + cost else seen[k] = {s = s, c = c + cost} end
             dirty[k] = true
           end
+          t = max(s + W - now, 0)
+        elseif alg == 2 then
+          -- sliding_step
+          local s, q, c = now - now % W, 0, 0
+          if st then
+            if st.s >= s then s, q, c = st.s, st.p, st.c
+            elseif st.s + W == s then q = st.c end
+          end
+          local used = floor(min(q, L) * (W - min(max(now - s, 0), W - 1)) / W) + c
+          local need = max(cost, 1)
+          if need <= L and used <= L - need then
+            a, r, t = 1, L - (used + cost), max(s + W - now, 0)
+            if cost > 0 then
+              if st then st.s, st.p, st.c = s, q, c + cost else seen[k] = {s = s, p = q, c = c + cost} end
+              dirty[k] = true
+            end
+          end
+        else
+          -- bucket_step
+          local used, at = 0, now
+          if st then
+            if now <= st.a then
+              used, at = st.u, st.a
+            elseif now - st.a < floor((st.u + L - 1) / L) then
+              used = st.u - (now - st.a) * L
+            end
+          end
+          local need = max(cost, 1)
+          if need <= B and used <= B * W - need * W then
+            if cost > 0 then used = used + need * W end
+            a, r, t = 1, floor((B * W - used) / W), max(at - now, 0) + floor((used + L - 1) / L)
+            if cost > 0 then
+              if st then st.u, st.a = used, at else seen[k] = {u = used, a = at} end
+              dirty[k] = true
+            end
+          end
+        end
+        if a == 1 then
+          owner[k] = i
+        else
+          if not steps then decode, expires, encode, steps, view = library() end
+          a, r, t = steps[alg](st or nil, L, W, B, cost, false)
         end
       end
       out[j + 1], out[j + 2], out[j + 3] = a, r, t
@@ -461,14 +530,38 @@ if lean then
   -- The other algorithms' counters are saved once, at the end, with the
   -- numbers of the last request that charged or checked them, as the
   -- general path saves them.
+  -- (`expires` and `encode` inline; every number here is at least 0, and
+  -- one `format` writes the value where `fmt` would take '%d' for each.)
   for k, _ in pairs(dirty) do
     local alg, L, W = shape(owner[k])
     local st = seen[k]
-    local ttl = expires(alg, st, L, W) - now
+    local ttl, v
+    if alg == 1 then
+      ttl = st.s + W - now
+      if wide_d and st.s < 9e15 and st.c < 9e15 then
+        v = format('%d:%d', st.s, st.c)
+      else
+        v = fmt(st.s) .. ':' .. fmt(st.c)
+      end
+    elseif alg == 2 then
+      ttl = st.s + 2 * W - now
+      if wide_d and st.s < 9e15 and st.p < 9e15 and st.c < 9e15 then
+        v = format('%d:%d:%d', st.s, st.p, st.c)
+      else
+        v = fmt(st.s) .. ':' .. fmt(st.p) .. ':' .. fmt(st.c)
+      end
+    else
+      ttl = st.a + floor((st.u + L - 1) / L) - now
+      if wide_d and st.u < 9e15 and st.a < 9e15 then
+        v = format('%d:%d', st.u, st.a)
+      else
+        v = fmt(st.u) .. ':' .. fmt(st.a)
+      end
+    end
     if ttl <= 0 then
       rcall('DEL', k)
     else
-      rcall('SET', k, encode(alg, st), 'PX', fmt(ttl))
+      rcall('SET', k, v, 'PX', fmt(ttl))
     end
   end
   return out

@@ -284,7 +284,7 @@ async fn explain(State(s): State<AdminState>, RawQuery(query): RawQuery) -> Resp
     let decider = describe.pop().unwrap_or(Value::Null);
     Json(json!({
         "domain": domain,
-        "request": op.pairs().iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>(),
+        "request": op.pairs().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>(),
         "decider": decider,
         "canaries": describe,
     }))

@@ -5,9 +5,10 @@ use std::fmt;
 
 /// A parsed request line.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Command {
-    /// `HIT k=v ...`: the pairs in request order (a repeated key: the last wins later).
-    Hit(Vec<(String, String)>),
+pub enum Command<'a> {
+    /// `HIT k=v ...`: the pairs in request order, borrowed from the line (a
+    /// repeated key: the last wins later).
+    Hit(Vec<(&'a str, &'a str)>),
 }
 
 /// Why a line was refused; [`fmt::Display`] gives the exact `ERR` line (without newline).
@@ -112,14 +113,14 @@ fn expect_equals(s: &str) -> Result<&str, LineError> {
 }
 
 /// Parses `key=value` pairs separated by whitespace.
-fn parse_pairs(args: &str) -> Result<Vec<(String, String)>, LineError> {
+fn parse_pairs(args: &str) -> Result<Vec<(&str, &str)>, LineError> {
     let mut s = js_trim(args);
     let mut pairs = Vec::new();
     while !s.is_empty() {
         let (key, rest) = read_string(s)?;
         let rest = expect_equals(rest)?;
         let (value, rest) = read_string(rest)?;
-        pairs.push((key.to_owned(), value.to_owned()));
+        pairs.push((key, value));
         s = rest;
         if let Some(c) = s.chars().next() {
             if !is_js_whitespace(c) {
@@ -135,7 +136,7 @@ fn parse_pairs(args: &str) -> Result<Vec<(String, String)>, LineError> {
 }
 
 /// Parses one request line (without its newline).
-pub fn parse_line(line: &str) -> Result<Command, LineError> {
+pub fn parse_line(line: &str) -> Result<Command<'_>, LineError> {
     let (word, rest) = read_string(line)?;
     // JavaScript's toUpperCase, as the original compares; ASCII first.
     if !word.eq_ignore_ascii_case("HIT") {
@@ -151,7 +152,7 @@ pub fn parse_line(line: &str) -> Result<Command, LineError> {
 mod tests {
     use super::*;
 
-    fn ok(line: &str) -> Vec<(String, String)> {
+    fn ok(line: &str) -> Vec<(&str, &str)> {
         match parse_line(line) {
             Ok(Command::Hit(p)) => p,
             Err(e) => panic!("{line:?}: {e}"),
@@ -162,10 +163,8 @@ mod tests {
         parse_line(line).unwrap_err().to_string()
     }
 
-    fn pairs(list: &[(&str, &str)]) -> Vec<(String, String)> {
-        list.iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect()
+    fn pairs<'a>(list: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
+        list.to_vec()
     }
 
     #[test]

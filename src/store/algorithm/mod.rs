@@ -197,7 +197,8 @@ pub trait States {
 ///   counter's unchanged credits.
 ///
 /// Several ops on one counter see each other's charges in order; `same[i]`
-/// is the index of the first op with op `i`'s key (see [`same_keys`]).
+/// is the index of the first op on op `i`'s counter (the memory store finds
+/// them by its counters' ids).
 pub fn apply_request<S: States>(
     states: &mut S,
     now: u64,
@@ -336,23 +337,6 @@ fn load<S: States>(
     k: usize,
 ) -> Option<State> {
     *stored[k].get_or_insert_with(|| states.load(k))
-}
-
-/// `same[i]`: the index of the first op with op `i`'s key.
-pub fn same_keys(ops: &[CounterOp]) -> Vec<usize> {
-    if ops.len() <= 16 {
-        return ops
-            .iter()
-            .enumerate()
-            .map(|(i, op)| ops[..i].iter().position(|o| o.key == op.key).unwrap_or(i))
-            .collect();
-    }
-    let mut first: std::collections::HashMap<&str, usize> =
-        std::collections::HashMap::with_capacity(ops.len());
-    ops.iter()
-        .enumerate()
-        .map(|(i, op)| *first.entry(op.key.as_str()).or_insert(i))
-        .collect()
 }
 
 #[cfg(test)]

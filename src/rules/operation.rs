@@ -18,7 +18,7 @@ pub struct Operation {
 /// Where one pair is in [`Operation::text`]: the key is
 /// `start..key_end`, the value `key_end..end`. Offsets are `u32`: requests
 /// are far smaller than 4 GiB (lines, HTTP bodies and gRPC messages are
-/// capped well below).
+/// capped, by default far below it).
 #[derive(Debug, Clone, Copy)]
 struct Span {
     start: u32,
@@ -26,8 +26,8 @@ struct Span {
     end: u32,
 }
 
-/// An offset into an operation's text (requests are far below 4 GiB; a
-/// larger one saturates, and its pairs read as empty rather than panic).
+/// An offset into an operation's text. Past 4 GiB (a cap raised that far)
+/// it saturates: pairs beyond read as cut short or empty, never a panic.
 fn offset(n: usize) -> u32 {
     u32::try_from(n).unwrap_or(u32::MAX)
 }
@@ -143,6 +143,30 @@ fn short_cmp(a: &[u8], b: &[u8]) -> std::cmp::Ordering {
 #[cfg(test)]
 mod tests {
     use super::Operation;
+    use proptest::prelude::*;
+    use std::collections::BTreeMap;
+
+    proptest! {
+        /// An operation holds what a map holds after inserting the pairs in
+        /// request order (the last value of a repeated key wins), sorted by
+        /// key: any Unicode, empty keys and values included.
+        #[test]
+        fn pairs_are_a_map_of_the_last_values(
+            pairs in proptest::collection::vec(("[a-c\\u{e9}\\u{1F600}]{0,3}", "\\PC{0,4}"), 0..12),
+        ) {
+            let op = Operation::from_pairs(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+            let mut map = BTreeMap::new();
+            for (k, v) in &pairs {
+                map.insert(k.as_str(), v.as_str());
+            }
+            prop_assert!(op.pairs().eq(map.iter().map(|(k, v)| (*k, *v))));
+            for (k, v) in &map {
+                prop_assert_eq!(op.get(k), Some(*v));
+            }
+            prop_assert_eq!(op.get("zz-absent"), None);
+            prop_assert_eq!(op.is_empty(), map.is_empty());
+        }
+    }
 
     #[test]
     fn last_repeated_key_wins() {

@@ -83,8 +83,8 @@ impl RateLimitService for RlsService {
 /// Decides `request` and shapes the answer: by the envoyproxy/ratelimit
 /// file that defines its domain, else by the divvy rules (or "no limit"
 /// when there are none). Shared by gRPC and `POST /json`. The request is
-/// validated whole first; the divvy rules' path then moves its strings into
-/// the hits rather than copying them.
+/// validated whole first; the divvy rules' path then builds each hit's
+/// operation from the descriptor's entries (one string for them all).
 pub async fn respond(
     limiter: &Limiter,
     envoy: &EnvoySettings,
@@ -177,7 +177,8 @@ fn validate(request: &RateLimitRequest) -> Result<Vec<Terms>, Status> {
         .collect()
 }
 
-/// Validated descriptors as hits, their keys and values moved, not copied.
+/// Validated descriptors as hits (each descriptor's keys and values copied
+/// into its operation's one string).
 fn into_hits(descriptors: Vec<RateLimitDescriptor>, terms: Vec<Terms>) -> Vec<Hit> {
     descriptors
         .into_iter()

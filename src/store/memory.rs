@@ -438,7 +438,26 @@ impl Store for MemoryStore {
 mod tests {
     use super::*;
     use crate::store::Algorithm;
+    use proptest::prelude::*;
     use std::sync::atomic::{AtomicU64, Ordering};
+
+    proptest! {
+        /// Both of `same_ids`' branches (up to 16 ids, and the hash table
+        /// past that) give each op the first op with its id.
+        #[test]
+        fn same_ids_finds_the_first_op_with_each_id(
+            picks in proptest::collection::vec(0usize..24, 0..64),
+        ) {
+            // Few distinct ids, many repeats; ids that share their low 64
+            // bits (the table's hash) but differ above.
+            let ids: Vec<Id> = picks.iter().map(|&p| ((p as u128 % 3) << 64) | (p as u128 / 3)).collect();
+            let naive: Vec<usize> = ids
+                .iter()
+                .map(|id| ids.iter().position(|o| o == id).unwrap_or(usize::MAX))
+                .collect();
+            prop_assert_eq!(same_ids(&ids), naive);
+        }
+    }
 
     /// A clock the test moves by hand (ms since the epoch).
     #[derive(Default)]

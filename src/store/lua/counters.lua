@@ -40,8 +40,12 @@ end
 local function has(f, bit) return f % (bit * 2) >= bit end
 
 -- The algorithms, built only when a call needs them (the lean path below
--- needs none for divvy's window): creating these closures on every call
--- cost a measurable share of a small call.
+-- needs none for divvy's window, nor for a lone counter of another
+-- algorithm that is allowed: it has those cases inline): creating these
+-- closures on every call cost a measurable share of a small call. The lean
+-- path's inline copies of `decode`, `expires`, `encode` and of the steps'
+-- allowed cases must change with them (tests/algorithm_props.rs and
+-- tests/script_paths.rs compare the paths).
 local function library()
   local function ceil_div(a, b) return floor((a + b - 1) / b) end
 

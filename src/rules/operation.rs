@@ -41,8 +41,10 @@ impl Operation {
         V: AsRef<str>,
     {
         let pairs = pairs.into_iter();
-        // Most requests' text fits: one allocation.
-        let mut text = String::with_capacity(64);
+        // Most requests' text fits in 64 bytes: one allocation (none for a
+        // request known to have no pairs).
+        let none = pairs.size_hint().1 == Some(0);
+        let mut text = String::with_capacity(if none { 0 } else { 64 });
         let mut spans = Vec::with_capacity(pairs.size_hint().0);
         for (k, v) in pairs {
             let start = offset(text.len());

@@ -221,7 +221,7 @@ async fn explain(State(s): State<AdminState>, RawQuery(query): RawQuery) -> Resp
             }
             domain = Some(v.into_owned());
         } else {
-            pairs.push((k.into_owned(), v.into_owned()));
+            pairs.push((k, v));
         }
     }
     let op = Operation::from_pairs(pairs);

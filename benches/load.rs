@@ -61,7 +61,9 @@
 //!   server CPU µs per HIT.
 //! - `redis`: the Redis store on a redis-server this benchmark starts (on the
 //!   servers' CPU), next to the memory store: line protocol 64 x 1 and
-//!   1 x 256 pipelined, with divvy's and Redis's CPU µs per HIT; and
+//!   1 x 256 pipelined, with divvy's and Redis's CPU µs per HIT; 64
+//!   connections paced (open loop) at 25% and 50% of the Redis store's
+//!   64 x 1 maximum, latency percentiles of both stores; and
 //!   redis-benchmark's EVALSHA of divvy's script on the same redis-server,
 //!   with Redis's CPU µs per call (one counter a call) and per counter (32
 //!   counters a call, mostly existing ones).
@@ -1875,7 +1877,11 @@ fn redis_section(rt: &Runtime, redis: &RedisProc, run: Duration, summary: &mut S
     let loads = [LINE_LOADS[0], LINE_LOADS[2]];
     let pairs = line_pairs(rt, &targets, ["memory store", "redis store"], run, &loads);
     let mut calls_before = script_calls(redis.port);
+    let mut redis_max = None;
     for (name, [mut m, mut r]) in pairs {
+        if redis_max.is_none() {
+            redis_max = Some(r.rate());
+        }
         // Only the Redis store's runs call the script, so the calls since
         // the last load are theirs: how many HITs one script call carried.
         let calls = script_calls(redis.port);
@@ -1921,7 +1927,49 @@ fn redis_section(rt: &Runtime, redis: &RedisProc, run: Duration, summary: &mut S
             ),
         );
     }
+    // Latency at a paced load, where batching trades a wait for the call in
+    // flight against CPU: the Redis store's own maximum sets the rates.
+    let Some(max) = redis_max else { return };
+    for share in REDIS_PACED {
+        let rate = max * share;
+        let [mut m, mut r] = abba(rt, [&targets[0], &targets[1]], run, |addr, run| {
+            line_paced_with(addr, run, rate, LINE_LOADS[0].1, |c, i| {
+                request_line(c * 1_000_000 + i)
+            })
+        });
+        let label = format!("paced {:.0}% ({rate:.0}/s)", share * 100.0);
+        for (who, t) in [("memory store", &mut m), ("redis store", &mut r)] {
+            let note = t.cpu_note("HIT");
+            print_row(&format!("{who}: {label}"), &mut t.f, "HIT/s", &note);
+        }
+        let what = format!(
+            "{} conns paced at {:.0}% of the Redis store's maximum ({rate:.0}/s) (baseline: memory store)",
+            LINE_LOADS[0].1,
+            share * 100.0
+        );
+        println!(
+            "  redis / memory store, {label}: p50 {}, p99 {}, p99.9 {}",
+            dur_ratio(r.f.pct(0.5), m.f.pct(0.5)),
+            dur_ratio(r.f.pct(0.99), m.f.pct(0.99)),
+            dur_ratio(r.f.pct(0.999), m.f.pct(0.999))
+        );
+        summary.row(
+            "redis",
+            &format!("p50 / p99 / p99.9, {what}"),
+            pcts(&mut r.f),
+            pcts(&mut m.f),
+            format!(
+                "{} / {} / {}",
+                dur_ratio(r.f.pct(0.5), m.f.pct(0.5)),
+                dur_ratio(r.f.pct(0.99), m.f.pct(0.99)),
+                dur_ratio(r.f.pct(0.999), m.f.pct(0.999))
+            ),
+        );
+    }
 }
+
+/// Shares of the Redis store's 64 x 1 maximum its paced runs offer.
+const REDIS_PACED: [f64; 2] = [0.25, 0.5];
 
 /// Rounds of the algorithms section: each rule runs `--seconds / ROUNDS` per
 /// round, the rules in turn, so that noise on a shared machine spreads over
@@ -2233,11 +2281,26 @@ fn delayed_pipe(from: std::net::TcpStream, to: std::net::TcpStream) {
 }
 
 /// `conns` connections sending `HIT site=partner1` at `rate` requests per
+/// second in all for `run` (see [`line_paced_with`]).
+async fn line_paced(addr: SocketAddr, run: Duration, rate: f64, conns: u64) -> Figures {
+    line_paced_with(addr, run, rate, conns, |_, _| {
+        String::from("HIT site=partner1\n")
+    })
+    .await
+}
+
+/// `conns` connections sending `line(conn, i)` at `rate` requests per
 /// second in all for `run`, each on its own schedule (spread evenly over one
 /// interval), one request in flight per connection: a late answer makes
 /// only the next send of its connection late. Latency is from writing the
 /// line to reading the answer, which must be `OK true`.
-async fn line_paced(addr: SocketAddr, run: Duration, rate: f64, conns: u64) -> Figures {
+async fn line_paced_with(
+    addr: SocketAddr,
+    run: Duration,
+    rate: f64,
+    conns: u64,
+    line: fn(u64, u64) -> String,
+) -> Figures {
     let interval = Duration::from_secs_f64(conns as f64 / rate);
     let start = Instant::now() + Duration::from_millis(20);
     let end = start + run;
@@ -2251,10 +2314,13 @@ async fn line_paced(addr: SocketAddr, run: Duration, rate: f64, conns: u64) -> F
                 let mut answer = String::new();
                 let mut lat = Vec::new();
                 let mut due = start + interval.mul_f64(c as f64 / conns as f64);
+                let mut i = 0;
                 while due < end {
+                    let text = line(c, i);
+                    i += 1;
                     tokio::time::sleep_until(due.into()).await;
                     let t = Instant::now();
-                    wr.write_all(b"HIT site=partner1\n").await.expect("send");
+                    wr.write_all(text.as_bytes()).await.expect("send");
                     answer.clear();
                     reader.read_line(&mut answer).await.expect("answer");
                     assert!(

@@ -9,8 +9,8 @@
 //! requests also share script calls: a batcher task gathers the counters of
 //! every request waiting at that moment into one EVALSHA (each request's
 //! counters contiguous and in order, so each request is still applied
-//! atomically and its counters in its own order), with a few batches in
-//! flight at once; batches in flight together may reach Redis in any order. One script call
+//! atomically and its counters in its own order), one call at a time:
+//! requests that arrive while a call is out go in the next. One script call
 //! then carries many requests, which is what lets one Redis serve far more
 //! requests per second than it runs scripts. In a Cluster, the counters are grouped by hash slot (a
 //! script may only touch one slot) and the groups go out in parallel; the
@@ -30,7 +30,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio::sync::{mpsc, oneshot};
 
 use fred::prelude::*;
 use fred::types::config::{ClusterDiscoveryPolicy, Server, TlsConnector};
@@ -65,9 +65,6 @@ pub const MAX_BATCH_KEYS: usize = 512;
 /// (the script reads it just the same), so a batch of many rules costs no
 /// more than linear time.
 const SHAPES_SEARCHED: usize = 16;
-
-/// Most batched script calls in flight at once.
-pub const MAX_BATCHES_IN_FLIGHT: usize = 2;
 
 /// Counters in Redis.
 pub struct RedisStore {
@@ -188,16 +185,22 @@ impl RedisStore {
     }
 }
 
-/// Gathers waiting requests into script calls until the store is dropped.
+/// Gathers waiting requests into script calls until the store is dropped,
+/// one call at a time: requests that arrive while a call is out wait for it
+/// and go together in the next. (Measured on the load benchmark's Redis
+/// section, one core for divvy and Redis: against two calls in flight, the
+/// batches at 64 connections x 1 in flight grow from 16 to 29 HITs, CPU per
+/// HIT falls, and paced latency falls too, as a call's fixed cost is paid
+/// less often.)
 async fn run_batcher(core: Arc<Core>, mut rx: mpsc::Receiver<Pending>) {
-    let permits = Arc::new(Semaphore::new(MAX_BATCHES_IN_FLIGHT));
+    let mut batch: Vec<Pending> = Vec::new();
     while let Some(first) = rx.recv().await {
-        // Wait for a free slot first: requests arriving meanwhile join this batch.
-        let Ok(permit) = permits.clone().acquire_owned().await else {
-            return;
-        };
-        let mut batch = vec![first];
-        let mut keys = batch[0].ops.len();
+        // Let the tasks already woken run first (connections whose requests
+        // were read in the same poll), so that what arrived together goes
+        // together.
+        tokio::task::yield_now().await;
+        let mut keys = first.ops.len();
+        batch.push(first);
         while keys < MAX_BATCH_KEYS {
             match rx.try_recv() {
                 Ok(p) => {
@@ -207,27 +210,23 @@ async fn run_batcher(core: Arc<Core>, mut rx: mpsc::Receiver<Pending>) {
                 Err(_) => break,
             }
         }
-        let core = core.clone();
-        tokio::spawn(async move {
-            let parts: Vec<Part<'_>> = batch.iter().map(|p| (p.ops.as_slice(), p.charge)).collect();
-            let result = core.eval(&parts).await;
-            drop(parts);
-            match result {
-                Ok(states) => {
-                    let mut states = states.into_iter();
-                    for p in batch {
-                        let mine: Vec<CounterState> = states.by_ref().take(p.ops.len()).collect();
-                        let _ = p.reply.send(Ok(mine));
-                    }
-                }
-                Err(e) => {
-                    for p in batch {
-                        let _ = p.reply.send(Err(e.clone()));
-                    }
+        let parts: Vec<Part<'_>> = batch.iter().map(|p| (p.ops.as_slice(), p.charge)).collect();
+        let result = core.eval(&parts).await;
+        drop(parts);
+        match result {
+            Ok(states) => {
+                let mut states = states.into_iter();
+                for p in batch.drain(..) {
+                    let mine: Vec<CounterState> = states.by_ref().take(p.ops.len()).collect();
+                    let _ = p.reply.send(Ok(mine));
                 }
             }
-            drop(permit);
-        });
+            Err(e) => {
+                for p in batch.drain(..) {
+                    let _ = p.reply.send(Err(e.clone()));
+                }
+            }
+        }
     }
 }
 

@@ -266,7 +266,7 @@ impl Core {
             }
             other => other.map_err(|e| store_error(&e))?,
         };
-        if raw.len() != count * 3 {
+        if raw.len() != count * 2 {
             return Err(StoreError::Unavailable(format!(
                 "redis: the counter script returned {} values for {} counters",
                 raw.len(),
@@ -274,12 +274,8 @@ impl Core {
             )));
         }
         Ok(raw
-            .chunks_exact(3)
-            .map(|c| CounterState {
-                allowed: c[0] == 1,
-                remaining: u64::try_from(c[1]).unwrap_or(0),
-                reset_after: Duration::from_millis(u64::try_from(c[2]).unwrap_or(0)),
-            })
+            .chunks_exact(2)
+            .map(|c| counter_state(c[0], c[1]))
             .collect())
     }
 
@@ -409,6 +405,21 @@ impl Core {
             };
         }
         Ok(states)
+    }
+}
+
+/// One counter's answer from the script's two values: the credits left `r`
+/// if allowed, else `-1 - r`; and the ms until it resets.
+fn counter_state(credits: i64, reset_ms: i64) -> CounterState {
+    let (allowed, remaining) = if credits >= 0 {
+        (true, credits)
+    } else {
+        (false, -1 - credits)
+    };
+    CounterState {
+        allowed,
+        remaining: u64::try_from(remaining).unwrap_or(0),
+        reset_after: Duration::from_millis(u64::try_from(reset_ms).unwrap_or(0)),
     }
 }
 
@@ -598,6 +609,19 @@ mod tests {
 
     fn op(key: &str, limit: u64, cost: u64) -> CounterOp {
         CounterOp::new(key, Algorithm::Window, limit, Duration::from_secs(60), cost)
+    }
+
+    #[test]
+    fn counter_state_reads_allowed_from_the_sign() {
+        let state = |c, t| {
+            let s = counter_state(c, t);
+            (s.allowed, s.remaining, s.reset_after.as_millis())
+        };
+        assert_eq!(state(0, 5), (true, 0, 5));
+        assert_eq!(state(7, 100), (true, 7, 100));
+        assert_eq!(state(-1, 5), (false, 0, 5));
+        assert_eq!(state(-8, 0), (false, 7, 0));
+        assert_eq!(state(i64::MIN, -3), (false, i64::MAX as u64, 0));
     }
 
     #[test]

@@ -21,7 +21,9 @@
 -- Stored values: divvy window: credits left (against the rule's own limit,
 -- sent as the burst), TTL = the window (divvy's own layout); fixed: "start:count"; sliding: "start:prev:cur"; token bucket:
 -- "used:at" (used capacity, credits x window ms; at: ms it is valid at).
--- Returns 3 values per key: allowed (1/0), credits left, ms to reset.
+-- Returns 2 values per key: the credits left r (never negative) if allowed,
+-- else -1 - r; and the ms to reset. (Allowed rides on the sign: each value
+-- returned costs a call about as much as one Redis command's key lookup.)
 local floor, min, max = math.floor, math.min, math.max
 local rcall, rpcall = redis.call, redis.pcall
 local now = tonumber(ARGV[1])
@@ -358,15 +360,30 @@ if lean then
     local g = i
     while g < n and xs[g + 1] % 2 == 1 and xs[g + 1] % 8 < 4 do g = g + 1 end
     if g == i then
-      local alg, L, W, B, p = shape(i)
+      local x = xs[i]
+      local p = (x - x % 128) / 128
+      local alg, L, W, B = salg[p], slim[p], swin[p], sbur[p]
       local ctext = ARGV[base + 2 * i]
       local cost = number[ctext]
       local k = KEYS[i]
       local a, r, t
       if alg == 0 then
-        local s = window_load(i, k, W)
-        local e = s and expiry[k]
-        if s and e < 0 then e = -e end
+        -- window_load and window_save inline; `credits` and `expiry` are
+        -- written only when the key is (until then, the MGET's value and
+        -- PTTL are still the key's).
+        local s = credits[k]
+        local e, was -- the expiry; as `expiry` would hold it
+        if s == nil then
+          local v = raw[i]
+          s = type(v) == 'string' and tonumber(v) or false
+          if s then
+            local ttl = rcall('PTTL', k)
+            if ttl < 0 then e = now + W; was = -e else e = now + ttl; was = e end
+          end
+        elseif s then
+          was = expiry[k]
+          e = (was < 0) and -was or was
+        end
         if not s or e <= now then
           -- window_step of no counter, or of an expired one
           if cost > 0 and cost <= L then
@@ -388,7 +405,20 @@ if lean then
             -- As window_step computes it (beyond 2^53 the subtraction can
             -- round back to the value stored: nothing is written then).
             local v = have - cost - (L - B)
-            if v ~= s then window_save(k, s, v, e, ctext) end
+            if v ~= s then
+              -- (`was` is negative for a key without TTL: never equal to `e`.)
+              if was == e then
+                local done = rpcall('DECRBY', k, ctext)
+                -- A value that is a number to Lua but not an integer to
+                -- Redis is rewritten whole.
+                if type(done) == 'table' and done.err then
+                  rcall('SET', k, fmt(v), 'PX', fmt(e - now))
+                end
+              else
+                rcall('SET', k, fmt(v), 'PX', fmt(e - now))
+              end
+              credits[k], expiry[k] = v, e
+            end
           else
             a, r = 0, max(have, 0)
           end
@@ -471,8 +501,8 @@ if lean then
           a, r, t = steps[alg](st or nil, L, W, B, cost, false)
         end
       end
-      out[j + 1], out[j + 2], out[j + 3] = a, r, t
-      j = j + 3
+      out[j + 1], out[j + 2] = (a == 1) and r or -1 - r, t
+      j = j + 2
     else
       -- A group (one rule's limits): every op on the state its keys have
       -- after the ops before it, then all charged or none; as the general
@@ -518,15 +548,15 @@ if lean then
               dirty[k] = true
             end
           end
-          out[j + 1], out[j + 2], out[j + 3] = ra[o], rr[o], rt[o]
+          out[j + 1], out[j + 2] = (ra[o] == 1) and rr[o] or -1 - rr[o], rt[o]
         elseif ra[o] == 1 and rn[o] then
           -- allowed alone, not charged: what the counter shows uncharged
           local r, t = view(alg, before[o] or nil, L, W, B)
-          out[j + 1], out[j + 2], out[j + 3] = 1, r, t
+          out[j + 1], out[j + 2] = r, t
         else
-          out[j + 1], out[j + 2], out[j + 3] = ra[o], rr[o], rt[o]
+          out[j + 1], out[j + 2] = (ra[o] == 1) and rr[o] or -1 - rr[o], rt[o]
         end
-        j = j + 3
+        j = j + 2
       end
     end
     i = g + 1
@@ -623,8 +653,7 @@ while rs <= n do
         dirty[k] = true
       end
     end
-    out[#out + 1] = a
-    out[#out + 1] = r
+    out[#out + 1] = (a == 1) and r or -1 - r
     out[#out + 1] = t
     rs = rs + 1
   else
@@ -666,12 +695,10 @@ while rs <= n do
         local st
         if blocked then st = load(o) else st = before[o] or nil end
         local r, t = view(alg[o], st, lim[o], win[o], bur[o])
-        out[#out + 1] = 1
         out[#out + 1] = r
         out[#out + 1] = t
       else
-        out[#out + 1] = ra[o]
-        out[#out + 1] = rr[o]
+        out[#out + 1] = (ra[o] == 1) and rr[o] or -1 - rr[o]
         out[#out + 1] = rt[o]
       end
     end

@@ -306,6 +306,7 @@ if lean then
   local seen = {} -- other algorithms' states, by key (false: no counter)
   local owner, dirty = {}, {} -- by key: the op whose numbers save it; changed
   local wtext = {} -- a shape's window in ms, as text
+  local over, before, ra, rr, rt, rn -- groups' working tables, when needed
   -- divvy's window `k` (op i) into `credits` and `expiry`, once.
   local function window_load(i, k, W)
     local s = credits[k]
@@ -507,9 +508,11 @@ if lean then
       -- A group (one rule's limits): every op on the state its keys have
       -- after the ops before it, then all charged or none; as the general
       -- path does it, with the algorithms' own functions.
+      -- (The tables are the call's, made at its first group: `over` is
+      -- emptied after each group; the others are by op, each written
+      -- before it is read.)
       if not steps then decode, expires, encode, steps, view = library() end
-      local over, before = {}, {}
-      local ra, rr, rt, rn = {}, {}, {}, {}
+      if not over then over, before, ra, rr, rt, rn = {}, {}, {}, {}, {}, {} end
       local all = true
       for o = i, g do
         local alg, L, W, B = shape(o)
@@ -558,6 +561,7 @@ if lean then
         end
         j = j + 2
       end
+      for o = i, g do over[KEYS[o]] = nil end
     end
     i = g + 1
   end

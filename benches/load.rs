@@ -1008,11 +1008,18 @@ const PACED_ACTORS: u64 = 65_536;
 
 /// One HTTP/2 connection of the paced generator: the `h2` crate's client
 /// alone (no tonic, no tower buffer task between a call and its
-/// connection), several times cheaper per call than a tonic client.
+/// connection), several times cheaper per call than a tonic client. Its
+/// budget for small DATA frames received and not yet read (h2's guard
+/// against a peer flooding them) is raised: every answer's message is one
+/// small DATA frame before its trailers, and at 50% a connection can hold a
+/// few hundred unread when the generator's core falls behind, which closed
+/// a run's connection once with ENHANCE_YOUR_CALM.
 async fn h2_connection(addr: SocketAddr) -> h2::client::SendRequest<bytes::Bytes> {
     let stream = TcpStream::connect(addr).await.expect("connect");
     stream.set_nodelay(true).expect("nodelay");
-    let (send, connection) = h2::client::handshake(stream)
+    let (send, connection) = h2::client::Builder::new()
+        .data_frame_budget(64 << 20)
+        .handshake(stream)
         .await
         .expect("HTTP/2 handshake");
     tokio::spawn(async move {

@@ -54,7 +54,10 @@ elseif kind == 'ending' then redis.call('SET', k, v, 'PX', 600000)
 elseif kind == 'forever' then redis.call('SET', k, v)
 elseif kind == 'float' then redis.call('SET', k, v .. '.0', 'PX', 600000)
 elseif kind == 'text' then redis.call('SET', k, 'abc', 'PX', 600000)
-elseif kind == 'hash' then redis.call('HSET', k, 'f', v) end
+elseif kind == 'hash' then redis.call('HSET', k, 'f', v)
+elseif kind == 'huge' then redis.call('SET', k, '1e19', 'PX', 600000)
+elseif kind == 'inf' then redis.call('SET', k, '-inf', 'PX', 600000)
+elseif kind == 'nan' then redis.call('SET', k, 'nan', 'PX', 600000) end
 return 1
 "#;
 
@@ -115,7 +118,7 @@ fn counter() -> impl Strategy<Value = Counter> {
         prop_oneof![Just(60_000i64), Just(3_600_000i64)],
         1i64..=4,
         prop::sample::select(vec![
-            "none", "ttl", "ending", "forever", "float", "text", "hash",
+            "none", "ttl", "ending", "forever", "float", "text", "hash", "huge", "inf", "nan",
         ]),
         0i64..=6,
     )
@@ -192,12 +195,15 @@ fn key(prefix: &str, case: &Case, i: usize) -> String {
 /// window in its last millisecond, which real time cannot hit on purpose.
 fn with_ending_keys() -> String {
     let mut script = SCRIPT.to_owned();
+    let mut replaced = 0;
     for k in ["k", "key"] {
         let call = format!("rcall('PTTL', {k})");
         let ending = format!("(string.find({k}, ':ending', 1, true) and 0 or {call})");
-        assert!(script.contains(&call), "{call}");
+        replaced += script.matches(&call).count();
         script = script.replace(&call, &ending);
     }
+    // Every PTTL of the script reads `:ending` keys as ending.
+    assert_eq!(replaced, SCRIPT.matches("rcall('PTTL'").count());
     script
 }
 
@@ -447,6 +453,58 @@ async fn only_counters_charged_on_their_own_take_the_lean_path() {
                 assert!(!lean, "{what}: {e}");
                 assert!(e.to_string().contains("general path"), "{what}: {e}");
             }
+        }
+    }
+}
+
+/// A divvy window's key holding a number Redis could not return as an
+/// integer (beyond 2^53, infinite, not a number: written by someone else)
+/// is no counter, on either path: the request is allowed and the key
+/// written afresh.
+#[tokio::test]
+async fn a_window_value_beyond_exact_integers_is_no_counter() {
+    let server = common::redis::Redis::start();
+    let client = Builder::from_config(FredConfig::from_url(&server.url()).expect("url"))
+        .build()
+        .expect("fred client");
+    client.init().await.expect("connection");
+    for start in ["huge", "inf", "nan"] {
+        let case = Case {
+            counters: vec![Counter {
+                algorithm: 0,
+                own: 3,
+                window_ms: 60_000,
+                burst: 1,
+                start,
+                stored: 0,
+            }],
+            calls: Vec::new(),
+        };
+        let op = Op {
+            counter: 0,
+            knob: 0,
+            cost: 1,
+            flags: 4,
+        };
+        for (prefix, general) in [("lean", false), ("general", true)] {
+            let k = key(prefix, &case, 0);
+            let _: i64 = client
+                .eval(
+                    SETUP,
+                    vec![k.clone()],
+                    vec![start.to_owned(), String::from("0")],
+                )
+                .await
+                .expect("setup");
+            let (keys, args) = call_args(&case, std::slice::from_ref(&op), prefix, T0, general);
+            let got: Vec<i64> = client.eval(SCRIPT, keys, args).await.expect("call");
+            // Allowed, 2 of 3 credits left, the window's whole length.
+            assert_eq!(got[..2], [2, 60_000], "{start}, {prefix} path");
+            let state: Vec<String> = client
+                .eval(STATE, vec![k], Vec::<String>::new())
+                .await
+                .expect("state");
+            assert_eq!(state[0], "string 2", "{start}, {prefix} path");
         }
     }
 }

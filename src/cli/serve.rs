@@ -87,6 +87,17 @@ pub struct ServeArgs {
     /// Longest wait for one Redis command, in milliseconds.
     #[arg(long, env = "DIVVY_REDIS_TIMEOUT_MS", default_value_t = 100)]
     redis_timeout_ms: u64,
+    /// Most batched counter-script calls out at once on a single Redis
+    /// server or Sentinel master (1 to 64). Requests waiting meanwhile share
+    /// the next call: 1 (the default) makes calls largest and cheapest for
+    /// Redis; a larger number lowers latency when Redis is far away.
+    #[arg(
+        long,
+        env = "DIVVY_REDIS_BATCHES_IN_FLIGHT",
+        default_value_t = 1,
+        value_parser = clap::value_parser!(u64).range(1..=64)
+    )]
+    redis_batches_in_flight: u64,
     /// What requests get while Redis is failing: allow (fail open), deny
     /// (fail closed) or local (the embedded store with a share of each limit).
     #[arg(
@@ -254,6 +265,8 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
                     target,
                     timeout: Duration::from_millis(args.redis_timeout_ms.max(1)),
                     clock: None,
+                    batches_in_flight: usize::try_from(args.redis_batches_in_flight)
+                        .unwrap_or(divvy::store::redis::DEFAULT_BATCHES_IN_FLIGHT),
                 };
                 let (redis, connected) =
                     RedisStore::connect(&options, Duration::from_secs(2)).await?;
@@ -285,6 +298,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 target,
                 timeout: Duration::from_millis((args.global_lease_ms / 4).max(50)),
                 clock: None,
+                batches_in_flight: divvy::store::redis::DEFAULT_BATCHES_IN_FLIGHT,
             };
             let (global_store, connected) =
                 RedisStore::connect(&options, Duration::from_secs(2)).await?;

@@ -58,8 +58,10 @@ local function library()
   local function decode(alg, key, W, v)
     if type(v) ~= 'string' then return nil end
     if alg == 0 then
+      -- (Credits beyond 2^53 either way, inf or nan: a value someone else
+      -- wrote, which Redis would return as a wrong integer; no counter.)
       local r = tonumber(v)
-      if r == nil then return nil end
+      if r == nil or r ~= r or r >= 9e15 or r <= -9e15 then return nil end
       local ttl = rcall('PTTL', key)
       if ttl < 0 then return {r = r, e = now + W} end
       -- x: the key keeps this expiry, so a new count can be written with
@@ -289,8 +291,9 @@ end
 -- (one state table per key, built by the MGET's value and changed in place;
 -- a denial takes the algorithms' own functions for when it is due again).
 -- divvy's window is written at once (a key charged twice in
--- one call is written, and replicated, twice; after the MGET every read
--- comes from `credits`, so a write cannot change a later answer); the
+-- one call is written, and replicated, twice; a key is read from the MGET
+-- and PTTL once, then from `credits` and `expiry`, so a write cannot change
+-- a later answer); the
 -- other algorithms are saved once, at the end, as the general path saves
 -- them. The general path writes only at its end; the store never sends a
 -- call that can fail halfway (limits and windows are validated), and a
@@ -313,6 +316,7 @@ if lean then
     if s == nil then
       local v = raw[i]
       s = type(v) == 'string' and tonumber(v) or false
+      if s and (s ~= s or s >= 9e15 or s <= -9e15) then s = false end -- as `decode`
       if s then
         local ttl = rcall('PTTL', k)
         if ttl < 0 then expiry[k] = -(now + W) else expiry[k] = now + ttl end
@@ -324,11 +328,11 @@ if lean then
   -- divvy's window `k` charged from `s` credits (its expiry, and whether
   -- it must be rewritten whole, from `expiry`) to `v` ending at `e`: `DECRBY`
   -- in place where it can be, else `SET ... PX`.
-  local function window_save(k, s, v, e, delta)
+  local function window_save(k, s, v, e)
     local was = expiry[k]
     -- (`was` is negative for a key without TTL: never equal to `e`.)
     if s and was == e then
-      local done = rpcall('DECRBY', k, delta or fmt(s - v))
+      local done = rpcall('DECRBY', k, fmt(s - v))
       -- A value that is a number to Lua but not an integer to Redis is
       -- rewritten whole.
       if type(done) == 'table' and done.err then
@@ -343,7 +347,7 @@ if lean then
   local function shape(o)
     local x = xs[o]
     local p = (x - x % 128) / 128
-    return salg[p], slim[p], swin[p], sbur[p], p
+    return salg[p], slim[p], swin[p], sbur[p]
   end
   -- Another algorithm's counter `k` (op o) as `seen` holds it, loaded once.
   local function other_load(o, k, alg, W)
@@ -369,14 +373,16 @@ if lean then
       local k = KEYS[i]
       local a, r, t
       if alg == 0 then
-        -- window_load and window_save inline; `credits` and `expiry` are
-        -- written only when the key is (until then, the MGET's value and
-        -- PTTL are still the key's).
+        -- window_load and window_save inline: a key read here is cached in
+        -- `credits` and `expiry` once, with what it was read as or with
+        -- what is written (`fresh`: read here and not written yet).
         local s = credits[k]
-        local e, was -- the expiry; as `expiry` would hold it
+        local e, was, fresh -- the expiry; as `expiry` would hold it
         if s == nil then
+          fresh = true
           local v = raw[i]
           s = type(v) == 'string' and tonumber(v) or false
+          if s and (s ~= s or s >= 9e15 or s <= -9e15) then s = false end -- as `decode`
           if s then
             local ttl = rcall('PTTL', k)
             if ttl < 0 then e = now + W; was = -e else e = now + ttl; was = e end
@@ -393,6 +399,7 @@ if lean then
             if not w then w = fmt(W); wtext[p] = w end
             rcall('SET', k, fmt(B - cost), 'PX', w)
             credits[k], expiry[k] = B - cost, now + W
+            fresh = false
           else
             a, r, t = (cost <= L) and 1 or 0, L, W
           end
@@ -419,11 +426,13 @@ if lean then
                 rcall('SET', k, fmt(v), 'PX', fmt(e - now))
               end
               credits[k], expiry[k] = v, e
+              fresh = false
             end
           else
             a, r = 0, max(have, 0)
           end
         end
+        if fresh then credits[k], expiry[k] = s, was end
       else
         -- The other algorithms: what their steps do when the counter is
         -- allowed, inline (state tables changed in place: nothing else

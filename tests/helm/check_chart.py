@@ -120,6 +120,8 @@ def main():
                 fail(f"redis-with-secret: readinessRequiresStore false: args {args}")
             if "--on-store-failure=deny" not in args or "--rate-limit-headers=draft" not in args:
                 fail(f"redis-with-secret: args {args}")
+            if "--redis-batches-in-flight=1" not in args:
+                fail(f"redis-with-secret: redis.batchesInFlight default: args {args}")
         if name == "autoscaling-and-servicemonitor":
             hpa = kinds.get("HorizontalPodAutoscaler") or fail("no HPA")
             if hpa["spec"]["maxReplicas"] != 12 or "replicas" in deployment["spec"]:

@@ -1584,6 +1584,11 @@ impl Summary {
             thousands(b.rate()),
             ratio(d.rate(), b.rate()),
         );
+        self.latency(section, what, d, b);
+    }
+
+    /// The p50 / p99 / p99.9 row of `d` against `b`.
+    fn latency(&mut self, section: &str, what: &str, d: &mut Tally, b: &mut Tally) {
         self.row(
             section,
             &format!("p50 / p99 / p99.9, {what}"),
@@ -1962,18 +1967,7 @@ fn redis_section(rt: &Runtime, redis: &RedisProc, run: Duration, summary: &mut S
             dur_ratio(r.f.pct(0.99), m.f.pct(0.99)),
             dur_ratio(r.f.pct(0.999), m.f.pct(0.999))
         );
-        summary.row(
-            "redis",
-            &format!("p50 / p99 / p99.9, {what}"),
-            pcts(&mut r.f),
-            pcts(&mut m.f),
-            format!(
-                "{} / {} / {}",
-                dur_ratio(r.f.pct(0.5), m.f.pct(0.5)),
-                dur_ratio(r.f.pct(0.99), m.f.pct(0.99)),
-                dur_ratio(r.f.pct(0.999), m.f.pct(0.999))
-            ),
-        );
+        summary.latency("redis", &what, &mut r, &mut m);
     }
 }
 

@@ -256,6 +256,16 @@ fn call_args(
     (keys, args)
 }
 
+/// A client of `server`, connected.
+async fn connect(server: &common::redis::Redis) -> Client {
+    let client = Builder::from_config(FredConfig::from_url(&server.url()).expect("url"))
+        .with_performance_config(|p| p.default_command_timeout = Duration::from_secs(5))
+        .build()
+        .expect("fred client");
+    client.init().await.expect("connection");
+    client
+}
+
 /// The two scripts of the property: the lean side's and the general side's.
 struct Scripts {
     lean: String,
@@ -364,14 +374,7 @@ fn the_lean_and_general_paths_answer_and_write_alike() {
         .build()
         .expect("runtime");
     let server = common::redis::Redis::start();
-    let client = runtime.block_on(async {
-        let client = Builder::from_config(FredConfig::from_url(&server.url()).expect("url"))
-            .with_performance_config(|p| p.default_command_timeout = Duration::from_secs(5))
-            .build()
-            .expect("fred client");
-        client.init().await.expect("connection");
-        client
-    });
+    let client = runtime.block_on(connect(&server));
     let mut runner = TestRunner::new(ProptestConfig {
         failure_persistence: None,
         ..ProptestConfig::with_cases(256)
@@ -396,10 +399,7 @@ fn the_lean_and_general_paths_answer_and_write_alike() {
 #[tokio::test]
 async fn only_counters_charged_on_their_own_take_the_lean_path() {
     let server = common::redis::Redis::start();
-    let client = Builder::from_config(FredConfig::from_url(&server.url()).expect("url"))
-        .build()
-        .expect("fred client");
-    client.init().await.expect("connection");
+    let client = connect(&server).await;
     let window = Counter {
         algorithm: 0,
         own: 3,
@@ -464,10 +464,7 @@ async fn only_counters_charged_on_their_own_take_the_lean_path() {
 #[tokio::test]
 async fn a_window_value_beyond_exact_integers_is_no_counter() {
     let server = common::redis::Redis::start();
-    let client = Builder::from_config(FredConfig::from_url(&server.url()).expect("url"))
-        .build()
-        .expect("fred client");
-    client.init().await.expect("connection");
+    let client = connect(&server).await;
     for start in ["huge", "inf", "nan"] {
         let case = Case {
             counters: vec![Counter {

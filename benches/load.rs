@@ -699,6 +699,11 @@ async fn serve_constant_lines(listener: TcpListener) {
 
 // Load generators --------------------------------------------------------------
 
+/// Connection `conn`'s `i`th request of the many-actor loads.
+fn conn_request_line(conn: u64, i: u64) -> String {
+    request_line(conn * 1_000_000 + i)
+}
+
 fn request_line(i: u64) -> String {
     format!(
         "HIT method=GET path=/api/items ip=10.0.{}.{}\n",
@@ -840,7 +845,7 @@ async fn line_pipelined(addr: SocketAddr, run: Duration, conns: u64, window: usi
 
 /// `conns` connections, one request in flight on each.
 async fn line_concurrent(addr: SocketAddr, run: Duration, conns: u64) -> Figures {
-    line_concurrent_with(addr, run, conns, |c, i| request_line(c * 1_000_000 + i)).await
+    line_concurrent_with(addr, run, conns, conn_request_line).await
 }
 
 /// The line-protocol load `conns` x `window` (see [`LINE_LOADS`]).
@@ -1548,6 +1553,16 @@ fn thousands(v: f64) -> String {
 }
 
 /// p50 / p99 / p99.9 as one cell.
+/// `d`'s p50 / p99 / p99.9 as ratios to `b`'s.
+fn pct_ratios(d: &mut Figures, b: &mut Figures) -> String {
+    format!(
+        "{} / {} / {}",
+        dur_ratio(d.pct(0.5), b.pct(0.5)),
+        dur_ratio(d.pct(0.99), b.pct(0.99)),
+        dur_ratio(d.pct(0.999), b.pct(0.999))
+    )
+}
+
 fn pcts(f: &mut Figures) -> String {
     format!(
         "{:.1?} / {:.1?} / {:.1?}",
@@ -1594,12 +1609,7 @@ impl Summary {
             &format!("p50 / p99 / p99.9, {what}"),
             pcts(&mut d.f),
             pcts(&mut b.f),
-            format!(
-                "{} / {} / {}",
-                dur_ratio(d.f.pct(0.5), b.f.pct(0.5)),
-                dur_ratio(d.f.pct(0.99), b.f.pct(0.99)),
-                dur_ratio(d.f.pct(0.999), b.f.pct(0.999))
-            ),
+            pct_ratios(&mut d.f, &mut b.f),
         );
     }
 
@@ -1739,16 +1749,10 @@ fn grpc_section(rt: &Runtime, run: Duration, summary: &mut Summary) {
             );
             print_row(&format!("{who}: {label}"), &mut t.f, "req/s", &note);
         }
-        let (bp, dp) = (
-            [b.f.pct(0.5), b.f.pct(0.99), b.f.pct(0.999)],
-            [d.f.pct(0.5), d.f.pct(0.99), d.f.pct(0.999)],
-        );
         println!(
-            "  divvy / do-nothing at {:.0}%: p50 {}, p99 {}, p99.9 {}, server cpu/req {}",
+            "  divvy / do-nothing at {:.0}%: p50 / p99 / p99.9 {}, server cpu/req {}",
             share * 100.0,
-            dur_ratio(dp[0], bp[0]),
-            dur_ratio(dp[1], bp[1]),
-            dur_ratio(dp[2], bp[2]),
+            pct_ratios(&mut d.f, &mut b.f),
             ratio_opt(d.cpu_us(0), b.cpu_us(0))
         );
         summary.row(
@@ -1759,12 +1763,7 @@ fn grpc_section(rt: &Runtime, run: Duration, summary: &mut Summary) {
             ),
             pcts(&mut d.f),
             pcts(&mut b.f),
-            format!(
-                "{} / {} / {}",
-                dur_ratio(dp[0], bp[0]),
-                dur_ratio(dp[1], bp[1]),
-                dur_ratio(dp[2], bp[2])
-            ),
+            pct_ratios(&mut d.f, &mut b.f),
         );
     }
     answers_ok();
@@ -1947,9 +1946,7 @@ fn redis_section(rt: &Runtime, redis: &RedisProc, run: Duration, summary: &mut S
     for share in REDIS_PACED {
         let rate = max * share;
         let [mut m, mut r] = abba(rt, [&targets[0], &targets[1]], run, |addr, run| {
-            line_paced_with(addr, run, rate, LINE_LOADS[0].1, |c, i| {
-                request_line(c * 1_000_000 + i)
-            })
+            line_paced_with(addr, run, rate, LINE_LOADS[0].1, conn_request_line)
         });
         let label = format!("paced {:.0}% ({rate:.0}/s)", share * 100.0);
         for (who, t) in [("memory store", &mut m), ("redis store", &mut r)] {
@@ -1962,10 +1959,8 @@ fn redis_section(rt: &Runtime, redis: &RedisProc, run: Duration, summary: &mut S
             share * 100.0
         );
         println!(
-            "  redis / memory store, {label}: p50 {}, p99 {}, p99.9 {}",
-            dur_ratio(r.f.pct(0.5), m.f.pct(0.5)),
-            dur_ratio(r.f.pct(0.99), m.f.pct(0.99)),
-            dur_ratio(r.f.pct(0.999), m.f.pct(0.999))
+            "  redis / memory store, {label}: p50 / p99 / p99.9 {}",
+            pct_ratios(&mut r.f, &mut m.f)
         );
         summary.latency("redis", &what, &mut r, &mut m);
     }

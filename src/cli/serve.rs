@@ -94,8 +94,8 @@ pub struct ServeArgs {
     #[arg(
         long,
         env = "DIVVY_REDIS_BATCHES_IN_FLIGHT",
-        default_value_t = 1,
-        value_parser = clap::value_parser!(u64).range(1..=64)
+        default_value_t = divvy::store::redis::DEFAULT_BATCHES_IN_FLIGHT as u64,
+        value_parser = clap::value_parser!(u64).range(1..=divvy::store::redis::MAX_BATCHES_IN_FLIGHT as u64)
     )]
     redis_batches_in_flight: u64,
     /// What requests get while Redis is failing: allow (fail open), deny

@@ -40,6 +40,15 @@ local function fmt(x)
   return format('%.0f', x)
 end
 local function has(f, bit) return f % (bit * 2) >= bit end
+-- A divvy window's stored value as credits, or false for no counter: not a
+-- number, or one beyond 2^53 either way, inf or nan (a value someone else
+-- wrote, which Redis would return as a wrong integer). (The lean path has
+-- this inline for a lone counter.)
+local function window_credits(v)
+  local s = type(v) == 'string' and tonumber(v)
+  if s and s == s and s < 9e15 and s > -9e15 then return s end
+  return false
+end
 
 -- The algorithms, built only when a call needs them (the lean path below
 -- needs none for divvy's window, nor for a lone counter of another
@@ -58,10 +67,8 @@ local function library()
   local function decode(alg, key, W, v)
     if type(v) ~= 'string' then return nil end
     if alg == 0 then
-      -- (Credits beyond 2^53 either way, inf or nan: a value someone else
-      -- wrote, which Redis would return as a wrong integer; no counter.)
-      local r = tonumber(v)
-      if r == nil or r ~= r or r >= 9e15 or r <= -9e15 then return nil end
+      local r = window_credits(v)
+      if not r then return nil end
       local ttl = rcall('PTTL', key)
       if ttl < 0 then return {r = r, e = now + W} end
       -- x: the key keeps this expiry, so a new count can be written with
@@ -290,12 +297,11 @@ end
 -- closures); so is a lone counter of another algorithm that is allowed
 -- (one state table per key, built by the MGET's value and changed in place;
 -- a denial takes the algorithms' own functions for when it is due again).
--- divvy's window is written at once (a key charged twice in
--- one call is written, and replicated, twice; a key is read from the MGET
--- and PTTL once, then from `credits` and `expiry`, so a write cannot change
--- a later answer); the
--- other algorithms are saved once, at the end, as the general path saves
--- them. The general path writes only at its end; the store never sends a
+-- divvy's window is written at once (a key charged twice in one call is
+-- written, and replicated, twice; a key is read from the MGET and PTTL
+-- once, then from `credits` and `expiry`, so a write cannot change a later
+-- answer); the other algorithms are saved once, at the end, as the general
+-- path saves them. The general path writes only at its end; the store never sends a
 -- call that can fail halfway (limits and windows are validated), and a
 -- call is far too short for SCRIPT KILL.
 if lean then
@@ -314,9 +320,7 @@ if lean then
   local function window_load(i, k, W)
     local s = credits[k]
     if s == nil then
-      local v = raw[i]
-      s = type(v) == 'string' and tonumber(v) or false
-      if s and (s ~= s or s >= 9e15 or s <= -9e15) then s = false end -- as `decode`
+      s = window_credits(raw[i])
       if s then
         local ttl = rcall('PTTL', k)
         if ttl < 0 then expiry[k] = -(now + W) else expiry[k] = now + ttl end
@@ -384,7 +388,7 @@ if lean then
           fresh = true
           local v = raw[i]
           s = type(v) == 'string' and tonumber(v) or false
-          if s and (s ~= s or s >= 9e15 or s <= -9e15) then s = false end -- as `decode`
+          if s and (s ~= s or s >= 9e15 or s <= -9e15) then s = false end -- window_credits
           if s then
             local ttl = rcall('PTTL', k)
             if ttl < 0 then e = now + W; was = -e else e = now + ttl; was = e end

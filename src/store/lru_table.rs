@@ -162,6 +162,21 @@ impl<V> LruTable<V> {
         Some(&mut self.slots[i].value)
     }
 
+    /// Reads what [`get`](Self::get) of `id` will read (its index entry,
+    /// its slot and its recency neighbours) without changing anything, so
+    /// that the reads of several ids overlap in the processor's memory
+    /// accesses rather than wait for each other one by one.
+    pub fn warm(&self, id: u128) {
+        if let Some(i) = self.find(id) {
+            let s = &self.slots[i];
+            for n in [s.prev, s.next] {
+                if let Some(slot) = self.slots.get(n as usize) {
+                    std::hint::black_box(slot.prev);
+                }
+            }
+        }
+    }
+
     /// Whether `id` is held.
     pub fn contains(&self, id: u128) -> bool {
         self.find(id).is_some()
@@ -289,6 +304,9 @@ mod tests {
         assert_eq!(t.ids_by_recency(), vec![4, 3, 2, 1]);
         assert_eq!(t.get(1).copied(), Some(10));
         assert_eq!(t.peek(2).copied(), Some(20));
+        // Warming reads only: no recency changes, a missing id is no error.
+        t.warm(3);
+        t.warm(99);
         assert_eq!(t.ids_by_recency(), vec![1, 4, 3, 2]);
         assert_eq!(t.pop_lru(), Some((2, 20)));
         assert_eq!(t.remove(4), Some(40));

@@ -31,7 +31,7 @@ if now < 0 then
   local t = rcall('TIME')
   now = tonumber(t[1]) * 1000 + floor(tonumber(t[2]) / 1000)
 end
-local format, match = string.format, string.match
+local format, match, find = string.format, string.match, string.find
 -- Integers only; '%d' is far cheaper than '%.0f' where it is exact (below
 -- 2^53, and only where Lua's '%d' is 64-bit: not on a 32-bit Redis build).
 local wide_d = format('%d', 2^40) == '1099511627776'
@@ -315,6 +315,20 @@ if lean then
   local seen = {} -- other algorithms' states, by key (false: no counter)
   local owner, dirty = {}, {} -- by key: the op whose numbers save it; changed
   local wtext = {} -- a shape's window in ms, as text
+  -- By shape, for fixed and sliding windows: the current window's start as
+  -- text and ':' (how its counters' values begin), and the ms its counters
+  -- live after this call, as text (most counters of a call are in it).
+  local wpre, wttl = {}, {}
+  local function current(p, alg, W)
+    local pre = wpre[p]
+    if not pre then
+      local s0 = now - now % W
+      pre = fmt(s0) .. ':'
+      wpre[p] = pre
+      wttl[p] = fmt(s0 + ((alg == 2) and 2 * W or W) - now)
+    end
+    return pre
+  end
   local over, before, ra, rr, rt, rn -- groups' working tables, when needed
   -- divvy's window `k` (op i) into `credits` and `expiry`, once.
   local function window_load(i, k, W)
@@ -450,11 +464,27 @@ if lean then
           local v = raw[i]
           if type(v) == 'string' then
             if alg == 1 then
-              local s, c = match(v, '^(%d+):(%d+)$')
-              if s then st = {s = tonumber(s), c = tonumber(c)} end
+              -- A counter of the current window: only its count to read.
+              local pre = current(p, 1, W)
+              local c = find(v, pre, 1, true) == 1 and match(v, '^(%d+)$', #pre + 1)
+              if c then
+                st = {s = now - now % W, c = tonumber(c)}
+              else
+                local s
+                s, c = match(v, '^(%d+):(%d+)$')
+                if s then st = {s = tonumber(s), c = tonumber(c)} end
+              end
             elseif alg == 2 then
-              local s, q, c = match(v, '^(%d+):(%d+):(%d+)$')
-              if s then st = {s = tonumber(s), p = tonumber(q), c = tonumber(c)} end
+              local pre = current(p, 2, W)
+              local q, c
+              if find(v, pre, 1, true) == 1 then q, c = match(v, '^(%d+):(%d+)$', #pre + 1) end
+              if q then
+                st = {s = now - now % W, p = tonumber(q), c = tonumber(c)}
+              else
+                local s
+                s, q, c = match(v, '^(%d+):(%d+):(%d+)$')
+                if s then st = {s = tonumber(s), p = tonumber(q), c = tonumber(c)} end
+              end
             else
               local u, at = match(v, '^(%d+):(%d+)$')
               if u then st = {u = tonumber(u), a = tonumber(at)} end
@@ -586,10 +616,17 @@ if lean then
   -- (`expires` and `encode` inline; every number here is at least 0, and
   -- one `format` writes the value where `fmt` would take '%d' for each.)
   for k, _ in pairs(dirty) do
-    local alg, L, W = shape(owner[k])
+    local x = xs[owner[k]]
+    local p = (x - x % 128) / 128
+    local alg, L, W = salg[p], slim[p], swin[p]
     local st = seen[k]
     local ttl, v
-    if alg == 1 then
+    if alg ~= 3 and st.s == now - now % W and st.c < 9e15 and (alg == 1 or st.p < 9e15) and wide_d then
+      -- A counter of the current window (most of them).
+      local pre = current(p, alg, W)
+      if alg == 1 then v = pre .. format('%d', st.c) else v = pre .. format('%d:%d', st.p, st.c) end
+      ttl = wttl[p]
+    elseif alg == 1 then
       ttl = st.s + W - now
       if wide_d and st.s < 9e15 and st.c < 9e15 then
         v = format('%d:%d', st.s, st.c)
@@ -611,7 +648,9 @@ if lean then
         v = fmt(st.u) .. ':' .. fmt(st.a)
       end
     end
-    if ttl <= 0 then
+    if type(ttl) == 'string' then
+      rcall('SET', k, v, 'PX', ttl)
+    elseif ttl <= 0 then
       rcall('DEL', k)
     else
       rcall('SET', k, v, 'PX', fmt(ttl))

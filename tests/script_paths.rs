@@ -57,9 +57,33 @@ elseif kind == 'text' then redis.call('SET', k, 'abc', 'PX', 600000)
 elseif kind == 'hash' then redis.call('HSET', k, 'f', v)
 elseif kind == 'huge' then redis.call('SET', k, '1e19', 'PX', 600000)
 elseif kind == 'inf' then redis.call('SET', k, '-inf', 'PX', 600000)
-elseif kind == 'nan' then redis.call('SET', k, 'nan', 'PX', 600000) end
+elseif kind == 'nan' then redis.call('SET', k, 'nan', 'PX', 600000)
+elseif kind == 'raw' then redis.call('SET', k, v, 'PX', 600000) end
 return 1
 "#;
+
+/// SETUP's arguments for counter `c`. The window-start kinds are written
+/// as fixed and sliding windows hold their counters (`start:count`,
+/// `start:previous:count`), with the window that holds T0 as `current`,
+/// the same start with a leading zero as `zeros`, and the windows after
+/// and before it: the script reads a counter of the current window by its
+/// start's text and every other value in full, and both must agree.
+fn setup_args(c: &Counter) -> Vec<String> {
+    let s = T0 - T0 % c.window_ms;
+    let tail = if c.algorithm == 2 {
+        format!("{}:{}", c.stored, c.stored)
+    } else {
+        c.stored.to_string()
+    };
+    let text = match c.start {
+        "current" => format!("{s}:{tail}"),
+        "zeros" => format!("0{s}:{tail}"),
+        "later" => format!("{}:{tail}", s + c.window_ms),
+        "earlier" => format!("{}:{tail}", s - c.window_ms),
+        _ => return vec![c.start.to_owned(), c.stored.to_string()],
+    };
+    vec!["raw".to_owned(), text]
+}
 
 /// Each key's type, value (strings) and PTTL, as text.
 const STATE: &str = r#"
@@ -119,6 +143,7 @@ fn counter() -> impl Strategy<Value = Counter> {
         1i64..=4,
         prop::sample::select(vec![
             "none", "ttl", "ending", "forever", "float", "text", "hash", "huge", "inf", "nan",
+            "current", "zeros", "later", "earlier",
         ]),
         0i64..=6,
     )
@@ -280,11 +305,7 @@ async fn run_case(client: &Client, scripts: &Scripts, case: &Case) -> Result<(),
     for prefix in ["lean", "general"] {
         for (i, c) in case.counters.iter().enumerate() {
             let _: i64 = client
-                .eval(
-                    SETUP,
-                    vec![key(prefix, case, i)],
-                    vec![c.start.to_owned(), c.stored.to_string()],
-                )
+                .eval(SETUP, vec![key(prefix, case, i)], setup_args(c))
                 .await
                 .map_err(|e| e.to_string())?;
         }

@@ -304,9 +304,12 @@ mod tests {
         assert_eq!(t.ids_by_recency(), vec![4, 3, 2, 1]);
         assert_eq!(t.get(1).copied(), Some(10));
         assert_eq!(t.peek(2).copied(), Some(20));
-        // Warming reads only: no recency changes, a missing id is no error.
-        t.warm(3);
-        t.warm(99);
+        // Warming reads only: no recency changes, a missing id, the head,
+        // the tail (their missing neighbours) and an empty table are no error.
+        for id in [3, 99, 1, 2] {
+            t.warm(id);
+        }
+        LruTable::<u64>::new().warm(1);
         assert_eq!(t.ids_by_recency(), vec![1, 4, 3, 2]);
         assert_eq!(t.pop_lru(), Some((2, 20)));
         assert_eq!(t.remove(4), Some(40));

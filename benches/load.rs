@@ -1552,7 +1552,6 @@ fn thousands(v: f64) -> String {
     out
 }
 
-/// p50 / p99 / p99.9 as one cell.
 /// `d`'s p50 / p99 / p99.9 as ratios to `b`'s.
 fn pct_ratios(d: &mut Figures, b: &mut Figures) -> String {
     format!(
@@ -1563,6 +1562,7 @@ fn pct_ratios(d: &mut Figures, b: &mut Figures) -> String {
     )
 }
 
+/// p50 / p99 / p99.9 as one cell.
 fn pcts(f: &mut Figures) -> String {
     format!(
         "{:.1?} / {:.1?} / {:.1?}",

@@ -96,7 +96,7 @@ impl RedisSide {
             target: parse_redis_url(url, None).expect("redis url"),
             timeout: Duration::from_secs(5),
             clock: Some(clock),
-            batches_in_flight: 1,
+            batches_in_flight: divvy::store::redis::DEFAULT_BATCHES_IN_FLIGHT,
         };
         let (store, connected) = RedisStore::connect(&options, Duration::from_secs(10))
             .await

@@ -245,6 +245,37 @@ fn a_foreign_value_under_a_counter_key_harms_nothing_else() {
     assert_eq!(redis.cli(&["GET", "divvy:k=ten who=*:ok:10:3600"]), "8");
 }
 
+/// `--redis-batches-in-flight` (and its environment variable) takes 1 to
+/// 64: anything else stops `divvy serve` with an error naming the range.
+#[test]
+fn batches_in_flight_outside_1_to_64_is_refused() {
+    let refused = |args: &[&str], env: Option<&str>| {
+        let mut cmd = std::process::Command::new(common::binary());
+        cmd.args(["serve", "--config", "/nonexistent/policy.yaml"])
+            .args(args)
+            .env_remove("DIVVY_REDIS_BATCHES_IN_FLIGHT");
+        if let Some(v) = env {
+            cmd.env("DIVVY_REDIS_BATCHES_IN_FLIGHT", v);
+        }
+        let out = cmd.output().expect("run divvy");
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(!out.status.success(), "{args:?} {env:?} accepted");
+        err
+    };
+    for bad in ["0", "65"] {
+        let err = refused(&["--redis-batches-in-flight", bad], None);
+        assert!(
+            err.contains("--redis-batches-in-flight") && err.contains("1..=64"),
+            "{err}"
+        );
+        let err = refused(&[], Some(bad));
+        assert!(err.contains("1..=64"), "{err}");
+    }
+    // In range, the flag parses: what stops this run is the missing policy.
+    let err = refused(&["--redis-batches-in-flight", "64"], None);
+    assert!(!err.contains("1..=64"), "{err}");
+}
+
 #[test]
 fn two_replicas_sharing_redis_allow_exactly_the_limit() {
     let redis = Redis::start();

@@ -319,13 +319,14 @@ if lean then
   -- text and ':' (how its counters' values begin), and the ms its counters
   -- live after this call, as text (most counters of a call are in it).
   local wpre, wttl = {}, {}
-  local function current(p, alg, W)
+  local function current(p)
     local pre = wpre[p]
     if not pre then
+      local W = swin[p]
       local s0 = now - now % W
       pre = fmt(s0) .. ':'
       wpre[p] = pre
-      wttl[p] = fmt(s0 + ((alg == 2) and 2 * W or W) - now)
+      wttl[p] = fmt(s0 + ((salg[p] == 2) and 2 * W or W) - now)
     end
     return pre
   end
@@ -465,7 +466,7 @@ if lean then
           if type(v) == 'string' then
             if alg == 1 then
               -- A counter of the current window: only its count to read.
-              local pre = current(p, 1, W)
+              local pre = current(p)
               local c = find(v, pre, 1, true) == 1 and match(v, '^(%d+)$', #pre + 1)
               if c then
                 st = {s = now - now % W, c = tonumber(c)}
@@ -475,7 +476,7 @@ if lean then
                 if s then st = {s = tonumber(s), c = tonumber(c)} end
               end
             elseif alg == 2 then
-              local pre = current(p, 2, W)
+              local pre = current(p)
               local q, c
               if find(v, pre, 1, true) == 1 then q, c = match(v, '^(%d+):(%d+)$', #pre + 1) end
               if q then
@@ -623,7 +624,7 @@ if lean then
     local ttl, v
     if alg ~= 3 and st.s == now - now % W and st.c < 9e15 and (alg == 1 or st.p < 9e15) and wide_d then
       -- A counter of the current window (most of them).
-      local pre = current(p, alg, W)
+      local pre = current(p)
       if alg == 1 then v = pre .. format('%d', st.c) else v = pre .. format('%d:%d', st.p, st.c) end
       ttl = wttl[p]
     elseif alg == 1 then

@@ -1,8 +1,8 @@
 //! In-process benchmarks of the core: rule matching with small and large
 //! policies, and memory-store growth under unbounded distinct actors.
 //!
-//! Run with `cargo bench --bench core` (`-- line`, `-- matching` or
-//! `-- memory` for one section). Figures print; nothing is asserted.
+//! Run with `cargo bench --bench core` (`-- line`, `-- grpc`, `-- matching`
+//! or `-- memory` for one section). Figures print; nothing is asserted.
 //!
 //! - Matching: time per `RuleSet::plan` for a 10-rule policy (the baseline)
 //!   and a 10,000-rule policy whose rules each carry an exact value, plus a
@@ -11,6 +11,10 @@
 //!   in-process over an in-memory pipe (framing, parsing, matching, the
 //!   memory store, answering; no kernel), 256 HITs per batch, 65,536
 //!   actors, the policy of `cargo bench --bench load`.
+//! - gRPC handler: CPU time per `ShouldRateLimit` call of the service's
+//!   handler in-process (validation, descriptors into hits, matching, the
+//!   memory store, the response; no HTTP/2, no protobuf), the load
+//!   benchmark's request over 65,536 actors and its policy.
 //! - Memory: 10 million distinct IPs hit a 60-second per-IP rule over one
 //!   simulated hour (a manual clock, so it runs in seconds), with the store
 //!   swept every simulated 5 seconds as the server does. It prints the
@@ -230,9 +234,75 @@ fn line_path() {
     );
 }
 
+/// The gRPC handler in-process: `rls::respond` on the load benchmark's
+/// request (path `/api/items`, a per-IP actor) over 65,536 actors. The
+/// requests of a round are built before it is timed (as tonic decodes
+/// them before the handler runs).
+fn grpc_handler() {
+    use divvy::limiter::envoy::EnvoySettings;
+    use divvy::limiter::Limiter;
+    use divvy::server::headers::HeaderStyle;
+    use divvy::server::rls::respond;
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+    use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+    const ACTORS: usize = 65_536;
+    let rules = RuleSet::new(parse_str(LINE_POLICY, Format::Yaml, "bench.yaml").expect("policy"));
+    let limiter = Limiter::new(rules, Arc::new(MemoryStore::new()));
+    let envoy = EnvoySettings::from_env();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let entry = |key: &str, value: String| Entry {
+        key: key.to_owned(),
+        value,
+    };
+    let requests = || -> Vec<RateLimitRequest> {
+        (0..ACTORS)
+            .map(|n| RateLimitRequest {
+                domain: "bench".to_owned(),
+                descriptors: vec![RateLimitDescriptor {
+                    entries: vec![
+                        entry("path", "/api/items".to_owned()),
+                        entry("ip", format!("10.0.{}.{}", n / 256, n % 256)),
+                    ],
+                    ..Default::default()
+                }],
+                hits_addend: 0,
+            })
+            .collect()
+    };
+    let mut per_call: Vec<f64> = Vec::new();
+    rt.block_on(async {
+        for round in 0..8 {
+            let batch = requests();
+            let start = Instant::now();
+            for request in batch {
+                black_box(
+                    respond(&limiter, &envoy, HeaderStyle::None, request)
+                        .await
+                        .expect("answer"),
+                );
+            }
+            // The first round creates the counters: not timed.
+            if round > 0 {
+                per_call.push(start.elapsed().as_secs_f64() * 1e6 / ACTORS as f64);
+            }
+        }
+    });
+    per_call.sort_by(f64::total_cmp);
+    println!(
+        "gRPC handler in-process (validate, hits, match, memory store, response; 65,536 actors): \
+         {:.3} µs per call (best of 7), median {:.3}",
+        per_call[0],
+        per_call[per_call.len() / 2]
+    );
+}
+
 fn main() {
     // `cargo bench --bench core -- line` runs only the named sections
-    // (`line`, `matching`, `memory`); without names, all of them.
+    // (`line`, `grpc`, `matching`, `memory`); without names, all of them.
     let names: Vec<String> = std::env::args()
         .skip(1)
         .filter(|a| !a.starts_with('-'))
@@ -240,6 +310,9 @@ fn main() {
     let wanted = |name: &str| names.is_empty() || names.iter().any(|n| n == name);
     if wanted("line") {
         line_path();
+    }
+    if wanted("grpc") {
+        grpc_handler();
     }
     if wanted("matching") {
         matching();

@@ -340,18 +340,15 @@ impl Limiter {
                 )));
             }
         }
-        // Each op's key (moved into its outcome) and whether it only gives
-        // back or checks.
-        let mut keys: Vec<(Option<String>, bool)> = ops
-            .into_iter()
-            .map(|op| (Some(op.key), op.refund || op.cost == 0))
-            .collect();
+        // Each op's key is moved into its outcome.
         let mut finish = |p: Prepared| {
             let mut limits = p.limits;
             for (l, i) in p.counted {
                 let state = &states[i];
                 let o = &mut limits[l];
-                if o.global && state.allowed && !keys[i].1 {
+                let op = &mut ops[i];
+                // A hit that only gives back or checks is not admitted.
+                if o.global && state.allowed && !op.refund && op.cost != 0 {
                     let label = rules
                         .rule(p.rule)
                         .spec
@@ -371,7 +368,7 @@ impl Limiter {
                     (true, Some(g)) => state.reset_after.min(g.period()),
                     _ => state.reset_after,
                 });
-                o.counter_key = keys[i].0.take();
+                o.counter_key = Some(std::mem::take(&mut op.key));
             }
             Outcome::from_limits(p.rule, limits)
         };

@@ -197,12 +197,16 @@ pub struct Limiter {
 }
 
 /// A rule's limits prepared for one hit: the outcome of each limit, and
-/// for each counted one the index of its op.
+/// the ops of its counted limits.
 struct Prepared {
     rule: usize,
+    /// Every limit's outcome; the counted ones (all but the always-allowed,
+    /// `Reset::Unlimited`) are decided by the store.
     limits: Vec<LimitOutcome>,
-    /// (index in `limits`, index in the request's ops).
-    counted: Vec<(usize, usize)>,
+    /// Where the counted limits' ops are in the request's ops, one per
+    /// counted limit in order (empty: nothing counted, as for an
+    /// always-deny rule).
+    ops: std::ops::Range<usize>,
 }
 
 impl Limiter {
@@ -283,14 +287,16 @@ impl Limiter {
     ) -> Result<Decisions, StoreError> {
         let started = Instant::now();
         let rules = self.rules.load_full();
-        let mut ops = Vec::new();
+        // Most hits count one limit: one op each, room made once.
+        let mut ops = Vec::with_capacity(hits.len());
         let mut prepared: Vec<(Vec<Prepared>, Prepared)> = Vec::with_capacity(hits.len());
         // A deciding rule that denies without a counter (creditLimit 0).
         let mut denied_outside = false;
+        // Whether any knob is set, looked at once for the whole call.
+        let knobs = self.knobs.any().then_some(&*self.knobs);
+        let global = self.global.as_deref();
         for hit in hits {
             let plan = rules.plan(domain, &hit.operation);
-            let knobs = self.knobs.any().then_some(&*self.knobs);
-            let global = self.global.as_deref();
             let canaries = plan
                 .canaries
                 .iter()
@@ -307,8 +313,7 @@ impl Limiter {
                 &mut ops,
             );
             // Counted limits are decided by the store; an always-deny rule has none.
-            denied_outside |=
-                decider.counted.is_empty() && decider.limits.iter().any(|l| !l.allowed);
+            denied_outside |= decider.ops.is_empty() && decider.limits.iter().any(|l| !l.allowed);
             prepared.push((canaries, decider));
         }
         // With one descriptor per request, all-or-nothing is what each rule's
@@ -343,9 +348,11 @@ impl Limiter {
         // Each op's key is moved into its outcome.
         let mut finish = |p: Prepared| {
             let mut limits = p.limits;
-            for (l, i) in p.counted {
+            // The counted limits are those not always allowed, their ops
+            // in `p.ops`, in the same order.
+            let counted = limits.iter_mut().filter(|o| o.reset != Reset::Unlimited);
+            for (o, i) in counted.zip(p.ops) {
                 let state = &states[i];
-                let o = &mut limits[l];
                 let op = &mut ops[i];
                 // A hit that only gives back or checks is not admitted.
                 if o.global && state.allowed && !op.refund && op.cost != 0 {
@@ -353,7 +360,7 @@ impl Limiter {
                         .rule(p.rule)
                         .spec
                         .limits
-                        .get(l)
+                        .get(o.limit)
                         .and_then(|s| s.label.as_deref());
                     metrics()
                         .global_admitted
@@ -556,7 +563,8 @@ fn prepare(
         _ => own,
     };
     let mut outcomes = Vec::with_capacity(limits.len());
-    let mut counted = Vec::new();
+    // This rule's ops start here.
+    let first = ops.len();
     let always_deny = limits.iter().position(|l| l.credit_limit == 0);
     for (i, limit) in limits.iter().enumerate() {
         let mut o = LimitOutcome {
@@ -576,7 +584,7 @@ fn prepare(
                 return Prepared {
                     rule,
                     limits: vec![o],
-                    counted: Vec::new(),
+                    ops: first..first,
                 };
             }
             continue;
@@ -586,11 +594,11 @@ fn prepare(
             o.remaining = limit.credit_limit;
             o.reset = Reset::Unlimited;
         } else {
-            counted.push((i, ops.len()));
             let mut op = CounterOp {
                 cost: hit.cost,
                 refund: hit.refund,
-                joint: counted.len() > 1,
+                // Not the rule's first counted limit.
+                joint: ops.len() > first,
                 decides,
                 ..counter_op(compiled, &hit.operation, &own[i], limit)
             };
@@ -613,7 +621,7 @@ fn prepare(
     Prepared {
         rule,
         limits: outcomes,
-        counted,
+        ops: first..ops.len(),
     }
 }
 

@@ -69,6 +69,12 @@
 //!   redis-benchmark's EVALSHA of divvy's script on the same redis-server,
 //!   with Redis's CPU µs per call (one counter a call) and per counter (32
 //!   counters a call, mostly existing ones).
+//! - `redis-far`: the Redis store with its redis-server (not pinned)
+//!   reached through a proxy in this process that delays every chunk 250 µs
+//!   each way (a Redis in the same zone), one divvy with the default one
+//!   script call out at a time (`--redis-batches-in-flight 1`) next to one
+//!   with 8: line protocol 64 x 1 (HIT/s and latency), then 64 connections
+//!   paced at 25% and 50% of the default's maximum (latency), ABBA.
 //! - `algorithms`: each counting algorithm (window, fixed, sliding,
 //!   token_bucket, and a rule with two token-bucket limits) on the line
 //!   protocol, 64 connections x 1 in flight, one actor per connection, on
@@ -131,10 +137,11 @@ use tonic::transport::Channel;
 const POLICY: &str = include_str!("line_policy.yaml");
 
 /// The sections `--only` may name (`memory` is `grpc` and `line`).
-const SECTIONS: [&str; 7] = [
+const SECTIONS: [&str; 8] = [
     "grpc",
     "line",
     "redis",
+    "redis-far",
     "algorithms",
     "memory-per-counter",
     "global",
@@ -1969,6 +1976,96 @@ fn redis_section(rt: &Runtime, redis: &RedisProc, run: Duration, summary: &mut S
 /// Shares of the Redis store's 64 x 1 maximum its paced runs offer.
 const REDIS_PACED: [f64; 2] = [0.25, 0.5];
 
+/// The redis-far section's delay each way between divvy and its Redis: a
+/// redis-server in the same zone (a round trip of about half a millisecond).
+const REDIS_FAR_DELAY: Duration = Duration::from_micros(250);
+/// `--redis-batches-in-flight` of the redis-far section's second divvy.
+const REDIS_FAR_IN_FLIGHT: &str = "8";
+
+/// The Redis store with Redis half a millisecond away: the default of one
+/// script call out at a time next to [`REDIS_FAR_IN_FLIGHT`], at the maximum
+/// and paced (see the file's documentation).
+fn redis_far_section(rt: &Runtime, run: Duration, summary: &mut Summary) {
+    println!(
+        "\n## redis-far: Redis store, redis-server {} µs away each way; \
+         --redis-batches-in-flight 1 (the default) vs {REDIS_FAR_IN_FLIGHT}",
+        REDIS_FAR_DELAY.as_micros()
+    );
+    let redis = start_redis_with(any_cpu_command("redis-server"));
+    let proxy = DelayProxy::start(redis.port, REDIS_FAR_DELAY);
+    println!(
+        "  topology: redis :{} (not pinned) <- proxy :{} in this process (PING round trip {:.2} ms) <- both divvy",
+        redis.port,
+        proxy.port,
+        proxy.round_trip().as_secs_f64() * 1000.0
+    );
+    let url = format!("redis://127.0.0.1:{}", proxy.port);
+    let one = start_divvy_with(POLICY, &["--redis-url", &url]);
+    let more = start_divvy_with(
+        POLICY,
+        &[
+            "--redis-url",
+            &url,
+            "--redis-batches-in-flight",
+            REDIS_FAR_IN_FLIGHT,
+        ],
+    );
+    let targets = [
+        Target {
+            addr: one.line,
+            pids: vec![("divvy", one.pid())],
+        },
+        Target {
+            addr: more.line,
+            pids: vec![("divvy", more.pid())],
+        },
+    ];
+    let more_label = format!("{REDIS_FAR_IN_FLIGHT} calls out");
+    let loads = [LINE_LOADS[0]];
+    let mut max = None;
+    for (name, [mut a, mut b]) in line_pairs(rt, &targets, ["1 call out", &more_label], run, &loads)
+    {
+        max = Some(a.rate());
+        println!(
+            "  {more_label} / 1: {name}: HIT/s {}, p50 / p99 / p99.9 {}",
+            ratio(b.rate(), a.rate()),
+            pct_ratios(&mut b.f, &mut a.f)
+        );
+        summary.rate_and_latency(
+            "redis-far",
+            &format!("{name}, {more_label} (baseline: 1, the default)"),
+            &mut b,
+            &mut a,
+        );
+    }
+    let Some(max) = max else { return };
+    for share in REDIS_PACED {
+        let rate = max * share;
+        let [mut a, mut b] = abba(rt, [&targets[0], &targets[1]], run, |addr, run| {
+            line_paced_with(addr, run, rate, LINE_LOADS[0].1, conn_request_line)
+        });
+        let label = format!("paced {:.0}% ({rate:.0}/s)", share * 100.0);
+        for (who, t) in [("1 call out", &mut a), (more_label.as_str(), &mut b)] {
+            let note = t.cpu_note("HIT");
+            print_row(&format!("{who}: {label}"), &mut t.f, "HIT/s", &note);
+        }
+        println!(
+            "  {more_label} / 1, {label}: p50 / p99 / p99.9 {}",
+            pct_ratios(&mut b.f, &mut a.f)
+        );
+        summary.latency(
+            "redis-far",
+            &format!(
+                "{} conns paced at {:.0}% of the default's maximum ({rate:.0}/s), {more_label} (baseline: 1)",
+                LINE_LOADS[0].1,
+                share * 100.0
+            ),
+            &mut b,
+            &mut a,
+        );
+    }
+}
+
 /// Rounds of the algorithms section: each rule runs `--seconds / ROUNDS` per
 /// round, the rules in turn, so that noise on a shared machine spreads over
 /// all of them instead of landing on one.
@@ -2200,15 +2297,16 @@ fn global_policy(global: bool) -> String {
 }
 
 /// A TCP proxy on a free loopback port to `127.0.0.1:upstream` that holds
-/// every chunk for [`GLOBAL_DELAY`] in each direction, in order (one queue
-/// and one writer thread per direction). Its threads end with the
-/// connections they carry.
+/// every chunk for a delay in each direction, in order (one queue and one
+/// writer thread per direction). Its threads end with the connections they
+/// carry.
 struct DelayProxy {
     port: u16,
 }
 
 impl DelayProxy {
-    fn start(upstream: u16) -> DelayProxy {
+    /// A proxy to `upstream` delaying each chunk by `delay` each way.
+    fn start(upstream: u16, delay: Duration) -> DelayProxy {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind proxy");
         let port = listener.local_addr().expect("proxy address").port();
         std::thread::spawn(move || {
@@ -2223,8 +2321,8 @@ impl DelayProxy {
                 let (Ok(c2), Ok(s2)) = (client.try_clone(), server.try_clone()) else {
                     continue;
                 };
-                delayed_pipe(client, s2);
-                delayed_pipe(server, c2);
+                delayed_pipe(client, s2, delay);
+                delayed_pipe(server, c2, delay);
             }
         });
         DelayProxy { port }
@@ -2243,8 +2341,8 @@ impl DelayProxy {
     }
 }
 
-/// Forwards `from` → `to`, each chunk [`GLOBAL_DELAY`] after it was read.
-fn delayed_pipe(from: std::net::TcpStream, to: std::net::TcpStream) {
+/// Forwards `from` → `to`, each chunk `delay` after it was read.
+fn delayed_pipe(from: std::net::TcpStream, to: std::net::TcpStream, delay: Duration) {
     let (tx, rx) = mpsc::channel::<Option<(Instant, Vec<u8>)>>();
     let Ok(mut reader) = from.try_clone() else {
         return;
@@ -2254,7 +2352,7 @@ fn delayed_pipe(from: std::net::TcpStream, to: std::net::TcpStream) {
         loop {
             let chunk = match reader.read(&mut buf) {
                 Ok(0) | Err(_) => None,
-                Ok(n) => Some((Instant::now() + GLOBAL_DELAY, buf[..n].to_vec())),
+                Ok(n) => Some((Instant::now() + delay, buf[..n].to_vec())),
             };
             let end = chunk.is_none();
             if tx.send(chunk).is_err() || end {
@@ -2432,7 +2530,7 @@ fn global_section(rt: &Runtime, run: Duration, summary: &mut Summary) {
     // The redis-servers run on any CPU (not pinned with the servers).
     let global_redis = start_redis_with(any_cpu_command("redis-server"));
     let regional = start_redis_with(any_cpu_command("redis-server"));
-    let proxy = DelayProxy::start(global_redis.port);
+    let proxy = DelayProxy::start(global_redis.port, GLOBAL_DELAY);
     println!(
         "  topology: global redis :{} <- proxy :{} ({} ms each way, PING round trip {:.1} ms) \
          <- divvy; regional redis :{} <- both divvy",
@@ -2652,6 +2750,9 @@ fn main() {
     if wants("redis") {
         let redis = redis.get_or_insert_with(start_redis);
         redis_section(&rt, redis, run, &mut summary);
+    }
+    if wants("redis-far") {
+        redis_far_section(&rt, run, &mut summary);
     }
     if wants("algorithms") {
         let redis = redis.get_or_insert_with(start_redis);

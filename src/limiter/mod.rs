@@ -350,6 +350,16 @@ impl Limiter {
             let mut limits = p.limits;
             // The counted limits are those not always allowed, their ops
             // in `p.ops`, in the same order.
+            // (An always-deny rule has no ops and one outcome, not counted.)
+            debug_assert!(
+                p.ops.is_empty()
+                    || limits
+                        .iter()
+                        .filter(|o| o.reset != Reset::Unlimited)
+                        .count()
+                        == p.ops.len(),
+                "one op per counted limit"
+            );
             let counted = limits.iter_mut().filter(|o| o.reset != Reset::Unlimited);
             for (o, i) in counted.zip(p.ops) {
                 let state = &states[i];
@@ -574,6 +584,8 @@ fn prepare(
             credit_limit: limit.credit_limit,
             reset_seconds: limit.reset_seconds,
             algorithm: limit.algorithm,
+            // Until the store answers; `finish` pairs the outcomes that are
+            // not `Reset::Unlimited` with this rule's ops, in order.
             reset: Reset::Never,
             counter_key: None,
             global: false,

@@ -1953,26 +1953,53 @@ fn redis_section(rt: &Runtime, redis: &RedisProc, run: Duration, summary: &mut S
     // Latency at a paced load, where batching trades a wait for the call in
     // flight against CPU: the Redis store's own maximum sets the rates.
     let Some(max) = redis_max else { return };
+    paced_pair(
+        rt,
+        &targets,
+        ["memory store", "redis store"],
+        (max, run),
+        "redis",
+        |share, rate| {
+            format!(
+                "{} conns paced at {share:.0}% of the Redis store's maximum ({rate:.0}/s) (baseline: memory store)",
+                LINE_LOADS[0].1
+            )
+        },
+        summary,
+    );
+}
+
+/// The paced rows of a section comparing two line servers (`targets`,
+/// called `labels`): [`LINE_LOADS`]' 64 connections paced at each share of
+/// [`REDIS_PACED`] of `max` HIT/s, ABBA in `run`; each server's row, the
+/// second's latency over the first's, and a summary row in `section` (what
+/// it measured: `what` of the share in percent and the rate).
+fn paced_pair(
+    rt: &Runtime,
+    targets: &[Target; 2],
+    labels: [&str; 2],
+    (max, run): (f64, Duration),
+    section: &str,
+    what: impl Fn(f64, f64) -> String,
+    summary: &mut Summary,
+) {
     for share in REDIS_PACED {
         let rate = max * share;
-        let [mut m, mut r] = abba(rt, [&targets[0], &targets[1]], run, |addr, run| {
+        let [mut a, mut b] = abba(rt, [&targets[0], &targets[1]], run, |addr, run| {
             line_paced_with(addr, run, rate, LINE_LOADS[0].1, conn_request_line)
         });
         let label = format!("paced {:.0}% ({rate:.0}/s)", share * 100.0);
-        for (who, t) in [("memory store", &mut m), ("redis store", &mut r)] {
+        for (who, t) in [(labels[0], &mut a), (labels[1], &mut b)] {
             let note = t.cpu_note("HIT");
             print_row(&format!("{who}: {label}"), &mut t.f, "HIT/s", &note);
         }
-        let what = format!(
-            "{} conns paced at {:.0}% of the Redis store's maximum ({rate:.0}/s) (baseline: memory store)",
-            LINE_LOADS[0].1,
-            share * 100.0
-        );
         println!(
-            "  redis / memory store, {label}: p50 / p99 / p99.9 {}",
-            pct_ratios(&mut r.f, &mut m.f)
+            "  {} / {}, {label}: p50 / p99 / p99.9 {}",
+            labels[1],
+            labels[0],
+            pct_ratios(&mut b.f, &mut a.f)
         );
-        summary.latency("redis", &what, &mut r, &mut m);
+        summary.latency(section, &what(share * 100.0, rate), &mut b, &mut a);
     }
 }
 
@@ -2044,31 +2071,20 @@ fn redis_far_section(rt: &Runtime, run: Duration, summary: &mut Summary) {
         );
     }
     let Some(max) = max else { return };
-    for share in REDIS_PACED {
-        let rate = max * share;
-        let [mut a, mut b] = abba(rt, [&targets[0], &targets[1]], run, |addr, run| {
-            line_paced_with(addr, run, rate, LINE_LOADS[0].1, conn_request_line)
-        });
-        let label = format!("paced {:.0}% ({rate:.0}/s)", share * 100.0);
-        for (who, t) in [("1 call out", &mut a), (more_label.as_str(), &mut b)] {
-            let note = t.cpu_note("HIT");
-            print_row(&format!("{who}: {label}"), &mut t.f, "HIT/s", &note);
-        }
-        println!(
-            "  {more_label} / 1, {label}: p50 / p99 / p99.9 {}",
-            pct_ratios(&mut b.f, &mut a.f)
-        );
-        summary.latency(
-            "redis-far",
-            &format!(
-                "{} conns paced at {:.0}% of the default's maximum ({rate:.0}/s), {more_label} (baseline: 1)",
-                LINE_LOADS[0].1,
-                share * 100.0
-            ),
-            &mut b,
-            &mut a,
-        );
-    }
+    paced_pair(
+        rt,
+        &targets,
+        ["1 call out", &more_label],
+        (max, run),
+        "redis-far",
+        |share, rate| {
+            format!(
+                "{} conns paced at {share:.0}% of the default's maximum ({rate:.0}/s), {more_label} (baseline: 1)",
+                LINE_LOADS[0].1
+            )
+        },
+        summary,
+    );
 }
 
 /// Rounds of the algorithms section: each rule runs `--seconds / ROUNDS` per

@@ -161,18 +161,36 @@ fn memory() {
 /// The policy of the load benchmark's line sections.
 const LINE_POLICY: &str = include_str!("line_policy.yaml");
 
-fn line_path() {
-    use divvy::limiter::Limiter;
-    use divvy::server::line::{conn::serve_connection, ConnLimits};
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    const BATCH: usize = 256;
-    const ROUNDS: usize = 2_000;
+/// A limiter on [`LINE_POLICY`] and a fresh memory store, and a
+/// current-thread runtime to drive it: the in-process sections' server.
+fn line_policy_server() -> (divvy::limiter::Limiter, tokio::runtime::Runtime) {
     let rules = RuleSet::new(parse_str(LINE_POLICY, Format::Yaml, "bench.yaml").expect("policy"));
-    let limiter = Arc::new(Limiter::new(rules, Arc::new(MemoryStore::new())));
+    let limiter = divvy::limiter::Limiter::new(rules, Arc::new(MemoryStore::new()));
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("runtime");
+    (limiter, rt)
+}
+
+/// Prints `what`: the best and the median of `runs` (µs per `unit`).
+fn print_best_and_median(what: &str, unit: &str, mut runs: Vec<f64>) {
+    runs.sort_by(f64::total_cmp);
+    println!(
+        "{what}: {:.3} µs per {unit} (best of {}), median {:.3}",
+        runs[0],
+        runs.len(),
+        runs[runs.len() / 2]
+    );
+}
+
+fn line_path() {
+    use divvy::server::line::{conn::serve_connection, ConnLimits};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const BATCH: usize = 256;
+    const ROUNDS: usize = 2_000;
+    let (limiter, rt) = line_policy_server();
+    let limiter = Arc::new(limiter);
     let batches: Vec<Vec<u8>> = (0..256u64)
         .map(|b| {
             (0..BATCH as u64)
@@ -221,16 +239,13 @@ fn line_path() {
         }
         times
     });
-    let mut per_hit: Vec<f64> = elapsed
-        .iter()
-        .map(|e| e.as_secs_f64() * 1e6 / (ROUNDS * BATCH) as f64)
-        .collect();
-    per_hit.sort_by(f64::total_cmp);
-    println!(
-        "line path in-process (parse, match, memory store, answer; 256 per batch): \
-         {:.3} µs per HIT (best of 7), median {:.3}",
-        per_hit[0],
-        per_hit[per_hit.len() / 2]
+    print_best_and_median(
+        "line path in-process (parse, match, memory store, answer; 256 per batch)",
+        "HIT",
+        elapsed
+            .iter()
+            .map(|e| e.as_secs_f64() * 1e6 / (ROUNDS * BATCH) as f64)
+            .collect(),
     );
 }
 
@@ -240,20 +255,14 @@ fn line_path() {
 /// them before the handler runs).
 fn grpc_handler() {
     use divvy::limiter::envoy::EnvoySettings;
-    use divvy::limiter::Limiter;
     use divvy::server::headers::HeaderStyle;
     use divvy::server::rls::respond;
     use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
     use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
     use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
     const ACTORS: usize = 65_536;
-    let rules = RuleSet::new(parse_str(LINE_POLICY, Format::Yaml, "bench.yaml").expect("policy"));
-    let limiter = Limiter::new(rules, Arc::new(MemoryStore::new()));
+    let (limiter, rt) = line_policy_server();
     let envoy = EnvoySettings::from_env();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
     let entry = |key: &str, value: String| Entry {
         key: key.to_owned(),
         value,
@@ -291,12 +300,10 @@ fn grpc_handler() {
             }
         }
     });
-    per_call.sort_by(f64::total_cmp);
-    println!(
-        "gRPC handler in-process (validate, hits, match, memory store, response; 65,536 actors): \
-         {:.3} µs per call (best of 7), median {:.3}",
-        per_call[0],
-        per_call[per_call.len() / 2]
+    print_best_and_median(
+        "gRPC handler in-process (validate, hits, match, memory store, response; 65,536 actors)",
+        "call",
+        per_call,
     );
 }
 

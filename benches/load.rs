@@ -115,7 +115,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
@@ -135,6 +135,13 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::runtime::Runtime;
 use tokio::sync::Semaphore;
 use tonic::transport::Channel;
+
+// The delaying proxy of the redis-far and global sections, shared with the
+// integration tests.
+#[allow(dead_code)]
+#[path = "../tests/common/delay_proxy.rs"]
+mod delay_proxy;
+use delay_proxy::DelayProxy;
 
 /// The policy the line and gRPC loads run against (shared with the core bench).
 const POLICY: &str = include_str!("line_policy.yaml");
@@ -2024,14 +2031,14 @@ fn redis_far_section(rt: &Runtime, run: Duration, summary: &mut Summary) {
         REDIS_FAR_DELAY.as_micros()
     );
     let redis = start_redis_with(any_cpu_command("redis-server"));
-    let proxy = DelayProxy::start(redis.port, REDIS_FAR_DELAY);
+    let proxy = DelayProxy::start(redis.port, REDIS_FAR_DELAY, unpin_thread);
     println!(
         "  topology: redis :{} (not pinned) <- proxy :{} in this process (PING round trip, median of 5: {:.2} ms) <- both divvy",
         redis.port,
         proxy.port,
         proxy.round_trip().as_secs_f64() * 1000.0
     );
-    let url = format!("redis://127.0.0.1:{}", proxy.port);
+    let url = proxy.url();
     let one = start_divvy_with(POLICY, &["--redis-url", &url]);
     let more = start_divvy_with(
         POLICY,
@@ -2317,59 +2324,6 @@ fn global_policy(global: bool) -> String {
     )
 }
 
-/// A TCP proxy on a free loopback port to `127.0.0.1:upstream` that holds
-/// every chunk for a delay in each direction, in order (one queue and one
-/// writer thread per direction). Its threads end with the connections they
-/// carry.
-struct DelayProxy {
-    port: u16,
-}
-
-impl DelayProxy {
-    /// A proxy to `upstream` delaying each chunk by `delay` each way.
-    fn start(upstream: u16, delay: Duration) -> DelayProxy {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind proxy");
-        let port = listener.local_addr().expect("proxy address").port();
-        std::thread::spawn(move || {
-            for client in listener.incoming() {
-                let Ok(client) = client else { continue };
-                let Ok(server) = std::net::TcpStream::connect(("127.0.0.1", upstream)) else {
-                    let _ = client.shutdown(std::net::Shutdown::Both);
-                    continue;
-                };
-                let _ = client.set_nodelay(true);
-                let _ = server.set_nodelay(true);
-                let (Ok(c2), Ok(s2)) = (client.try_clone(), server.try_clone()) else {
-                    continue;
-                };
-                delayed_pipe(client, s2, delay);
-                delayed_pipe(server, c2, delay);
-            }
-        });
-        DelayProxy { port }
-    }
-
-    /// `PING`s through the proxy on one connection: the median round trip
-    /// of five, after a first one that waits for the proxy's new threads.
-    fn round_trip(&self) -> Duration {
-        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.port)).expect("connect proxy");
-        s.set_nodelay(true).expect("nodelay");
-        let mut times: Vec<Duration> = (0..6)
-            .map(|_| {
-                let started = Instant::now();
-                s.write_all(b"PING\r\n").expect("ping");
-                let mut buf = [0u8; 7];
-                s.read_exact(&mut buf).expect("pong");
-                assert_eq!(&buf, b"+PONG\r\n");
-                started.elapsed()
-            })
-            .skip(1)
-            .collect();
-        times.sort();
-        times[times.len() / 2]
-    }
-}
-
 /// Lets the calling thread run on any CPU: the proxy stands for the
 /// network, and on the load generator's CPU (which this process is pinned
 /// to) its delays would grow with the load.
@@ -2388,44 +2342,6 @@ fn unpin_thread() {
             .stderr(Stdio::null())
             .status();
     }
-}
-
-/// Forwards `from` → `to`, each chunk `delay` after it was read (both
-/// threads unpinned, see [`unpin_thread`]).
-fn delayed_pipe(from: std::net::TcpStream, to: std::net::TcpStream, delay: Duration) {
-    let (tx, rx) = mpsc::channel::<Option<(Instant, Vec<u8>)>>();
-    let Ok(mut reader) = from.try_clone() else {
-        return;
-    };
-    std::thread::spawn(move || {
-        unpin_thread();
-        let mut buf = vec![0u8; 16 * 1024];
-        loop {
-            let chunk = match reader.read(&mut buf) {
-                Ok(0) | Err(_) => None,
-                Ok(n) => Some((Instant::now() + delay, buf[..n].to_vec())),
-            };
-            let end = chunk.is_none();
-            if tx.send(chunk).is_err() || end {
-                return;
-            }
-        }
-    });
-    std::thread::spawn(move || {
-        unpin_thread();
-        let mut to = to;
-        while let Ok(Some((due, bytes))) = rx.recv() {
-            let now = Instant::now();
-            if due > now {
-                std::thread::sleep(due - now);
-            }
-            if to.write_all(&bytes).is_err() {
-                break;
-            }
-        }
-        let _ = to.shutdown(std::net::Shutdown::Both);
-        let _ = from.shutdown(std::net::Shutdown::Both);
-    });
 }
 
 /// `conns` connections sending `HIT site=partner1` at `rate` requests per
@@ -2582,7 +2498,7 @@ fn global_section(rt: &Runtime, run: Duration, summary: &mut Summary) {
     // The redis-servers run on any CPU (not pinned with the servers).
     let global_redis = start_redis_with(any_cpu_command("redis-server"));
     let regional = start_redis_with(any_cpu_command("redis-server"));
-    let proxy = DelayProxy::start(global_redis.port, GLOBAL_DELAY);
+    let proxy = DelayProxy::start(global_redis.port, GLOBAL_DELAY, unpin_thread);
     println!(
         "  topology: global redis :{} <- proxy :{} ({} ms each way, PING round trip, median of 5: {:.1} ms) \
          <- divvy; regional redis :{} <- both divvy",
@@ -2593,7 +2509,7 @@ fn global_section(rt: &Runtime, run: Duration, summary: &mut Summary) {
         regional.port,
     );
     let regional_url = format!("redis://127.0.0.1:{}", regional.port);
-    let global_url = format!("redis://127.0.0.1:{}", proxy.port);
+    let global_url = proxy.url();
     let lease_ms = GLOBAL_LEASE_MS.to_string();
     let baseline = start_divvy_with(&global_policy(false), &["--redis-url", &regional_url]);
     let global = start_divvy_with(

@@ -38,12 +38,13 @@
 mod common;
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use common::delay_proxy::DelayProxy;
 use common::redis::Redis;
 use common::Server;
 
@@ -90,103 +91,12 @@ fn serial() -> MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-// The latency proxy --------------------------------------------------------
-
-/// A TCP proxy on a free loopback port to `127.0.0.1:upstream` that holds
-/// every chunk for [`DELAY`] in each direction (order kept: one FIFO queue of
-/// timestamped chunks per direction). A connection whose upstream refuses is
-/// closed at once; when either side closes, both are closed.
-struct Proxy {
-    port: u16,
-}
-
-impl Proxy {
-    fn start(upstream: u16) -> Proxy {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind proxy");
-        let port = listener.local_addr().expect("proxy address").port();
-        std::thread::spawn(move || {
-            for client in listener.incoming() {
-                let Ok(client) = client else { continue };
-                let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)) else {
-                    let _ = client.shutdown(Shutdown::Both);
-                    continue;
-                };
-                let _ = client.set_nodelay(true);
-                let _ = server.set_nodelay(true);
-                let (Ok(c2), Ok(s2)) = (client.try_clone(), server.try_clone()) else {
-                    continue;
-                };
-                pipe(client, s2);
-                pipe(server, c2);
-            }
-        });
-        Proxy { port }
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-
-    /// A `PING` through the proxy: its round trip.
-    fn round_trip(&self) -> Duration {
-        let mut s = TcpStream::connect(("127.0.0.1", self.port)).expect("connect proxy");
-        s.set_nodelay(true).expect("nodelay");
-        let started = Instant::now();
-        s.write_all(b"PING\r\n").expect("ping");
-        let mut buf = [0u8; 7];
-        s.read_exact(&mut buf).expect("pong");
-        assert_eq!(&buf, b"+PONG\r\n");
-        started.elapsed()
-    }
-}
-
-/// Forwards `from` → `to`, each chunk [`DELAY`] after it was read.
-fn pipe(from: TcpStream, to: TcpStream) {
-    let (tx, rx) = mpsc::channel::<Option<(Instant, Vec<u8>)>>();
-    let Ok(mut reader) = from.try_clone() else {
-        return;
-    };
-    std::thread::spawn(move || {
-        let mut buf = vec![0u8; 16 * 1024];
-        loop {
-            match reader.read(&mut buf) {
-                Ok(0) | Err(_) => {
-                    let _ = tx.send(None);
-                    return;
-                }
-                Ok(n) => {
-                    if tx
-                        .send(Some((Instant::now() + DELAY, buf[..n].to_vec())))
-                        .is_err()
-                    {
-                        return;
-                    }
-                }
-            }
-        }
-    });
-    std::thread::spawn(move || {
-        let mut to = to;
-        while let Ok(Some((due, bytes))) = rx.recv() {
-            let now = Instant::now();
-            if due > now {
-                std::thread::sleep(due - now);
-            }
-            if to.write_all(&bytes).is_err() {
-                break;
-            }
-        }
-        let _ = to.shutdown(Shutdown::Both);
-        let _ = from.shutdown(Shutdown::Both);
-    });
-}
-
 // Regions -------------------------------------------------------------------
 
 struct Region {
     _redis: Redis,
     replicas: Vec<Server>,
-    _proxy: Option<Proxy>,
+    _proxy: Option<DelayProxy>,
 }
 
 struct World {
@@ -205,7 +115,9 @@ impl World {
             .iter()
             .map(|name| {
                 let redis = Redis::start();
-                let proxy = global_redis.as_ref().map(|g| Proxy::start(g.port));
+                let proxy = global_redis
+                    .as_ref()
+                    .map(|g| DelayProxy::start(g.port, DELAY, || {}));
                 if let Some(p) = &proxy {
                     println!(
                         "{name}: global store round trip through the proxy {:.1} ms",

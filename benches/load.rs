@@ -654,11 +654,9 @@ fn serve_baseline(flag: &str, port: &str) -> ! {
         while matches!(std::io::stdin().read(&mut buf), Ok(n) if n > 0) {}
         std::process::exit(0);
     });
-    // Like divvy: a multi-threaded runtime, one worker per allowed CPU.
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
+    // The runtime `divvy serve` picks: one worker per allowed CPU, the
+    // single-threaded scheduler on one (pinned) CPU.
+    let rt = divvy::runtime::build(divvy::runtime::worker_threads(None)).expect("runtime");
     let grpc = flag == BASELINE_GRPC;
     rt.block_on(async move {
         let listener = TcpListener::bind(("127.0.0.1", port)).await.expect("bind");

@@ -12,6 +12,7 @@ pub mod limiter;
 pub mod metrics;
 pub mod reload;
 pub mod rules;
+pub mod runtime;
 pub mod server;
 pub mod sources;
 pub mod statsd;

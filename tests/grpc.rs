@@ -492,3 +492,71 @@ async fn negative_hits_give_credit_back_up_to_the_limit() {
     let r = common::ask(&mut client, with(10, false)).await;
     assert_eq!(codes(&r), vec![(OK, 0)]);
 }
+
+/// With one worker thread divvy runs on the single-threaded scheduler, with
+/// more on the multi-threaded one; either way concurrent calls on several
+/// connections, and the line protocol beside them, are counted exactly.
+#[tokio::test]
+async fn serves_on_one_worker_thread_or_several() {
+    for (threads, scheduler) in [("1", "single-threaded"), ("3", "multi-threaded")] {
+        let server = Server::with_policy_args(POLICY, "yaml", &["--worker-threads", threads]);
+        let said = server
+            .startup
+            .iter()
+            .find(|l| l.contains("async runtime"))
+            .unwrap_or_else(|| panic!("no runtime line in {:?}", server.startup));
+        assert!(
+            said.contains(&format!("worker_threads={threads}")) && said.contains(scheduler),
+            "{said}"
+        );
+        // 24 calls at once over 4 connections against a limit of 3.
+        let mut calls = Vec::new();
+        for c in 0..4 {
+            let client = server.client().await;
+            for _ in 0..6 {
+                let mut client = client.clone();
+                calls.push(tokio::spawn(async move {
+                    let r = common::ask(
+                        &mut client,
+                        request("test", vec![desc(&[("key", "counted")])]),
+                    )
+                    .await;
+                    (c, r.overall_code)
+                }));
+            }
+        }
+        let mut allowed = 0;
+        for call in calls {
+            let (_, code) = call.await.unwrap();
+            if code == OK {
+                allowed += 1;
+            } else {
+                assert_eq!(code, OVER);
+            }
+        }
+        assert_eq!(allowed, 3, "with {threads} worker thread(s)");
+        // The line protocol is served beside it (divvy's default rule).
+        let answer = server.line_exchange(b"HIT\nHIT\n");
+        assert_eq!(answer.lines().count(), 2, "{answer:?}");
+        assert!(answer.starts_with("OK "), "{answer:?}");
+    }
+}
+
+#[test]
+fn a_worker_thread_count_out_of_range_is_refused() {
+    for bad in ["0", "1025", "many"] {
+        let out = std::process::Command::new(common::binary())
+            .args([
+                "serve",
+                "--config",
+                "/nonexistent.yaml",
+                "--worker-threads",
+                bad,
+            ])
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("not a thread count from 1 to 1024"), "{err}");
+    }
+}

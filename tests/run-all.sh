@@ -105,3 +105,9 @@ cargo clippy --locked --all-targets -- -D warnings
 
 log "cargo test"
 cargo test --locked --lib --bins --tests
+
+# On one CPU divvy runs on tokio's single-threaded scheduler (see
+# `--worker-threads`); this machine's tests above ran it multi-threaded.
+# The servers of these suites inherit the variable.
+log "cargo test, servers on one worker thread (DIVVY_WORKER_THREADS=1)"
+DIVVY_WORKER_THREADS=1 cargo test --locked --test hostile --test line --test grpc --test redis --test knobs

@@ -10,6 +10,7 @@ use divvy::sources::zookeeper::{self, ZkOptions};
 use divvy::sources::RuleSources;
 use std::io::IsTerminal;
 use std::net::SocketAddr;
+use std::num::NonZeroUsize;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -37,6 +38,11 @@ pub struct ServeArgs {
     /// The policy file (.yaml, .yml, .json or .ini).
     #[arg(long, env = "DIVVY_CONFIG")]
     config: PathBuf,
+    /// Worker threads of the async runtime; default one per CPU the process
+    /// may use (affinity and cgroup quota). With one, divvy runs on tokio's
+    /// single-threaded scheduler.
+    #[arg(long, env = "DIVVY_WORKER_THREADS", value_parser = parse_threads)]
+    worker_threads: Option<NonZeroUsize>,
     /// Address of the Envoy RateLimitService (gRPC).
     #[arg(long, env = "DIVVY_GRPC_ADDR", default_value = "0.0.0.0:8081")]
     grpc_addr: SocketAddr,
@@ -226,6 +232,15 @@ fn init_logging(format: LogFormat) {
     }
 }
 
+/// `--worker-threads`: 1 to 1024.
+fn parse_threads(text: &str) -> Result<NonZeroUsize, String> {
+    text.parse::<usize>()
+        .ok()
+        .and_then(NonZeroUsize::new)
+        .filter(|n| n.get() <= 1024)
+        .ok_or_else(|| format!("`{text}` is not a thread count from 1 to 1024"))
+}
+
 pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     init_logging(args.log_format);
     let (policy, hash) = divvy::reload::load_with_hash(&args.config)?;
@@ -234,10 +249,17 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         source = %policy.source,
         "policy loaded"
     );
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")?;
+    let threads = divvy::runtime::worker_threads(args.worker_threads);
+    let runtime = divvy::runtime::build(threads)?;
+    info!(
+        worker_threads = threads.get(),
+        scheduler = if threads.get() == 1 {
+            "single-threaded"
+        } else {
+            "multi-threaded"
+        },
+        "async runtime"
+    );
     validate_metrics_path(&args.metrics_path)?;
     let served = runtime.block_on(async move {
         // Take SIGHUP over before anything slow (Redis) so an early one

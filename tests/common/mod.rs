@@ -35,6 +35,8 @@ pub struct Server {
     pub http: SocketAddr,
     /// Everything it logged so far is sent here, line by line.
     pub log: mpsc::Receiver<String>,
+    /// What it logged before it reported its addresses (not sent to `log`).
+    pub startup: Vec<String>,
     _dir: Option<tempfile::TempDir>,
 }
 
@@ -85,10 +87,12 @@ impl Server {
             }
         });
         let (mut grpc, mut line_addr, mut http) = (None, None, None);
+        let mut startup = Vec::new();
         while grpc.is_none() || line_addr.is_none() || http.is_none() {
             let line = rx
                 .recv_timeout(Duration::from_secs(30))
                 .expect("divvy did not report its addresses within 30 s");
+            startup.push(line.clone());
             if let Some(addr) = line.split("grpc listening on ").nth(1) {
                 grpc = Some(addr.trim().parse().expect("address"));
             }
@@ -105,6 +109,7 @@ impl Server {
             line: line_addr.unwrap(),
             http: http.unwrap(),
             log: rx,
+            startup,
             _dir: None,
         }
     }

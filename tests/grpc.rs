@@ -506,7 +506,7 @@ async fn serves_on_one_worker_thread_or_several() {
             .find(|l| l.contains("async runtime"))
             .unwrap_or_else(|| panic!("no runtime line in {:?}", server.startup));
         assert!(
-            said.contains(&format!("worker_threads={threads}")) && said.contains(scheduler),
+            said.contains(&format!("worker_threads={threads} ")) && said.contains(scheduler),
             "{said}"
         );
         // 24 calls at once over 4 connections against a limit of 3.
@@ -544,8 +544,8 @@ async fn serves_on_one_worker_thread_or_several() {
 
 #[test]
 fn a_worker_thread_count_out_of_range_is_refused() {
-    for bad in ["0", "1025", "many"] {
-        let out = std::process::Command::new(common::binary())
+    for bad in ["0", "1025", "many", ""] {
+        let by_flag = std::process::Command::new(common::binary())
             .args([
                 "serve",
                 "--config",
@@ -555,8 +555,18 @@ fn a_worker_thread_count_out_of_range_is_refused() {
             ])
             .output()
             .unwrap();
-        assert!(!out.status.success());
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.contains("not a thread count from 1 to 1024"), "{err}");
+        let by_env = std::process::Command::new(common::binary())
+            .args(["serve", "--config", "/nonexistent.yaml"])
+            .env("DIVVY_WORKER_THREADS", bad)
+            .output()
+            .unwrap();
+        for out in [by_flag, by_env] {
+            assert!(!out.status.success());
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                err.contains("not a thread count from 1 to 1024"),
+                "{bad:?}: {err}"
+            );
+        }
     }
 }

@@ -107,7 +107,10 @@ log "cargo test"
 cargo test --locked --lib --bins --tests
 
 # On one CPU divvy runs on tokio's single-threaded scheduler (see
-# `--worker-threads`); this machine's tests above ran it multi-threaded.
-# The servers of these suites inherit the variable.
+# `--worker-threads`); on a machine with more, the tests above ran it
+# multi-threaded. These suites again with every server on one thread (the
+# servers inherit the variable): the protocols, floods, Redis, and the
+# background tasks of reloads, aux rules and knobs.
 log "cargo test, servers on one worker thread (DIVVY_WORKER_THREADS=1)"
-DIVVY_WORKER_THREADS=1 cargo test --locked --test hostile --test line --test grpc --test redis --test knobs
+DIVVY_WORKER_THREADS=1 cargo test --locked --test hostile --test line --test grpc --test redis \
+  --test knobs --test reload --test zookeeper --test admin

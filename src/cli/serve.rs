@@ -251,12 +251,13 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     );
     let threads = divvy::runtime::worker_threads(args.worker_threads);
     let runtime = divvy::runtime::build(threads)?;
+    // What was built, as the runtime reports it.
+    let handle = runtime.handle();
     info!(
-        worker_threads = threads.get(),
-        scheduler = if threads.get() == 1 {
-            "single-threaded"
-        } else {
-            "multi-threaded"
+        worker_threads = handle.metrics().num_workers(),
+        scheduler = match handle.runtime_flavor() {
+            tokio::runtime::RuntimeFlavor::CurrentThread => "single-threaded",
+            _ => "multi-threaded",
         },
         "async runtime"
     );

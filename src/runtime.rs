@@ -5,15 +5,18 @@
 //! `taskset`), a multi-threaded runtime still hands every task between its
 //! one worker and the thread that drives the server's main future, and
 //! wakes them through its shared queues. The single-threaded scheduler
-//! runs everything on one thread: in `cargo bench --bench load` (server on
-//! one core) it took a gRPC call from about 12 to 9–10 µs of server CPU.
+//! runs everything on one thread: on one pinned core it took a gRPC call
+//! from 12–15 to 8–10 µs of server CPU in most runs (README "Performance").
 //! `--worker-threads` overrides the choice (1: the single-threaded
 //! scheduler; more: that many workers).
 
 use std::num::NonZeroUsize;
 
 use thiserror::Error;
-use tokio::runtime::{Builder, Runtime};
+use tokio::runtime::{Builder, Handle, Runtime, RuntimeFlavor};
+
+/// The most worker threads `--worker-threads` accepts.
+pub const MAX_WORKER_THREADS: usize = 1024;
 
 /// Why the runtime could not start.
 #[derive(Debug, Error)]
@@ -51,6 +54,14 @@ pub fn build(threads: NonZeroUsize) -> Result<Runtime, RuntimeError> {
     })
 }
 
+/// The scheduler a runtime runs, as the startup log names it.
+pub fn scheduler(handle: &Handle) -> &'static str {
+    match handle.runtime_flavor() {
+        RuntimeFlavor::CurrentThread => "single-threaded",
+        _ => "multi-threaded",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -83,20 +94,17 @@ mod tests {
     #[test]
     fn one_thread_is_the_single_threaded_scheduler() {
         let rt = build(NonZeroUsize::MIN).unwrap();
-        let flavor = rt.block_on(async { tokio::runtime::Handle::current().runtime_flavor() });
-        assert_eq!(flavor, tokio::runtime::RuntimeFlavor::CurrentThread);
+        assert_eq!(rt.handle().runtime_flavor(), RuntimeFlavor::CurrentThread);
+        assert_eq!(scheduler(rt.handle()), "single-threaded");
         runs_tasks_and_timers(1);
     }
 
     #[test]
     fn several_threads_are_the_multi_threaded_scheduler() {
         let rt = build(NonZeroUsize::new(2).unwrap()).unwrap();
-        let (flavor, workers) = rt.block_on(async {
-            let h = tokio::runtime::Handle::current();
-            (h.runtime_flavor(), h.metrics().num_workers())
-        });
-        assert_eq!(flavor, tokio::runtime::RuntimeFlavor::MultiThread);
-        assert_eq!(workers, 2);
+        assert_eq!(rt.handle().runtime_flavor(), RuntimeFlavor::MultiThread);
+        assert_eq!(scheduler(rt.handle()), "multi-threaded");
+        assert_eq!(rt.handle().metrics().num_workers(), 2);
         runs_tasks_and_timers(2);
     }
 }

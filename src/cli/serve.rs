@@ -232,13 +232,14 @@ fn init_logging(format: LogFormat) {
     }
 }
 
-/// `--worker-threads`: 1 to 1024.
+/// `--worker-threads`: 1 to [`divvy::runtime::MAX_WORKER_THREADS`].
 fn parse_threads(text: &str) -> Result<NonZeroUsize, String> {
+    let max = divvy::runtime::MAX_WORKER_THREADS;
     text.parse::<usize>()
         .ok()
         .and_then(NonZeroUsize::new)
-        .filter(|n| n.get() <= 1024)
-        .ok_or_else(|| format!("`{text}` is not a thread count from 1 to 1024"))
+        .filter(|n| n.get() <= max)
+        .ok_or_else(|| format!("`{text}` is not a thread count from 1 to {max}"))
 }
 
 pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
@@ -252,13 +253,9 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let threads = divvy::runtime::worker_threads(args.worker_threads);
     let runtime = divvy::runtime::build(threads)?;
     // What was built, as the runtime reports it.
-    let handle = runtime.handle();
     info!(
-        worker_threads = handle.metrics().num_workers(),
-        scheduler = match handle.runtime_flavor() {
-            tokio::runtime::RuntimeFlavor::CurrentThread => "single-threaded",
-            _ => "multi-threaded",
-        },
+        worker_threads = runtime.handle().metrics().num_workers(),
+        scheduler = divvy::runtime::scheduler(runtime.handle()),
         "async runtime"
     );
     validate_metrics_path(&args.metrics_path)?;

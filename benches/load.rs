@@ -474,13 +474,15 @@ fn redis_benchmark_evalsha(
     let keys: Vec<String> = (0..counters)
         .map(|i| format!("bench:{i}:__rand_int__"))
         .collect();
-    // Now from Redis TIME (-1), one limit shape (divvy's window, algorithm
-    // 0: limit, window ms, burst), then per counter its shape 1 * 128 +
+    // Now from Redis TIME (-1), one limit shape, the hints 3 (every op a
+    // lone counter, no key twice: each counter's key names its place), the
+    // shape (divvy's window, algorithm 0: limit, window ms, burst), then per
+    // counter its shape 1 * 128 +
     // flags 4 (a request starts here) and cost 1; the same arguments the
     // Redis store sends.
     let mut args: Vec<String> = vec!["EVALSHA".into(), sha, counters.to_string()];
     args.extend(keys);
-    args.extend(["-1", "1", "0", "1000000000", "3600000", "1000000000"].map(String::from));
+    args.extend(["-1", "1", "3", "0", "1000000000", "3600000", "1000000000"].map(String::from));
     for _ in 0..counters {
         args.extend(["132", "1"].map(String::from));
     }

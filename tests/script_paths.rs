@@ -130,6 +130,10 @@ struct Case {
     counters: Vec<Counter>,
     /// Calls, one after another, each `advance_ms` after the one before.
     calls: Vec<(i64, Vec<Op>)>,
+    /// Whether the lean side's calls carry the hints the store sends (every
+    /// op a lone counter, no key twice), or none (0, which is always
+    /// correct): both must answer as the general path does.
+    hinted: bool,
 }
 
 fn counter() -> impl Strategy<Value = Counter> {
@@ -184,8 +188,13 @@ fn case() -> impl Strategy<Value = Case> {
             ),
             1..4,
         ),
+        any::<bool>(),
     )
-        .prop_map(|(counters, calls)| Case { counters, calls })
+        .prop_map(|(counters, calls, hinted)| Case {
+            counters,
+            calls,
+            hinted,
+        })
 }
 
 /// `ops` as the store sends them: the first starts a request, and an
@@ -245,15 +254,39 @@ fn lean_only() -> String {
     planted
 }
 
+/// The hints (ARGV[3]) the store sends with `ops` on `keys`, as
+/// `src/store/redis.rs` works them out: 1 when every op is a lone counter
+/// (none in another's group, none denied beforehand or refunded, no
+/// all-or-nothing request of more than one counter), 2 when no key comes
+/// twice.
+fn hints(ops: &[Op], keys: &[String]) -> i64 {
+    let mut lone = true;
+    let mut start = 0;
+    for (n, op) in ops.iter().enumerate() {
+        let f = op.flags;
+        if f % 8 >= 4 {
+            start = n;
+        } else if f % 2 == 1 || ops[start].flags % 16 >= 8 {
+            lone = false;
+        }
+        if f >= 16 {
+            lone = false;
+        }
+    }
+    let distinct = keys.len() == keys.iter().collect::<std::collections::HashSet<_>>().len();
+    i64::from(lone) | (i64::from(distinct) << 1)
+}
+
 /// The script's keys and arguments for `ops` on the keys `prefix:i` at
 /// `now`; with `general`, one more request, all-or-nothing, of two counters
-/// on keys of its own.
+/// on keys of its own; with `hinted`, the hints the store would send.
 fn call_args(
     case: &Case,
     ops: &[Op],
     prefix: &str,
     now: i64,
     general: bool,
+    hinted: bool,
 ) -> (Vec<String>, Vec<i64>) {
     let mut keys = Vec::new();
     let mut shapes = Vec::new();
@@ -275,7 +308,14 @@ fn call_args(
         // its own (0) follows.
         per_key.extend([(n + 1) * 128 + 12, 1, (n + 1) * 128, 1]);
     }
-    let mut args = vec![now, (shapes.len() / 4) as i64];
+    // (The general side's extra request is all-or-nothing of two
+    // counters: no call of it is lone.)
+    let hints = match (hinted, general) {
+        (false, _) => 0,
+        (true, false) => hints(ops, &keys),
+        (true, true) => hints(ops, &keys) & 2,
+    };
+    let mut args = vec![now, (shapes.len() / 4) as i64, hints];
     args.extend(shapes);
     args.extend(per_key);
     (keys, args)
@@ -315,7 +355,7 @@ async fn run_case(client: &Client, scripts: &Scripts, case: &Case) -> Result<(),
         now += advance;
         let mut answers = Vec::new();
         for (prefix, general) in [("lean", false), ("general", true)] {
-            let (keys, args) = call_args(case, ops, prefix, now, general);
+            let (keys, args) = call_args(case, ops, prefix, now, general, case.hinted);
             let script = if general {
                 &scripts.general
             } else {
@@ -432,6 +472,7 @@ async fn only_counters_charged_on_their_own_take_the_lean_path() {
     let case = Case {
         counters: vec![window.clone(), window],
         calls: Vec::new(),
+        hinted: false,
     };
     let op = |counter: usize, flags: i64| Op {
         counter,
@@ -461,18 +502,26 @@ async fn only_counters_charged_on_their_own_take_the_lean_path() {
         ),
         ("the property's general side", vec![op(0, 4)], true, false),
     ];
-    for (n, (what, ops, group, lean)) in calls.into_iter().enumerate() {
-        let (keys, args) = call_args(&case, &ops, &format!("c{n}"), T0, group);
-        let got: Result<Vec<i64>, _> = client.eval(planted.as_str(), keys, args).await;
-        match got {
-            Ok(answers) => {
-                assert!(lean, "{what}: answered on the lean path: {answers:?}");
-                assert_eq!(answers.len(), ops.len() * 2, "{what}");
-                assert_eq!(answers[..2], [2, 60_000], "{what}");
-            }
-            Err(e) => {
-                assert!(!lean, "{what}: {e}");
-                assert!(e.to_string().contains("general path"), "{what}: {e}");
+    // With the store's hints or none: the hints never send a call down
+    // the other path.
+    for hinted in [false, true] {
+        for (n, (what, ops, group, lean)) in calls.iter().enumerate() {
+            let prefix = format!("c{n}:{hinted}");
+            let (keys, args) = call_args(&case, ops, &prefix, T0, *group, hinted);
+            let got: Result<Vec<i64>, _> = client.eval(planted.as_str(), keys, args).await;
+            match got {
+                Ok(answers) => {
+                    assert!(
+                        lean,
+                        "{what}, hinted {hinted}: answered on the lean path: {answers:?}"
+                    );
+                    assert_eq!(answers.len(), ops.len() * 2, "{what}, hinted {hinted}");
+                    assert_eq!(answers[..2], [2, 60_000], "{what}, hinted {hinted}");
+                }
+                Err(e) => {
+                    assert!(!lean, "{what}, hinted {hinted}: {e}");
+                    assert!(e.to_string().contains("general path"), "{what}: {e}");
+                }
             }
         }
     }
@@ -497,6 +546,7 @@ async fn a_window_value_beyond_exact_integers_is_no_counter() {
                 stored: 0,
             }],
             calls: Vec::new(),
+            hinted: false,
         };
         let op = Op {
             counter: 0,
@@ -504,7 +554,11 @@ async fn a_window_value_beyond_exact_integers_is_no_counter() {
             cost: 1,
             flags: 4,
         };
-        for (prefix, general) in [("lean", false), ("general", true)] {
+        for (prefix, general, hinted) in [
+            ("lean", false, false),
+            ("hinted", false, true),
+            ("general", true, false),
+        ] {
             let k = key(prefix, &case, 0);
             let _: i64 = client
                 .eval(
@@ -514,7 +568,14 @@ async fn a_window_value_beyond_exact_integers_is_no_counter() {
                 )
                 .await
                 .expect("setup");
-            let (keys, args) = call_args(&case, std::slice::from_ref(&op), prefix, T0, general);
+            let (keys, args) = call_args(
+                &case,
+                std::slice::from_ref(&op),
+                prefix,
+                T0,
+                general,
+                hinted,
+            );
             let got: Vec<i64> = client.eval(SCRIPT, keys, args).await.expect("call");
             // Allowed, 2 of 3 credits left, the window's whole length.
             assert_eq!(got[..2], [2, 60_000], "{start}, {prefix} path");

@@ -27,7 +27,7 @@
 //! (following failovers) natively, pipelines concurrent commands on one
 //! connection, and reconnects on its own.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -561,9 +561,32 @@ impl Store for RedisStore {
     }
 }
 
+/// What the script is told of a whole call (its ARGV\[3\]), so that it
+/// need not find it out key by key: 1 when every op is a lone counter
+/// charged or checked on its own (none in another's group, no request
+/// denied beforehand, no refund, no all-or-nothing request of more than one
+/// counter), 2 when no key appears twice. Telling less is always correct.
+fn hints(parts: &[Part<'_>], keys: &[&str], undo: bool) -> i64 {
+    let lone = !undo
+        && parts.iter().all(|(ops, charge)| {
+            *charge != Charge::Denied
+                && (*charge == Charge::Each || ops.len() == 1)
+                && ops
+                    .iter()
+                    .enumerate()
+                    .all(|(i, op)| !op.refund && (i == 0 || !op.joint))
+        });
+    let distinct = keys.len() < 2 || {
+        let mut seen = HashSet::with_capacity(keys.len());
+        keys.iter().all(|k| seen.insert(*k))
+    };
+    i64::from(lone) | (i64::from(distinct) << 1)
+}
+
 /// The script's KEYS and ARGV for `parts` (`count` counters in all) at `now`:
-/// the time, the limit shapes (algorithm, limit, window, burst) the
-/// counters use, then each counter's shape and flags, and cost.
+/// the time, the number of limit shapes, the call's [`hints`], the shapes
+/// (algorithm, limit, window, burst) the counters use, then each counter's
+/// shape and flags, and cost.
 fn script_args<'a>(
     parts: &[Part<'a>],
     count: usize,
@@ -620,9 +643,10 @@ fn script_args<'a>(
             per_key.extend([shape_id * 128 + flags, int(op.cost)]);
         }
     }
-    let mut args: Vec<i64> = Vec::with_capacity(2 + shapes.len() * 4 + per_key.len());
+    let mut args: Vec<i64> = Vec::with_capacity(3 + shapes.len() * 4 + per_key.len());
     args.push(now);
     args.push(i64::try_from(shapes.len()).unwrap_or(i64::MAX));
+    args.push(hints(parts, &keys, undo));
     args.extend(shapes.iter().flatten());
     args.extend(per_key);
     (keys, args)
@@ -657,7 +681,9 @@ mod tests {
         let (keys, args) = script_args(&parts, 4, false, 1_000);
         assert_eq!(keys, ["a", "b", "c", "d"]);
         let shape = |limit: i64| [0, limit, 60_000, limit];
-        let mut want = vec![1_000, 2];
+        // The time, 2 shapes, hints: every op lone (3 below is one request of
+        // one counter, all-or-nothing) and no key twice.
+        let mut want = vec![1_000, 2, 1 | 2];
         want.extend(shape(10));
         want.extend(shape(20));
         // shape * 128 + flags (4: a request starts; 8: all-or-nothing), cost.
@@ -678,15 +704,52 @@ mod tests {
         let (_, args) = script_args(&parts, ops.len(), false, -1);
         let shapes = usize::try_from(args[1]).unwrap();
         assert_eq!(shapes, 21);
-        let per_key = &args[2 + shapes * 4..];
+        let per_key = &args[3 + shapes * 4..];
         assert_eq!(per_key.len(), ops.len() * 2);
         for (op, pair) in ops.iter().zip(per_key.chunks_exact(2)) {
             let shape = usize::try_from(pair[0] / 128).unwrap();
-            let limit = args[2 + (shape - 1) * 4 + 1];
+            let limit = args[3 + (shape - 1) * 4 + 1];
             assert_eq!(limit, i64::try_from(op.limit).unwrap());
         }
         // The last counter's shape (limit 1) is the first one, found.
         assert_eq!(per_key[per_key.len() - 2] / 128, 1);
+    }
+
+    #[test]
+    fn hints_tell_a_lone_call_and_distinct_keys() {
+        let a = [op("a", 10, 1), op("b", 10, 1)];
+        let one = [op("c", 10, 1)];
+        let hint = |parts: &[Part<'_>], undo: bool| {
+            let keys: Vec<&str> = parts
+                .iter()
+                .flat_map(|(ops, _)| ops.iter().map(|o| o.key.as_str()))
+                .collect();
+            hints(parts, &keys, undo)
+        };
+        assert_eq!(
+            hint(&[(&a, Charge::Each), (&one, Charge::AllOrNothing)], false),
+            3
+        );
+        // Every op is still lone, but a key comes twice.
+        assert_eq!(
+            hint(&[(&one, Charge::Each), (&one, Charge::Each)], false),
+            1
+        );
+        // Not lone: an all-or-nothing request of two counters, a request
+        // denied beforehand, an undo, a refund, a group.
+        assert_eq!(hint(&[(&a, Charge::AllOrNothing)], false), 2);
+        assert_eq!(hint(&[(&one, Charge::Denied)], false), 2);
+        assert_eq!(hint(&[(&one, Charge::Each)], true), 2);
+        let mut refund = op("r", 10, 1);
+        refund.refund = true;
+        assert_eq!(
+            hint(&[(std::slice::from_ref(&refund), Charge::Each)], false),
+            2
+        );
+        let mut group = [op("g", 10, 1), op("h", 20, 1)];
+        group[1].joint = true;
+        assert_eq!(hint(&[(&group, Charge::Each)], false), 2);
+        assert_eq!(hint(&[], false), 3);
     }
 
     #[test]

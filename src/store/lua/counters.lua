@@ -4,7 +4,14 @@
 --
 -- ARGV[1]: the time in ms since the epoch, or -1 to read Redis TIME (so
 -- replicas with skewed clocks agree). ARGV[2]: P, the number of limit
--- shapes; then 4 values per shape:
+-- shapes. ARGV[3]: what the sender knows of the whole call, which spares
+-- the script finding it out (0 is always correct, only slower):
+--   1 every op is a lone counter charged or checked on its own: none in
+--     another's group (flag 1 below), no request denied beforehand (16),
+--     no refund (32, 64), no all-or-nothing request (8) of more than one
+--     counter;
+--   2 no key appears twice in the call.
+-- Then 4 values per shape:
 --   algorithm (0 divvy window, 1 fixed, 2 sliding, 3 token bucket),
 --   limit, window in ms, burst;
 -- then 2 values per key: shape * 128 + flags (shapes count from 1), cost.
@@ -241,20 +248,25 @@ end
 -- Requests ----------------------------------------------------------------
 local n = #KEYS
 local shapes = tonumber(ARGV[2])
+local hints = tonumber(ARGV[3])
+local lone = hints % 2 == 1
+local distinct = hints % 4 >= 2
 local salg, slim, swin, sbur = {}, {}, {}, {}
 for p = 1, shapes do
-  local b = 4 * p - 2
+  local b = 4 * p - 1
   salg[p] = tonumber(ARGV[b + 1])
   slim[p] = tonumber(ARGV[b + 2])
   swin[p] = tonumber(ARGV[b + 3])
   sbur[p] = tonumber(ARGV[b + 4])
 end
-local base = 2 + 4 * shapes
+local base = 3 + 4 * shapes
 -- Each key's shape and flags; whether every group of the call is charged
 -- or checked on its own: no request denied beforehand (16), no refund (32,
 -- 64), and no all-or-nothing request (8) of more than one counter. Such a
 -- call (requests of one counter or of one rule's limits, and a
--- connection's pipelined requests: most calls) takes the lean path.
+-- connection's pipelined requests: most calls) takes the lean path. (With
+-- the hint that every op is a lone counter, the call is lean: `xs` stays
+-- empty, and each op's shape and flags are read where they are needed.)
 local xs = {}
 local lean = true
 local whole_request = false -- the request under way is all-or-nothing
@@ -265,7 +277,7 @@ local number = setmetatable({}, {__index = function(t, text)
   t[text] = v
   return v
 end})
-for i = 1, n do
+for i = 1, lone and 0 or n do
   local x = number[ARGV[base + 2 * i - 1]]
   xs[i] = x
   local f = x % 128
@@ -382,9 +394,11 @@ if lean then
   while i <= n do
     -- ops i..g: one group (the ops after i with flag 1, in i's request)
     local g = i
-    while g < n and xs[g + 1] % 2 == 1 and xs[g + 1] % 8 < 4 do g = g + 1 end
+    if not lone then
+      while g < n and xs[g + 1] % 2 == 1 and xs[g + 1] % 8 < 4 do g = g + 1 end
+    end
     if g == i then
-      local x = xs[i]
+      local x = lone and number[ARGV[base + 2 * i - 1]] or xs[i]
       local p = (x - x % 128) / 128
       local alg, L, W, B = salg[p], slim[p], swin[p], sbur[p]
       local ctext = ARGV[base + 2 * i]
@@ -396,13 +410,17 @@ if lean then
         -- the script's time here; tests/script_paths.rs compares this path
         -- with the general one): a key read here is cached in `credits`
         -- and `expiry` once, with what it was read as or with what is
-        -- written (`fresh`: read here and not written yet).
-        local s = credits[k]
+        -- written (`fresh`: read here and not written yet); not when no key
+        -- of the call appears twice.
+        local s
+        if not distinct then s = credits[k] end
         local e, was, fresh -- the expiry; as `expiry` would hold it
         if s == nil then
-          fresh = true
+          fresh = not distinct
           local v = raw[i]
-          s = type(v) == 'string' and tonumber(v) or false
+          -- (MGET gives a string, or false: `type` is a call, and calls
+          -- are what cost here.)
+          s = v and tonumber(v) or false
           if s and (s ~= s or s >= 9e15 or s <= -9e15) then s = false end -- window_credits
           if s then
             local ttl = rcall('PTTL', k)
@@ -419,7 +437,7 @@ if lean then
             local w = wtext[p]
             if not w then w = fmt(W); wtext[p] = w end
             rcall('SET', k, fmt(B - cost), 'PX', w)
-            credits[k], expiry[k] = B - cost, now + W
+            if not distinct then credits[k], expiry[k] = B - cost, now + W end
             fresh = false
           else
             a, r, t = (cost <= L) and 1 or 0, L, W
@@ -439,14 +457,15 @@ if lean then
               if was == e then
                 local done = rpcall('DECRBY', k, ctext)
                 -- A value that is a number to Lua but not an integer to
-                -- Redis is rewritten whole.
-                if type(done) == 'table' and done.err then
+                -- Redis (an error table, never equal to a number), or a
+                -- count Lua rounded, is rewritten whole.
+                if done ~= v then
                   rcall('SET', k, fmt(v), 'PX', fmt(e - now))
                 end
               else
                 rcall('SET', k, fmt(v), 'PX', fmt(e - now))
               end
-              credits[k], expiry[k] = v, e
+              if not distinct then credits[k], expiry[k] = v, e end
               fresh = false
             end
           else
@@ -617,7 +636,7 @@ if lean then
   -- (`expires` and `encode` inline; every number here is at least 0, and
   -- one `format` writes the value where `fmt` would take '%d' for each.)
   for k, _ in pairs(dirty) do
-    local x = xs[owner[k]]
+    local x = number[ARGV[base + 2 * owner[k] - 1]] -- (`xs` is empty when every op is lone)
     local p = (x - x % 128) / 128
     local alg, L, W = salg[p], slim[p], swin[p]
     local st = seen[k]

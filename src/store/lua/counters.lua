@@ -313,7 +313,8 @@ end
 -- written, and replicated, twice; a key is read from the MGET and PTTL
 -- once, then from `credits` and `expiry`, so a write cannot change a later
 -- answer); the other algorithms are saved once, at the end, as the general
--- path saves them. The general path writes only at its end; the store never sends a
+-- path saves them (or at once, when the sender says no key of the call
+-- comes twice). The general path writes only at its end; the store never sends a
 -- call that can fail halfway (limits and windows are validated), and a
 -- call is far too short for SCRIPT KILL.
 if lean then
@@ -379,6 +380,47 @@ if lean then
     local x = xs[o]
     local p = (x - x % 128) / 128
     return salg[p], slim[p], swin[p], sbur[p]
+  end
+  -- Another algorithm's counter `k` saved as state `st`, with shape p's
+  -- numbers. (`expires` and `encode` inline; every number here is at
+  -- least 0, and one `format` writes the value where `fmt` would take '%d'
+  -- for each.)
+  local function save(k, p, st)
+    local alg, L, W = salg[p], slim[p], swin[p]
+    local ttl, v
+    if alg ~= 3 and st.s == now - now % W and st.c < 9e15 and (alg == 1 or st.p < 9e15) and wide_d then
+      -- A counter of the current window (most of them).
+      local pre = current(p)
+      if alg == 1 then v = pre .. format('%d', st.c) else v = pre .. format('%d:%d', st.p, st.c) end
+      rcall('SET', k, v, 'PX', wttl[p])
+      return
+    elseif alg == 1 then
+      ttl = st.s + W - now
+      if wide_d and st.s < 9e15 and st.c < 9e15 then
+        v = format('%d:%d', st.s, st.c)
+      else
+        v = fmt(st.s) .. ':' .. fmt(st.c)
+      end
+    elseif alg == 2 then
+      ttl = st.s + 2 * W - now
+      if wide_d and st.s < 9e15 and st.p < 9e15 and st.c < 9e15 then
+        v = format('%d:%d:%d', st.s, st.p, st.c)
+      else
+        v = fmt(st.s) .. ':' .. fmt(st.p) .. ':' .. fmt(st.c)
+      end
+    else
+      ttl = st.a + floor((st.u + L - 1) / L) - now
+      if wide_d and st.u < 9e15 and st.a < 9e15 then
+        v = format('%d:%d', st.u, st.a)
+      else
+        v = fmt(st.u) .. ':' .. fmt(st.a)
+      end
+    end
+    if ttl <= 0 then
+      rcall('DEL', k)
+    else
+      rcall('SET', k, v, 'PX', fmt(ttl))
+    end
   end
   -- Another algorithm's counter `k` (op o) as `seen` holds it, loaded once.
   local function other_load(o, k, alg, W)
@@ -477,12 +519,15 @@ if lean then
         -- The other algorithms: what their steps do when the counter is
         -- allowed, inline (state tables changed in place: nothing else
         -- holds them between ops); a denial's answer (when the counter is
-        -- due again) comes from the algorithms' own functions.
-        local st = seen[k]
+        -- due again) comes from the algorithms' own functions. `seen` holds
+        -- the state, and `dirty` and `owner` what to save at the end, only
+        -- where a key may come again in the call; else it is saved at once.
+        local st, charged
+        if not distinct then st = seen[k] end
         if st == nil then
           st = false
           local v = raw[i]
-          if type(v) == 'string' then
+          if v then -- (MGET gives a string, or false)
             if alg == 1 then
               -- A counter of the current window: only its count to read.
               local pre = current(p)
@@ -510,7 +555,7 @@ if lean then
               if u then st = {u = tonumber(u), a = tonumber(at)} end
             end
           end
-          seen[k] = st
+          if not distinct then seen[k] = st end
         end
         if alg == 1 then
           -- fixed_step
@@ -520,8 +565,8 @@ if lean then
             a, r = 1, L - c
           elseif cost > 0 and cost <= L and c <= L - cost then
             a, r = 1, L - c - cost
-            if st then st.s, st.c = s, c + cost else seen[k] = {s = s, c = c + cost} end
-            dirty[k] = true
+            if st then st.s, st.c = s, c + cost else st = {s = s, c = c + cost}; if not distinct then seen[k] = st end end
+            charged = true
           end
           t = max(s + W - now, 0)
         elseif alg == 2 then
@@ -536,8 +581,8 @@ if lean then
           if need <= L and used <= L - need then
             a, r, t = 1, L - (used + cost), max(s + W - now, 0)
             if cost > 0 then
-              if st then st.s, st.p, st.c = s, q, c + cost else seen[k] = {s = s, p = q, c = c + cost} end
-              dirty[k] = true
+              if st then st.s, st.p, st.c = s, q, c + cost else st = {s = s, p = q, c = c + cost}; if not distinct then seen[k] = st end end
+              charged = true
             end
           end
         else
@@ -555,16 +600,19 @@ if lean then
             if cost > 0 then used = used + need * W end
             a, r, t = 1, floor((B * W - used) / W), max(at - now, 0) + floor((used + L - 1) / L)
             if cost > 0 then
-              if st then st.u, st.a = used, at else seen[k] = {u = used, a = at} end
-              dirty[k] = true
+              if st then st.u, st.a = used, at else st = {u = used, a = at}; if not distinct then seen[k] = st end end
+              charged = true
             end
           end
         end
-        if a == 1 then
-          owner[k] = i
-        else
+        if a ~= 1 then
           if not steps then decode, expires, encode, steps, view = library() end
           a, r, t = steps[alg](st or nil, L, W, B, cost, false)
+        elseif distinct then
+          if charged then save(k, p, st) end
+        else
+          owner[k] = i
+          if charged then dirty[k] = true end
         end
       end
       out[j + 1], out[j + 2] = (a == 1) and r or -1 - r, t
@@ -632,49 +680,10 @@ if lean then
   end
   -- The other algorithms' counters are saved once, at the end, with the
   -- numbers of the last request that charged or checked them, as the
-  -- general path saves them.
-  -- (`expires` and `encode` inline; every number here is at least 0, and
-  -- one `format` writes the value where `fmt` would take '%d' for each.)
+  -- general path saves them (at once, when no key of the call repeats).
   for k, _ in pairs(dirty) do
     local x = number[ARGV[base + 2 * owner[k] - 1]] -- (`xs` is empty when every op is lone)
-    local p = (x - x % 128) / 128
-    local alg, L, W = salg[p], slim[p], swin[p]
-    local st = seen[k]
-    local ttl, v
-    if alg ~= 3 and st.s == now - now % W and st.c < 9e15 and (alg == 1 or st.p < 9e15) and wide_d then
-      -- A counter of the current window (most of them).
-      local pre = current(p)
-      if alg == 1 then v = pre .. format('%d', st.c) else v = pre .. format('%d:%d', st.p, st.c) end
-      ttl = wttl[p]
-    elseif alg == 1 then
-      ttl = st.s + W - now
-      if wide_d and st.s < 9e15 and st.c < 9e15 then
-        v = format('%d:%d', st.s, st.c)
-      else
-        v = fmt(st.s) .. ':' .. fmt(st.c)
-      end
-    elseif alg == 2 then
-      ttl = st.s + 2 * W - now
-      if wide_d and st.s < 9e15 and st.p < 9e15 and st.c < 9e15 then
-        v = format('%d:%d:%d', st.s, st.p, st.c)
-      else
-        v = fmt(st.s) .. ':' .. fmt(st.p) .. ':' .. fmt(st.c)
-      end
-    else
-      ttl = st.a + floor((st.u + L - 1) / L) - now
-      if wide_d and st.u < 9e15 and st.a < 9e15 then
-        v = format('%d:%d', st.u, st.a)
-      else
-        v = fmt(st.u) .. ':' .. fmt(st.a)
-      end
-    end
-    if type(ttl) == 'string' then
-      rcall('SET', k, v, 'PX', ttl)
-    elseif ttl <= 0 then
-      rcall('DEL', k)
-    else
-      rcall('SET', k, v, 'PX', fmt(ttl))
-    end
+    save(k, (x - x % 128) / 128, seen[k])
   end
   return out
 end

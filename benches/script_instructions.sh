@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Instructions redis-server runs per counter in divvy's counter script, counted
+# by valgrind's callgrind: unlike CPU time, the count repeats to within a few
+# instructions for the same binaries and input, whatever else the machine is
+# doing, so a change to the script can be measured to a percent.
+#
+#   benches/script_instructions.sh [SCRIPT] [ALGORITHM] [HINTS]
+#
+# SCRIPT     the script (default: src/store/lua/counters.lua); an older one
+#            with `git show <commit>:src/store/lua/counters.lua > old.lua`
+# ALGORITHM  0 divvy's window (default), 1 fixed, 2 sliding, 3 token bucket
+# HINTS      the call's hints, ARGV[3] (default 3: every op a lone counter, no
+#            key twice); `none` for scripts from before ARGV[3] existed
+#
+# Each run starts redis-server under callgrind on a free loopback port, loads
+# the script, makes every counter once, then runs `redis-benchmark` calls of
+# 60 counters (one request each, cost 1, limit 10^9, window 1 h) on
+# existing counters; it is done for 100 and for 300 calls, and the
+# difference is divided by 200 x 60, so start-up and loading cancel out.
+# Needs valgrind (callgrind_annotate), redis-server, redis-cli,
+# redis-benchmark and python3 (for a free port). About 10 s.
+set -euo pipefail
+
+script=${1:-src/store/lua/counters.lua}
+algorithm=${2:-0}
+hints=${3:-3}
+counters=60
+
+keys=()
+for i in $(seq 1 "$counters"); do keys+=("divvy:bench:ip=10.0.$i.7"); done
+args=(-1 1)
+[ "$hints" = none ] || args+=("$hints")
+args+=("$algorithm" 1000000000 3600000 1000000000)
+for _ in $(seq 1 "$counters"); do args+=(132 1); done
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+# Total instructions of a redis-server that ran `calls` script calls.
+instructions() {
+  local calls=$1 port pid sha
+  port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  valgrind --tool=callgrind --callgrind-out-file="$work/out" \
+    redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no \
+    >"$work/log" 2>&1 &
+  pid=$!
+  for _ in $(seq 1 100); do
+    redis-cli -p "$port" ping >/dev/null 2>&1 && break
+    sleep 0.2
+  done
+  sha=$(redis-cli -p "$port" SCRIPT LOAD "$(cat "$script")")
+  redis-cli -p "$port" EVALSHA "$sha" "$counters" "${keys[@]}" "${args[@]}" >/dev/null
+  redis-benchmark -p "$port" -c 1 -n "$calls" -q EVALSHA "$sha" "$counters" "${keys[@]}" "${args[@]}" >/dev/null
+  redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true
+  wait "$pid" || true
+  callgrind_annotate "$work/out" | awk '/PROGRAM TOTALS/ { gsub(",", "", $1); print $1 }'
+}
+
+low=$(instructions 100)
+high=$(instructions 300)
+echo "$script, algorithm $algorithm, hints $hints: $(( (high - low) / (200 * counters) )) instructions per counter"

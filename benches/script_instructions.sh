@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Instructions redis-server runs per counter in divvy's counter script, counted
-# by valgrind's callgrind: unlike CPU time, the count repeats to within a few
-# instructions for the same binaries and input, whatever else the machine is
-# doing, so a change to the script can be measured to a percent.
+# by valgrind's callgrind: unlike CPU time, the count repeats to within about
+# 1% for the same binaries and input (the key names and the time differ a
+# little), whatever else the machine is doing, so a change to the script can
+# be measured to a percent.
 #
 #   benches/script_instructions.sh [SCRIPT] [ALGORITHM] [HINTS]
 #
-# SCRIPT     the script (default: src/store/lua/counters.lua); an older one
+# SCRIPT     the script (default: the repository's src/store/lua/counters.lua,
+#            wherever this is run from); an older one
 #            with `git show <commit>:src/store/lua/counters.lua > old.lua`
 # ALGORITHM  0 divvy's window (default), 1 fixed, 2 sliding, 3 token bucket
 # HINTS      the call's hints, ARGV[3] (default 3: every op a lone counter, no
@@ -21,7 +23,7 @@
 # redis-benchmark and python3 (for a free port). About 10 s.
 set -euo pipefail
 
-script=${1:-src/store/lua/counters.lua}
+script=${1:-$(dirname "$0")/../src/store/lua/counters.lua}
 algorithm=${2:-0}
 hints=${3:-3}
 counters=60

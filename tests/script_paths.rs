@@ -254,11 +254,11 @@ fn lean_only() -> String {
     planted
 }
 
-/// The hints (ARGV[3]) the store sends with `ops` on `keys`, as
-/// `src/store/redis.rs` works them out: 1 when every op is a lone counter
-/// (none in another's group, none denied beforehand or refunded, no
-/// all-or-nothing request of more than one counter), 2 when no key comes
-/// twice.
+/// The hints (ARGV[3]) the store sends with `ops` on `keys`, worked out
+/// from their flags by the rule `src/store/redis.rs` (`LoneCall`) uses: 1
+/// when every op is a lone counter (none in another's group, none denied
+/// beforehand or refunded, no all-or-nothing request of more than one
+/// counter), 2 when no key comes twice.
 fn hints(ops: &[Op], keys: &[String]) -> i64 {
     let mut lone = true;
     let mut start = 0;
@@ -520,7 +520,10 @@ async fn only_counters_charged_on_their_own_take_the_lean_path() {
                 }
                 Err(e) => {
                     assert!(!lean, "{what}, hinted {hinted}: {e}");
-                    assert!(e.to_string().contains("general path"), "{what}: {e}");
+                    assert!(
+                        e.to_string().contains("general path"),
+                        "{what}, hinted {hinted}: {e}"
+                    );
                 }
             }
         }
@@ -584,6 +587,50 @@ async fn a_window_value_beyond_exact_integers_is_no_counter() {
                 .await
                 .expect("state");
             assert_eq!(state[0], "string 2", "{start}, {prefix} path");
+        }
+    }
+}
+
+/// Under a knob far beyond Lua's exact integers (2^60), divvy's window
+/// arithmetic rounds (the stored credits are shifted by the knob's limit and
+/// back); the lean path, with or without the hints, must answer and write
+/// what the general path does (it rewrites the key whole when `DECRBY`'s
+/// exact result is not the rounded value).
+#[tokio::test]
+async fn a_knob_beyond_exact_integers_answers_and_writes_alike() {
+    let server = common::redis::Redis::start();
+    let client = connect(&server).await;
+    let scripts = Scripts {
+        lean: lean_only(),
+        general: with_ending_keys(),
+    };
+    for hinted in [false, true] {
+        for stored in [0, 2, 5] {
+            let window = Counter {
+                algorithm: 0,
+                own: 3,
+                window_ms: 60_000,
+                burst: 1,
+                start: "ttl",
+                stored,
+            };
+            let case = Case {
+                // (`run_case` compares every counter's key.)
+                counters: vec![window; COUNTERS],
+                calls: vec![(
+                    0,
+                    vec![Op {
+                        counter: 0,
+                        knob: 1 << 60,
+                        cost: 1,
+                        flags: 4,
+                    }],
+                )],
+                hinted,
+            };
+            run_case(&client, &scripts, &case)
+                .await
+                .unwrap_or_else(|e| panic!("stored {stored}, hinted {hinted}: {e}"));
         }
     }
 }

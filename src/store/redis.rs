@@ -561,30 +561,49 @@ impl Store for RedisStore {
     }
 }
 
-/// What the script is told of a whole call (its ARGV\[3\]), so that it
-/// need not find it out key by key: 1 when every op is a lone counter
-/// charged or checked on its own (none in another's group, no request
-/// denied beforehand, no refund, no all-or-nothing request of more than one
-/// counter), 2 when no key appears twice. Telling less is always correct.
-fn hints(parts: &[Part<'_>], keys: &[&str], undo: bool) -> i64 {
-    let lone = !undo
-        && parts.iter().all(|(ops, charge)| {
-            *charge != Charge::Denied
-                && (*charge == Charge::Each || ops.len() == 1)
-                && ops
-                    .iter()
-                    .enumerate()
-                    .all(|(i, op)| !op.refund && (i == 0 || !op.joint))
-        });
-    let distinct = keys.len() < 2 || {
+/// The hints the script is told of a whole call (its ARGV\[3\]), so that it
+/// need not find them out key by key; telling less is always correct.
+mod hint {
+    /// Every op is a lone counter charged or checked on its own: none in
+    /// another's group, no request denied beforehand, no refund or undo,
+    /// no all-or-nothing request of more than one counter.
+    pub const LONE: i64 = 1;
+    /// No key appears twice in the call.
+    pub const DISTINCT: i64 = 2;
+}
+
+/// Tracks, op by op, whether a call is lone ([`hint::LONE`]), from the very
+/// flags the script gets and by the script's own rule (its scan for the
+/// lean path, plus no op in another's group).
+struct LoneCall {
+    lone: bool,
+    /// The request under way is all-or-nothing.
+    whole: bool,
+}
+
+impl LoneCall {
+    fn op(&mut self, flags: i64) {
+        let starts = flags & 4 != 0;
+        if flags >= 16 || (flags & 8 != 0 && !starts) {
+            self.lone = false;
+        } else if starts {
+            self.whole = flags & 8 != 0;
+        } else if self.whole || flags & 1 != 0 {
+            self.lone = false;
+        }
+    }
+}
+
+/// Whether no key appears twice ([`hint::DISTINCT`]).
+fn distinct(keys: &[&str]) -> bool {
+    keys.len() < 2 || {
         let mut seen = HashSet::with_capacity(keys.len());
         keys.iter().all(|k| seen.insert(*k))
-    };
-    i64::from(lone) | (i64::from(distinct) << 1)
+    }
 }
 
 /// The script's KEYS and ARGV for `parts` (`count` counters in all) at `now`:
-/// the time, the number of limit shapes, the call's [`hints`], the shapes
+/// the time, the number of limit shapes, the call's [`hint`]s, the shapes
 /// (algorithm, limit, window, burst) the counters use, then each counter's
 /// shape and flags, and cost.
 fn script_args<'a>(
@@ -597,6 +616,10 @@ fn script_args<'a>(
     let mut shapes: Vec<[i64; 4]> = Vec::new();
     let mut per_key: Vec<i64> = Vec::with_capacity(count * 2);
     let int = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+    let mut call = LoneCall {
+        lone: true,
+        whole: false,
+    };
     for (ops, charge) in parts {
         for (i, op) in ops.iter().enumerate() {
             keys.push(op.key.as_str());
@@ -640,13 +663,21 @@ fn script_args<'a>(
             // Shapes count from 1 in the script; at most one per counter,
             // so the product stays far below 2^53.
             let shape_id = i64::try_from(index + 1).unwrap_or(i64::MAX);
+            call.op(flags);
             per_key.extend([shape_id * 128 + flags, int(op.cost)]);
         }
     }
     let mut args: Vec<i64> = Vec::with_capacity(3 + shapes.len() * 4 + per_key.len());
     args.push(now);
     args.push(i64::try_from(shapes.len()).unwrap_or(i64::MAX));
-    args.push(hints(parts, &keys, undo));
+    let mut hints = 0;
+    if call.lone {
+        hints |= hint::LONE;
+    }
+    if distinct(&keys) {
+        hints |= hint::DISTINCT;
+    }
+    args.push(hints);
     args.extend(shapes.iter().flatten());
     args.extend(per_key);
     (keys, args)
@@ -681,9 +712,9 @@ mod tests {
         let (keys, args) = script_args(&parts, 4, false, 1_000);
         assert_eq!(keys, ["a", "b", "c", "d"]);
         let shape = |limit: i64| [0, limit, 60_000, limit];
-        // The time, 2 shapes, hints: every op lone (3 below is one request of
-        // one counter, all-or-nothing) and no key twice.
-        let mut want = vec![1_000, 2, 1 | 2];
+        // The time, 2 shapes, hints: every op lone (`d`, all-or-nothing, is
+        // one counter) and no key twice.
+        let mut want = vec![1_000, 2, hint::LONE | hint::DISTINCT];
         want.extend(shape(10));
         want.extend(shape(20));
         // shape * 128 + flags (4: a request starts; 8: all-or-nothing), cost.
@@ -719,37 +750,34 @@ mod tests {
     fn hints_tell_a_lone_call_and_distinct_keys() {
         let a = [op("a", 10, 1), op("b", 10, 1)];
         let one = [op("c", 10, 1)];
-        let hint = |parts: &[Part<'_>], undo: bool| {
-            let keys: Vec<&str> = parts
-                .iter()
-                .flat_map(|(ops, _)| ops.iter().map(|o| o.key.as_str()))
-                .collect();
-            hints(parts, &keys, undo)
+        let hints_of = |parts: &[Part<'_>], undo: bool| {
+            let count = parts.iter().map(|(ops, _)| ops.len()).sum();
+            script_args(parts, count, undo, -1).1[2]
         };
         assert_eq!(
-            hint(&[(&a, Charge::Each), (&one, Charge::AllOrNothing)], false),
+            hints_of(&[(&a, Charge::Each), (&one, Charge::AllOrNothing)], false),
             3
         );
         // Every op is still lone, but a key comes twice.
         assert_eq!(
-            hint(&[(&one, Charge::Each), (&one, Charge::Each)], false),
+            hints_of(&[(&one, Charge::Each), (&one, Charge::Each)], false),
             1
         );
         // Not lone: an all-or-nothing request of two counters, a request
         // denied beforehand, an undo, a refund, a group.
-        assert_eq!(hint(&[(&a, Charge::AllOrNothing)], false), 2);
-        assert_eq!(hint(&[(&one, Charge::Denied)], false), 2);
-        assert_eq!(hint(&[(&one, Charge::Each)], true), 2);
+        assert_eq!(hints_of(&[(&a, Charge::AllOrNothing)], false), 2);
+        assert_eq!(hints_of(&[(&one, Charge::Denied)], false), 2);
+        assert_eq!(hints_of(&[(&one, Charge::Each)], true), 2);
         let mut refund = op("r", 10, 1);
         refund.refund = true;
         assert_eq!(
-            hint(&[(std::slice::from_ref(&refund), Charge::Each)], false),
+            hints_of(&[(std::slice::from_ref(&refund), Charge::Each)], false),
             2
         );
         let mut group = [op("g", 10, 1), op("h", 20, 1)];
         group[1].joint = true;
-        assert_eq!(hint(&[(&group, Charge::Each)], false), 2);
-        assert_eq!(hint(&[], false), 3);
+        assert_eq!(hints_of(&[(&group, Charge::Each)], false), 2);
+        assert_eq!(hints_of(&[], false), 3);
     }
 
     #[test]

@@ -756,28 +756,31 @@ mod tests {
         };
         assert_eq!(
             hints_of(&[(&a, Charge::Each), (&one, Charge::AllOrNothing)], false),
-            3
+            hint::LONE | hint::DISTINCT
         );
         // Every op is still lone, but a key comes twice.
         assert_eq!(
             hints_of(&[(&one, Charge::Each), (&one, Charge::Each)], false),
-            1
+            hint::LONE
         );
         // Not lone: an all-or-nothing request of two counters, a request
         // denied beforehand, an undo, a refund, a group.
-        assert_eq!(hints_of(&[(&a, Charge::AllOrNothing)], false), 2);
-        assert_eq!(hints_of(&[(&one, Charge::Denied)], false), 2);
-        assert_eq!(hints_of(&[(&one, Charge::Each)], true), 2);
+        assert_eq!(
+            hints_of(&[(&a, Charge::AllOrNothing)], false),
+            hint::DISTINCT
+        );
+        assert_eq!(hints_of(&[(&one, Charge::Denied)], false), hint::DISTINCT);
+        assert_eq!(hints_of(&[(&one, Charge::Each)], true), hint::DISTINCT);
         let mut refund = op("r", 10, 1);
         refund.refund = true;
         assert_eq!(
             hints_of(&[(std::slice::from_ref(&refund), Charge::Each)], false),
-            2
+            hint::DISTINCT
         );
         let mut group = [op("g", 10, 1), op("h", 20, 1)];
         group[1].joint = true;
-        assert_eq!(hints_of(&[(&group, Charge::Each)], false), 2);
-        assert_eq!(hints_of(&[], false), 3);
+        assert_eq!(hints_of(&[(&group, Charge::Each)], false), hint::DISTINCT);
+        assert_eq!(hints_of(&[], false), hint::LONE | hint::DISTINCT);
     }
 
     #[test]

@@ -184,18 +184,33 @@ fn print_best_and_median(what: &str, unit: &str, mut runs: Vec<f64>) {
     );
 }
 
+/// `name` from the environment as a count, or `default`.
+fn env_count(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(default)
+}
+
+/// The line path in-process. `DIVVY_CORE_BATCH` (default 256) HITs a
+/// batch, `DIVVY_CORE_ROUNDS` (default 2,000) batches a timed run; 65,536
+/// actors whatever the batch, every one hit (its counter made) in the
+/// untimed warm-up before the seven timed runs. `benches/line_instructions.sh`
+/// sets both to count instructions per HIT under callgrind.
 fn line_path() {
     use divvy::server::line::{conn::serve_connection, ConnLimits};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    const BATCH: usize = 256;
-    const ROUNDS: usize = 2_000;
+    const ACTORS: usize = 65_536;
+    let batch = env_count("DIVVY_CORE_BATCH", 256).min(ACTORS);
+    let rounds = env_count("DIVVY_CORE_ROUNDS", 2_000);
     let (limiter, rt) = line_policy_server();
     let limiter = Arc::new(limiter);
-    let batches: Vec<Vec<u8>> = (0..256u64)
+    let batches: Vec<Vec<u8>> = (0..(ACTORS / batch) as u64)
         .map(|b| {
-            (0..BATCH as u64)
+            (0..batch as u64)
                 .map(|i| {
-                    let n = b * BATCH as u64 + i;
+                    let n = b * batch as u64 + i;
                     format!(
                         "HIT method=GET path=/api/items ip=10.0.{}.{}\n",
                         (n / 256) % 256,
@@ -206,12 +221,13 @@ fn line_path() {
                 .into_bytes()
         })
         .collect();
+    let warm_up = (rounds / 4).max(batches.len());
     let elapsed = rt.block_on(async move {
         let (client, server) = tokio::io::duplex(64 * 1024);
         let (_stop_tx, stop) = tokio::sync::watch::channel(false);
         let limits = ConnLimits {
             max_line: 8192,
-            max_batch: BATCH,
+            max_batch: batch,
             idle_timeout: Duration::from_secs(60),
             max_connections: 1,
         };
@@ -225,26 +241,26 @@ fn line_path() {
                     .await
                     .expect("write");
                 let mut lines = 0;
-                while lines < BATCH {
+                while lines < batch {
                     let n = rd.read(&mut answers).await.expect("read");
                     lines += answers[..n].iter().filter(|&&b| b == b'\n').count();
                 }
             }
             start.elapsed()
         };
-        run(ROUNDS / 4).await;
+        run(warm_up).await;
         let mut times = Vec::new();
         for _ in 0..7 {
-            times.push(run(ROUNDS).await);
+            times.push(run(rounds).await);
         }
         times
     });
     print_best_and_median(
-        "line path in-process (parse, match, memory store, answer; 256 per batch)",
+        &format!("line path in-process (parse, match, memory store, answer; {batch} per batch)"),
         "HIT",
         elapsed
             .iter()
-            .map(|e| e.as_secs_f64() * 1e6 / (ROUNDS * BATCH) as f64)
+            .map(|e| e.as_secs_f64() * 1e6 / (rounds * batch) as f64)
             .collect(),
     );
 }

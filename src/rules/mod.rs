@@ -19,7 +19,7 @@ use std::sync::Arc;
 use crate::config::{GovernorSpec, LimitSpec, MatchPolicy, Policy, RuleSpec};
 use crate::store::{Algorithm, Charge};
 use glob::Pattern;
-pub use operation::Operation;
+pub use operation::{Operation, OperationBuilder};
 
 /// A compiled rule.
 #[derive(Debug, Clone)]

@@ -41,34 +41,16 @@ impl Operation {
         V: AsRef<str>,
     {
         let pairs = pairs.into_iter();
-        // Most requests' text fits in 64 bytes: one allocation (none for a
-        // request known to have no pairs).
-        let none = pairs.size_hint().1 == Some(0);
-        let mut text = String::with_capacity(if none { 0 } else { 64 });
-        let mut spans = Vec::with_capacity(pairs.size_hint().0);
+        // A request known to have no pairs allocates nothing.
+        let mut builder = if pairs.size_hint().1 == Some(0) {
+            OperationBuilder::default()
+        } else {
+            OperationBuilder::with_capacity(pairs.size_hint().0)
+        };
         for (k, v) in pairs {
-            let start = offset(text.len());
-            text.push_str(k.as_ref());
-            let key_end = offset(text.len());
-            text.push_str(v.as_ref());
-            spans.push(Span {
-                start,
-                key_end,
-                end: offset(text.len()),
-            });
+            builder.push(k.as_ref(), v.as_ref());
         }
-        let key = |s: &Span| bytes(&text, s.start, s.key_end);
-        // A stable sort keeps request order among equal keys; keep the last of each run.
-        spans.sort_by(|a, b| short_cmp(key(a), key(b)));
-        // `dedup_by` keeps the first of a run: give it each later pair.
-        spans.dedup_by(|later, kept| {
-            let same = key(later) == key(kept);
-            if same {
-                *kept = *later;
-            }
-            same
-        });
-        Operation { text, spans }
+        builder.finish()
     }
 
     #[inline]
@@ -97,6 +79,56 @@ impl Operation {
     /// Whether there are no pairs.
     pub fn is_empty(&self) -> bool {
         self.spans.is_empty()
+    }
+}
+
+/// An [`Operation`] built pair by pair, in request order (as a parser
+/// finds them, with no list of pairs in between).
+#[derive(Default)]
+pub struct OperationBuilder {
+    text: String,
+    spans: Vec<Span>,
+}
+
+impl OperationBuilder {
+    /// A builder with room for `pairs` pairs and, as most requests need,
+    /// 64 bytes of text: two allocations in all.
+    pub fn with_capacity(pairs: usize) -> OperationBuilder {
+        OperationBuilder {
+            text: String::with_capacity(64),
+            spans: Vec::with_capacity(pairs),
+        }
+    }
+
+    /// Adds the next pair.
+    #[inline]
+    pub fn push(&mut self, key: &str, value: &str) {
+        let start = offset(self.text.len());
+        self.text.push_str(key);
+        let key_end = offset(self.text.len());
+        self.text.push_str(value);
+        self.spans.push(Span {
+            start,
+            key_end,
+            end: offset(self.text.len()),
+        });
+    }
+
+    /// The operation: the pairs sorted by key, the last of a repeated key kept.
+    pub fn finish(self) -> Operation {
+        let OperationBuilder { text, mut spans } = self;
+        let key = |s: &Span| bytes(&text, s.start, s.key_end);
+        // A stable sort keeps request order among equal keys; keep the last of each run.
+        spans.sort_by(|a, b| short_cmp(key(a), key(b)));
+        // `dedup_by` keeps the first of a run: give it each later pair.
+        spans.dedup_by(|later, kept| {
+            let same = key(later) == key(kept);
+            if same {
+                *kept = *later;
+            }
+            same
+        });
+        Operation { text, spans }
     }
 }
 

@@ -16,10 +16,10 @@ use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::time::Instant;
 
-use super::parse::{parse_line, Command, LineError};
+use super::parse::{parse_hit, LineError};
 use crate::limiter::{Hit, Limiter, Reset};
 use crate::metrics::metrics;
-use crate::rules::Operation;
+use crate::rules::OperationBuilder;
 use crate::store::Algorithm;
 
 /// Limits of one connection.
@@ -172,16 +172,20 @@ pub async fn serve_connection<S>(
         hits.clear();
         while slots.len() < limits.max_batch {
             match framer.next() {
-                Some(Frame::Line(line)) => match parse_line(&text(&line)) {
-                    Ok(Command::Hit(pairs)) => {
-                        hits.push(Hit::one(Operation::from_pairs(pairs)));
-                        slots.push(Slot::Hit);
+                Some(Frame::Line(line)) => {
+                    // Pairs go straight into the operation: no list in between.
+                    let mut operation = OperationBuilder::with_capacity(4);
+                    match parse_hit(&text(&line), |k, v| operation.push(k, v)) {
+                        Ok(()) => {
+                            hits.push(Hit::one(operation.finish()));
+                            slots.push(Slot::Hit);
+                        }
+                        Err(e) => {
+                            metrics().error(e.code());
+                            slots.push(Slot::Ready(e.to_string()));
+                        }
                     }
-                    Err(e) => {
-                        metrics().error(e.code());
-                        slots.push(Slot::Ready(e.to_string()));
-                    }
-                },
+                }
                 Some(Frame::TooLong) => {
                     metrics().error("unknown");
                     slots.push(Slot::Ready(too_long.clone()));

@@ -112,15 +112,18 @@ fn expect_equals(s: &str) -> Result<&str, LineError> {
     }
 }
 
-/// Parses `key=value` pairs separated by whitespace.
-fn parse_pairs(args: &str) -> Result<Vec<(&str, &str)>, LineError> {
+/// Parses `key=value` pairs separated by whitespace, handing each to `pair`
+/// in request order.
+fn parse_pairs<'a>(
+    args: &'a str,
+    pair: &mut impl FnMut(&'a str, &'a str),
+) -> Result<(), LineError> {
     let mut s = js_trim(args);
-    let mut pairs = Vec::new();
     while !s.is_empty() {
         let (key, rest) = read_string(s)?;
         let rest = expect_equals(rest)?;
         let (value, rest) = read_string(rest)?;
-        pairs.push((key, value));
+        pair(key, value);
         s = rest;
         if let Some(c) = s.chars().next() {
             if !is_js_whitespace(c) {
@@ -132,11 +135,39 @@ fn parse_pairs(args: &str) -> Result<Vec<(&str, &str)>, LineError> {
             s = s.trim_start_matches(is_js_whitespace);
         }
     }
-    Ok(pairs)
+    Ok(())
 }
 
 /// Parses one request line (without its newline).
 pub fn parse_line(line: &str) -> Result<Command<'_>, LineError> {
+    let mut pairs = Vec::new();
+    parse_hit(line, |k, v| pairs.push((k, v)))?;
+    Ok(Command::Hit(pairs))
+}
+
+/// Parses one request line (without its newline), a HIT, handing its pairs
+/// to `pair` in request order: [`parse_line`] without building a list. On
+/// an error some pairs may have been handed over already; the caller drops
+/// them.
+pub fn parse_hit<'a>(
+    line: &'a str,
+    mut pair: impl FnMut(&'a str, &'a str),
+) -> Result<(), LineError> {
+    // Most lines are ASCII without quotes: one pass over their bytes. Any
+    // other line, and any malformed one (for its exact error), goes through
+    // the general parser, which the fast one mirrors.
+    if line.is_ascii() && !line.as_bytes().contains(&b'"') && parse_plain(line, &mut pair).is_some()
+    {
+        return Ok(());
+    }
+    parse_general(line, &mut pair)
+}
+
+/// [`parse_hit`] for any line, the original server's grammar step by step.
+fn parse_general<'a>(
+    line: &'a str,
+    pair: &mut impl FnMut(&'a str, &'a str),
+) -> Result<(), LineError> {
     let (word, rest) = read_string(line)?;
     // JavaScript's toUpperCase, as the original compares; ASCII first.
     if !word.eq_ignore_ascii_case("HIT") {
@@ -145,7 +176,74 @@ pub fn parse_line(line: &str) -> Result<Command<'_>, LineError> {
             return Err(LineError::UnknownCommand(command));
         }
     }
-    Ok(Command::Hit(parse_pairs(rest)?))
+    parse_pairs(rest, pair)
+}
+
+/// How [`parse_plain`] sees a byte.
+const OTHER: u8 = 0;
+const SPACE: u8 = 1;
+const EQUALS: u8 = 2;
+
+/// [`OTHER`], [`SPACE`] (the ASCII bytes of JavaScript's `\s`) or [`EQUALS`], by byte.
+static CLASS: [u8; 256] = {
+    let mut class = [OTHER; 256];
+    class[b' ' as usize] = SPACE;
+    class[b'\t' as usize] = SPACE;
+    class[b'\n' as usize] = SPACE;
+    class[0x0B] = SPACE;
+    class[0x0C] = SPACE;
+    class[b'\r' as usize] = SPACE;
+    class[b'=' as usize] = EQUALS;
+    class
+};
+
+/// The general parser's steps for a line of ASCII without quotes, on its
+/// bytes: `None` (and perhaps some pairs handed over) where that parser
+/// would answer an error.
+fn parse_plain<'a>(line: &'a str, pair: &mut impl FnMut(&'a str, &'a str)) -> Option<()> {
+    let b = line.as_bytes();
+    let class = |i: usize| CLASS[usize::from(b[i])];
+    // The command: up to whitespace or `=`.
+    let mut i = 0;
+    while i < b.len() && class(i) == OTHER {
+        i += 1;
+    }
+    if !line[..i].eq_ignore_ascii_case("HIT") {
+        return None;
+    }
+    // The rest, trimmed at both ends.
+    let mut end = b.len();
+    while end > i && class(end - 1) == SPACE {
+        end -= 1;
+    }
+    while i < end && class(i) == SPACE {
+        i += 1;
+    }
+    while i < end {
+        let key = i;
+        while i < end && class(i) == OTHER {
+            i += 1;
+        }
+        if i == end || class(i) != EQUALS {
+            return None;
+        }
+        let key_end = i;
+        i += 1;
+        let value = i;
+        while i < end && class(i) == OTHER {
+            i += 1;
+        }
+        pair(&line[key..key_end], &line[value..i]);
+        if i < end {
+            if class(i) != SPACE {
+                return None;
+            }
+            while class(i) == SPACE {
+                i += 1;
+            }
+        }
+    }
+    Some(())
 }
 
 #[cfg(test)]
@@ -165,6 +263,41 @@ mod tests {
 
     fn pairs<'a>(list: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
         list.to_vec()
+    }
+
+    /// What `parse` makes of `line`: the pairs in order, or the error line.
+    fn run<'a>(
+        line: &'a str,
+        parse: impl FnOnce(&'a str, &mut dyn FnMut(&'a str, &'a str)) -> Result<(), LineError>,
+    ) -> Result<Vec<(&'a str, &'a str)>, String> {
+        let mut pairs = Vec::new();
+        parse(line, &mut |k, v| pairs.push((k, v)))
+            .map(|()| pairs)
+            .map_err(|e| e.to_string())
+    }
+
+    proptest::proptest! {
+        /// The fast path answers every line exactly as the general parser
+        /// does: the same pairs in the same order, or the same error.
+        #[test]
+        fn the_fast_path_answers_as_the_general_parser(
+            line in "(HIT |hit\\t|HiT|HITS |H |hıt |\"HIT\" | HIT |HIT=)?\
+                     ([ab]{0,2}(=[ab]{0,2})?[ \t\x0B\r\"=é\u{A0}\u{3000}😀]{0,2}){0,5}",
+        ) {
+            let fast = run(&line, |l, p| parse_hit(l, p));
+            let general = run(&line, |l, mut p| parse_general(l, &mut p));
+            proptest::prop_assert_eq!(fast, general);
+        }
+    }
+
+    #[test]
+    fn the_fast_path_takes_plain_lines() {
+        let mut pairs = Vec::new();
+        let taken = parse_plain(" HIT  a=1\t b= =c  \r", &mut |k, v| pairs.push((k, v)));
+        assert_eq!(taken, None, "a leading space is an unknown command");
+        let taken = parse_plain("hit  a=1\t b= =c  \x0B", &mut |k, v| pairs.push((k, v)));
+        assert_eq!(taken, Some(()));
+        assert_eq!(pairs, [("a", "1"), ("b", ""), ("", "c")]);
     }
 
     #[test]

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Instructions per HIT of the line-protocol path in-process (framing,
+# parsing, matching, the memory store, answering; no kernel), counted by
+# valgrind's callgrind: unlike CPU time, the count repeats to within about a
+# percent whatever else the machine is doing, so a change to the path can be
+# measured to a percent.
+#
+#   benches/line_instructions.sh [BATCH] [CORE_BENCH_BINARY]
+#
+# BATCH               HITs a batch (default 256; 16 is the load benchmark's
+#                     16 x 16 pipelined, 1 its 64 x 1)
+# CORE_BENCH_BINARY   `cargo bench --bench core`'s executable (default: built
+#                     here with `cargo bench --bench core --no-run`); another
+#                     commit's, for a before/after
+#
+# It runs `core -- line` under callgrind twice, with DIVVY_CORE_BATCH=BATCH
+# and DIVVY_CORE_ROUNDS of R and 2R batches (R = 8192 / BATCH): both make
+# the same 65,536 counters in the same warm-up, so the difference of the two
+# totals is 7 x R x BATCH HITs on existing counters, and start-up, warm-up
+# and counter creation cancel out. The in-process client (writing batches,
+# counting answer lines) is counted too, a small constant share. Needs
+# valgrind (callgrind_annotate). About a minute per batch size.
+set -euo pipefail
+
+batch=${1:-256}
+binary=${2:-}
+if [ -z "$binary" ]; then
+  cd "$(dirname "$0")/.."
+  binary=$(cargo bench --bench core --no-run 2>&1 | sed -n 's/.*Executable .*(\(.*\)).*/\1/p' | tail -1)
+fi
+rounds=$((8192 / batch))
+[ "$rounds" -ge 1 ] || rounds=1
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+# Total instructions of one `core -- line` run of `rounds` batches a timed run.
+instructions() {
+  DIVVY_CORE_BATCH=$batch DIVVY_CORE_ROUNDS=$1 valgrind --tool=callgrind \
+    --callgrind-out-file="$work/out" "$binary" line >"$work/log" 2>&1
+  callgrind_annotate "$work/out" | awk '/PROGRAM TOTALS/ { gsub(",", "", $1); print $1 }'
+}
+
+low=$(instructions "$rounds")
+high=$(instructions $((2 * rounds)))
+hits=$((7 * rounds * batch))
+echo "line path in-process, $batch HITs a batch: $(((high - low) / hits)) instructions per HIT ($hits HITs counted)"

@@ -162,12 +162,17 @@ pub struct MatchPlan {
     pub decider: usize,
 }
 
-/// The exact-pair index: built from the policy, then only looked up with a
-/// request's keys and values (never grown by them), so it needs no defence
-/// against hash flooding; aHash instead of the standard SipHash, which was
-/// about 5% of a line-protocol HIT's CPU (`cargo bench --bench core -- line`).
-type PairIndex =
-    HashMap<String, HashMap<String, Vec<usize>, ahash::RandomState>, ahash::RandomState>;
+/// The exact-pair index: per key (sorted by key, few: the keys rules give
+/// exact values), value → indices of the rules indexed under that pair.
+/// Built from the policy, then only looked up with a request's keys and
+/// values (never grown by them), so its maps need no defence against hash
+/// flooding; aHash instead of the standard SipHash, which was about 5% of a
+/// line-protocol HIT's CPU (`cargo bench --bench core -- line`). The keys
+/// are a sorted list rather than a map: a request looks up each of the
+/// index's keys among its own sorted pairs, or each of its keys among the
+/// index's, whichever are fewer, with no hashing (a hash per request key was
+/// about 3% of a HIT's instructions, `benches/line_instructions.sh`).
+type PairIndex = Vec<(String, HashMap<String, Vec<usize>, ahash::RandomState>)>;
 
 /// The compiled rule set.
 #[derive(Debug)]
@@ -201,7 +206,8 @@ impl RuleSet {
                 }
             }
         }
-        let mut by_pair = PairIndex::default();
+        let mut by_pair: HashMap<String, HashMap<String, Vec<usize>, ahash::RandomState>> =
+            HashMap::new();
         let mut unindexed = Vec::new();
         for (i, rule) in rules.iter().enumerate() {
             let rarest = rule
@@ -222,6 +228,8 @@ impl RuleSet {
                 None => unindexed.push(i),
             }
         }
+        let mut by_pair: PairIndex = by_pair.into_iter().collect();
+        by_pair.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         RuleSet {
             rules,
             by_pair,
@@ -295,9 +303,18 @@ impl RuleSet {
         // Rules indexed by one of the request's pairs; most requests have
         // none, and then the unindexed rules (in order) are the candidates.
         let mut indexed: Vec<usize> = Vec::new();
-        for (k, v) in op.pairs() {
-            if let Some(list) = self.by_pair.get(k).and_then(|m| m.get(v)) {
-                indexed.extend_from_slice(list);
+        if self.by_pair.len() <= op.len() {
+            for (k, values) in &self.by_pair {
+                if let Some(list) = op.get(k).and_then(|v| values.get(v)) {
+                    indexed.extend_from_slice(list);
+                }
+            }
+        } else {
+            for (k, v) in op.pairs() {
+                let key = self.by_pair.binary_search_by(|(e, _)| e.as_str().cmp(k));
+                if let Some(list) = key.ok().and_then(|i| self.by_pair[i].1.get(v)) {
+                    indexed.extend_from_slice(list);
+                }
             }
         }
         let candidates: &[usize] = if indexed.is_empty() {
@@ -486,6 +503,60 @@ default: {creditLimit: 2, resetSeconds: 30}
                 let linear = rs.rules().iter().position(|r| r.matches(None, &o)).unwrap();
                 assert_eq!(rs.plan(None, &o).decider, linear, "user u{i} path {p}");
             }
+        }
+    }
+
+    proptest::proptest! {
+        /// With exact values on any of five keys, canaries among them, and
+        /// requests carrying any of those keys: the index (looked up either
+        /// way, by its keys or by the request's) plans what a scan of every
+        /// rule in order plans.
+        #[test]
+        fn index_plans_what_a_scan_plans(
+            rules in proptest::collection::vec(
+                (proptest::collection::btree_map(0..5usize, 0..3usize, 1..4), proptest::bool::ANY),
+                0..12,
+            ),
+            request in proptest::collection::btree_map(0..5usize, 0..3usize, 0..6),
+        ) {
+            // A rule an earlier stop rule's pairs all cover is unreachable
+            // (the policy is refused): left out.
+            let mut kept: Vec<&(std::collections::BTreeMap<usize, usize>, bool)> = Vec::new();
+            for rule in &rules {
+                let covered = kept.iter().any(|(earlier, canary)| {
+                    !canary && earlier.iter().all(|(k, v)| rule.0.get(k) == Some(v))
+                });
+                if !covered {
+                    kept.push(rule);
+                }
+            }
+            let mut yaml = String::from("overrides:\n");
+            for (operation, canary) in kept {
+                let pairs: Vec<String> =
+                    operation.iter().map(|(k, v)| format!("k{k}: v{v}")).collect();
+                yaml.push_str(&format!(
+                    "  - operation: {{{}}}\n    creditLimit: 1\n    resetSeconds: 1\n{}",
+                    pairs.join(", "),
+                    if *canary { "    matchPolicy: canary\n" } else { "" }
+                ));
+            }
+            yaml.push_str("default: {creditLimit: 1, resetSeconds: 1}\n");
+            let rs = set(&yaml);
+            let pairs: Vec<(String, String)> =
+                request.iter().map(|(k, v)| (format!("k{k}"), format!("v{v}"))).collect();
+            let o = Operation::from_pairs(pairs);
+            let matching: Vec<usize> = (0..rs.rules().len())
+                .filter(|&i| rs.rule(i).matches(None, &o))
+                .collect();
+            let decider = matching.iter().copied().find(|&i| !rs.rule(i).is_canary());
+            let canaries: Vec<usize> = matching
+                .iter()
+                .copied()
+                .take_while(|&i| Some(i) != decider)
+                .collect();
+            let plan = rs.plan(None, &o);
+            proptest::prop_assert_eq!(Some(plan.decider), decider);
+            proptest::prop_assert_eq!(plan.canaries, canaries);
         }
     }
 }

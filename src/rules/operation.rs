@@ -76,6 +76,11 @@ impl Operation {
         self.spans.iter().map(|s| (self.key(s), self.value(s)))
     }
 
+    /// How many pairs (one per key).
+    pub fn len(&self) -> usize {
+        self.spans.len()
+    }
+
     /// Whether there are no pairs.
     pub fn is_empty(&self) -> bool {
         self.spans.is_empty()

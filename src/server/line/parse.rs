@@ -202,45 +202,39 @@ static CLASS: [u8; 256] = {
 /// would answer an error.
 fn parse_plain<'a>(line: &'a str, pair: &mut impl FnMut(&'a str, &'a str)) -> Option<()> {
     let b = line.as_bytes();
-    let class = |i: usize| CLASS[usize::from(b[i])];
+    // The end of the run of bytes of class `class` from `from`, before `end`.
+    let run = |from: usize, end: usize, class: u8| {
+        b.get(from..end)
+            .and_then(|s| s.iter().position(|&c| CLASS[usize::from(c)] != class))
+            .map_or(end, |n| from + n)
+    };
+    let class = |i: usize| b.get(i).map(|&c| CLASS[usize::from(c)]);
     // The command: up to whitespace or `=`.
-    let mut i = 0;
-    while i < b.len() && class(i) == OTHER {
-        i += 1;
-    }
-    if !line[..i].eq_ignore_ascii_case("HIT") {
+    let mut i = run(0, b.len(), OTHER);
+    if !line.get(..i)?.eq_ignore_ascii_case("HIT") {
         return None;
     }
     // The rest, trimmed at both ends.
     let mut end = b.len();
-    while end > i && class(end - 1) == SPACE {
+    while end > i && class(end - 1) == Some(SPACE) {
         end -= 1;
     }
-    while i < end && class(i) == SPACE {
-        i += 1;
-    }
+    i = run(i, end, SPACE);
     while i < end {
         let key = i;
-        while i < end && class(i) == OTHER {
-            i += 1;
-        }
-        if i == end || class(i) != EQUALS {
+        i = run(i, end, OTHER);
+        if i == end || class(i) != Some(EQUALS) {
             return None;
         }
         let key_end = i;
-        i += 1;
-        let value = i;
-        while i < end && class(i) == OTHER {
-            i += 1;
-        }
-        pair(&line[key..key_end], &line[value..i]);
+        let value = i + 1;
+        i = run(value, end, OTHER);
+        pair(line.get(key..key_end)?, line.get(value..i)?);
         if i < end {
-            if class(i) != SPACE {
+            if class(i) != Some(SPACE) {
                 return None;
             }
-            while class(i) == SPACE {
-                i += 1;
-            }
+            i = run(i, end, SPACE);
         }
     }
     Some(())

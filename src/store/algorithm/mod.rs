@@ -207,7 +207,18 @@ pub fn apply_request<S: States>(
     charge: Charge,
 ) -> Vec<CounterState> {
     if let [op] = ops {
-        return vec![apply_one(states, now, op, charge)];
+        return vec![apply_one(states, 0, now, op, charge)];
+    }
+    // Independent ops on distinct counters (a line connection's batch):
+    // each charged on its own, as the general path would, without its
+    // bookkeeping (several vectors a call and one per group).
+    let distinct = same.iter().enumerate().all(|(i, &k)| k == i);
+    if charge == Charge::Each && distinct && !ops.iter().any(|op| op.joint) {
+        return ops
+            .iter()
+            .enumerate()
+            .map(|(i, op)| apply_one(states, i, now, op, charge))
+            .collect();
     }
     apply_groups(states, now, ops, same, charge)
 }
@@ -305,9 +316,17 @@ fn apply_groups<S: States>(
 /// bookkeeping of groups: the op is its own group, charged when allowed
 /// unless the request is already denied. It answers and saves exactly as
 /// [`apply_groups`] does for one op (a property test compares them).
-fn apply_one<S: States>(states: &mut S, now: u64, op: &CounterOp, charge: Charge) -> CounterState {
+/// Op `i` (`op`) alone: a group of its own, on a counter no other op of the
+/// call touches.
+fn apply_one<S: States>(
+    states: &mut S,
+    i: usize,
+    now: u64,
+    op: &CounterOp,
+    charge: Charge,
+) -> CounterState {
     let p = Params::of(op);
-    let st = states.load(0);
+    let st = states.load(i);
     let v = step(op.algorithm, st, now, &p);
     if charge == Charge::Denied {
         if v.allowed && v.next.is_some() {
@@ -324,7 +343,7 @@ fn apply_one<S: States>(states: &mut S, now: u64, op: &CounterOp, charge: Charge
     if v.allowed {
         if let Some(new) = v.next {
             if Some(new) != st {
-                states.save(0, new);
+                states.save(i, new);
             }
         }
     }
@@ -386,6 +405,23 @@ pub(crate) mod tests {
         }
     }
 
+    /// Several counters (op `i` of a call on counter `of[i]`), every save recorded.
+    struct Many {
+        states: Vec<Option<State>>,
+        of: Vec<usize>,
+        saves: Vec<(usize, State)>,
+    }
+
+    impl States for Many {
+        fn load(&mut self, i: usize) -> Option<State> {
+            self.states[self.of[i]]
+        }
+        fn save(&mut self, i: usize, state: State) {
+            self.states[self.of[i]] = Some(state);
+            self.saves.push((self.of[i], state));
+        }
+    }
+
     use proptest::prelude::*;
 
     fn any_op() -> impl Strategy<Value = CounterOp> {
@@ -439,11 +475,41 @@ pub(crate) mod tests {
             for (advance, op, charge) in steps {
                 now += advance;
                 let ops = [op];
-                let a = apply_one(&mut fast, now, &ops[0], charge);
+                let a = apply_one(&mut fast, 0, now, &ops[0], charge);
                 let b = apply_groups(&mut general, now, &ops, &[0], charge);
                 prop_assert_eq!(vec![a], b);
                 prop_assert_eq!(&fast.saves, &general.saves);
                 prop_assert_eq!(fast.state, general.state);
+            }
+        }
+
+        /// Calls of independent ops on distinct counters (the batch path,
+        /// `Charge::Each`) answer and save as the general path does, call
+        /// after call on six counters.
+        #[test]
+        fn independent_distinct_ops_are_the_general_path(
+            calls in prop::collection::vec(
+                (
+                    0u64..=3_000,
+                    Just((0..6usize).collect::<Vec<_>>()).prop_shuffle(),
+                    prop::collection::vec(any_op(), 2..=6),
+                ),
+                1..=20,
+            )
+        ) {
+            let many = || Many { states: vec![None; 6], of: Vec::new(), saves: Vec::new() };
+            let (mut fast, mut general) = (many(), many());
+            let mut now = 1_700_000_000_000u64;
+            for (advance, counters, ops) in calls {
+                now += advance;
+                let of = counters[..ops.len()].to_vec();
+                let same: Vec<usize> = (0..ops.len()).collect();
+                fast.of.clone_from(&of);
+                general.of = of;
+                let a = apply_request(&mut fast, now, &ops, &same, Charge::Each);
+                let b = apply_groups(&mut general, now, &ops, &same, Charge::Each);
+                prop_assert_eq!(a, b);
+                prop_assert_eq!(&fast.saves, &general.saves);
             }
         }
     }

@@ -195,8 +195,8 @@ fn env_count(name: &str, default: usize) -> usize {
 
 /// The line path in-process. `DIVVY_CORE_BATCH` (default 256) HITs a
 /// batch, `DIVVY_CORE_ROUNDS` (default 2,000) batches a timed run; 65,536
-/// actors whatever the batch, every one hit (its counter made) in the
-/// untimed warm-up before the seven timed runs. `benches/line_instructions.sh`
+/// actors (rounded down to whole batches), every one hit (its counter made)
+/// in the untimed warm-up before the seven timed runs. `benches/line_instructions.sh`
 /// sets both to count instructions per HIT under callgrind.
 fn line_path() {
     use divvy::server::line::{conn::serve_connection, ConnLimits};

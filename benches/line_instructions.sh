@@ -7,7 +7,7 @@
 #
 #   benches/line_instructions.sh [BATCH] [CORE_BENCH_BINARY]
 #
-# BATCH               HITs a batch (default 256; 16 is the load benchmark's
+# BATCH               HITs a batch, 1 to 8192 (default 256; 16 is the load benchmark's
 #                     16 x 16 pipelined, 1 its 64 x 1)
 # CORE_BENCH_BINARY   `cargo bench --bench core`'s executable (default: built
 #                     here with `cargo bench --bench core --no-run`); another
@@ -24,12 +24,15 @@ set -euo pipefail
 
 batch=${1:-256}
 binary=${2:-}
+if ! [[ "$batch" =~ ^[0-9]+$ ]] || [ "$batch" -lt 1 ] || [ "$batch" -gt 8192 ]; then
+  echo "BATCH must be a whole number from 1 to 8192" >&2
+  exit 2
+fi
 if [ -z "$binary" ]; then
   cd "$(dirname "$0")/.."
   binary=$(cargo bench --bench core --no-run 2>&1 | sed -n 's/.*Executable .*(\(.*\)).*/\1/p' | tail -1)
 fi
 rounds=$((8192 / batch))
-[ "$rounds" -ge 1 ] || rounds=1
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

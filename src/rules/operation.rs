@@ -1,5 +1,7 @@
 //! A request's key/value pairs, as the rules see them.
 
+use super::glob::short_eq;
+
 /// The key/value pairs of one request or Envoy descriptor, sorted by key.
 /// A repeated key: the last value wins.
 ///
@@ -72,10 +74,10 @@ impl Operation {
         let found = if self.spans.len() <= 8 {
             self.spans
                 .iter()
-                .find(|s| short_eq(bytes(&self.text, s.start, s.key_end), key))
+                .find(|s| short_eq(key_bytes(&self.text, s), key))
         } else {
             self.spans
-                .binary_search_by(|s| short_cmp(bytes(&self.text, s.start, s.key_end), key))
+                .binary_search_by(|s| short_cmp(key_bytes(&self.text, s), key))
                 .ok()
                 .and_then(|i| self.spans.get(i))
         };
@@ -133,7 +135,7 @@ impl OperationBuilder {
     /// The operation: the pairs sorted by key, the last of a repeated key kept.
     pub fn finish(self) -> Operation {
         let OperationBuilder { text, mut spans } = self;
-        let key = |s: &Span| bytes(&text, s.start, s.key_end);
+        let key = |s: &Span| key_bytes(&text, s);
         // A stable sort keeps request order among equal keys. Most requests
         // have a few pairs: for up to 16, an insertion sort with its
         // comparisons inlined (the library's sort cost about twice as much
@@ -183,6 +185,12 @@ fn bytes(text: &str, from: u32, to: u32) -> &[u8] {
         .unwrap_or(&[])
 }
 
+/// The bytes of span `s`'s key in `text`.
+#[inline]
+fn key_bytes<'t>(text: &'t str, s: &Span) -> &'t [u8] {
+    bytes(text, s.start, s.key_end)
+}
+
 impl PartialEq for Operation {
     fn eq(&self, other: &Operation) -> bool {
         self.pairs().eq(other.pairs())
@@ -196,8 +204,6 @@ impl std::fmt::Debug for Operation {
         f.debug_map().entries(self.pairs()).finish()
     }
 }
-
-use super::glob::short_eq;
 
 /// `a.cmp(b)` compared in place: keys are short, and a call to the C
 /// library's `memcmp` costs more than the loop.

@@ -501,6 +501,27 @@ mod tests {
         lock(&s.shards[s.shard_of(id)]).map.contains(id)
     }
 
+    /// A batch of independent ops reads every counter before it saves any:
+    /// a new counter saved into a full shard evicts the least recently used
+    /// one, which must not be a counter the batch has yet to read (it would
+    /// be read as fresh and allowed).
+    #[test]
+    fn a_batch_reads_every_counter_before_a_new_one_evicts() {
+        let clock = Arc::new(ManualClock::default());
+        clock.advance(Duration::from_secs(1_700_000_000));
+        // One counter per shard.
+        let s = MemoryStore::with_max_counters(clock, 1);
+        let shard = |k: &str| s.shard_of(s.id_of(k));
+        let fresh = (0..10_000)
+            .map(|i| format!("a{i}"))
+            .find(|a| shard(a) == shard("b"))
+            .expect("a key in b's shard");
+        assert!(s.apply_one(&op("b", 1, 60, 1)).allowed);
+        let states = s.apply_now(&[op(&fresh, 1, 60, 1), op("b", 1, 60, 1)], Charge::Each);
+        let allowed: Vec<bool> = states.iter().map(|st| st.allowed).collect();
+        assert_eq!(allowed, [true, false], "b was spent before the batch");
+    }
+
     #[test]
     fn window_opens_at_first_hit_and_resets() {
         let (s, clock) = store();

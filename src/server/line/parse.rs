@@ -179,9 +179,11 @@ fn parse_general<'a>(
     parse_pairs(rest, pair)
 }
 
-/// How [`parse_plain`] sees a byte.
+/// How [`parse_plain`] sees a byte: part of a word.
 const OTHER: u8 = 0;
+/// Whitespace: the ASCII bytes of JavaScript's `\s`.
 const SPACE: u8 = 1;
+/// `=`.
 const EQUALS: u8 = 2;
 
 /// [`OTHER`], [`SPACE`] (the ASCII bytes of JavaScript's `\s`) or [`EQUALS`], by byte.
@@ -281,6 +283,23 @@ mod tests {
             let fast = run(&line, |l, p| parse_hit(l, p));
             let general = run(&line, |l, mut p| parse_general(l, &mut p));
             proptest::prop_assert_eq!(fast, general);
+        }
+
+        /// On lines of printable ASCII and ASCII whitespace without quotes
+        /// (the lines it is for), the fast path takes exactly the lines the
+        /// general parser accepts, with the same pairs.
+        #[test]
+        fn the_fast_path_takes_every_plain_line_the_general_parser_accepts(
+            line in "(HIT |hit\\t|HIT\\x0C|HIT=)?\
+                     ([ab]{0,2}(=[ab]{0,2})?[ \t\n\x0B\x0C\r\x1C\x1F=!~]{0,2}){0,5}",
+        ) {
+            let mut plain = Vec::new();
+            let taken = parse_plain(&line, &mut |k, v| plain.push((k, v)));
+            let general = run(&line, |l, mut p| parse_general(l, &mut p));
+            proptest::prop_assert_eq!(taken.is_some(), general.is_ok());
+            if let Ok(pairs) = general {
+                proptest::prop_assert_eq!(plain, pairs);
+            }
         }
     }
 

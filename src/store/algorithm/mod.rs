@@ -207,20 +207,47 @@ pub fn apply_request<S: States>(
     charge: Charge,
 ) -> Vec<CounterState> {
     if let [op] = ops {
-        return vec![apply_one(states, 0, now, op, charge)];
+        return vec![apply_one(states, now, op, charge)];
     }
-    // Independent ops on distinct counters (a line connection's batch):
-    // each charged on its own, as the general path would, without its
-    // bookkeeping (several vectors a call and one per group).
+    // Independent ops on distinct counters (a line connection's batch, a
+    // canary and its decider, descriptors charged each on their own).
     let distinct = same.iter().enumerate().all(|(i, &k)| k == i);
     if charge == Charge::Each && distinct && !ops.iter().any(|op| op.joint) {
-        return ops
-            .iter()
-            .enumerate()
-            .map(|(i, op)| apply_one(states, i, now, op, charge))
-            .collect();
+        return apply_each(states, now, ops);
     }
     apply_groups(states, now, ops, same, charge)
+}
+
+/// [`apply_request`] for independent ops on distinct counters under
+/// [`Charge::Each`]: each op is its own group, charged when allowed. It
+/// loads, answers and saves as [`apply_groups`] does, in the same order:
+/// every counter loaded, in op order, before any is saved (a memory store's
+/// load marks its counter used, and a save of a new counter into a full
+/// shard evicts the least recently used one, which must not be one this
+/// call has yet to read). A property test compares the two, loads and
+/// saves in order. What it leaves out is the general path's bookkeeping:
+/// several vectors a call and one per group.
+fn apply_each<S: States>(states: &mut S, now: u64, ops: &[CounterOp]) -> Vec<CounterState> {
+    let verdicts: Vec<(Option<State>, Verdict)> = ops
+        .iter()
+        .enumerate()
+        .map(|(i, op)| {
+            let st = states.load(i);
+            (st, step(op.algorithm, st, now, &Params::of(op)))
+        })
+        .collect();
+    verdicts
+        .into_iter()
+        .enumerate()
+        .map(|(i, (st, v))| {
+            if let (true, Some(new)) = (v.allowed, v.next) {
+                if Some(new) != st {
+                    states.save(i, new);
+                }
+            }
+            v.answer()
+        })
+        .collect()
 }
 
 /// [`apply_request`] for any number of ops: groups, all-or-nothing, and
@@ -316,17 +343,9 @@ fn apply_groups<S: States>(
 /// bookkeeping of groups: the op is its own group, charged when allowed
 /// unless the request is already denied. It answers and saves exactly as
 /// [`apply_groups`] does for one op (a property test compares them).
-/// Op `i` (`op`) alone: a group of its own, on a counter no other op of the
-/// call touches.
-fn apply_one<S: States>(
-    states: &mut S,
-    i: usize,
-    now: u64,
-    op: &CounterOp,
-    charge: Charge,
-) -> CounterState {
+fn apply_one<S: States>(states: &mut S, now: u64, op: &CounterOp, charge: Charge) -> CounterState {
     let p = Params::of(op);
-    let st = states.load(i);
+    let st = states.load(0);
     let v = step(op.algorithm, st, now, &p);
     if charge == Charge::Denied {
         if v.allowed && v.next.is_some() {
@@ -343,7 +362,7 @@ fn apply_one<S: States>(
     if v.allowed {
         if let Some(new) = v.next {
             if Some(new) != st {
-                states.save(i, new);
+                states.save(0, new);
             }
         }
     }
@@ -405,20 +424,23 @@ pub(crate) mod tests {
         }
     }
 
-    /// Several counters (op `i` of a call on counter `of[i]`), every save recorded.
+    /// Several counters (op `i` of a call on counter `of[i]`), every load
+    /// and save recorded in order (the order matters to a store whose loads
+    /// mark counters used and whose saves may evict).
     struct Many {
         states: Vec<Option<State>>,
         of: Vec<usize>,
-        saves: Vec<(usize, State)>,
+        log: Vec<(usize, Option<State>)>,
     }
 
     impl States for Many {
         fn load(&mut self, i: usize) -> Option<State> {
+            self.log.push((self.of[i], None));
             self.states[self.of[i]]
         }
         fn save(&mut self, i: usize, state: State) {
             self.states[self.of[i]] = Some(state);
-            self.saves.push((self.of[i], state));
+            self.log.push((self.of[i], Some(state)));
         }
     }
 
@@ -475,7 +497,7 @@ pub(crate) mod tests {
             for (advance, op, charge) in steps {
                 now += advance;
                 let ops = [op];
-                let a = apply_one(&mut fast, 0, now, &ops[0], charge);
+                let a = apply_one(&mut fast, now, &ops[0], charge);
                 let b = apply_groups(&mut general, now, &ops, &[0], charge);
                 prop_assert_eq!(vec![a], b);
                 prop_assert_eq!(&fast.saves, &general.saves);
@@ -484,8 +506,8 @@ pub(crate) mod tests {
         }
 
         /// Calls of independent ops on distinct counters (the batch path,
-        /// `Charge::Each`) answer and save as the general path does, call
-        /// after call on six counters.
+        /// `Charge::Each`) answer, load and save as the general path does,
+        /// in the same order, call after call on six counters.
         #[test]
         fn independent_distinct_ops_are_the_general_path(
             calls in prop::collection::vec(
@@ -497,7 +519,7 @@ pub(crate) mod tests {
                 1..=20,
             )
         ) {
-            let many = || Many { states: vec![None; 6], of: Vec::new(), saves: Vec::new() };
+            let many = || Many { states: vec![None; 6], of: Vec::new(), log: Vec::new() };
             let (mut fast, mut general) = (many(), many());
             let mut now = 1_700_000_000_000u64;
             for (advance, counters, ops) in calls {
@@ -509,7 +531,7 @@ pub(crate) mod tests {
                 let a = apply_request(&mut fast, now, &ops, &same, Charge::Each);
                 let b = apply_groups(&mut general, now, &ops, &same, Charge::Each);
                 prop_assert_eq!(a, b);
-                prop_assert_eq!(&fast.saves, &general.saves);
+                prop_assert_eq!(&fast.log, &general.log);
             }
         }
     }

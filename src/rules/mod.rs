@@ -172,7 +172,10 @@ pub struct MatchPlan {
 /// index's keys among its own sorted pairs, or each of its keys among the
 /// index's, whichever are fewer, with no hashing of keys (a hash per request
 /// key was about 3% of a HIT's instructions, `benches/line_instructions.sh`).
-type PairIndex = Vec<(String, HashMap<String, Vec<usize>, ahash::RandomState>)>;
+type PairIndex = Vec<(String, ValueIndex)>;
+
+/// One key's part of the [`PairIndex`]: value → indices of the rules indexed under it.
+type ValueIndex = HashMap<String, Vec<usize>, ahash::RandomState>;
 
 /// The compiled rule set.
 #[derive(Debug)]
@@ -206,8 +209,7 @@ impl RuleSet {
                 }
             }
         }
-        let mut by_key: HashMap<String, HashMap<String, Vec<usize>, ahash::RandomState>> =
-            HashMap::new();
+        let mut by_key: HashMap<String, ValueIndex> = HashMap::new();
         let mut unindexed = Vec::new();
         for (i, rule) in rules.iter().enumerate() {
             let rarest = rule

@@ -81,7 +81,8 @@ fn read_string(s: &str) -> Result<(&str, &str), LineError> {
                 .unwrap_or(s.len() - i);
             break;
         }
-        if b == b'=' || matches!(b, b' ' | b'\t' | b'\n' | 0x0B | 0x0C | b'\r') {
+        // `=` or ASCII whitespace: the fast parser's byte classes.
+        if CLASS[usize::from(b)] != OTHER {
             end = i;
             break;
         }

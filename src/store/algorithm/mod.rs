@@ -240,14 +240,20 @@ fn apply_each<S: States>(states: &mut S, now: u64, ops: &[CounterOp]) -> Vec<Cou
         .into_iter()
         .enumerate()
         .map(|(i, (st, v))| {
-            if let (true, Some(new)) = (v.allowed, v.next) {
-                if Some(new) != st {
-                    states.save(i, new);
-                }
-            }
+            save_if_charged(states, i, st, &v);
             v.answer()
         })
         .collect()
+}
+
+/// Saves op `i`'s counter after verdict `v` on its state `st`: when the op
+/// was allowed and changed the counter (its own group, charged).
+fn save_if_charged<S: States>(states: &mut S, i: usize, st: Option<State>, v: &Verdict) {
+    if let (true, Some(new)) = (v.allowed, v.next) {
+        if Some(new) != st {
+            states.save(i, new);
+        }
+    }
 }
 
 /// [`apply_request`] for any number of ops: groups, all-or-nothing, and
@@ -359,13 +365,7 @@ fn apply_one<S: States>(states: &mut S, now: u64, op: &CounterOp, charge: Charge
         }
         return v.answer();
     }
-    if v.allowed {
-        if let Some(new) = v.next {
-            if Some(new) != st {
-                states.save(0, new);
-            }
-        }
-    }
+    save_if_charged(states, 0, st, &v);
     v.answer()
 }
 

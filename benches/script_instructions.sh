@@ -13,6 +13,8 @@
 # ALGORITHM  0 divvy's window (default), 1 fixed, 2 sliding, 3 token bucket
 # HINTS      the call's hints, ARGV[3] (default 3: every op a lone counter, no
 #            key twice); `none` for scripts from before ARGV[3] existed
+# PAIRS=1    (environment) the per-key arguments as two values a key, for
+#            scripts from before they were sent in runs
 #
 # Each run starts redis-server under callgrind on a free loopback port, loads
 # the script, makes every counter once, then runs `redis-benchmark` calls of
@@ -33,7 +35,15 @@ for i in $(seq 1 "$counters"); do keys+=("divvy:bench:ip=10.0.$i.7"); done
 args=(-1 1)
 [ "$hints" = none ] || args+=("$hints")
 args+=("$algorithm" 1000000000 3600000 1000000000)
-for _ in $(seq 1 "$counters"); do args+=(132 1); done
+# One run of every counter (how many, shape 1 * 128 + flags 4, cost 1), as
+# the store sends a connection's pipelined HITs; `PAIRS=1` sends the
+# older two values a key (shape and flags, cost), for scripts from before
+# the runs.
+if [ "${PAIRS:-0}" = 1 ]; then
+  for _ in $(seq 1 "$counters"); do args+=(132 1); done
+else
+  args+=("$counters" 132 1)
+fi
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

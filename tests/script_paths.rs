@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use divvy::store::redis::SCRIPT;
 use fred::clients::Client;
-use fred::interfaces::{ClientLike, LuaInterface};
+use fred::interfaces::{ClientLike, KeysInterface, LuaInterface};
 use fred::types::config::Config as FredConfig;
 use fred::types::Builder;
 use proptest::prelude::*;
@@ -289,24 +289,32 @@ fn call_args(
     hinted: bool,
 ) -> (Vec<String>, Vec<i64>) {
     let mut keys = Vec::new();
-    let mut shapes = Vec::new();
-    let mut per_key = Vec::new();
-    for (n, op) in ops.iter().enumerate() {
+    // [algorithm, limit, window ms, burst], each once, as the store sends them
+    let mut shapes: Vec<[i64; 4]> = Vec::new();
+    // (shape * 128 + flags, cost) by op, sent in runs of equal neighbours
+    let mut per_key: Vec<(i64, i64)> = Vec::new();
+    let mut shape_of = |shape: [i64; 4]| {
+        let at = shapes.iter().position(|s| *s == shape).unwrap_or_else(|| {
+            shapes.push(shape);
+            shapes.len() - 1
+        });
+        at as i64 + 1
+    };
+    for op in ops {
         let c = &case.counters[op.counter];
         keys.push(key(prefix, case, op.counter));
         let limit = (c.own + op.knob).max(1);
         let burst = if c.algorithm == 0 { c.own } else { c.burst };
-        shapes.extend([c.algorithm, limit, c.window_ms, burst]);
-        per_key.extend([(n as i64 + 1) * 128 + op.flags, op.cost]);
+        let p = shape_of([c.algorithm, limit, c.window_ms, burst]);
+        per_key.push((p * 128 + op.flags, op.cost));
     }
     if general {
-        let n = ops.len() as i64;
         keys.push(format!("{prefix}:whole:a"));
         keys.push(format!("{prefix}:whole:b"));
-        shapes.extend([1, 5, 60_000, 5]);
+        let p = shape_of([1, 5, 60_000, 5]);
         // An all-or-nothing request starts (4 + 8), and a second counter of
         // its own (0) follows.
-        per_key.extend([(n + 1) * 128 + 12, 1, (n + 1) * 128, 1]);
+        per_key.extend([(p * 128 + 12, 1), (p * 128, 1)]);
     }
     // (The general side's extra request is all-or-nothing of two
     // counters: no call of it is lone.)
@@ -315,9 +323,17 @@ fn call_args(
         (true, false) => hints(ops, &keys),
         (true, true) => hints(ops, &keys) & 2,
     };
-    let mut args = vec![now, (shapes.len() / 4) as i64, hints];
-    args.extend(shapes);
-    args.extend(per_key);
+    let mut args = vec![now, shapes.len() as i64, hints];
+    args.extend(shapes.iter().flatten());
+    // Runs: how many, shape * 128 + flags, cost.
+    let mut runs: Vec<[i64; 3]> = Vec::new();
+    for (x, cost) in per_key {
+        match runs.last_mut() {
+            Some(last) if last[1] == x && last[2] == cost => last[0] += 1,
+            _ => runs.push([1, x, cost]),
+        }
+    }
+    args.extend(runs.iter().flatten());
     (keys, args)
 }
 
@@ -632,5 +648,44 @@ async fn a_knob_beyond_exact_integers_answers_and_writes_alike() {
                 .await
                 .unwrap_or_else(|e| panic!("stored {stored}, hinted {hinted}: {e}"));
         }
+    }
+}
+
+#[tokio::test]
+async fn malformed_runs_of_keys_are_an_error_and_write_nothing() {
+    let server = common::redis::Redis::start();
+    let client = connect(&server).await;
+    let keys = vec!["bad:a".to_string(), "bad:b".to_string()];
+    // The time, one shape (divvy's window, limit 5, 1 min), hints, then
+    // runs that do not cover the two keys as they should: a run of none, a
+    // run cut short, too few keys (the first key's run is good: the lean
+    // path must not write it before it finds the second's missing), too
+    // many, a value beyond the runs.
+    let shape = [1_000, 1, 0, 0, 5, 60_000, 5];
+    let mut calls = Vec::new();
+    for hints in [0, 3] {
+        for runs in [
+            vec![0, 132, 1, 2, 132, 1],
+            vec![1, 132],
+            vec![1, 132, 1],
+            vec![],
+            vec![3, 132, 1],
+            vec![1, 132, 1, 1, 132, 1, 1],
+        ] {
+            calls.push((hints, runs));
+        }
+    }
+    for (hints, runs) in calls {
+        let mut args = shape.to_vec();
+        args[2] = hints;
+        args.extend(&runs);
+        let got: Result<Vec<i64>, _> = client.eval(SCRIPT, keys.clone(), args).await;
+        let err = got.expect_err(&format!("runs {runs:?}, hints {hints}"));
+        assert!(
+            err.details().contains("malformed runs"),
+            "runs {runs:?}, hints {hints}: {err}"
+        );
+        let n: i64 = client.exists(keys.clone()).await.expect("exists");
+        assert_eq!(n, 0, "runs {runs:?}, hints {hints}: a key was written");
     }
 }

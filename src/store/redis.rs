@@ -604,8 +604,10 @@ fn distinct(keys: &[&str]) -> bool {
 
 /// The script's KEYS and ARGV for `parts` (`count` counters in all) at `now`:
 /// the time, the number of limit shapes, the call's [`hint`]s, the shapes
-/// (algorithm, limit, window, burst) the counters use, then each counter's
-/// shape and flags, and cost.
+/// (algorithm, limit, window, burst) the counters use, then the counters'
+/// shapes and flags, and costs, in runs of counters that share them (how
+/// many, shape and flags, cost): a connection's pipelined requests of one
+/// rule are one run.
 fn script_args<'a>(
     parts: &[Part<'a>],
     count: usize,
@@ -614,7 +616,8 @@ fn script_args<'a>(
 ) -> (Vec<&'a str>, Vec<i64>) {
     let mut keys: Vec<&str> = Vec::with_capacity(count);
     let mut shapes: Vec<[i64; 4]> = Vec::new();
-    let mut per_key: Vec<i64> = Vec::with_capacity(count * 2);
+    // [how many, shape * 128 + flags, cost]
+    let mut runs: Vec<[i64; 3]> = Vec::new();
     let int = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
     let mut call = LoneCall {
         lone: true,
@@ -664,10 +667,14 @@ fn script_args<'a>(
             // so the product stays far below 2^53.
             let shape_id = i64::try_from(index + 1).unwrap_or(i64::MAX);
             call.op(flags);
-            per_key.extend([shape_id * 128 + flags, int(op.cost)]);
+            let (x, cost) = (shape_id * 128 + flags, int(op.cost));
+            match runs.last_mut() {
+                Some(last) if last[1] == x && last[2] == cost => last[0] += 1,
+                _ => runs.push([1, x, cost]),
+            }
         }
     }
-    let mut args: Vec<i64> = Vec::with_capacity(3 + shapes.len() * 4 + per_key.len());
+    let mut args: Vec<i64> = Vec::with_capacity(3 + shapes.len() * 4 + runs.len() * 3);
     args.push(now);
     args.push(i64::try_from(shapes.len()).unwrap_or(i64::MAX));
     let mut hints = 0;
@@ -679,7 +686,7 @@ fn script_args<'a>(
     }
     args.push(hints);
     args.extend(shapes.iter().flatten());
-    args.extend(per_key);
+    args.extend(runs.iter().flatten());
     (keys, args)
 }
 
@@ -717,9 +724,35 @@ mod tests {
         let mut want = vec![1_000, 2, hint::LONE | hint::DISTINCT];
         want.extend(shape(10));
         want.extend(shape(20));
-        // shape * 128 + flags (4: a request starts; 8: all-or-nothing), cost.
-        want.extend([128 + 4, 1, 128, 2, 256, 1, 128 + 4 + 8, 3]);
+        // Runs: how many, shape * 128 + flags (4: a request starts; 8:
+        // all-or-nothing), cost.
+        want.extend([1, 128 + 4, 1, 1, 128, 2, 1, 256, 1, 1, 128 + 4 + 8, 3]);
         assert_eq!(args, want);
+    }
+
+    #[test]
+    fn script_args_send_alike_neighbours_as_one_run() {
+        // Pipelined requests of one rule: one run. A different cost, shape
+        // or flag starts a new one; runs are never reordered.
+        let same: Vec<CounterOp> = (0..5).map(|i| op(&format!("k{i}"), 10, 1)).collect();
+        let costly = [op("x", 10, 2)];
+        let other = [op("y", 20, 1)];
+        let mut parts: Vec<Part<'_>> = same.chunks(1).map(|c| (c, Charge::Each)).collect();
+        parts.extend([(&costly[..], Charge::Each), (&other[..], Charge::Each)]);
+        parts.push((&same[..1], Charge::Each));
+        let (keys, args) = script_args(&parts, 8, false, 7);
+        assert_eq!(keys.len(), 8);
+        assert_eq!(args[..3], [7, 2, hint::LONE]);
+        let runs = &args[3 + 2 * 4..];
+        assert_eq!(
+            runs,
+            [5, 128 + 4, 1, 1, 128 + 4, 2, 1, 256 + 4, 1, 1, 128 + 4, 1]
+        );
+        // A request of several counters: its first starts it (flag 4), so
+        // the others are a run of their own.
+        let many = [op("a", 10, 1), op("b", 10, 1), op("c", 10, 1)];
+        let (_, args) = script_args(&[(&many, Charge::Each)], 3, false, 7);
+        assert_eq!(args[3 + 4..], [1, 128 + 4, 1, 2, 128, 1]);
     }
 
     #[test]
@@ -735,15 +768,18 @@ mod tests {
         let (_, args) = script_args(&parts, ops.len(), false, -1);
         let shapes = usize::try_from(args[1]).unwrap();
         assert_eq!(shapes, 21);
-        let per_key = &args[3 + shapes * 4..];
-        assert_eq!(per_key.len(), ops.len() * 2);
-        for (op, pair) in ops.iter().zip(per_key.chunks_exact(2)) {
-            let shape = usize::try_from(pair[0] / 128).unwrap();
+        // Every counter is a request of its own with its own shape: one
+        // run each.
+        let runs = &args[3 + shapes * 4..];
+        assert_eq!(runs.len(), ops.len() * 3);
+        for (op, run) in ops.iter().zip(runs.chunks_exact(3)) {
+            assert_eq!(run[0], 1);
+            let shape = usize::try_from(run[1] / 128).unwrap();
             let limit = args[3 + (shape - 1) * 4 + 1];
             assert_eq!(limit, i64::try_from(op.limit).unwrap());
         }
         // The last counter's shape (limit 1) is the first one, found.
-        assert_eq!(per_key[per_key.len() - 2] / 128, 1);
+        assert_eq!(runs[runs.len() - 2] / 128, 1);
     }
 
     #[test]

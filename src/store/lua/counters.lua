@@ -14,9 +14,12 @@
 -- Then 4 values per shape:
 --   algorithm (0 divvy window, 1 fixed, 2 sliding, 3 token bucket),
 --   limit, window in ms, burst;
--- then 2 values per key: shape * 128 + flags (shapes count from 1), cost.
--- (Most keys of a batch share a few shapes, so each key costs Redis two
--- numbers to parse rather than six.) Flags:
+-- then the keys' shapes, flags and costs in runs, in key order: 3 values per
+-- run of keys that share them (how many keys, at least 1; shape * 128 +
+-- flags, shapes counting from 1; cost). Most keys of a batch share a few
+-- shapes, and the pipelined requests of one rule share all three, so a
+-- call of 60 such keys sends 3 numbers for them, not 120 (each argument
+-- costs Redis as much as a few Lua operations to take in). Flags:
 --   1 the op belongs to the group of the op before it (one rule's limits);
 --   2 the op's group does not decide (a canary);
 --   4 a request starts at this op; with 4: 8 the request is all-or-nothing,
@@ -260,14 +263,34 @@ for p = 1, shapes do
   sbur[p] = tonumber(ARGV[b + 4])
 end
 local base = 3 + 4 * shapes
--- Each key's shape and flags; whether every group of the call is charged
+-- The runs (see the top) must cover the keys exactly, checked before
+-- anything is read or written (the lean path writes as it goes).
+do
+  local covered, b = 0, base
+  while covered < n do
+    local c, x, ct = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
+    if not (c and c >= 1 and c == floor(c) and x and ct) then break end
+    covered, b = covered + c, b + 3
+  end
+  if covered ~= n or ARGV[b + 1] ~= nil then error('divvy: malformed runs of keys') end
+end
+-- `run()` moves to the next run and returns its length, its shape and
+-- flags, and its cost as text.
+local rb = base
+local function run()
+  local c, x, ct = tonumber(ARGV[rb + 1]), tonumber(ARGV[rb + 2]), ARGV[rb + 3]
+  rb = rb + 3
+  return c, x, ct
+end
+-- Each key's shape and flags, and its cost as text (`xs`, `cts`, by op);
+-- whether every group of the call is charged
 -- or checked on its own: no request denied beforehand (16), no refund (32,
 -- 64), and no all-or-nothing request (8) of more than one counter. Such a
 -- call (requests of one counter or of one rule's limits, and a
 -- connection's pipelined requests: most calls) takes the lean path. (With
--- the hint that every op is a lone counter, the call is lean: `xs` stays
--- empty, and each op's shape and flags are read where they are needed.)
-local xs = {}
+-- the hint that every op is a lone counter, the call is lean: `xs` and
+-- `cts` stay empty, and the lean path reads the runs as it goes.)
+local xs, cts = {}, {}
 local lean = true
 local whole_request = false -- the request under way is all-or-nothing
 -- Most keys of a call send the same few numbers ("132", "1"): each text is
@@ -277,9 +300,11 @@ local number = setmetatable({}, {__index = function(t, text)
   t[text] = v
   return v
 end})
+local left, x, ct = 0, 0, nil -- the run under way: keys left in it, its numbers
 for i = 1, lone and 0 or n do
-  local x = number[ARGV[base + 2 * i - 1]]
-  xs[i] = x
+  if left == 0 then left, x, ct = run() end
+  left = left - 1
+  xs[i], cts[i] = x, ct
   local f = x % 128
   local starts = f % 8 >= 4
   if f >= 16 or (f >= 8 and not starts) then
@@ -326,7 +351,7 @@ if lean then
   local credits, expiry = {}, {}
   local decode, expires, encode, steps, view -- when needed
   local seen = {} -- other algorithms' states, by key (false: no counter)
-  local owner, dirty = {}, {} -- by key: the op whose numbers save it; changed
+  local owner, dirty = {}, {} -- by key: the shape and flags (as `xs` holds them) of the op whose numbers save it; changed
   local wtext = {} -- a shape's window in ms, as text
   -- By shape, for fixed and sliding windows: the current window's start as
   -- text and ':' (how its counters' values begin), and the ms its counters
@@ -432,6 +457,7 @@ if lean then
     end
     return st
   end
+  local left, rx, rct = 0, 0, nil -- a lone call's run under way (see `run`)
   local i = 1
   while i <= n do
     -- ops i..g: one group (the ops after i with flag 1, in i's request)
@@ -440,10 +466,16 @@ if lean then
       while g < n and xs[g + 1] % 2 == 1 and xs[g + 1] % 8 < 4 do g = g + 1 end
     end
     if g == i then
-      local x = lone and number[ARGV[base + 2 * i - 1]] or xs[i]
+      local x, ctext
+      if lone then
+        if left == 0 then left, rx, rct = run() end
+        left = left - 1
+        x, ctext = rx, rct
+      else
+        x, ctext = xs[i], cts[i]
+      end
       local p = (x - x % 128) / 128
       local alg, L, W, B = salg[p], slim[p], swin[p], sbur[p]
-      local ctext = ARGV[base + 2 * i]
       local cost = number[ctext]
       local k = KEYS[i]
       local a, r, t
@@ -611,7 +643,7 @@ if lean then
         elseif distinct then
           if charged then save(k, p, st) end
         else
-          owner[k] = i
+          owner[k] = x
           if charged then dirty[k] = true end
         end
       end
@@ -640,7 +672,7 @@ if lean then
             st = other_load(o, k, alg, W)
           end
         end
-        local a, r, t, nx = steps[alg](st or nil, L, W, B, number[ARGV[base + 2 * o]], false)
+        local a, r, t, nx = steps[alg](st or nil, L, W, B, number[cts[o]], false)
         if a ~= 1 then all = false end
         over[k] = nx or st
         before[o] = st
@@ -658,7 +690,7 @@ if lean then
               window_save(k, s, st.r, st.e)
             end
           else
-            owner[k] = o
+            owner[k] = xs[o]
             if st ~= seen[k] then
               seen[k] = st
               dirty[k] = true
@@ -682,7 +714,7 @@ if lean then
   -- numbers of the last request that charged or checked them, as the
   -- general path saves them (at once, when no key of the call repeats).
   for k, _ in pairs(dirty) do
-    local x = number[ARGV[base + 2 * owner[k] - 1]] -- (`xs` is empty when every op is lone)
+    local x = owner[k]
     save(k, (x - x % 128) / 128, seen[k])
   end
   return out
@@ -699,7 +731,7 @@ for i = 1, n do
   local p = (x - f) / 128
   alg[i], lim[i], win[i], bur[i] = salg[p], slim[p], swin[p], sbur[p]
   flags[i] = f
-  cost[i] = number[ARGV[base + 2 * i]]
+  cost[i] = number[cts[i]]
 end
 
 local stored = {}  -- key -> committed state (false: none)

@@ -594,10 +594,13 @@ impl LoneCall {
     }
 }
 
-/// Whether no key appears twice ([`hint::DISTINCT`]).
+/// Whether no key appears twice ([`hint::DISTINCT`]). (aHash, randomly
+/// keyed per process like std's SipHash, which took about 2.5% of divvy's
+/// samples here at 1 x 256 pipelined HITs on the Redis store.)
 fn distinct(keys: &[&str]) -> bool {
     keys.len() < 2 || {
-        let mut seen = HashSet::with_capacity(keys.len());
+        let mut seen: HashSet<&str, ahash::RandomState> =
+            HashSet::with_capacity_and_hasher(keys.len(), ahash::RandomState::new());
         keys.iter().all(|k| seen.insert(*k))
     }
 }

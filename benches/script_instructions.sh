@@ -14,7 +14,8 @@
 # HINTS      the call's hints, ARGV[3] (default 3: every op a lone counter, no
 #            key twice); `none` for scripts from before ARGV[3] existed
 # PAIRS=1    (environment) the per-key arguments as two values a key, for
-#            scripts from before they were sent in runs
+#            scripts from before they were sent in runs (implied by
+#            HINTS=none); a script that refuses the call stops the run
 #
 # Each run starts redis-server under callgrind on a free loopback port, loads
 # the script, makes every counter once, then runs `redis-benchmark` calls of
@@ -39,7 +40,7 @@ args+=("$algorithm" 1000000000 3600000 1000000000)
 # the store sends a connection's pipelined HITs; `PAIRS=1` sends the
 # older two values a key (shape and flags, cost), for scripts from before
 # the runs.
-if [ "${PAIRS:-0}" = 1 ]; then
+if [ "${PAIRS:-0}" = 1 ] || [ "$hints" = none ]; then
   for _ in $(seq 1 "$counters"); do args+=(132 1); done
 else
   args+=("$counters" 132 1)
@@ -61,7 +62,15 @@ instructions() {
     sleep 0.2
   done
   sha=$(redis-cli -p "$port" SCRIPT LOAD "$(cat "$script")")
-  redis-cli -p "$port" EVALSHA "$sha" "$counters" "${keys[@]}" "${args[@]}" >/dev/null
+  # The first call's answer is checked: a script that errors (arguments of
+  # the wrong form for it) would otherwise be timed on its error path.
+  local first
+  first=$(redis-cli -p "$port" EVALSHA "$sha" "$counters" "${keys[@]}" "${args[@]}" 2>&1)
+  case "$first" in
+    *ERR*) echo "the script refused the call: $first" >&2
+           redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true
+           exit 1 ;;
+  esac
   redis-benchmark -p "$port" -c 1 -n "$calls" -q EVALSHA "$sha" "$counters" "${keys[@]}" "${args[@]}" >/dev/null
   redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true
   wait "$pid" || true

@@ -656,36 +656,52 @@ async fn malformed_runs_of_keys_are_an_error_and_write_nothing() {
     let server = common::redis::Redis::start();
     let client = connect(&server).await;
     let keys = vec!["bad:a".to_string(), "bad:b".to_string()];
-    // The time, one shape (divvy's window, limit 5, 1 min), hints, then
-    // runs that do not cover the two keys as they should: a run of none, a
-    // run cut short, too few keys (the first key's run is good: the lean
-    // path must not write it before it finds the second's missing), too
-    // many, a value beyond the runs.
-    let shape = [1_000, 1, 0, 0, 5, 60_000, 5];
-    let mut calls = Vec::new();
-    for hints in [0, 3] {
-        for runs in [
-            vec![0, 132, 1, 2, 132, 1],
-            vec![1, 132],
-            vec![1, 132, 1],
-            vec![],
-            vec![3, 132, 1],
-            vec![1, 132, 1, 1, 132, 1, 1],
-        ] {
-            calls.push((hints, runs));
+    // The time, one shape (divvy's window, limit 5, 1 min), then the hints
+    // (filled in below), then runs that do not describe the two keys as
+    // they should. Where the first key's run is good, the lean path must
+    // not write it before it finds the second's wrong.
+    let call = |hints: &str, runs: &[&str]| -> Vec<String> {
+        ["1000", "1", hints, "0", "5", "60000", "5"]
+            .iter()
+            .chain(runs)
+            .map(|s| s.to_string())
+            .collect()
+    };
+    let malformed: [&[&str]; 13] = [
+        &["0", "132", "1", "2", "132", "1"],      // a run of no key
+        &["1", "132"],                            // a run cut short
+        &["1", "132", "1"],                       // too few keys
+        &[],                                      // none
+        &["3", "132", "1"],                       // too many
+        &["1", "132", "1", "1", "132", "1", "1"], // a value beyond the runs
+        &["1.5", "132", "1", "0.5", "132", "1"],  // counts that are not whole
+        &["1", "132", "1", "1", "abc", "1"],      // shape and flags not a number
+        &["1", "132", "1", "1", "260", "1"],      // shape 2 of a call of 1
+        &["1", "132", "1", "1", "4", "1"],        // shape 0
+        &["2", "132", "-1"],                      // a negative cost
+        &["2", "132", "0.5"],                     // a cost that is not whole
+        &["1", "132", "1", "1", "inf", "1"],      // not finite
+    ];
+    for hints in ["0", "3"] {
+        for runs in malformed {
+            let got: Result<Vec<i64>, _> =
+                client.eval(SCRIPT, keys.clone(), call(hints, runs)).await;
+            let err = got.expect_err(&format!("runs {runs:?}, hints {hints}"));
+            assert!(
+                err.details().contains("malformed runs"),
+                "runs {runs:?}, hints {hints}: {err}"
+            );
+            let n: i64 = client.exists(keys.clone()).await.expect("exists");
+            assert_eq!(n, 0, "runs {runs:?}, hints {hints}: a key was written");
         }
-    }
-    for (hints, runs) in calls {
-        let mut args = shape.to_vec();
-        args[2] = hints;
-        args.extend(&runs);
-        let got: Result<Vec<i64>, _> = client.eval(SCRIPT, keys.clone(), args).await;
-        let err = got.expect_err(&format!("runs {runs:?}, hints {hints}"));
-        assert!(
-            err.details().contains("malformed runs"),
-            "runs {runs:?}, hints {hints}: {err}"
-        );
+        // The same call well formed: both keys charged.
+        let got: Vec<i64> = client
+            .eval(SCRIPT, keys.clone(), call(hints, &["2", "132", "1"]))
+            .await
+            .expect("a well-formed call");
+        assert_eq!(got, [4, 60_000, 4, 60_000], "hints {hints}");
         let n: i64 = client.exists(keys.clone()).await.expect("exists");
-        assert_eq!(n, 0, "runs {runs:?}, hints {hints}: a key was written");
+        assert_eq!(n, 2, "hints {hints}");
+        let _: i64 = client.del(keys.clone()).await.expect("del");
     }
 }

@@ -263,13 +263,27 @@ for p = 1, shapes do
   sbur[p] = tonumber(ARGV[b + 4])
 end
 local base = 3 + 4 * shapes
--- The runs (see the top) must cover the keys exactly, checked before
--- anything is read or written (the lean path writes as it goes).
+-- The runs' numbers, and the general path's costs, are mostly the same few
+-- texts ("132", "1"): each text is read once.
+local number = setmetatable({}, {__index = function(t, text)
+  local v = tonumber(text)
+  t[text] = v
+  return v
+end})
+-- The runs (see the top) must cover the keys exactly, each with a shape
+-- of the call and a whole cost: checked before anything is read or
+-- written (the lean path writes as it goes). The store never sends
+-- anything else; a call that does is refused whole.
 do
   local covered, b = 0, base
   while covered < n do
-    local c, x, ct = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
-    if not (c and c >= 1 and c == floor(c) and x and ct) then break end
+    local tc, tx, tt = ARGV[b + 1], ARGV[b + 2], ARGV[b + 3]
+    if not tt then break end
+    local c, x, cost = number[tc], number[tx], number[tt]
+    if not (c and x and cost and c >= 1 and c == floor(c) and x == floor(x) and x < 2^40
+      and cost >= 0 and cost < 9e15 and cost == floor(cost)) then break end
+    local p = (x - x % 128) / 128
+    if p < 1 or p > shapes then break end
     covered, b = covered + c, b + 3
   end
   if covered ~= n or ARGV[b + 1] ~= nil then error('divvy: malformed runs of keys') end
@@ -278,28 +292,21 @@ end
 -- flags, and its cost as text.
 local rb = base
 local function run()
-  local c, x, ct = tonumber(ARGV[rb + 1]), tonumber(ARGV[rb + 2]), ARGV[rb + 3]
+  local c, x, ct = number[ARGV[rb + 1]], number[ARGV[rb + 2]], ARGV[rb + 3]
   rb = rb + 3
   return c, x, ct
 end
 -- Each key's shape and flags, and its cost as text (`xs`, `cts`, by op);
--- whether every group of the call is charged
--- or checked on its own: no request denied beforehand (16), no refund (32,
--- 64), and no all-or-nothing request (8) of more than one counter. Such a
--- call (requests of one counter or of one rule's limits, and a
--- connection's pipelined requests: most calls) takes the lean path. (With
--- the hint that every op is a lone counter, the call is lean: `xs` and
--- `cts` stay empty, and the lean path reads the runs as it goes.)
+-- whether every group of the call is charged or checked on its own: no
+-- request denied beforehand (16), no refund (32, 64), and no
+-- all-or-nothing request (8) of more than one counter. Such a call
+-- (requests of one counter or of one rule's limits, and a connection's
+-- pipelined requests: most calls) takes the lean path. (With the hint that
+-- every op is a lone counter, the call is lean: `xs` and `cts` stay empty,
+-- and the lean path reads the runs as it goes.)
 local xs, cts = {}, {}
 local lean = true
 local whole_request = false -- the request under way is all-or-nothing
--- Most keys of a call send the same few numbers ("132", "1"): each text is
--- read once.
-local number = setmetatable({}, {__index = function(t, text)
-  local v = tonumber(text)
-  t[text] = v
-  return v
-end})
 local left, x, ct = 0, 0, nil -- the run under way: keys left in it, its numbers
 for i = 1, lone and 0 or n do
   if left == 0 then left, x, ct = run() end
@@ -351,7 +358,9 @@ if lean then
   local credits, expiry = {}, {}
   local decode, expires, encode, steps, view -- when needed
   local seen = {} -- other algorithms' states, by key (false: no counter)
-  local owner, dirty = {}, {} -- by key: the shape and flags (as `xs` holds them) of the op whose numbers save it; changed
+  -- by key: the shape and flags (as `xs` holds them) of the op whose
+  -- numbers save it; changed
+  local owner, dirty = {}, {}
   local wtext = {} -- a shape's window in ms, as text
   -- By shape, for fixed and sliding windows: the current window's start as
   -- text and ':' (how its counters' values begin), and the ms its counters

@@ -477,12 +477,14 @@ fn redis_benchmark_evalsha(
     // Now from Redis TIME (-1), one limit shape, the hints 3 (every op a
     // lone counter, no key twice: each counter's key names its place), the
     // shape (divvy's window, algorithm 0: limit, window ms, burst), then one
-    // run of every counter: how many, shape 1 * 128 + flags 4 (a request
-    // starts here), cost 1; the same arguments the Redis store sends.
+    // run of every counter: its head (how many - 1) * 2^32 + shape 1 * 128 +
+    // flags 4 (a request starts here), and cost 1; the same arguments the
+    // Redis store sends.
     let mut args: Vec<String> = vec!["EVALSHA".into(), sha, counters.to_string()];
     args.extend(keys);
     args.extend(["-1", "1", "3", "0", "1000000000", "3600000", "1000000000"].map(String::from));
-    args.extend([counters.to_string(), "132".into(), "1".into()]);
+    let head = (u64::from(counters) - 1) * (1 << 32) + 132;
+    args.extend([head.to_string(), "1".into()]);
     let before = cpu_time(redis.child.id());
     let out = Command::new("redis-benchmark")
         .args(["-h", "127.0.0.1", "-p", &port.to_string()])

@@ -10,7 +10,9 @@
 # SCRIPT     the script (default: the repository's src/store/lua/counters.lua,
 #            wherever this is run from); an older one
 #            with `git show <commit>:src/store/lua/counters.lua > old.lua`
-# ALGORITHM  0 divvy's window (default), 1 fixed, 2 sliding, 3 token bucket
+# ALGORITHM  0 divvy's window (default), 1 fixed, 2 sliding, 3 token bucket;
+#            `group`: 30 requests of a rule of two token-bucket limits (use
+#            HINTS 2: not lone; runs of one are sent as pairs either way)
 # HINTS      the call's hints, ARGV[3] (default 3: every op a lone counter, no
 #            key twice); `none` for scripts from before ARGV[3] existed
 # PAIRS=1    (environment) the per-key arguments as two values a key, for
@@ -32,18 +34,30 @@ hints=${3:-3}
 counters=60
 
 keys=()
-for i in $(seq 1 "$counters"); do keys+=("divvy:bench:ip=10.0.$i.7"); done
-args=(-1 1)
-[ "$hints" = none ] || args+=("$hints")
-args+=("$algorithm" 1000000000 3600000 1000000000)
-# One run of every counter (how many, shape 1 * 128 + flags 4, cost 1), as
-# the store sends a connection's pipelined HITs; `PAIRS=1` sends the
-# older two values a key (shape and flags, cost), for scripts from before
-# the runs.
-if [ "${PAIRS:-0}" = 1 ] || [ "$hints" = none ]; then
-  for _ in $(seq 1 "$counters"); do args+=(132 1); done
+if [ "$algorithm" = group ]; then
+  # 30 requests of one rule's two limits (token buckets, by ip and by user):
+  # the second of each is in the first's group (flag 1), so no two
+  # neighbours share a run. Hints: no key twice (2), not lone.
+  for i in $(seq 1 30); do keys+=("divvy:bench:ip=10.0.$i.7" "divvy:bench:user=u$i"); done
+  args=(-1 2)
+  [ "$hints" = none ] || args+=("$hints")
+  args+=(3 1000000000 3600000 1000000000 3 3000000000 3600000 3000000000)
+  # shape 1 * 128 + flags 4, cost 1; shape 2 * 128 + flags 1, cost 1
+  for _ in $(seq 1 30); do args+=(132 1 257 1); done
 else
-  args+=("$counters" 132 1)
+  for i in $(seq 1 "$counters"); do keys+=("divvy:bench:ip=10.0.$i.7"); done
+  args=(-1 1)
+  [ "$hints" = none ] || args+=("$hints")
+  args+=("$algorithm" 1000000000 3600000 1000000000)
+  # One run of every counter (its head, (how many - 1) * 2^32 + shape 1 *
+  # 128 + flags 4, and cost 1), as the store sends a connection's pipelined
+  # HITs; `PAIRS=1` sends the older two values a key (shape and flags,
+  # cost), for scripts from before the runs.
+  if [ "${PAIRS:-0}" = 1 ] || [ "$hints" = none ]; then
+    for _ in $(seq 1 "$counters"); do args+=(132 1); done
+  else
+    args+=($(((counters - 1) * 4294967296 + 132)) 1)
+  fi
 fi
 
 work=$(mktemp -d)

@@ -277,6 +277,9 @@ fn hints(ops: &[Op], keys: &[String]) -> i64 {
     i64::from(lone) | (i64::from(distinct) << 1)
 }
 
+/// A run's head counts its length - 1 in these.
+const RUN: i64 = 1 << 32;
+
 /// The script's keys and arguments for `ops` on the keys `prefix:i` at
 /// `now`; with `general`, one more request, all-or-nothing, of two counters
 /// on keys of its own; with `hinted`, the hints the store would send.
@@ -325,12 +328,12 @@ fn call_args(
     };
     let mut args = vec![now, shapes.len() as i64, hints];
     args.extend(shapes.iter().flatten());
-    // Runs: how many, shape * 128 + flags, cost.
-    let mut runs: Vec<[i64; 3]> = Vec::new();
+    // Runs: (how many - 1) * 2^32 + shape * 128 + flags, cost.
+    let mut runs: Vec<[i64; 2]> = Vec::new();
     for (x, cost) in per_key {
         match runs.last_mut() {
-            Some(last) if last[1] == x && last[2] == cost => last[0] += 1,
-            _ => runs.push([1, x, cost]),
+            Some(last) if last[0] % RUN == x && last[1] == cost => last[0] += RUN,
+            _ => runs.push([x, cost]),
         }
     }
     args.extend(runs.iter().flatten());
@@ -667,20 +670,21 @@ async fn malformed_runs_of_keys_are_an_error_and_write_nothing() {
             .map(|s| s.to_string())
             .collect()
     };
-    let malformed: [&[&str]; 13] = [
-        &["0", "132", "1", "2", "132", "1"],      // a run of no key
-        &["1", "132"],                            // a run cut short
-        &["1", "132", "1"],                       // too few keys
-        &[],                                      // none
-        &["3", "132", "1"],                       // too many
-        &["1", "132", "1", "1", "132", "1", "1"], // a value beyond the runs
-        &["1.5", "132", "1", "0.5", "132", "1"],  // counts that are not whole
-        &["1", "132", "1", "1", "abc", "1"],      // shape and flags not a number
-        &["1", "132", "1", "1", "260", "1"],      // shape 2 of a call of 1
-        &["1", "132", "1", "1", "4", "1"],        // shape 0
-        &["2", "132", "-1"],                      // a negative cost
-        &["2", "132", "0.5"],                     // a cost that is not whole
-        &["1", "132", "1", "1", "inf", "1"],      // not finite
+    let malformed: [&[&str]; 14] = [
+        &["132"],                       // a run cut short
+        &["132", "1"],                  // too few keys
+        &[],                            // none
+        &["8589934724", "1"],           // too many: a run of 3 (2 * 2^32 + 132)
+        &["132", "1", "132", "1", "1"], // a value beyond the runs
+        &["4294967428.5", "1"],         // a head that is not whole
+        &["132", "1", "abc", "1"],      // a head not a number
+        &["132", "1", "260", "1"],      // shape 2 of a call of 1
+        &["132", "1", "4", "1"],        // shape 0
+        &["-4294967164", "1"],          // a negative head
+        &["9007199254740996", "1"],     // a head beyond exact integers
+        &["4294967428", "-1"],          // a negative cost
+        &["4294967428", "0.5"],         // a cost that is not whole
+        &["132", "1", "inf", "1"],      // not finite
     ];
     for hints in ["0", "3"] {
         for runs in malformed {
@@ -696,7 +700,7 @@ async fn malformed_runs_of_keys_are_an_error_and_write_nothing() {
         }
         // The same call well formed: both keys charged.
         let got: Vec<i64> = client
-            .eval(SCRIPT, keys.clone(), call(hints, &["2", "132", "1"]))
+            .eval(SCRIPT, keys.clone(), call(hints, &["4294967428", "1"]))
             .await
             .expect("a well-formed call");
         assert_eq!(got, [4, 60_000, 4, 60_000], "hints {hints}");

@@ -504,6 +504,12 @@ impl Store for RedisStore {
         if ops.is_empty() {
             return Box::pin(std::future::ready(Ok(Vec::new())));
         }
+        if ops.len() > MAX_REQUEST_COUNTERS {
+            return Box::pin(std::future::ready(Err(StoreError::Unavailable(format!(
+                "redis: a request of {} counters; at most {MAX_REQUEST_COUNTERS}",
+                ops.len()
+            )))));
+        }
         // Two futures, boxed apart: the Cluster path holds the client's
         // command futures (several KB), and a batched request, which only
         // waits for its answer, must not carry (allocate, copy, zero) that
@@ -605,12 +611,26 @@ fn distinct(keys: &[&str]) -> bool {
     }
 }
 
+/// A run's head counts its length - 1 in these (see [`script_args`]).
+const RUN: i64 = 1 << 32;
+
+/// Most counters in one run (far below the 2^21 at which the head would
+/// outgrow Lua's exact integers; a call holds about 512 counters).
+const MAX_RUN: i64 = 1 << 16;
+
+/// Most counters in one request on the Redis store. Each has at most one
+/// shape of its own, so shape * 128 + flags stays below [`RUN`]
+/// (2^25 shapes) in any script call, which holds one request and at most
+/// [`MAX_BATCH_KEYS`] counters of others.
+pub const MAX_REQUEST_COUNTERS: usize = 1 << 24;
+
 /// The script's KEYS and ARGV for `parts` (`count` counters in all) at `now`:
 /// the time, the number of limit shapes, the call's [`hint`]s, the shapes
 /// (algorithm, limit, window, burst) the counters use, then the counters'
-/// shapes and flags, and costs, in runs of counters that share them (how
-/// many, shape and flags, cost): a connection's pipelined requests of one
-/// rule are one run.
+/// shapes and flags, and costs, in runs of neighbours that share them: a
+/// head, (how many - 1) * [`RUN`] + shape * 128 + flags, and the cost. A
+/// connection's pipelined requests of one rule are one run; a counter
+/// unlike its neighbours costs two values, as it did before runs.
 fn script_args<'a>(
     parts: &[Part<'a>],
     count: usize,
@@ -619,8 +639,8 @@ fn script_args<'a>(
 ) -> (Vec<&'a str>, Vec<i64>) {
     let mut keys: Vec<&str> = Vec::with_capacity(count);
     let mut shapes: Vec<[i64; 4]> = Vec::new();
-    // [how many, shape * 128 + flags, cost]
-    let mut runs: Vec<[i64; 3]> = Vec::new();
+    // [head, cost]
+    let mut runs: Vec<[i64; 2]> = Vec::new();
     let int = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
     let mut call = LoneCall {
         lone: true,
@@ -672,12 +692,16 @@ fn script_args<'a>(
             call.op(flags);
             let (x, cost) = (shape_id * 128 + flags, int(op.cost));
             match runs.last_mut() {
-                Some(last) if last[1] == x && last[2] == cost => last[0] += 1,
-                _ => runs.push([1, x, cost]),
+                Some(last)
+                    if last[0] % RUN == x && last[1] == cost && last[0] / RUN < MAX_RUN - 1 =>
+                {
+                    last[0] += RUN;
+                }
+                _ => runs.push([x, cost]),
             }
         }
     }
-    let mut args: Vec<i64> = Vec::with_capacity(3 + shapes.len() * 4 + runs.len() * 3);
+    let mut args: Vec<i64> = Vec::with_capacity(3 + shapes.len() * 4 + runs.len() * 2);
     args.push(now);
     args.push(i64::try_from(shapes.len()).unwrap_or(i64::MAX));
     let mut hints = 0;
@@ -727,9 +751,9 @@ mod tests {
         let mut want = vec![1_000, 2, hint::LONE | hint::DISTINCT];
         want.extend(shape(10));
         want.extend(shape(20));
-        // Runs: how many, shape * 128 + flags (4: a request starts; 8:
+        // Runs of one: shape * 128 + flags (4: a request starts; 8:
         // all-or-nothing), cost.
-        want.extend([1, 128 + 4, 1, 1, 128, 2, 1, 256, 1, 1, 128 + 4 + 8, 3]);
+        want.extend([128 + 4, 1, 128, 2, 256, 1, 128 + 4 + 8, 3]);
         assert_eq!(args, want);
     }
 
@@ -746,16 +770,27 @@ mod tests {
         let (keys, args) = script_args(&parts, 8, false, 7);
         assert_eq!(keys.len(), 8);
         assert_eq!(args[..3], [7, 2, hint::LONE]);
+        // Heads: (how many - 1) * RUN + shape * 128 + flags; then costs.
         let runs = &args[3 + 2 * 4..];
         assert_eq!(
             runs,
-            [5, 128 + 4, 1, 1, 128 + 4, 2, 1, 256 + 4, 1, 1, 128 + 4, 1]
+            [4 * RUN + 128 + 4, 1, 128 + 4, 2, 256 + 4, 1, 128 + 4, 1]
         );
         // A request of several counters: its first starts it (flag 4), so
         // the others are a run of their own.
         let many = [op("a", 10, 1), op("b", 10, 1), op("c", 10, 1)];
         let (_, args) = script_args(&[(&many, Charge::Each)], 3, false, 7);
-        assert_eq!(args[3 + 4..], [1, 128 + 4, 1, 2, 128, 1]);
+        assert_eq!(args[3 + 4..], [128 + 4, 1, RUN + 128, 1]);
+    }
+
+    #[test]
+    fn a_run_ends_before_its_head_outgrows_exact_integers() {
+        let ops: Vec<CounterOp> = (0..MAX_RUN + 3).map(|_| op("k", 10, 1)).collect();
+        let parts: Vec<Part<'_>> = ops.chunks(1).map(|c| (c, Charge::Each)).collect();
+        let (_, args) = script_args(&parts, ops.len(), false, 7);
+        let runs = &args[3 + 4..];
+        assert_eq!(runs, [(MAX_RUN - 1) * RUN + 132, 1, 2 * RUN + 132, 1]);
+        assert!(runs[0] < 1 << 53);
     }
 
     #[test]
@@ -774,10 +809,10 @@ mod tests {
         // Every counter is a request of its own with its own shape: one
         // run each.
         let runs = &args[3 + shapes * 4..];
-        assert_eq!(runs.len(), ops.len() * 3);
-        for (op, run) in ops.iter().zip(runs.chunks_exact(3)) {
-            assert_eq!(run[0], 1);
-            let shape = usize::try_from(run[1] / 128).unwrap();
+        assert_eq!(runs.len(), ops.len() * 2);
+        for (op, run) in ops.iter().zip(runs.chunks_exact(2)) {
+            assert!(run[0] < RUN, "a run of one");
+            let shape = usize::try_from(run[0] / 128).unwrap();
             let limit = args[3 + (shape - 1) * 4 + 1];
             assert_eq!(limit, i64::try_from(op.limit).unwrap());
         }

@@ -14,12 +14,14 @@
 -- Then 4 values per shape:
 --   algorithm (0 divvy window, 1 fixed, 2 sliding, 3 token bucket),
 --   limit, window in ms, burst;
--- then the keys' shapes, flags and costs in runs, in key order: 3 values per
--- run of keys that share them (how many keys, at least 1; shape * 128 +
--- flags, shapes counting from 1; cost). Most keys of a batch share a few
--- shapes, and the pipelined requests of one rule share all three, so a
--- call of 60 such keys sends 3 numbers for them, not 120 (each argument
--- costs Redis as much as a few Lua operations to take in). Flags:
+-- then the keys' shapes, flags and costs in runs, in key order: 2 values per
+-- run of keys that share them: (how many keys - 1) * 2^32 + shape * 128 +
+-- flags (shapes count from 1), and the cost. Most keys of a batch share a
+-- few shapes, and the pipelined requests of one rule share all three, so
+-- a call of 60 such keys sends 2 numbers for them, not 120 (each argument
+-- costs Redis as much as a few Lua operations to take in); a key unlike
+-- its neighbours (one rule's limits alternate) costs 2, as before runs.
+-- Flags:
 --   1 the op belongs to the group of the op before it (one rule's limits);
 --   2 the op's group does not decide (a canary);
 --   4 a request starts at this op; with 4: 8 the request is all-or-nothing,
@@ -271,30 +273,57 @@ local number = setmetatable({}, {__index = function(t, text)
   return v
 end})
 -- The runs (see the top) must cover the keys exactly, each with a shape
--- of the call and a whole cost: checked before anything is read or
--- written (the lean path writes as it goes). The store never sends
--- anything else; a call that does is refused whole.
-do
+-- of the call and a whole cost; the store never sends anything else, and
+-- a call that does is refused whole, before anything is read or written.
+-- `head(b)` reads the run whose head is ARGV[b + 1]: its length, shape and
+-- flags, and cost as text; nothing for a malformed one. (`% 1` tests for
+-- a whole number without a call to `math.floor`, and is not 0 for inf or
+-- nan.) A lone call's runs are checked here, as the lean path writes as it
+-- goes (such a call has few: one for a connection's pipelined HITs of one
+-- rule); the others' as they are read into `xs`, before anything is read.
+local RUN = 4294967296 -- 2^32: a run's length - 1 is counted in these
+-- Each head text checked (its length and its shape and flags) and each cost
+-- text checked (true), once a call: one rule's limits alternate a few
+-- heads, and checking each again cost a call of them 2%.
+local hlen, hx, costok = {}, {}, {}
+local function head(b)
+  local th, tt = ARGV[b + 1], ARGV[b + 2]
+  if not tt then return end
+  local c = hlen[th]
+  if not c then
+    local h = number[th]
+    if not (h and h >= 0 and h < 2^53 and h % 1 == 0) then return end
+    local x = h % RUN
+    local p = (x - x % 128) / 128
+    if p < 1 or p > shapes then return end
+    c = (h - x) / RUN + 1
+    hlen[th], hx[th] = c, x
+  end
+  if not costok[tt] then
+    local cost = number[tt]
+    if not (cost and cost >= 0 and cost < 9e15 and cost % 1 == 0) then return end
+    costok[tt] = true
+  end
+  return c, hx[th], tt
+end
+local function malformed() error('divvy: malformed runs of keys') end
+if lone then
   local covered, b = 0, base
   while covered < n do
-    local tc, tx, tt = ARGV[b + 1], ARGV[b + 2], ARGV[b + 3]
-    if not tt then break end
-    local c, x, cost = number[tc], number[tx], number[tt]
-    if not (c and x and cost and c >= 1 and c == floor(c) and x == floor(x) and x < 2^40
-      and cost >= 0 and cost < 9e15 and cost == floor(cost)) then break end
-    local p = (x - x % 128) / 128
-    if p < 1 or p > shapes then break end
-    covered, b = covered + c, b + 3
+    local c = head(b)
+    if not c then break end
+    covered, b = covered + c, b + 2
   end
-  if covered ~= n or ARGV[b + 1] ~= nil then error('divvy: malformed runs of keys') end
+  if covered ~= n or ARGV[b + 1] ~= nil then malformed() end
 end
--- `run()` moves to the next run and returns its length, its shape and
--- flags, and its cost as text.
+-- `run()` moves to the next run of a lone call (checked above) and
+-- returns its length, its shape and flags, and its cost as text.
 local rb = base
 local function run()
-  local c, x, ct = number[ARGV[rb + 1]], number[ARGV[rb + 2]], ARGV[rb + 3]
-  rb = rb + 3
-  return c, x, ct
+  local h, ct = number[ARGV[rb + 1]], ARGV[rb + 2]
+  rb = rb + 2
+  local x = h % RUN
+  return (h - x) / RUN + 1, x, ct
 end
 -- Each key's shape and flags, and its cost as text (`xs`, `cts`, by op);
 -- whether every group of the call is charged or checked on its own: no
@@ -308,8 +337,18 @@ local xs, cts = {}, {}
 local lean = true
 local whole_request = false -- the request under way is all-or-nothing
 local left, x, ct = 0, 0, nil -- the run under way: keys left in it, its numbers
+local xb = base -- where the next run's head is
 for i = 1, lone and 0 or n do
-  if left == 0 then left, x, ct = run() end
+  if left == 0 then
+    -- (`head` inline: a call per run cost a call of one rule's limits,
+    -- a run per key, 1.5%)
+    local th, tt = ARGV[xb + 1], ARGV[xb + 2]
+    left, x = hlen[th], hx[th]
+    if not (left and costok[tt]) then left, x = head(xb) end
+    if not left or left > n - i + 1 then malformed() end
+    ct = tt
+    xb = xb + 2
+  end
   left = left - 1
   xs[i], cts[i] = x, ct
   local f = x % 128
@@ -322,6 +361,7 @@ for i = 1, lone and 0 or n do
     lean = false
   end
 end
+if not lone and ARGV[xb + 1] ~= nil then malformed() end
 
 -- Every value in one call (a few for very large calls: Lua unpacks at most
 -- about 8,000 values at once).

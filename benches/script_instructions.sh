@@ -11,18 +11,20 @@
 #            wherever this is run from); an older one
 #            with `git show <commit>:src/store/lua/counters.lua > old.lua`
 # ALGORITHM  0 divvy's window (default), 1 fixed, 2 sliding, 3 token bucket;
-#            `group`: 30 requests of a rule of two token-bucket limits (use
-#            HINTS 2: not lone; runs of one are sent as pairs either way)
+#            `group`: 30 requests of a rule of two token-bucket limits (its
+#            HINTS default to 2: the call is not lone; runs of one key are
+#            two values, as scripts before runs took them)
 # HINTS      the call's hints, ARGV[3] (default 3: every op a lone counter, no
-#            key twice); `none` for scripts from before ARGV[3] existed
+#            key twice; 2 for `group`); `none` for scripts from before
+#            ARGV[3] existed
 # PAIRS=1    (environment) the per-key arguments as two values a key, for
 #            scripts from before they were sent in runs (implied by
 #            HINTS=none); a script that refuses the call stops the run
 #
 # Each run starts redis-server under callgrind on a free loopback port, loads
 # the script, makes every counter once, then runs `redis-benchmark` calls of
-# 60 counters (one request each, cost 1, limit 10^9, window 1 h) on
-# existing counters; it is done for 100 and for 300 calls, and the
+# 60 counters (one request each, cost 1, limit 10^9, window 1 h; for
+# `group`, 30 requests of two) on existing counters; it is done for 100 and for 300 calls, and the
 # difference is divided by 200 x 60, so start-up and loading cancel out.
 # Needs valgrind (callgrind_annotate), redis-server, redis-cli,
 # redis-benchmark and python3 (for a free port). About 10 s.
@@ -30,7 +32,11 @@ set -euo pipefail
 
 script=${1:-$(dirname "$0")/../src/store/lua/counters.lua}
 algorithm=${2:-0}
-hints=${3:-3}
+if [ "${2:-0}" = group ]; then hints=${3:-2}; else hints=${3:-3}; fi
+if [ "$algorithm" = group ] && [ "$hints" != none ] && [ $((hints % 2)) = 1 ]; then
+  echo "a group's call is not lone: HINTS must be even (or none)" >&2
+  exit 2
+fi
 counters=60
 
 keys=()
@@ -41,7 +47,8 @@ if [ "$algorithm" = group ]; then
   for i in $(seq 1 30); do keys+=("divvy:bench:ip=10.0.$i.7" "divvy:bench:user=u$i"); done
   args=(-1 2)
   [ "$hints" = none ] || args+=("$hints")
-  args+=(3 1000000000 3600000 1000000000 3 3000000000 3600000 3000000000)
+  # (bursts within divvy's bound: burst x window ms <= 2^52)
+  args+=(3 1000000000 3600000 1000000000 3 1200000000 3600000 1200000000)
   # shape 1 * 128 + flags 4, cost 1; shape 2 * 128 + flags 1, cost 1
   for _ in $(seq 1 30); do args+=(132 1 257 1); done
 else

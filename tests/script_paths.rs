@@ -707,5 +707,20 @@ async fn malformed_runs_of_keys_are_an_error_and_write_nothing() {
         let n: i64 = client.exists(keys.clone()).await.expect("exists");
         assert_eq!(n, 2, "hints {hints}");
         let _: i64 = client.del(keys.clone()).await.expect("del");
+        // A cost beyond every limit (a request's addend is any u64, sent as
+        // at most i64::MAX) is well formed: denied, nothing written, and
+        // the call's other requests answered.
+        let got: Vec<i64> = client
+            .eval(
+                SCRIPT,
+                keys.clone(),
+                call(hints, &["132", "9223372036854775807", "132", "1"]),
+            )
+            .await
+            .expect("a call with a huge cost");
+        assert_eq!(got, [-6, 60_000, 4, 60_000], "hints {hints}");
+        let n: i64 = client.exists(keys.clone()).await.expect("exists");
+        assert_eq!(n, 1, "hints {hints}: only the second key is charged");
+        let _: i64 = client.del(keys.clone()).await.expect("del");
     }
 }

@@ -273,7 +273,7 @@ local number = setmetatable({}, {__index = function(t, text)
   return v
 end})
 -- The runs (see the top) must cover the keys exactly, each with a shape
--- of the call and a whole cost; the store never sends anything else, and
+-- of the call and a whole, finite cost; the store never sends anything else, and
 -- a call that does is refused whole, before anything is read or written.
 -- `head(b)` reads the run whose head is ARGV[b + 1]: its length, shape and
 -- flags, and cost as text; nothing for a malformed one. (`% 1` tests for
@@ -301,7 +301,8 @@ local function head(b)
   end
   if not costok[tt] then
     local cost = number[tt]
-    if not (cost and cost >= 0 and cost < 9e15 and cost % 1 == 0) then return end
+    -- (Any whole cost: one beyond every limit is denied, as it always was.)
+    if not (cost and cost >= 0 and cost % 1 == 0) then return end
     costok[tt] = true
   end
   return c, hx[th], tt

@@ -273,8 +273,9 @@ local number = setmetatable({}, {__index = function(t, text)
   return v
 end})
 -- The runs (see the top) must cover the keys exactly, each with a shape
--- of the call and a whole, finite cost; the store never sends anything else, and
--- a call that does is refused whole, before anything is read or written.
+-- of the call and a whole, finite cost; the store never sends anything
+-- else, and a call that does is refused whole, before anything is read or
+-- written.
 -- `head(b)` reads the run whose head is ARGV[b + 1]: its length, shape and
 -- flags, and cost as text; nothing for a malformed one. (`% 1` tests for
 -- a whole number without a call to `math.floor`, and is not 0 for inf or
@@ -341,8 +342,8 @@ local left, x, ct = 0, 0, nil -- the run under way: keys left in it, its numbers
 local xb = base -- where the next run's head is
 for i = 1, lone and 0 or n do
   if left == 0 then
-    -- (`head` inline: a call per run cost a call of one rule's limits,
-    -- a run per key, 1.5%)
+    -- (`head` only for a text not seen yet in the call: calling it for
+    -- every run cost 1.5% on a call of one rule's limits, a run a key.)
     local th, tt = ARGV[xb + 1], ARGV[xb + 2]
     left, x = hlen[th], hx[th]
     if not (left and costok[tt]) then left, x = head(xb) end

@@ -9,8 +9,9 @@
 //!   linear scan of the same 10,000 rules for comparison.
 //! - Line path: CPU time per HIT of one line-protocol connection served
 //!   in-process over an in-memory pipe (framing, parsing, matching, the
-//!   memory store, answering; no kernel), 256 HITs per batch, 65,536
-//!   actors, the policy of `cargo bench --bench load`.
+//!   memory store, answering; no kernel), 256 HITs per batch (or
+//!   `DIVVY_CORE_BATCH`, for `DIVVY_CORE_ROUNDS` batches), 65,536 actors,
+//!   the policy of `cargo bench --bench load`.
 //! - gRPC handler: CPU time per `ShouldRateLimit` call of the service's
 //!   handler in-process (validation, descriptors into hits, matching, the
 //!   memory store, the response; no HTTP/2, no protobuf), the load

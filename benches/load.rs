@@ -1903,7 +1903,8 @@ fn redis_section(rt: &Runtime, redis: &RedisProc, run: Duration, summary: &mut S
             pids: vec![("divvy", shared.pid()), ("redis", redis.child.id())],
         },
     ];
-    let loads = [LINE_LOADS[0], LINE_LOADS[2]];
+    // Every line load, as the line section runs them.
+    let loads = LINE_LOADS;
     let pairs = line_pairs(rt, &targets, ["memory store", "redis store"], run, &loads);
     let mut calls_before = script_calls(redis.port);
     let mut redis_max = None;

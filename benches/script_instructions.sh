@@ -24,15 +24,15 @@
 # Each run starts redis-server under callgrind on a free loopback port, loads
 # the script, makes every counter once, then runs `redis-benchmark` calls of
 # 60 counters (one request each, cost 1, limit 10^9, window 1 h; for
-# `group`, 30 requests of two) on existing counters; it is done for 100 and for 300 calls, and the
-# difference is divided by 200 x 60, so start-up and loading cancel out.
+# `group`, 30 requests of two) on existing counters; it is done for 100
+# and for 300 calls, and the difference is divided by 200 x 60, so start-up and loading cancel out.
 # Needs valgrind (callgrind_annotate), redis-server, redis-cli,
 # redis-benchmark and python3 (for a free port). About 10 s.
 set -euo pipefail
 
 script=${1:-$(dirname "$0")/../src/store/lua/counters.lua}
 algorithm=${2:-0}
-if [ "${2:-0}" = group ]; then hints=${3:-2}; else hints=${3:-3}; fi
+if [ "$algorithm" = group ]; then hints=${3:-2}; else hints=${3:-3}; fi
 if [ "$algorithm" = group ] && [ "$hints" != none ] && [ $((hints % 2)) = 1 ]; then
   echo "a group's call is not lone: HINTS must be even (or none)" >&2
   exit 2

@@ -26,7 +26,7 @@ mod common;
 
 use std::time::Duration;
 
-use divvy::store::redis::SCRIPT;
+use divvy::store::redis::{push_run, SCRIPT};
 use fred::clients::Client;
 use fred::interfaces::{ClientLike, KeysInterface, LuaInterface};
 use fred::types::config::Config as FredConfig;
@@ -277,9 +277,6 @@ fn hints(ops: &[Op], keys: &[String]) -> i64 {
     i64::from(lone) | (i64::from(distinct) << 1)
 }
 
-/// A run's head counts its length - 1 in these.
-const RUN: i64 = 1 << 32;
-
 /// The script's keys and arguments for `ops` on the keys `prefix:i` at
 /// `now`; with `general`, one more request, all-or-nothing, of two counters
 /// on keys of its own; with `hinted`, the hints the store would send.
@@ -328,13 +325,11 @@ fn call_args(
     };
     let mut args = vec![now, shapes.len() as i64, hints];
     args.extend(shapes.iter().flatten());
-    // Runs: (how many - 1) * 2^32 + shape * 128 + flags, cost.
+    // Runs, as the store makes them: (how many - 1) * 2^32 + shape * 128 +
+    // flags, cost.
     let mut runs: Vec<[i64; 2]> = Vec::new();
     for (x, cost) in per_key {
-        match runs.last_mut() {
-            Some(last) if last[0] % RUN == x && last[1] == cost => last[0] += RUN,
-            _ => runs.push([x, cost]),
-        }
+        push_run(&mut runs, x, cost);
     }
     args.extend(runs.iter().flatten());
     (keys, args)

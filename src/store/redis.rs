@@ -612,7 +612,7 @@ fn distinct(keys: &[&str]) -> bool {
 }
 
 /// A run's head counts its length - 1 in these (see [`script_args`]).
-const RUN: i64 = 1 << 32;
+pub const RUN: i64 = 1 << 32;
 
 /// Most counters in one run (far below the 2^21 at which the head would
 /// outgrow Lua's exact integers; a call holds about 512 counters).
@@ -623,6 +623,18 @@ const MAX_RUN: i64 = 1 << 16;
 /// (2^25 shapes) in any script call, which holds one request and at most
 /// [`MAX_BATCH_KEYS`] counters of others.
 pub const MAX_REQUEST_COUNTERS: usize = 1 << 24;
+
+/// Adds a counter of shape and flags `x` (shape * 128 + flags) and `cost` to
+/// the script's runs (`[head, cost]`, see [`script_args`]): to the last run
+/// when it is alike and not full, else as a run of its own.
+pub fn push_run(runs: &mut Vec<[i64; 2]>, x: i64, cost: i64) {
+    match runs.last_mut() {
+        Some(last) if last[0] % RUN == x && last[1] == cost && last[0] / RUN < MAX_RUN - 1 => {
+            last[0] += RUN;
+        }
+        _ => runs.push([x, cost]),
+    }
+}
 
 /// The script's KEYS and ARGV for `parts` (`count` counters in all) at `now`:
 /// the time, the number of limit shapes, the call's [`hint`]s, the shapes
@@ -690,15 +702,7 @@ fn script_args<'a>(
             // so the product stays far below 2^53.
             let shape_id = i64::try_from(index + 1).unwrap_or(i64::MAX);
             call.op(flags);
-            let (x, cost) = (shape_id * 128 + flags, int(op.cost));
-            match runs.last_mut() {
-                Some(last)
-                    if last[0] % RUN == x && last[1] == cost && last[0] / RUN < MAX_RUN - 1 =>
-                {
-                    last[0] += RUN;
-                }
-                _ => runs.push([x, cost]),
-            }
+            push_run(&mut runs, shape_id * 128 + flags, int(op.cost));
         }
     }
     let mut args: Vec<i64> = Vec::with_capacity(3 + shapes.len() * 4 + runs.len() * 2);

@@ -3,14 +3,6 @@
 
 use std::fmt;
 
-/// A parsed request line.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Command<'a> {
-    /// `HIT k=v ...`: the pairs in request order, borrowed from the line (a
-    /// repeated key: the last wins later).
-    Hit(Vec<(&'a str, &'a str)>),
-}
-
 /// Why a line was refused; [`fmt::Display`] gives the exact `ERR` line (without newline).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LineError {
@@ -139,24 +131,18 @@ fn parse_pairs<'a>(
     Ok(())
 }
 
-/// Parses one request line (without its newline).
-pub fn parse_line(line: &str) -> Result<Command<'_>, LineError> {
-    let mut pairs = Vec::new();
-    parse_hit(line, |k, v| pairs.push((k, v)))?;
-    Ok(Command::Hit(pairs))
-}
-
 /// Parses one request line (without its newline), a HIT, handing its pairs
-/// to `pair` in request order: [`parse_line`] without building a list. On
-/// an error some pairs may have been handed over already; the caller drops
-/// them.
+/// (borrowed from the line) to `pair` in request order, a repeated key as
+/// often as it comes. On an error some pairs may have been handed over
+/// already; the caller drops them.
 pub fn parse_hit<'a>(
     line: &'a str,
     mut pair: impl FnMut(&'a str, &'a str),
 ) -> Result<(), LineError> {
-    // Most lines are ASCII without quotes: one pass over their bytes. Any
-    // other line, and any malformed one (for its exact error), goes through
-    // the general parser, which the fast one mirrors.
+    // Most lines are ASCII without quotes: after those two checks, one pass
+    // of the fast parser over their bytes. Any other line, and any
+    // malformed one (for its exact error), goes through the general parser,
+    // which the fast one mirrors.
     if line.is_ascii() && !line.as_bytes().contains(&b'"') && parse_plain(line, &mut pair).is_some()
     {
         return Ok(());
@@ -248,14 +234,11 @@ mod tests {
     use super::*;
 
     fn ok(line: &str) -> Vec<(&str, &str)> {
-        match parse_line(line) {
-            Ok(Command::Hit(p)) => p,
-            Err(e) => panic!("{line:?}: {e}"),
-        }
+        run(line, |l, p| parse_hit(l, p)).unwrap_or_else(|e| panic!("{line:?}: {e}"))
     }
 
     fn err(line: &str) -> String {
-        parse_line(line).unwrap_err().to_string()
+        run(line, |l, p| parse_hit(l, p)).unwrap_err()
     }
 
     fn pairs<'a>(list: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {

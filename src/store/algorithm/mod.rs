@@ -211,8 +211,10 @@ pub fn apply_request<S: States>(
     }
     // Independent ops on distinct counters (a line connection's batch, a
     // canary and its decider, descriptors charged each on their own).
-    let distinct = same.iter().enumerate().all(|(i, &k)| k == i);
-    if charge == Charge::Each && distinct && !ops.iter().any(|op| op.joint) {
+    if charge == Charge::Each
+        && same.iter().enumerate().all(|(i, &k)| k == i)
+        && !ops.iter().any(|op| op.joint)
+    {
         return apply_each(states, now, ops);
     }
     apply_groups(states, now, ops, same, charge)

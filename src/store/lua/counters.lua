@@ -318,14 +318,12 @@ if lone then
   end
   if covered ~= n or ARGV[b + 1] ~= nil then malformed() end
 end
--- `run()` moves to the next run of a lone call (checked above) and
--- returns its length, its shape and flags, and its cost as text.
+-- `run()` moves to the next run of a lone call (checked above, so `head`
+-- answers from its memo) and returns what `head` does.
 local rb = base
 local function run()
-  local h, ct = number[ARGV[rb + 1]], ARGV[rb + 2]
   rb = rb + 2
-  local x = h % RUN
-  return (h - x) / RUN + 1, x, ct
+  return head(rb - 2)
 end
 -- Each key's shape and flags, and its cost as text (`xs`, `cts`, by op);
 -- whether every group of the call is charged or checked on its own: no

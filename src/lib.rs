@@ -4,6 +4,7 @@
 //! that applies it to counters ([`limiter`], [`store`]), and thin protocol
 //! adapters ([`server`]).
 
+pub mod alloc;
 pub mod config;
 pub mod global;
 pub mod governor;

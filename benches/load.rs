@@ -1771,10 +1771,14 @@ fn grpc_section(rt: &Runtime, run: Duration, summary: &mut Summary) {
             pct_ratios(&mut d.f, &mut b.f),
             ratio_opt(d.cpu_us(0), b.cpu_us(0))
         );
+        let behind = behind_schedule(&mut b, &mut d);
+        if !behind.is_empty() {
+            println!("  {}", behind.trim_start_matches("; "));
+        }
         summary.row(
             "grpc",
             &format!(
-                "p50 / p99 / p99.9 paced at {:.0}% of do-nothing max ({rate:.0}/s)",
+                "p50 / p99 / p99.9 paced at {:.0}% of do-nothing max ({rate:.0}/s){behind}",
                 share * 100.0
             ),
             pcts(&mut d.f),
@@ -1783,6 +1787,21 @@ fn grpc_section(rt: &Runtime, run: Duration, summary: &mut Summary) {
         );
     }
     answers_ok();
+}
+
+/// A note for a paced pair of runs in which the generator could not keep its
+/// schedule (a send lag p50 over [`PACE_QUANTUM`] in either run): its own
+/// queue then counts in both servers' latencies, and the pair measures the
+/// generator as much as the servers. Empty when it kept up.
+fn behind_schedule(b: &mut Tally, d: &mut Tally) -> String {
+    let (lb, ld) = (b.f.lag_pct(0.5), d.f.lag_pct(0.5));
+    if lb <= PACE_QUANTUM && ld <= PACE_QUANTUM {
+        return String::new();
+    }
+    format!(
+        "; the generator fell behind its schedule (send lag p50 {lb:.1?} do-nothing, \
+         {ld:.1?} divvy): its queue counts in both"
+    )
 }
 
 /// The line protocol on the memory store: the constant-answer server and divvy.

@@ -234,7 +234,9 @@ async fn run_batcher(core: Arc<Core>, mut rx: mpsc::Receiver<Pending>, calls: us
         let core = core.clone();
         tokio::spawn(async move {
             let parts: Vec<Part<'_>> = batch.iter().map(|p| (p.ops.as_slice(), p.charge)).collect();
-            let result = core.eval(&parts).await;
+            // Boxed: the call future (fred's included) is large, and inline it made
+            // the task large too, copied whole when spawned and when done.
+            let result = Box::pin(core.eval(&parts)).await;
             drop(parts);
             match result {
                 Ok(states) => {

@@ -33,7 +33,7 @@ use divvy::store::{Algorithm, CounterOp, MemoryStore};
 
 /// The server's allocator, so allocation costs are the server's.
 #[global_allocator]
-static ALLOCATOR: divvy::alloc::MiMalloc = divvy::alloc::MiMalloc;
+static ALLOCATOR: divvy::allocator::MiMalloc = divvy::allocator::MiMalloc;
 
 fn policy(rules: usize) -> RuleSet {
     let mut yaml = String::from("overrides:\n");

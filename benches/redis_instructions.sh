@@ -2,50 +2,59 @@
 # Instructions divvy runs per HIT on the Redis store, divvy's side only
 # (framing, parsing, matching, batching, the Redis client's encoding and
 # decoding, answering; redis-server's own work is benches/script_instructions.sh's),
-# counted by valgrind's callgrind: unlike CPU time, the count repeats to
-# within about a percent whatever else the machine is doing.
+# its user space only, counted by valgrind's callgrind: unlike CPU time, the
+# count repeats to about 0.1% whatever else the machine is doing.
 #
-#   benches/redis_instructions.sh [BATCH] [DIVVY_BINARY]
+#   benches/redis_instructions.sh [ROUND] [DIVVY_BINARY]
 #
-# BATCH         HITs a connection sends before it reads their answers, 1 to
+# ROUND         HITs a connection sends before it reads their answers, 1 to
 #               4096 (default 256; the load benchmark's 1 x 256 pipelined)
 # DIVVY_BINARY  the divvy executable (default: built here with `cargo build
 #               --profile profiling`); another commit's, for a before/after
+# KEEP=FILE     (environment) keep callgrind's dump there, for callgrind_annotate
 #
 # It starts redis-server on a free loopback port and `divvy serve` (the load
 # benchmark's policy, benches/line_policy.yaml, on that Redis) under
 # callgrind, makes the 65,536 actors' counters, zeroes callgrind's counts,
-# sends 32,768 HITs over one line-protocol connection in rounds of BATCH
-# (each round is read whole by divvy and decided as one batch: one script
-# call), dumps the counts and divides them by the HITs. Needs valgrind
-# (callgrind_control, callgrind_annotate), redis-server and python3. About a
-# minute.
+# sends 32,768 HITs over one line-protocol connection in rounds of ROUND
+# (each round's answers read before the next is sent), dumps the counts and
+# divides them by the HITs. divvy decides what one read brings as one batch,
+# so a round larger than a read (about 8 KB, 230 HITs) is more than one
+# script call: the HITs per script call are printed too (Redis's `INFO
+# commandstats`). Needs valgrind (callgrind_control), redis-server and
+# python3. About half a minute.
 set -euo pipefail
 
-batch=${1:-256}
+round=${1:-256}
 binary=${2:-}
-if ! [[ "$batch" =~ ^[0-9]+$ ]] || [ "$batch" -lt 1 ] || [ "$batch" -gt 4096 ]; then
-  echo "BATCH must be a whole number from 1 to 4096" >&2
+if ! [[ "$round" =~ ^[0-9]+$ ]] || [ "$round" -lt 1 ] || [ "$round" -gt 4096 ]; then
+  echo "ROUND must be a whole number from 1 to 4096" >&2
   exit 2
 fi
 here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=benches/callgrind_common.sh
+. "$here/callgrind_common.sh"
 if [ -z "$binary" ]; then
   (cd "$here/.." && cargo build --profile profiling --bin divvy >&2)
   binary="$here/../target/profiling/divvy"
 fi
 
 work=$(mktemp -d)
-pids=()
+redis_pid=
+divvy_pid=
 cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  local status=$?
+  for p in $divvy_pid $redis_pid; do kill "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
+  if [ "$status" != 0 ]; then
+    for log in "$work"/*.log; do
+      [ -f "$log" ] && { echo "--- $log" >&2; tail -20 "$log" >&2; }
+    done
+  fi
   rm -rf "$work"
 }
 trap cleanup EXIT
 
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
 redis_port=$(free_port)
 line_port=$(free_port)
 grpc_port=$(free_port)
@@ -53,7 +62,7 @@ http_port=$(free_port)
 
 redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no \
   --dir "$work" >"$work/redis.log" 2>&1 &
-pids+=($!)
+redis_pid=$!
 
 valgrind --tool=callgrind --callgrind-out-file="$work/out.%p" "$binary" serve \
   --config "$here/line_policy.yaml" --worker-threads 1 --no-watch \
@@ -61,15 +70,15 @@ valgrind --tool=callgrind --callgrind-out-file="$work/out.%p" "$binary" serve \
   --line-addr "127.0.0.1:$line_port" --grpc-addr "127.0.0.1:$grpc_port" \
   --http-addr "127.0.0.1:$http_port" --line-max-batch 4096 \
   >"$work/divvy.log" 2>&1 &
-divvy=$!
-pids+=($divvy)
+divvy_pid=$!
 
-python3 - "$line_port" "$batch" "$divvy" "$work" <<'PY'
-import socket, subprocess, sys, time
+# The line-protocol client: HITS HITs from actor START on, SIZE at a time,
+# each round's answers read before the next is sent; every answer must be
+# OK. It waits for divvy's port (slow to open under callgrind).
+cat >"$work/client.py" <<'PY'
+import socket, sys, time
 
-port, batch, pid, work = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
-ACTORS, COUNTED = 65536, 32768
-
+port, start, hits, size = (int(a) for a in sys.argv[1:5])
 deadline = time.time() + 120
 while True:
     try:
@@ -77,45 +86,42 @@ while True:
         break
     except OSError:
         if time.time() > deadline:
-            sys.exit("divvy did not start: see its log")
+            sys.exit("divvy's line port never opened")
         time.sleep(0.2)
 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 reader = conn.makefile("rb")
-
-def rounds(start, hits):
-    """Sends `hits` HITs from actor `start` on, `batch` at a time, each
-    round's answers read before the next is sent; every answer must be OK."""
-    n = 0
-    while n < hits:
-        k = min(batch, hits - n)
-        lines = b"".join(
-            b"HIT path=/api/items ip=10.%d.%d.%d\n"
-            % divmod_ip((start + n + i) % ACTORS) for i in range(k))
-        conn.sendall(lines)
-        for _ in range(k):
-            answer = reader.readline()
-            if not answer.startswith(b"OK true "):
-                sys.exit("unexpected answer: %r" % answer)
-        n += k
-
-def divmod_ip(a):
-    return (a >> 16, (a >> 8) & 255, a & 255)
-
-# Every actor's counter made (in rounds of 256 whatever BATCH is), then the
-# counted HITs on existing counters.
-rounds(0, ACTORS) if batch >= 256 else [rounds(i, 256) for i in range(0, ACTORS, 256)]
-subprocess.run(["callgrind_control", "--zero", pid], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-rounds(0, COUNTED)
-subprocess.run(["callgrind_control", "--dump=counted", pid], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-print(COUNTED)
+n = 0
+while n < hits:
+    k = min(size, hits - n)
+    lines = []
+    for i in range(k):
+        a = (start + n + i) % 65536
+        lines.append(b"HIT path=/api/items ip=10.%d.%d.%d\n" % (a >> 16, (a >> 8) & 255, a & 255))
+    conn.sendall(b"".join(lines))
+    for _ in range(k):
+        answer = reader.readline()
+        if not answer.startswith(b"OK true "):
+            sys.exit("unexpected answer: %r" % answer)
+    n += k
 PY
-sleep 1
-dump=$(ls "$work"/out.*.1 2>/dev/null | head -1)
-if [ -z "$dump" ]; then
-  echo "no callgrind dump: see $work/divvy.log" >&2
-  cat "$work/divvy.log" >&2
-  exit 1
-fi
-total=$(callgrind_annotate "$dump" | awk '/PROGRAM TOTALS/ { gsub(",", "", $1); print $1 }')
-echo "divvy on the Redis store, $batch HITs a batch: $((total / 32768)) instructions per HIT (32768 HITs counted)"
-if [ -n "${KEEP:-}" ]; then cp "$dump" "$KEEP"; fi
+
+# EVALSHA calls Redis has run.
+evalsha_calls() {
+  redis-cli -p "$redis_port" INFO commandstats |
+    sed -n 's/^cmdstat_evalsha:calls=\([0-9]*\).*/\1/p' | grep . || echo 0
+}
+
+# Every actor's counter made (in rounds of at least 256), then the counted
+# HITs on existing counters.
+wait_port "$line_port" "$divvy_pid"
+python3 "$work/client.py" "$line_port" 0 65536 $((round > 256 ? round : 256))
+grind_control --zero "$divvy_pid"
+before=$(evalsha_calls)
+python3 "$work/client.py" "$line_port" 0 32768 "$round"
+after=$(evalsha_calls)
+grind_control --dump=counted "$divvy_pid"
+total=$(grind_counted_total "$work/out" "$divvy_pid")
+if [ -n "${KEEP:-}" ]; then cp "$work/out.$divvy_pid.1" "$KEEP"; fi
+calls=$((after - before))
+echo "divvy on the Redis store, rounds of $round HITs: $((total / 32768)) instructions per HIT" \
+  "(32768 HITs counted; $(python3 -c "print(f'{32768 / max($calls, 1):.1f}')") HITs a script call)"

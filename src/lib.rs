@@ -2,9 +2,9 @@
 //!
 //! One policy of ordered divvy-style rules ([`config`], [`rules`]), one core
 //! that applies it to counters ([`limiter`], [`store`]), and thin protocol
-//! adapters ([`server`]).
+//! adapters ([`server`]). The binary allocates through [`allocator`].
 
-pub mod alloc;
+pub mod allocator;
 pub mod config;
 pub mod global;
 pub mod governor;

@@ -16,11 +16,13 @@
 use core::alloc::{GlobalAlloc, Layout};
 use core::ffi::c_void;
 
-/// The alignment of every block of `mi_malloc` whose size is a multiple of
-/// it (mimalloc's `MI_MAX_ALIGN_SIZE`, C's `alignof(max_align_t)` on the
-/// 64-bit targets divvy builds for): its size classes above 16 bytes are
-/// multiples of 16 and a page's first block is 16-aligned, as C's `malloc`
-/// must be for any object of 16 bytes or more.
+/// The alignment `mi_malloc` guarantees a block whose size is a multiple of
+/// it: C's `malloc` must return memory aligned for any fundamental type
+/// that fits (`alignof(max_align_t)`, 16 on the 64-bit targets divvy builds
+/// for; mimalloc's `MI_MAX_ALIGN_SIZE`), the rule Rust's own `System`
+/// allocator relies on (`align <= MIN_ALIGN && align <= size`). In
+/// mimalloc 3 itself: the size classes above 8 bytes are multiples of 16,
+/// and their pages' blocks start 16-aligned.
 const PLAIN_ALIGN: usize = 16;
 
 /// Whether a plain `mi_malloc` block of `size` bytes has alignment `align`:
@@ -90,9 +92,9 @@ unsafe impl GlobalAlloc for MiMalloc {
 mod tests {
     use super::*;
 
-    /// Every alignment from 1 to 4096 and sizes around every size class up
-    /// to 64 KiB: each block has its alignment, and survives a write of
-    /// its whole size, a grow and a shrink.
+    /// Every alignment from 1 to 4096, every size to 1 KiB and sizes around
+    /// each KiB to 64 KiB: each block has its alignment, and survives a
+    /// write of its whole size, a grow and a shrink.
     #[test]
     fn blocks_have_the_alignment_asked_for() {
         let a = MiMalloc;

@@ -1,0 +1,62 @@
+# Shared by benches/grpc_instructions.sh and benches/redis_instructions.sh
+# (sourced, not run): a free loopback port, and counting a phase of a
+# server's run under callgrind (zero the counts, run the phase, dump them,
+# read the total), each step checked, so a failure stops the script rather
+# than printing a wrong figure.
+
+# A free TCP port on 127.0.0.1.
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+# callgrind_control COMMAND PID, failing unless the tool reports success
+# (callgrind_control itself exits 0 even when it finds no such process).
+grind_control() {
+  local out
+  out=$(callgrind_control "$1" "$2" 2>&1 || true)
+  if ! grep -q "OK" <<<"$out" || grep -qiE "error|no active" <<<"$out"; then
+    echo "callgrind_control $1 $2 failed: $out" >&2
+    return 1
+  fi
+}
+
+# The instructions counted in the dump named `counted` that callgrind wrote
+# to OUT_PREFIX.PID.1 (with --callgrind-out-file=OUT_PREFIX.%p): its
+# `summary:` line, checked to be a number and the dump checked to be the
+# counted phase's.
+grind_counted_total() {
+  local prefix=$1 pid=$2 dump total
+  dump="$prefix.$pid.1"
+  for _ in $(seq 50); do
+    [ -s "$dump" ] && grep -q "^summary:" "$dump" && break
+    sleep 0.1
+  done
+  if ! [ -s "$dump" ] || ! grep -q "^desc: Trigger: dump counted" "$dump"; then
+    echo "no callgrind dump of the counted phase at $dump" >&2
+    return 1
+  fi
+  total=$(awk '/^summary:/ { print $2; exit }' "$dump")
+  if ! [[ "$total" =~ ^[0-9]+$ ]]; then
+    echo "no instruction total in $dump" >&2
+    return 1
+  fi
+  echo "$total"
+}
+
+# Waits up to two minutes for 127.0.0.1:PORT to accept a connection,
+# failing as soon as process PID (the server under callgrind) has exited.
+wait_port() {
+  local port=$1 pid=$2
+  for _ in $(seq 600); do
+    if ! kill -0 "$pid" 2>/dev/null; then
+      echo "the server exited before it listened on $port" >&2
+      return 1
+    fi
+    if python3 -c "import socket; socket.create_connection(('127.0.0.1', $port))" 2>/dev/null; then
+      return 0
+    fi
+    sleep 0.2
+  done
+  echo "nothing listened on $port within two minutes" >&2
+  return 1
+}

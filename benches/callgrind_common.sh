@@ -60,3 +60,27 @@ wait_port() {
   echo "nothing listened on $port within two minutes" >&2
   return 1
 }
+
+# divvy's profiling build, built here with cargo; its path. (`here` is the
+# sourcing script's directory, benches/.)
+profiling_divvy() {
+  (cd "$here/.." && cargo build --profile profiling --bin divvy >&2)
+  echo "$here/../target/profiling/divvy"
+}
+
+# The work directory, removed on exit, when the processes in `server_pids`
+# are killed and, if the script failed, the tail of each log in it printed.
+work=$(mktemp -d)
+server_pids=()
+cleanup() {
+  local status=$?
+  for p in ${server_pids[@]+"${server_pids[@]}"}; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  if [ "$status" != 0 ]; then
+    for log in "$work"/*.log; do
+      [ -f "$log" ] && { echo "--- $log" >&2; tail -20 "$log" >&2; }
+    done
+  fi
+  rm -rf "$work"
+}
+trap cleanup EXIT

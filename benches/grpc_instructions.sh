@@ -39,23 +39,8 @@ here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=benches/callgrind_common.sh
 . "$here/callgrind_common.sh"
 if [ -z "$server" ]; then
-  (cd "$here/.." && cargo build --profile profiling --bin divvy >&2)
-  server="$here/../target/profiling/divvy"
+  server=$(profiling_divvy)
 fi
-
-work=$(mktemp -d)
-pid=
-cleanup() {
-  local status=$?
-  if [ -n "$pid" ]; then kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; fi
-  if [ "$status" != 0 ]; then
-    for log in "$work"/*.log; do
-      [ -f "$log" ] && { echo "--- $log" >&2; tail -20 "$log" >&2; }
-    done
-  fi
-  rm -rf "$work"
-}
-trap cleanup EXIT
 
 port=$(free_port)
 http=
@@ -86,6 +71,7 @@ else
     --http-addr "127.0.0.1:$http" >"$work/server.log" 2>&1 &
 fi
 pid=$!
+server_pids+=("$pid")
 
 wait_port "$port" "$pid"
 

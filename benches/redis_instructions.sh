@@ -35,25 +35,8 @@ here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=benches/callgrind_common.sh
 . "$here/callgrind_common.sh"
 if [ -z "$binary" ]; then
-  (cd "$here/.." && cargo build --profile profiling --bin divvy >&2)
-  binary="$here/../target/profiling/divvy"
+  binary=$(profiling_divvy)
 fi
-
-work=$(mktemp -d)
-redis_pid=
-divvy_pid=
-cleanup() {
-  local status=$?
-  for p in $divvy_pid $redis_pid; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  if [ "$status" != 0 ]; then
-    for log in "$work"/*.log; do
-      [ -f "$log" ] && { echo "--- $log" >&2; tail -20 "$log" >&2; }
-    done
-  fi
-  rm -rf "$work"
-}
-trap cleanup EXIT
 
 redis_port=$(free_port)
 line_port=$(free_port)
@@ -63,6 +46,7 @@ http_port=$(free_port)
 redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no \
   --dir "$work" >"$work/redis.log" 2>&1 &
 redis_pid=$!
+server_pids+=("$redis_pid")
 
 valgrind --tool=callgrind --callgrind-out-file="$work/out.%p" "$binary" serve \
   --config "$here/line_policy.yaml" --worker-threads 1 --no-watch \
@@ -71,6 +55,7 @@ valgrind --tool=callgrind --callgrind-out-file="$work/out.%p" "$binary" serve \
   --http-addr "127.0.0.1:$http_port" --line-max-batch 4096 \
   >"$work/divvy.log" 2>&1 &
 divvy_pid=$!
+server_pids+=("$divvy_pid")
 
 # The line-protocol client: HITS HITs from actor START on, SIZE at a time,
 # each round's answers read before the next is sent; every answer must be

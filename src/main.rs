@@ -5,9 +5,9 @@ mod cli;
 /// mimalloc ([`divvy::allocator`]): fast, and it gives freed pages back to
 /// the system soon after a flood of short-lived counters ends (glibc's
 /// allocator, when it held everything, kept tens of MB of a flood's small
-/// blocks; see the README's
-/// "Limits and hostile traffic"). The counter tables' big arrays are the
-/// exception, on glibc's allocator: see [`tables_unmapped_when_freed`].
+/// blocks; see the README's "Limits and hostile traffic"). The counter
+/// tables' big arrays are the exception, on glibc's allocator: see
+/// [`tables_unmapped_when_freed`].
 #[global_allocator]
 static ALLOCATOR: divvy::allocator::MiMalloc = divvy::allocator::MiMalloc;
 

@@ -1,5 +1,5 @@
-# Shared by benches/grpc_instructions.sh and benches/redis_instructions.sh
-# (sourced, not run): a free loopback port, and counting a phase of a
+# Shared by the benches/*_instructions.sh scripts (sourced, not run): a free
+# loopback port, a dump's instruction total, and counting a phase of a
 # server's run under callgrind (zero the counts, run the phase, dump them,
 # read the total), each step checked, so a failure stops the script rather
 # than printing a wrong figure.
@@ -20,13 +20,23 @@ grind_control() {
   fi
 }
 
+# The instructions of callgrind dump FILE (callgrind_annotate's program
+# total), checked to be a number.
+grind_total() {
+  local total
+  total=$(callgrind_annotate "$1" | awk '/PROGRAM TOTALS/ { gsub(",", "", $1); print $1 }')
+  if ! [[ "$total" =~ ^[0-9]+$ ]]; then
+    echo "no instruction total in $1" >&2
+    return 1
+  fi
+  echo "$total"
+}
+
 # The instructions counted in the dump named `counted` that callgrind wrote
-# to OUT_PREFIX.PID.1 (with --callgrind-out-file=OUT_PREFIX.%p): its
-# `summary:` line, checked to be a number and the dump checked to be the
-# counted phase's.
+# to OUT_PREFIX.PID.1 (with --callgrind-out-file=OUT_PREFIX.%p), the dump
+# checked to be the counted phase's.
 grind_counted_total() {
-  local prefix=$1 pid=$2 dump total
-  dump="$prefix.$pid.1"
+  local dump="$1.$2.1"
   for _ in $(seq 50); do
     [ -s "$dump" ] && grep -q "^summary:" "$dump" && break
     sleep 0.1
@@ -35,12 +45,7 @@ grind_counted_total() {
     echo "no callgrind dump of the counted phase at $dump" >&2
     return 1
   fi
-  total=$(awk '/^summary:/ { print $2; exit }' "$dump")
-  if ! [[ "$total" =~ ^[0-9]+$ ]]; then
-    echo "no instruction total in $dump" >&2
-    return 1
-  fi
-  echo "$total"
+  grind_total "$dump"
 }
 
 # Waits up to two minutes for 127.0.0.1:PORT to accept a connection,
@@ -68,10 +73,14 @@ profiling_divvy() {
   echo "$here/../target/profiling/divvy"
 }
 
-# The work directory, removed on exit, when the processes in `server_pids`
-# are killed and, if the script failed, the tail of each log in it printed.
-work=$(mktemp -d)
-server_pids=()
+# Makes the work directory `work`, removed on exit, when the processes in
+# `server_pids` are killed and, if the script failed, the tail of each log
+# in it printed.
+init_work() {
+  work=$(mktemp -d)
+  server_pids=()
+  trap cleanup EXIT
+}
 cleanup() {
   local status=$?
   for p in ${server_pids[@]+"${server_pids[@]}"}; do kill "$p" 2>/dev/null || true; done
@@ -83,4 +92,3 @@ cleanup() {
   fi
   rm -rf "$work"
 }
-trap cleanup EXIT

@@ -38,6 +38,7 @@ done
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=benches/callgrind_common.sh
 . "$here/callgrind_common.sh"
+init_work
 if [ -z "$server" ]; then
   server=$(profiling_divvy)
 fi

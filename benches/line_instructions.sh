@@ -28,6 +28,8 @@ if ! [[ "$batch" =~ ^[0-9]+$ ]] || [ "$batch" -lt 1 ] || [ "$batch" -gt 8192 ]; 
   echo "BATCH must be a whole number from 1 to 8192" >&2
   exit 2
 fi
+# shellcheck source=benches/callgrind_common.sh
+. "$(dirname "$0")/callgrind_common.sh"
 if [ -z "$binary" ]; then
   cd "$(dirname "$0")/.."
   binary=$(cargo bench --bench core --no-run 2>&1 | sed -n 's/.*Executable .*(\(.*\)).*/\1/p' | tail -1)
@@ -41,7 +43,7 @@ trap 'rm -rf "$work"' EXIT
 instructions() {
   DIVVY_CORE_BATCH=$batch DIVVY_CORE_ROUNDS=$1 valgrind --tool=callgrind \
     --callgrind-out-file="$work/out" "$binary" line >"$work/log" 2>&1
-  callgrind_annotate "$work/out" | awk '/PROGRAM TOTALS/ { gsub(",", "", $1); print $1 }'
+  grind_total "$work/out"
 }
 
 low=$(instructions "$rounds")

@@ -34,6 +34,7 @@ fi
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=benches/callgrind_common.sh
 . "$here/callgrind_common.sh"
+init_work
 if [ -z "$binary" ]; then
   binary=$(profiling_divvy)
 fi

@@ -67,13 +67,15 @@ else
   fi
 fi
 
+# shellcheck source=benches/callgrind_common.sh
+. "$(dirname "$0")/callgrind_common.sh"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
 # Total instructions of a redis-server that ran `calls` script calls.
 instructions() {
   local calls=$1 port pid sha
-  port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  port=$(free_port)
   valgrind --tool=callgrind --callgrind-out-file="$work/out" \
     redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no \
     >"$work/log" 2>&1 &
@@ -95,7 +97,7 @@ instructions() {
   redis-benchmark -p "$port" -c 1 -n "$calls" -q EVALSHA "$sha" "$counters" "${keys[@]}" "${args[@]}" >/dev/null
   redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true
   wait "$pid" || true
-  callgrind_annotate "$work/out" | awk '/PROGRAM TOTALS/ { gsub(",", "", $1); print $1 }'
+  grind_total "$work/out"
 }
 
 low=$(instructions 100)

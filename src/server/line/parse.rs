@@ -135,19 +135,42 @@ fn parse_pairs<'a>(
 /// (borrowed from the line) to `pair` in request order, a repeated key as
 /// often as it comes. On an error some pairs may have been handed over
 /// already; the caller drops them.
-pub fn parse_hit<'a>(
+pub fn parse_hit<'a>(line: &'a str, pair: impl FnMut(&'a str, &'a str)) -> Result<(), LineError> {
+    let plain = plain_text(line.as_bytes()).is_some();
+    parse_text(line, plain, pair)
+}
+
+/// [`parse_hit`] for a line whose plainness is known: `plain` says that
+/// [`plain_text`] took it (ASCII without quotes).
+pub fn parse_text<'a>(
     line: &'a str,
+    plain: bool,
     mut pair: impl FnMut(&'a str, &'a str),
 ) -> Result<(), LineError> {
-    // Most lines are ASCII without quotes: after those two checks, one pass
-    // of the fast parser over their bytes. Any other line, and any
-    // malformed one (for its exact error), goes through the general parser,
-    // which the fast one mirrors.
-    if line.is_ascii() && !line.as_bytes().contains(&b'"') && parse_plain(line, &mut pair).is_some()
-    {
+    // Most lines are ASCII without quotes: one pass of the fast parser over
+    // their bytes. Any other line, and any malformed one (for its exact
+    // error), goes through the general parser, which the fast one mirrors.
+    if plain && parse_plain(line, &mut pair).is_some() {
         return Ok(());
     }
     parse_general(line, &mut pair)
+}
+
+/// A line's bytes as text when they are what the fast parser takes, ASCII
+/// without quotes; `None` otherwise. One pass with no early exit, which
+/// the compiler vectorises: on a typical HIT it costs about a tenth of the
+/// three passes it replaces (`is_ascii`, a search for `"`, and
+/// `str::from_utf8`, about 300 instructions a line).
+pub fn plain_text(line: &[u8]) -> Option<&str> {
+    let seen = line
+        .iter()
+        .fold(0u8, |seen, &b| seen | (b & 0x80) | u8::from(b == b'"'));
+    if seen != 0 {
+        return None;
+    }
+    // SAFETY: no byte has its high bit set: every byte is ASCII, and ASCII
+    // bytes are valid UTF-8 on their own.
+    Some(unsafe { std::str::from_utf8_unchecked(line) })
 }
 
 /// [`parse_hit`] for any line, the original server's grammar step by step.
@@ -285,6 +308,24 @@ mod tests {
                 proptest::prop_assert_eq!(plain, pairs);
             }
         }
+    }
+
+    #[test]
+    fn plain_text_is_ascii_without_quotes() {
+        assert_eq!(plain_text(b"HIT a=b\t c=d\r"), Some("HIT a=b\t c=d\r"));
+        assert_eq!(plain_text(b""), Some(""));
+        // Every ASCII byte but the quote, wherever it falls in the vector.
+        let all: Vec<u8> = (0u8..0x80).filter(|&b| b != b'"').collect();
+        for at in 0..all.len() {
+            assert_eq!(plain_text(&all[at..]).map(str::as_bytes), Some(&all[at..]));
+            let mut quoted = all.clone();
+            quoted[at] = b'"';
+            assert_eq!(plain_text(&quoted), None, "a quote at {at}");
+            let mut high = all.clone();
+            high[at] = 0x80 | all[at];
+            assert_eq!(plain_text(&high), None, "a high byte at {at}");
+        }
+        assert_eq!(plain_text("HIT a=\u{e9}".as_bytes()), None);
     }
 
     #[test]

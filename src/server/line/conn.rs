@@ -247,7 +247,8 @@ pub async fn serve_connection<S>(
             biased;
             read = stream.read_buf(&mut framer.buf) => match read {
                 Ok(0) => eof = true,
-                Ok(_) if *shutdown.borrow() => return,
+                // (A dropped sender stops the connection too.)
+                Ok(_) if *shutdown.borrow() || shutdown.has_changed().is_err() => return,
                 Ok(_) => last_active = Instant::now(),
                 Err(_) => return,
             },
@@ -391,36 +392,52 @@ mod tests {
         assert_eq!(rest, b"", "nothing answered after shutdown");
     }
 
-    /// Lines split across reads, `\r\n` endings and a line of non-ASCII
-    /// text are each answered once, in order.
+    /// The same when the shutdown signal's sender is dropped without a
+    /// word: a dropped sender stops the connection too.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_line_that_comes_as_the_signal_is_dropped_is_not_answered() {
+        let (mut client, server) = tokio::io::duplex(4096);
+        let (stop, stop_rx) = tokio::sync::watch::channel(false);
+        let task = tokio::spawn(serve_connection(server, limiter(), limits(), stop_rx));
+        client.write_all(b"HIT ip=1\n").await.expect("write");
+        let mut answer = [0u8; 64];
+        let n = client.read(&mut answer).await.expect("read");
+        assert_eq!(&answer[..n], b"OK true 4 60\n");
+        client.write_all(b"HIT ip=1\n").await.expect("write");
+        drop(stop);
+        task.await.expect("the connection ends");
+        let mut rest = Vec::new();
+        client.read_to_end(&mut rest).await.expect("read");
+        assert_eq!(rest, b"", "nothing answered once the sender is gone");
+    }
+
+    /// Lines split across reads, with `\r\n` endings, a line of non-ASCII
+    /// text, a malformed one and one with quotes are each answered once, in
+    /// order, and nothing more. (A `\r` left at a line's end would read as
+    /// whitespace to both parsers: the ending matters only to the length
+    /// limit.)
     #[tokio::test(flavor = "current_thread")]
     async fn lines_split_across_reads_are_answered_once_in_order() {
         let (mut client, server) = tokio::io::duplex(4096);
         let (_stop, stop_rx) = tokio::sync::watch::channel(false);
-        tokio::spawn(serve_connection(server, limiter(), limits(), stop_rx));
+        let task = tokio::spawn(serve_connection(server, limiter(), limits(), stop_rx));
         for part in [
             &b"HIT ip=a\r\nHIT i"[..],
             b"p=b\nHIT ip=\xc3\xa9\n",
-            b"HIT ip=\"a\"\n",
+            b"HIT a\r\nHIT ip=\"a\"\n",
         ] {
             client.write_all(part).await.expect("write");
             tokio::task::yield_now().await;
         }
+        // The end of input: the connection answers what it has and closes.
+        client.shutdown().await.expect("shutdown");
+        task.await.expect("the connection ends");
         let mut answers = Vec::new();
-        while answers.iter().filter(|&&b| b == b'\n').count() < 4 {
-            let mut buf = [0u8; 256];
-            let n = client.read(&mut buf).await.expect("read");
-            assert_ne!(
-                n,
-                0,
-                "closed early: {:?}",
-                String::from_utf8_lossy(&answers)
-            );
-            answers.extend_from_slice(&buf[..n]);
-        }
+        client.read_to_end(&mut answers).await.expect("read");
         assert_eq!(
             String::from_utf8_lossy(&answers),
-            "OK true 4 60\nOK true 4 60\nOK true 4 60\nOK true 3 60\n"
+            "OK true 4 60\nOK true 4 60\nOK true 4 60\n\
+             ERR unknown \"Unexpected end of input string.\"\nOK true 3 60\n"
         );
     }
 }

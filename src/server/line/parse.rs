@@ -141,12 +141,15 @@ pub fn parse_hit<'a>(line: &'a str, pair: impl FnMut(&'a str, &'a str)) -> Resul
 }
 
 /// [`parse_hit`] for a line whose plainness is known: `plain` says that
-/// [`plain_text`] took it (ASCII without quotes).
-pub fn parse_text<'a>(
+/// [`plain_text`] took it (ASCII without quotes). A line wrongly said to be
+/// plain would be parsed as if it were (a quote kept as a character,
+/// non-ASCII whitespace kept in a word), so this is for this crate only.
+pub(crate) fn parse_text<'a>(
     line: &'a str,
     plain: bool,
     mut pair: impl FnMut(&'a str, &'a str),
 ) -> Result<(), LineError> {
+    debug_assert_eq!(plain, plain_text(line.as_bytes()).is_some());
     // Most lines are ASCII without quotes: one pass of the fast parser over
     // their bytes. Any other line, and any malformed one (for its exact
     // error), goes through the general parser, which the fast one mirrors.

@@ -274,8 +274,10 @@ impl Core {
     ) -> Result<Vec<CounterState>, StoreError> {
         let count: usize = parts.iter().map(|(ops, _)| ops.len()).sum();
         let (keys, args) = script_args(parts, count, undo, self.now());
-        let first: Result<Vec<i64>, Error> =
-            self.client.evalsha(self.sha.as_str(), keys, args).await;
+        let first: Result<Vec<i64>, Error> = self
+            .client
+            .evalsha(self.sha.as_str(), keys, decimal_args(&args))
+            .await;
         let raw = match first {
             Err(e) if e.details().starts_with("NOSCRIPT") => {
                 tracing::info!("redis lost the counter script; loading it again");
@@ -287,7 +289,7 @@ impl Core {
                 // retry, cost more.
                 let (keys, args) = script_args(parts, count, undo, self.now());
                 self.client
-                    .evalsha::<Vec<i64>, _, _, _>(self.sha.as_str(), keys, args)
+                    .evalsha::<Vec<i64>, _, _, _>(self.sha.as_str(), keys, decimal_args(&args))
                     .await
                     .map_err(|e| store_error(&e))?
             }
@@ -626,6 +628,31 @@ const MAX_RUN: i64 = 1 << 16;
 /// [`MAX_BATCH_KEYS`] counters of others.
 pub const MAX_REQUEST_COUNTERS: usize = 1 << 24;
 
+/// The script's arguments as the decimal text Redis receives them as, in
+/// one buffer: the same bytes on the wire as fred's encoding of integers,
+/// which measures each number's digits with a floating-point `log10` before
+/// converting it. About 470 instructions fewer per script call
+/// (`benches/redis_instructions.sh 1`: 40,360 → 39,887 per HIT at one HIT a
+/// call; within 0.5% at 16 and 256).
+fn decimal_args(args: &[i64]) -> Vec<Value> {
+    let mut text = bytes::BytesMut::with_capacity(args.len() * 8);
+    let mut ends = Vec::with_capacity(args.len());
+    let mut digits = itoa::Buffer::new();
+    for &n in args {
+        text.extend_from_slice(digits.format(n).as_bytes());
+        ends.push(text.len());
+    }
+    let text = text.freeze();
+    let mut start = 0;
+    ends.into_iter()
+        .map(|end| {
+            let arg = Value::Bytes(text.slice(start..end));
+            start = end;
+            arg
+        })
+        .collect()
+}
+
 /// Adds a counter of shape and flags `x` (shape * 128 + flags) and `cost` to
 /// the script's runs (`[head, cost]`, see [`script_args`]): to the last run
 /// when it is alike and not full, else as a run of its own.
@@ -726,6 +753,30 @@ fn script_args<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn decimal_args_are_each_number_as_text() {
+        let args = decimal_args(&[0, -1, 7, i64::MAX, i64::MIN, 1_700_000_000_123]);
+        let text: Vec<&[u8]> = args
+            .iter()
+            .map(|v| match v {
+                Value::Bytes(b) => &b[..],
+                other => panic!("not bytes: {other:?}"),
+            })
+            .collect();
+        assert_eq!(
+            text,
+            [
+                &b"0"[..],
+                b"-1",
+                b"7",
+                b"9223372036854775807",
+                b"-9223372036854775808",
+                b"1700000000123"
+            ]
+        );
+        assert!(decimal_args(&[]).is_empty());
+    }
 
     fn op(key: &str, limit: u64, cost: u64) -> CounterOp {
         CounterOp::new(key, Algorithm::Window, limit, Duration::from_secs(60), cost)

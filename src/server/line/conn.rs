@@ -370,25 +370,38 @@ mod tests {
         Arc::new(Limiter::new(rules, Arc::new(MemoryStore::new())))
     }
 
-    /// A connection waiting for its next line, when shutdown comes with a
-    /// line already there, closes without answering it: the read is
-    /// polled before the shutdown signal, and what it brings is dropped.
-    #[tokio::test(flavor = "current_thread")]
-    async fn a_line_that_comes_with_shutdown_is_not_answered() {
+    /// What a connection answers after its first line's answer, when a
+    /// second line and `stop` (given the shutdown signal's sender; what it
+    /// returns is kept alive to the end) come together while it waits in
+    /// its read: on this one thread it runs again only when this awaits,
+    /// with both already there.
+    async fn answered_after(
+        stop: impl FnOnce(tokio::sync::watch::Sender<bool>) -> Option<tokio::sync::watch::Sender<bool>>,
+    ) -> Vec<u8> {
         let (mut client, server) = tokio::io::duplex(4096);
-        let (stop, stop_rx) = tokio::sync::watch::channel(false);
+        let (sender, stop_rx) = tokio::sync::watch::channel(false);
         let task = tokio::spawn(serve_connection(server, limiter(), limits(), stop_rx));
         client.write_all(b"HIT ip=1\n").await.expect("write");
         let mut answer = [0u8; 64];
         let n = client.read(&mut answer).await.expect("read");
         assert_eq!(&answer[..n], b"OK true 4 60\n");
-        // The connection now waits in its read; on this one thread it
-        // runs again only when this test awaits, with both already there.
         client.write_all(b"HIT ip=1\n").await.expect("write");
-        stop.send_replace(true);
+        let _kept = stop(sender);
         task.await.expect("the connection ends");
         let mut rest = Vec::new();
         client.read_to_end(&mut rest).await.expect("read");
+        rest
+    }
+
+    /// A line that comes with shutdown is not answered: the read is polled
+    /// before the shutdown signal, and what it brings is dropped.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_line_that_comes_with_shutdown_is_not_answered() {
+        let rest = answered_after(|sender| {
+            sender.send_replace(true);
+            Some(sender)
+        })
+        .await;
         assert_eq!(rest, b"", "nothing answered after shutdown");
     }
 
@@ -396,18 +409,11 @@ mod tests {
     /// word: a dropped sender stops the connection too.
     #[tokio::test(flavor = "current_thread")]
     async fn a_line_that_comes_as_the_signal_is_dropped_is_not_answered() {
-        let (mut client, server) = tokio::io::duplex(4096);
-        let (stop, stop_rx) = tokio::sync::watch::channel(false);
-        let task = tokio::spawn(serve_connection(server, limiter(), limits(), stop_rx));
-        client.write_all(b"HIT ip=1\n").await.expect("write");
-        let mut answer = [0u8; 64];
-        let n = client.read(&mut answer).await.expect("read");
-        assert_eq!(&answer[..n], b"OK true 4 60\n");
-        client.write_all(b"HIT ip=1\n").await.expect("write");
-        drop(stop);
-        task.await.expect("the connection ends");
-        let mut rest = Vec::new();
-        client.read_to_end(&mut rest).await.expect("read");
+        let rest = answered_after(|sender| {
+            drop(sender);
+            None
+        })
+        .await;
         assert_eq!(rest, b"", "nothing answered once the sender is gone");
     }
 

@@ -6,12 +6,14 @@
 //!   measured run (a run measured in halves takes N seconds in all);
 //! - `--only SECTION[,SECTION...]`: run only these sections, one of
 //!   `grpc`, `line`, `redis`, `redis-far`, `algorithms`,
-//!   `memory-per-counter`, `global`,
+//!   `memory-per-counter`, `global`, `compare`,
 //!   or `memory` (both memory-store sections, `grpc` and `line`);
 //!   `--redis-only` is `--only redis`.
 //!
 //! `DIVVY_BENCH_BIN=/path/to/divvy` measures another build of divvy (an
 //! older commit's, for a before/after) instead of this one's.
+//! `DIVVY_BENCH_BEFORE=/path/to/divvy` adds the `compare` section, which
+//! measures that build and this one side by side in the same run.
 //!
 //! It installs nothing: the load generator is this program (tokio, tonic
 //! and the `h2` crate) and, for gRPC's maximum, h2load (Debian's
@@ -105,6 +107,11 @@
 //!   for a lease period is leased nothing and denies until its next renewal);
 //!   p50/p99/p99.9, the global / baseline ratios and each server's CPU time
 //!   per request. Its redis-servers are not pinned.
+//! - `compare` (only with `DIVVY_BENCH_BEFORE`): an older divvy build and
+//!   this one on the memory store, gRPC's maximum and the three line loads,
+//!   each load ABBA (before, this, this, before), with this / before
+//!   ratios: a before/after in one run, where two invocations (one per
+//!   build) are at the mercy of whichever ran in the quieter minutes.
 //!
 //! At the end, one markdown table sums up the key figures and ratios, with
 //! the command that produced them.
@@ -147,7 +154,7 @@ use delay_proxy::DelayProxy;
 const POLICY: &str = include_str!("line_policy.yaml");
 
 /// The sections `--only` may name (`memory` is `grpc` and `line`).
-const SECTIONS: [&str; 8] = [
+const SECTIONS: [&str; 9] = [
     "grpc",
     "line",
     "redis",
@@ -155,8 +162,13 @@ const SECTIONS: [&str; 8] = [
     "algorithms",
     "memory-per-counter",
     "global",
+    "compare",
     "memory",
 ];
+
+/// The environment variable that names an older divvy build for the
+/// `compare` section.
+const COMPARE_ENV: &str = "DIVVY_BENCH_BEFORE";
 
 /// gRPC load: this many HTTP/2 connections (tonic Channels), ...
 const GRPC_CHANNELS: u64 = 16;
@@ -513,14 +525,20 @@ fn start_divvy() -> Divvy {
     start_divvy_with(POLICY, &[])
 }
 
-/// A divvy serving `policy` with the flags `extra`, on the servers' CPU.
+/// A divvy serving `policy` with the flags `extra`, on the servers' CPU:
+/// `DIVVY_BENCH_BIN`'s build, else this one's.
 fn start_divvy_with(policy: &str, extra: &[&str]) -> Divvy {
+    let binary =
+        std::env::var("DIVVY_BENCH_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_divvy").to_owned());
+    start_divvy_binary(&binary, policy, extra)
+}
+
+/// [`start_divvy_with`] for the divvy executable at `binary`.
+fn start_divvy_binary(binary: &str, policy: &str, extra: &[&str]) -> Divvy {
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("bench.yaml");
     std::fs::write(&path, policy).expect("policy");
-    let binary =
-        std::env::var("DIVVY_BENCH_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_divvy").to_owned());
-    let mut child = server_command(&binary)
+    let mut child = server_command(binary)
         .arg("serve")
         .arg("--config")
         .arg(&path)
@@ -1841,6 +1859,81 @@ fn line_section(rt: &Runtime, run: Duration, summary: &mut Summary) {
     }
 }
 
+/// Two divvy builds side by side in one run: `before` (an older build's
+/// executable) and this one's (or `DIVVY_BENCH_BIN`'s), each on the
+/// memory store, measured in halves in the order before, this, this,
+/// before for each load (gRPC's maximum with the gRPC section's generator,
+/// then the line loads), so that neither build gets the quieter moments.
+/// Separate invocations, one per build, read whichever ran first lower in
+/// every one of five pairs of `--only line` runs on these machines.
+fn compare_section(rt: &Runtime, before: &str, run: Duration, summary: &mut Summary) {
+    let generator = GrpcGenerator::pick();
+    println!(
+        "\n## compare: divvy at {before} ({COMPARE_ENV}) vs this divvy, memory store, ABBA\n  \
+         gRPC max: {}, {GRPC_CHANNELS} x {GRPC_STREAMS}; then the line loads",
+        generator.describe()
+    );
+    let old = start_divvy_binary(before, POLICY, &[]);
+    let new = start_divvy();
+    let grpc = [&old, &new].map(|d| Target {
+        addr: d.grpc,
+        pids: vec![("server", d.pid())],
+    });
+    rt.block_on(async {
+        for t in &grpc {
+            grpc_answers_ok(t.addr).await;
+            grpc_max(generator, t.addr, Duration::from_millis(500)).await;
+        }
+    });
+    let [mut b, mut d] = abba(rt, [&grpc[0], &grpc[1]], run, |addr, run| {
+        grpc_max(generator, addr, run)
+    });
+    rt.block_on(async {
+        for t in &grpc {
+            grpc_answers_ok(t.addr).await;
+        }
+    });
+    let name = format!("gRPC max, {GRPC_CHANNELS} x {GRPC_STREAMS} in flight");
+    for (label, t) in [("before", &mut b), ("this", &mut d)] {
+        let note = t.cpu_note("req");
+        print_row(&format!("{label}: {name}"), &mut t.f, "req/s", &note);
+    }
+    summary.row(
+        "compare",
+        &format!("{name}: req/s (baseline: the build before)"),
+        thousands(d.rate()),
+        thousands(b.rate()),
+        ratio(d.rate(), b.rate()),
+    );
+    summary.row(
+        "compare",
+        "gRPC server CPU µs/req at max (baseline: the build before)",
+        us(d.cpu_us(0)),
+        us(b.cpu_us(0)),
+        ratio_opt(d.cpu_us(0), b.cpu_us(0)),
+    );
+    let line = [&old, &new].map(|d| Target {
+        addr: d.line,
+        pids: vec![("server", d.pid())],
+    });
+    for (name, [b, d]) in line_pairs(rt, &line, ["before", "this"], run, &LINE_LOADS) {
+        summary.row(
+            "compare",
+            &format!("line HIT/s, {name} (baseline: the build before)"),
+            thousands(d.rate()),
+            thousands(b.rate()),
+            ratio(d.rate(), b.rate()),
+        );
+        summary.row(
+            "compare",
+            &format!("line server CPU µs/HIT, {name} (baseline: the build before)"),
+            us(d.cpu_us(0)),
+            us(b.cpu_us(0)),
+            ratio_opt(d.cpu_us(0), b.cpu_us(0)),
+        );
+    }
+}
+
 /// Warms both targets up, then runs each line load on them in ABBA order
 /// and prints a row for each (labelled `labels`): each load's name and
 /// the two tallies, in the targets' order. Lazy: a load runs when the
@@ -2764,6 +2857,16 @@ fn main() {
     }
     if wants("global") {
         global_section(&rt, run, &mut summary);
+    }
+    if wants("compare") {
+        match std::env::var(COMPARE_ENV) {
+            Ok(before) => compare_section(&rt, &before, run, &mut summary),
+            // Asked for by name: say why nothing ran.
+            Err(_) if only.is_some() => {
+                panic!("the compare section needs {COMPARE_ENV}=/path/to/an/older/divvy")
+            }
+            Err(_) => println!("\n## compare: skipped ({COMPARE_ENV} is not set)"),
+        }
     }
     summary.print(&command, seconds);
 }

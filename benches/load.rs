@@ -108,10 +108,12 @@
 //!   p50/p99/p99.9, the global / baseline ratios and each server's CPU time
 //!   per request. Its redis-servers are not pinned.
 //! - `compare` (only with `DIVVY_BENCH_BEFORE`): an older divvy build and
-//!   this one on the memory store, gRPC's maximum and the three line loads,
-//!   each load ABBA (before, this, this, before), with this / before
-//!   ratios: a before/after in one run, where two invocations (one per
-//!   build) are at the mercy of whichever ran in the quieter minutes.
+//!   this one (or `DIVVY_BENCH_BIN`'s) on the memory store, gRPC's maximum
+//!   and the three line loads, each load ABBA (before, this, this, before),
+//!   with this / before ratios: a before/after in one run, where two
+//!   invocations (one per build) are at the mercy of whichever ran in the
+//!   quieter minutes. Both serve the benchmark's policy, so the older
+//!   build must accept it.
 //!
 //! At the end, one markdown table sums up the key figures and ratios, with
 //! the command that produced them.
@@ -525,12 +527,15 @@ fn start_divvy() -> Divvy {
     start_divvy_with(POLICY, &[])
 }
 
-/// A divvy serving `policy` with the flags `extra`, on the servers' CPU:
-/// `DIVVY_BENCH_BIN`'s build, else this one's.
+/// The divvy executable measured: `DIVVY_BENCH_BIN`'s build, else this one's.
+fn divvy_binary() -> String {
+    std::env::var("DIVVY_BENCH_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_divvy").to_owned())
+}
+
+/// A divvy ([`divvy_binary`]) serving `policy` with the flags `extra`, on
+/// the servers' CPU.
 fn start_divvy_with(policy: &str, extra: &[&str]) -> Divvy {
-    let binary =
-        std::env::var("DIVVY_BENCH_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_divvy").to_owned());
-    start_divvy_binary(&binary, policy, extra)
+    start_divvy_binary(&divvy_binary(), policy, extra)
 }
 
 /// [`start_divvy_with`] for the divvy executable at `binary`.
@@ -1682,6 +1687,38 @@ async fn grpc_max(generator: GrpcGenerator, addr: SocketAddr, run: Duration) -> 
     }
 }
 
+/// Checks each target's answer to the call h2load repeats (h2load sees
+/// HTTP statuses only; the counter only grows, so OK after the runs means
+/// OK throughout).
+fn grpc_all_ok(rt: &Runtime, targets: &[Target]) {
+    rt.block_on(async {
+        for t in targets {
+            grpc_answers_ok(t.addr).await;
+        }
+    });
+}
+
+/// gRPC's maximum on both targets, ABBA, after their answers are checked
+/// and each is warmed up for 500 ms; the answers are checked again after.
+fn grpc_max_pair(
+    rt: &Runtime,
+    generator: GrpcGenerator,
+    targets: &[Target; 2],
+    run: Duration,
+) -> [Tally; 2] {
+    grpc_all_ok(rt, targets);
+    rt.block_on(async {
+        for t in targets {
+            grpc_max(generator, t.addr, Duration::from_millis(500)).await;
+        }
+    });
+    let pair = abba(rt, [&targets[0], &targets[1]], run, |addr, run| {
+        grpc_max(generator, addr, run)
+    });
+    grpc_all_ok(rt, targets);
+    pair
+}
+
 /// gRPC on the memory store: the do-nothing tonic server and divvy, maximum
 /// throughput and paced latency.
 fn grpc_section(rt: &Runtime, run: Duration, summary: &mut Summary) {
@@ -1711,25 +1748,7 @@ fn grpc_section(rt: &Runtime, run: Duration, summary: &mut Summary) {
             pids: vec![("server", divvy.pid())],
         },
     ];
-    // h2load repeats one call and sees HTTP statuses only: its answer is
-    // checked before and after the runs (the counter only grows, so OK at
-    // the end means OK throughout).
-    let answers_ok = || {
-        rt.block_on(async {
-            for t in &targets {
-                grpc_answers_ok(t.addr).await;
-            }
-        })
-    };
-    answers_ok();
-    rt.block_on(async {
-        for t in &targets {
-            grpc_max(generator, t.addr, Duration::from_millis(500)).await;
-        }
-    });
-    let [mut b, mut d] = abba(rt, [&targets[0], &targets[1]], run, |addr, run| {
-        grpc_max(generator, addr, run)
-    });
+    let [mut b, mut d] = grpc_max_pair(rt, generator, &targets, run);
     let name = format!("max, {GRPC_CHANNELS} x {GRPC_STREAMS} in flight");
     let note = b.cpu_note("req");
     print_row(&format!("do-nothing: {name}"), &mut b.f, "req/s", &note);
@@ -1804,7 +1823,7 @@ fn grpc_section(rt: &Runtime, run: Duration, summary: &mut Summary) {
             pct_ratios(&mut d.f, &mut b.f),
         );
     }
-    answers_ok();
+    grpc_all_ok(rt, &targets);
 }
 
 /// A note for a paced pair of runs in which the generator could not keep its
@@ -1868,31 +1887,19 @@ fn line_section(rt: &Runtime, run: Duration, summary: &mut Summary) {
 /// every one of five pairs of `--only line` runs on these machines.
 fn compare_section(rt: &Runtime, before: &str, run: Duration, summary: &mut Summary) {
     let generator = GrpcGenerator::pick();
+    let this = divvy_binary();
     println!(
-        "\n## compare: divvy at {before} ({COMPARE_ENV}) vs this divvy, memory store, ABBA\n  \
+        "\n## compare: divvy at {before} ({COMPARE_ENV}) vs divvy at {this}, memory store, ABBA\n  \
          gRPC max: {}, {GRPC_CHANNELS} x {GRPC_STREAMS}; then the line loads",
         generator.describe()
     );
     let old = start_divvy_binary(before, POLICY, &[]);
-    let new = start_divvy();
-    let grpc = [&old, &new].map(|d| Target {
-        addr: d.grpc,
-        pids: vec![("server", d.pid())],
+    let new = start_divvy_binary(&this, POLICY, &[]);
+    let grpc = [&old, &new].map(|server| Target {
+        addr: server.grpc,
+        pids: vec![("server", server.pid())],
     });
-    rt.block_on(async {
-        for t in &grpc {
-            grpc_answers_ok(t.addr).await;
-            grpc_max(generator, t.addr, Duration::from_millis(500)).await;
-        }
-    });
-    let [mut b, mut d] = abba(rt, [&grpc[0], &grpc[1]], run, |addr, run| {
-        grpc_max(generator, addr, run)
-    });
-    rt.block_on(async {
-        for t in &grpc {
-            grpc_answers_ok(t.addr).await;
-        }
-    });
+    let [mut b, mut d] = grpc_max_pair(rt, generator, &grpc, run);
     let name = format!("gRPC max, {GRPC_CHANNELS} x {GRPC_STREAMS} in flight");
     for (label, t) in [("before", &mut b), ("this", &mut d)] {
         let note = t.cpu_note("req");
@@ -1912,9 +1919,16 @@ fn compare_section(rt: &Runtime, before: &str, run: Duration, summary: &mut Summ
         us(b.cpu_us(0)),
         ratio_opt(d.cpu_us(0), b.cpu_us(0)),
     );
-    let line = [&old, &new].map(|d| Target {
-        addr: d.line,
-        pids: vec![("server", d.pid())],
+    summary.row(
+        "compare",
+        "gRPC load generator CPU at max (near 100%: the generator bounds max)",
+        percent(d.load_util()),
+        percent(b.load_util()),
+        "–".to_owned(),
+    );
+    let line = [&old, &new].map(|server| Target {
+        addr: server.line,
+        pids: vec![("server", server.pid())],
     });
     for (name, [b, d]) in line_pairs(rt, &line, ["before", "this"], run, &LINE_LOADS) {
         summary.row(
@@ -2782,6 +2796,18 @@ fn main() {
             "--only takes some of {SECTIONS:?} (comma-separated), found `{o}`"
         );
     }
+    // The compare section's older build, checked before anything runs.
+    let compare_named = only.iter().flatten().any(|o| o == "compare");
+    match std::env::var(COMPARE_ENV) {
+        Err(_) => assert!(
+            !compare_named,
+            "the compare section needs {COMPARE_ENV}=/path/to/an/older/divvy"
+        ),
+        Ok(before) => assert!(
+            std::path::Path::new(&before).is_file(),
+            "{COMPARE_ENV}={before}: no such file"
+        ),
+    }
     let wants = |section: &str| {
         only.as_ref().is_none_or(|o| {
             o.iter().any(|s| {
@@ -2859,12 +2885,9 @@ fn main() {
         global_section(&rt, run, &mut summary);
     }
     if wants("compare") {
+        // (Named in `--only` without the variable, the run stopped at the start.)
         match std::env::var(COMPARE_ENV) {
             Ok(before) => compare_section(&rt, &before, run, &mut summary),
-            // Asked for by name: say why nothing ran.
-            Err(_) if only.is_some() => {
-                panic!("the compare section needs {COMPARE_ENV}=/path/to/an/older/divvy")
-            }
             Err(_) => println!("\n## compare: skipped ({COMPARE_ENV} is not set)"),
         }
     }

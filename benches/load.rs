@@ -1719,6 +1719,33 @@ fn grpc_max_pair(
     pair
 }
 
+/// The summary's rows for gRPC's maximum in `section`, each measurement
+/// named after `prefix`: throughput, server CPU per call and the
+/// generator's CPU, `d` against the baseline `b`.
+fn grpc_max_rows(summary: &mut Summary, section: &str, prefix: &str, d: &Tally, b: &Tally) {
+    summary.row(
+        section,
+        &format!("{prefix}max req/s, {GRPC_CHANNELS} conns x {GRPC_STREAMS} streams"),
+        thousands(d.rate()),
+        thousands(b.rate()),
+        ratio(d.rate(), b.rate()),
+    );
+    summary.row(
+        section,
+        &format!("{prefix}server CPU µs/req at max"),
+        us(d.cpu_us(0)),
+        us(b.cpu_us(0)),
+        ratio_opt(d.cpu_us(0), b.cpu_us(0)),
+    );
+    summary.row(
+        section,
+        &format!("{prefix}load generator CPU at max (near 100%: the generator bounds max)"),
+        percent(d.load_util()),
+        percent(b.load_util()),
+        String::from("–"),
+    );
+}
+
 /// gRPC on the memory store: the do-nothing tonic server and divvy, maximum
 /// throughput and paced latency.
 fn grpc_section(rt: &Runtime, run: Duration, summary: &mut Summary) {
@@ -1759,27 +1786,7 @@ fn grpc_section(rt: &Runtime, run: Duration, summary: &mut Summary) {
         ratio(d.rate(), b.rate()),
         ratio_opt(d.cpu_us(0), b.cpu_us(0))
     );
-    summary.row(
-        "grpc",
-        &format!("max req/s, {GRPC_CHANNELS} conns x {GRPC_STREAMS} streams"),
-        thousands(d.rate()),
-        thousands(b.rate()),
-        ratio(d.rate(), b.rate()),
-    );
-    summary.row(
-        "grpc",
-        "server CPU µs/req at max",
-        us(d.cpu_us(0)),
-        us(b.cpu_us(0)),
-        ratio_opt(d.cpu_us(0), b.cpu_us(0)),
-    );
-    summary.row(
-        "grpc",
-        "load generator CPU at max (near 100%: the generator bounds max)",
-        percent(d.load_util()),
-        percent(b.load_util()),
-        String::from("–"),
-    );
+    grpc_max_rows(summary, "grpc", "", &d, &b);
     let max = b.rate();
     let bodies = paced_bodies();
     for share in GRPC_PACED {
@@ -1905,26 +1912,12 @@ fn compare_section(rt: &Runtime, before: &str, run: Duration, summary: &mut Summ
         let note = t.cpu_note("req");
         print_row(&format!("{label}: {name}"), &mut t.f, "req/s", &note);
     }
-    summary.row(
+    grpc_max_rows(
+        summary,
         "compare",
-        &format!("{name}: req/s (baseline: the build before)"),
-        thousands(d.rate()),
-        thousands(b.rate()),
-        ratio(d.rate(), b.rate()),
-    );
-    summary.row(
-        "compare",
-        "gRPC server CPU µs/req at max (baseline: the build before)",
-        us(d.cpu_us(0)),
-        us(b.cpu_us(0)),
-        ratio_opt(d.cpu_us(0), b.cpu_us(0)),
-    );
-    summary.row(
-        "compare",
-        "gRPC load generator CPU at max (near 100%: the generator bounds max)",
-        percent(d.load_util()),
-        percent(b.load_util()),
-        "–".to_owned(),
+        "gRPC (baseline: the build before) ",
+        &d,
+        &b,
     );
     let line = [&old, &new].map(|server| Target {
         addr: server.line,

@@ -1631,14 +1631,47 @@ struct Summary {
 impl Summary {
     /// The rate and latency rows of `d` against the baseline `b`.
     fn rate_and_latency(&mut self, section: &str, what: &str, d: &mut Tally, b: &mut Tally) {
+        self.rate(section, &format!("HIT/s, {what}"), d, b);
+        self.latency(section, what, d, b);
+    }
+
+    /// A throughput row, `measure`: `d`'s rate against the baseline `b`'s.
+    fn rate(&mut self, section: &str, measure: &str, d: &Tally, b: &Tally) {
         self.row(
             section,
-            &format!("HIT/s, {what}"),
+            measure,
             thousands(d.rate()),
             thousands(b.rate()),
             ratio(d.rate(), b.rate()),
         );
-        self.latency(section, what, d, b);
+    }
+
+    /// A server CPU row, `measure`: µs per request of `d`'s server against
+    /// the baseline `b`'s.
+    fn cpu(&mut self, section: &str, measure: &str, d: &Tally, b: &Tally) {
+        self.row(
+            section,
+            measure,
+            us(d.cpu_us(0)),
+            us(b.cpu_us(0)),
+            ratio_opt(d.cpu_us(0), b.cpu_us(0)),
+        );
+    }
+
+    /// The rows of gRPC's maximum in `section`, each measurement named
+    /// after `prefix`: throughput, server CPU per call and the generator's
+    /// CPU, `d` against the baseline `b`.
+    fn grpc_max(&mut self, section: &str, prefix: &str, d: &Tally, b: &Tally) {
+        let streams = format!("{GRPC_CHANNELS} conns x {GRPC_STREAMS} streams");
+        self.rate(section, &format!("{prefix}max req/s, {streams}"), d, b);
+        self.cpu(section, &format!("{prefix}server CPU µs/req at max"), d, b);
+        self.row(
+            section,
+            &format!("{prefix}load generator CPU at max (near 100%: the generator bounds max)"),
+            percent(d.load_util()),
+            percent(b.load_util()),
+            String::from("–"),
+        );
     }
 
     /// The p50 / p99 / p99.9 row of `d` against `b`.
@@ -1719,33 +1752,6 @@ fn grpc_max_pair(
     pair
 }
 
-/// The summary's rows for gRPC's maximum in `section`, each measurement
-/// named after `prefix`: throughput, server CPU per call and the
-/// generator's CPU, `d` against the baseline `b`.
-fn grpc_max_rows(summary: &mut Summary, section: &str, prefix: &str, d: &Tally, b: &Tally) {
-    summary.row(
-        section,
-        &format!("{prefix}max req/s, {GRPC_CHANNELS} conns x {GRPC_STREAMS} streams"),
-        thousands(d.rate()),
-        thousands(b.rate()),
-        ratio(d.rate(), b.rate()),
-    );
-    summary.row(
-        section,
-        &format!("{prefix}server CPU µs/req at max"),
-        us(d.cpu_us(0)),
-        us(b.cpu_us(0)),
-        ratio_opt(d.cpu_us(0), b.cpu_us(0)),
-    );
-    summary.row(
-        section,
-        &format!("{prefix}load generator CPU at max (near 100%: the generator bounds max)"),
-        percent(d.load_util()),
-        percent(b.load_util()),
-        String::from("–"),
-    );
-}
-
 /// gRPC on the memory store: the do-nothing tonic server and divvy, maximum
 /// throughput and paced latency.
 fn grpc_section(rt: &Runtime, run: Duration, summary: &mut Summary) {
@@ -1786,7 +1792,7 @@ fn grpc_section(rt: &Runtime, run: Duration, summary: &mut Summary) {
         ratio(d.rate(), b.rate()),
         ratio_opt(d.cpu_us(0), b.cpu_us(0))
     );
-    grpc_max_rows(summary, "grpc", "", &d, &b);
+    summary.grpc_max("grpc", "", &d, &b);
     let max = b.rate();
     let bodies = paced_bodies();
     for share in GRPC_PACED {
@@ -1875,13 +1881,7 @@ fn line_section(rt: &Runtime, run: Duration, summary: &mut Summary) {
             ratio_opt(d.cpu_us(0), b.cpu_us(0))
         );
         summary.rate_and_latency("line", name, &mut d, &mut b);
-        summary.row(
-            "line",
-            &format!("server CPU µs/HIT, {name}"),
-            us(d.cpu_us(0)),
-            us(b.cpu_us(0)),
-            ratio_opt(d.cpu_us(0), b.cpu_us(0)),
-        );
+        summary.cpu("line", &format!("server CPU µs/HIT, {name}"), &d, &b);
     }
 }
 
@@ -1912,31 +1912,19 @@ fn compare_section(rt: &Runtime, before: &str, run: Duration, summary: &mut Summ
         let note = t.cpu_note("req");
         print_row(&format!("{label}: {name}"), &mut t.f, "req/s", &note);
     }
-    grpc_max_rows(
-        summary,
-        "compare",
-        "gRPC (baseline: the build before) ",
-        &d,
-        &b,
-    );
+    summary.grpc_max("compare", "gRPC (baseline: the build before) ", &d, &b);
     let line = [&old, &new].map(|server| Target {
         addr: server.line,
         pids: vec![("server", server.pid())],
     });
     for (name, [b, d]) in line_pairs(rt, &line, ["before", "this"], run, &LINE_LOADS) {
-        summary.row(
+        let before = "(baseline: the build before)";
+        summary.rate("compare", &format!("line HIT/s, {name} {before}"), &d, &b);
+        summary.cpu(
             "compare",
-            &format!("line HIT/s, {name} (baseline: the build before)"),
-            thousands(d.rate()),
-            thousands(b.rate()),
-            ratio(d.rate(), b.rate()),
-        );
-        summary.row(
-            "compare",
-            &format!("line server CPU µs/HIT, {name} (baseline: the build before)"),
-            us(d.cpu_us(0)),
-            us(b.cpu_us(0)),
-            ratio_opt(d.cpu_us(0), b.cpu_us(0)),
+            &format!("line server CPU µs/HIT, {name} {before}"),
+            &d,
+            &b,
         );
     }
 }
@@ -2790,15 +2778,15 @@ fn main() {
         );
     }
     // The compare section's older build, checked before anything runs.
-    let compare_named = only.iter().flatten().any(|o| o == "compare");
-    match std::env::var(COMPARE_ENV) {
-        Err(_) => assert!(
-            !compare_named,
+    let before = std::env::var(COMPARE_ENV).ok();
+    match &before {
+        None => assert!(
+            !only.iter().flatten().any(|o| o == "compare"),
             "the compare section needs {COMPARE_ENV}=/path/to/an/older/divvy"
         ),
-        Ok(before) => assert!(
-            std::path::Path::new(&before).is_file(),
-            "{COMPARE_ENV}={before}: no such file"
+        Some(path) => assert!(
+            std::path::Path::new(path).is_file(),
+            "{COMPARE_ENV}={path}: no such file"
         ),
     }
     let wants = |section: &str| {
@@ -2879,9 +2867,9 @@ fn main() {
     }
     if wants("compare") {
         // (Named in `--only` without the variable, the run stopped at the start.)
-        match std::env::var(COMPARE_ENV) {
-            Ok(before) => compare_section(&rt, &before, run, &mut summary),
-            Err(_) => println!("\n## compare: skipped ({COMPARE_ENV} is not set)"),
+        match &before {
+            Some(before) => compare_section(&rt, before, run, &mut summary),
+            None => println!("\n## compare: skipped ({COMPARE_ENV} is not set)"),
         }
     }
     summary.print(&command, seconds);

@@ -70,7 +70,13 @@ end
 -- allowed cases must change with them (tests/algorithm_props.rs and
 -- tests/script_paths.rs compare the paths).
 local function library()
-  local function ceil_div(a, b) return floor((a + b - 1) / b) end
+  -- (For whole numbers below 2^53, (x - x % b) / b is floor(x / b)
+  -- exactly, without a call: each math.* call cost a counter about 1% of
+  -- the script's instructions.)
+  local function ceil_div(a, b)
+    local x = a + b - 1
+    return (x - x % b) / b
+  end
 
   -- Loading and saving ----------------------------------------------------
   -- v: the key's value from the MGET below (false when absent, or a key of
@@ -210,13 +216,14 @@ local function library()
   local function bucket_step(st, L, W, B, cost, refund)
     local used, at = bucket_current(st, L)
     local cap = B * W
-    local ahead = max(at - now, 0)
+    local ahead = at - now
+    if ahead < 0 then ahead = 0 end
     if refund then
       local left = max(used - cost * W, 0)
       return 1, floor(max(cap - left, 0) / W), ahead + ceil_div(left, L),
         (left ~= used) and {u = left, a = at} or nil
     end
-    local needc = max(cost, 1)
+    local needc = (cost > 1) and cost or 1
     if needc > B then
       return 0, floor(max(cap - used, 0) / W), ahead + ceil_div(used, L), nil
     end
@@ -224,7 +231,8 @@ local function library()
     if used <= cap - need then
       local after = used
       if cost > 0 then after = used + need end
-      return 1, floor((cap - after) / W), ahead + ceil_div(after, L),
+      local left = cap - after
+      return 1, (left - left % W) / W, ahead + ceil_div(after, L),
         (cost > 0) and {u = after, a = at} or nil
     end
     return 0, floor(max(cap - used, 0) / W), ahead + ceil_div(used + need - cap, L), nil
@@ -483,7 +491,8 @@ if lean then
         v = fmt(st.s) .. ':' .. fmt(st.p) .. ':' .. fmt(st.c)
       end
     else
-      ttl = st.a + floor((st.u + L - 1) / L) - now
+      local due = st.u + L - 1
+      ttl = st.a + (due - due % L) / L - now
       if wide_d and st.u < 9e15 and st.a < 9e15 then
         v = format('%d:%d', st.u, st.a)
       else
@@ -649,7 +658,9 @@ if lean then
             if st then st.s, st.c = s, c + cost else st = {s = s, c = c + cost}; if not distinct then seen[k] = st end end
             charged = true
           end
-          t = max(s + W - now, 0)
+          -- (The window's start `s` is the current one's or later: t > 0.
+          -- Here and below, no math.* calls; see `ceil_div`.)
+          t = s + W - now
         elseif alg == 2 then
           -- sliding_step
           local s, q, c = now - now % W, 0, 0
@@ -657,10 +668,13 @@ if lean then
             if st.s >= s then s, q, c = st.s, st.p, st.c
             elseif st.s + W == s then q = st.c end
           end
-          local used = floor(min(q, L) * (W - min(max(now - s, 0), W - 1)) / W) + c
-          local need = max(cost, 1)
+          local el = now - s
+          if el < 0 then el = 0 elseif el >= W then el = W - 1 end
+          local used = ((q < L) and q or L) * (W - el)
+          used = (used - used % W) / W + c
+          local need = (cost > 1) and cost or 1
           if need <= L and used <= L - need then
-            a, r, t = 1, L - (used + cost), max(s + W - now, 0)
+            a, r, t = 1, L - (used + cost), s + W - now
             if cost > 0 then
               if st then st.s, st.p, st.c = s, q, c + cost else st = {s = s, p = q, c = c + cost}; if not distinct then seen[k] = st end end
               charged = true
@@ -672,14 +686,17 @@ if lean then
           if st then
             if now <= st.a then
               used, at = st.u, st.a
-            elseif now - st.a < floor((st.u + L - 1) / L) then
-              used = st.u - (now - st.a) * L
+            else
+              local due = st.u + L - 1
+              if now - st.a < (due - due % L) / L then used = st.u - (now - st.a) * L end
             end
           end
-          local need = max(cost, 1)
+          local need = (cost > 1) and cost or 1
           if need <= B and used <= B * W - need * W then
             if cost > 0 then used = used + need * W end
-            a, r, t = 1, floor((B * W - used) / W), max(at - now, 0) + floor((used + L - 1) / L)
+            local left, due = B * W - used, used + L - 1
+            -- (`at` is now or later here.)
+            a, r, t = 1, (left - left % W) / W, at - now + (due - due % L) / L
             if cost > 0 then
               if st then st.u, st.a = used, at else st = {u = used, a = at}; if not distinct then seen[k] = st end end
               charged = true

@@ -508,11 +508,8 @@ impl Store for RedisStore {
         if ops.is_empty() {
             return Box::pin(std::future::ready(Ok(Vec::new())));
         }
-        if ops.len() > MAX_REQUEST_COUNTERS {
-            return Box::pin(std::future::ready(Err(StoreError::Unavailable(format!(
-                "redis: a request of {} counters; at most {MAX_REQUEST_COUNTERS}",
-                ops.len()
-            )))));
+        if let Err(e) = request_size_ok(ops.len()) {
+            return Box::pin(std::future::ready(Err(e)));
         }
         // Two futures, boxed apart: the Cluster path holds the client's
         // command futures (several KB), and a batched request, which only
@@ -627,6 +624,17 @@ const MAX_RUN: i64 = 1 << 16;
 /// (2^25 shapes) in any script call, which holds one request and at most
 /// [`MAX_BATCH_KEYS`] counters of others.
 pub const MAX_REQUEST_COUNTERS: usize = 1 << 24;
+
+/// Refuses a request of more than [`MAX_REQUEST_COUNTERS`] counters, before
+/// anything is sent.
+fn request_size_ok(counters: usize) -> Result<(), StoreError> {
+    if counters > MAX_REQUEST_COUNTERS {
+        return Err(StoreError::Unavailable(format!(
+            "redis: a request of {counters} counters; at most {MAX_REQUEST_COUNTERS}"
+        )));
+    }
+    Ok(())
+}
 
 /// The script's arguments as the decimal text Redis receives them as, in
 /// one buffer: the same bytes on the wire as fred's encoding of integers,
@@ -747,6 +755,23 @@ fn script_args<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_request_beyond_the_most_counters_is_refused() {
+        assert!(request_size_ok(0).is_ok());
+        assert!(request_size_ok(MAX_REQUEST_COUNTERS).is_ok());
+        let e = request_size_ok(MAX_REQUEST_COUNTERS + 1).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("a request of 16777217 counters; at most 16777216"),
+            "{e}"
+        );
+        // Within the bound, a call's shapes (one a counter at most: the
+        // request's and a batch's others) and flags stay below a run's head
+        // unit, as the script's runs need.
+        let shapes = i64::try_from(MAX_REQUEST_COUNTERS + MAX_BATCH_KEYS).unwrap();
+        assert!(shapes * 128 + 127 < RUN);
+    }
 
     #[test]
     fn decimal_args_are_each_number_as_text() {

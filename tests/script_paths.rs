@@ -605,6 +605,70 @@ async fn a_window_value_beyond_exact_integers_is_no_counter() {
     }
 }
 
+/// A token-bucket value beyond Lua's exact integers (never divvy's own: it
+/// stores at most burst x window ms, 2^52) is no counter, on every path: the
+/// call answers and writes what it does on an absent key. (The bucket's
+/// arithmetic divides without `math.floor`, exact only below 2^53.)
+#[tokio::test]
+async fn a_token_bucket_value_beyond_exact_integers_is_no_counter() {
+    let server = common::redis::Redis::start();
+    let client = connect(&server).await;
+    let case = Case {
+        counters: vec![Counter {
+            algorithm: 3,
+            own: 3,
+            window_ms: 60_000,
+            burst: 5,
+            start: "raw",
+            stored: 0,
+        }],
+        calls: Vec::new(),
+        hinted: false,
+    };
+    let op = Op {
+        counter: 0,
+        knob: 0,
+        cost: 1,
+        flags: 4,
+    };
+    let huge_used = format!("10000000000000000000000:{T0}");
+    let huge_time = String::from("5:99999999999999999999");
+    for value in [huge_used, huge_time] {
+        for (prefix, general, hinted) in [
+            ("lean", false, false),
+            ("hinted", false, true),
+            ("general", true, false),
+        ] {
+            let mut seen = Vec::new();
+            for (which, setup) in [("absent", "none"), ("huge", "raw")] {
+                let at = format!("{prefix}-{which}");
+                let k = key(&at, &case, 0);
+                let _: i64 = client
+                    .eval(
+                        SETUP,
+                        vec![k.clone()],
+                        vec![setup.to_owned(), value.clone()],
+                    )
+                    .await
+                    .expect("setup");
+                let (keys, args) =
+                    call_args(&case, std::slice::from_ref(&op), &at, T0, general, hinted);
+                let got: Vec<i64> = client.eval(SCRIPT, keys, args).await.expect("call");
+                let state: Vec<String> = client
+                    .eval(STATE, vec![k], Vec::<String>::new())
+                    .await
+                    .expect("state");
+                seen.push((got[..2].to_vec(), state[0].clone()));
+            }
+            assert!(
+                seen[0].0[0] >= 0,
+                "{prefix}: an absent bucket allows: {seen:?}"
+            );
+            assert_eq!(seen[0], seen[1], "{value}, {prefix} path");
+        }
+    }
+}
+
 /// Under a knob far beyond Lua's exact integers (2^60), divvy's window
 /// arithmetic rounds (the stored credits are shifted by the knob's limit and
 /// back); the lean path, with or without the hints, must answer and write

@@ -761,10 +761,9 @@ mod tests {
         assert!(request_size_ok(0).is_ok());
         assert!(request_size_ok(MAX_REQUEST_COUNTERS).is_ok());
         let e = request_size_ok(MAX_REQUEST_COUNTERS + 1).unwrap_err();
-        assert!(
-            e.to_string()
-                .contains("a request of 16777217 counters; at most 16777216"),
-            "{e}"
+        assert_eq!(
+            e.to_string(),
+            "counter store unavailable: redis: a request of 16777217 counters; at most 16777216"
         );
         // Within the bound, a call's shapes (one a counter at most: the
         // request's and a batch's others) and flags stay below a run's head

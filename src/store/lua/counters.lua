@@ -71,8 +71,10 @@ end
 -- tests/script_paths.rs compare the paths).
 local function library()
   -- (For whole numbers below 2^53, (x - x % b) / b is floor(x / b)
-  -- exactly, without a call: each math.* call cost a counter about 1% of
-  -- the script's instructions.)
+  -- exactly, without a call: each math.* call cost a counter about 200-300
+  -- of redis-server's instructions, under 1% of them. The numbers here
+  -- are the script's own, bounded by the config's limits, or stored ones
+  -- `decode` read as below 2^53.)
   local function ceil_div(a, b)
     local x = a + b - 1
     return (x - x % b) / b
@@ -103,7 +105,12 @@ local function library()
     end
     local u, a = string.match(v, '^(%d+):(%d+)$')
     if not u then return nil end
-    return {u = tonumber(u), a = tonumber(a)}
+    -- (divvy stores at most burst x window ms <= 2^52 used and a time in
+    -- ms: a value beyond 2^53, someone else's, is no counter, as for
+    -- divvy's window; the arithmetic below is exact only below it.)
+    u, a = tonumber(u), tonumber(a)
+    if u >= 9e15 or a >= 9e15 then return nil end
+    return {u = u, a = a}
   end
 
   local function expires(alg, st, L, W)
@@ -642,7 +649,11 @@ if lean then
               end
             else
               local u, at = match(v, '^(%d+):(%d+)$')
-              if u then st = {u = tonumber(u), a = tonumber(at)} end
+              if u then
+                u, at = tonumber(u), tonumber(at)
+                -- (beyond 2^53: no counter, as `decode` reads it)
+                if u < 9e15 and at < 9e15 then st = {u = u, a = at} end
+              end
             end
           end
           if not distinct then seen[k] = st end
@@ -659,7 +670,8 @@ if lean then
             charged = true
           end
           -- (The window's start `s` is the current one's or later: t > 0.
-          -- Here and below, no math.* calls; see `ceil_div`.)
+          -- Here and below, the allowed cases make no math.* calls; see
+          -- `ceil_div`.)
           t = s + W - now
         elseif alg == 2 then
           -- sliding_step
@@ -694,9 +706,9 @@ if lean then
           local need = (cost > 1) and cost or 1
           if need <= B and used <= B * W - need * W then
             if cost > 0 then used = used + need * W end
-            local left, due = B * W - used, used + L - 1
+            local room, due = B * W - used, used + L - 1
             -- (`at` is now or later here.)
-            a, r, t = 1, (left - left % W) / W, at - now + (due - due % L) / L
+            a, r, t = 1, (room - room % W) / W, at - now + (due - due % L) / L
             if cost > 0 then
               if st then st.u, st.a = used, at else st = {u = used, a = at}; if not distinct then seen[k] = st end end
               charged = true

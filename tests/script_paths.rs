@@ -553,29 +553,8 @@ async fn a_window_value_beyond_exact_integers_is_no_counter() {
     let server = common::redis::Redis::start();
     let client = connect(&server).await;
     for start in ["huge", "inf", "nan"] {
-        let case = Case {
-            counters: vec![Counter {
-                algorithm: 0,
-                own: 3,
-                window_ms: 60_000,
-                burst: 1,
-                start,
-                stored: 0,
-            }],
-            calls: Vec::new(),
-            hinted: false,
-        };
-        let op = Op {
-            counter: 0,
-            knob: 0,
-            cost: 1,
-            flags: 4,
-        };
-        for (prefix, general, hinted) in [
-            ("lean", false, false),
-            ("hinted", false, true),
-            ("general", true, false),
-        ] {
+        let (case, op) = one_counter(0, 1, start);
+        for (prefix, general, hinted) in PATHS {
             let k = key(prefix, &case, 0);
             let _: i64 = client
                 .eval(
@@ -605,21 +584,23 @@ async fn a_window_value_beyond_exact_integers_is_no_counter() {
     }
 }
 
-/// A token-bucket value beyond Lua's exact integers (never divvy's own: it
-/// stores at most burst x window ms, 2^52) is no counter, on every path: the
-/// call answers and writes what it does on an absent key. (The bucket's
-/// arithmetic divides without `math.floor`, exact only below 2^53.)
-#[tokio::test]
-async fn a_token_bucket_value_beyond_exact_integers_is_no_counter() {
-    let server = common::redis::Redis::start();
-    let client = connect(&server).await;
+/// The script's paths, as (key prefix, general, hinted) for `call_args`.
+const PATHS: [(&str, bool, bool); 3] = [
+    ("lean", false, false),
+    ("hinted", false, true),
+    ("general", true, false),
+];
+
+/// A case of one counter (own limit 3, a 60 s window) whose key starts as
+/// `start`, and a request charging it 1.
+fn one_counter(algorithm: i64, burst: i64, start: &'static str) -> (Case, Op) {
     let case = Case {
         counters: vec![Counter {
-            algorithm: 3,
+            algorithm,
             own: 3,
             window_ms: 60_000,
-            burst: 5,
-            start: "raw",
+            burst,
+            start,
             stored: 0,
         }],
         calls: Vec::new(),
@@ -631,14 +612,22 @@ async fn a_token_bucket_value_beyond_exact_integers_is_no_counter() {
         cost: 1,
         flags: 4,
     };
+    (case, op)
+}
+
+/// A token-bucket value beyond Lua's exact integers (never divvy's own: it
+/// stores at most burst x window ms, 2^52) is no counter, on every path: the
+/// call answers and writes what it does on an absent key. (The bucket's
+/// arithmetic divides without `math.floor`, exact only below 2^53.)
+#[tokio::test]
+async fn a_token_bucket_value_beyond_exact_integers_is_no_counter() {
+    let server = common::redis::Redis::start();
+    let client = connect(&server).await;
+    let (case, op) = one_counter(3, 5, "raw");
     let huge_used = format!("10000000000000000000000:{T0}");
     let huge_time = String::from("5:99999999999999999999");
     for value in [huge_used, huge_time] {
-        for (prefix, general, hinted) in [
-            ("lean", false, false),
-            ("hinted", false, true),
-            ("general", true, false),
-        ] {
+        for (prefix, general, hinted) in PATHS {
             let mut seen = Vec::new();
             for (which, setup) in [("absent", "none"), ("huge", "raw")] {
                 let at = format!("{prefix}-{which}");

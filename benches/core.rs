@@ -306,7 +306,7 @@ fn grpc_handler() {
             let start = Instant::now();
             for request in batch {
                 black_box(
-                    respond(&limiter, &envoy, HeaderStyle::None, request)
+                    respond(&limiter, &envoy, HeaderStyle::None, request, None)
                         .await
                         .expect("answer"),
                 );

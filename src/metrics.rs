@@ -34,8 +34,14 @@ pub struct Metrics {
     pub store_duration: Histogram,
     /// `divvy_failure_policy_activations_total{policy}`: times the circuit breaker opened.
     pub failure_activations: IntCounterVec,
-    /// `divvy_failure_policy_decisions_total{policy}`: counters decided by the failure policy.
+    /// `divvy_failure_policy_decisions_total{policy,reason}`: counters decided by the
+    /// failure policy; reason deadline, timeout, connection or breaker_open.
     pub failure_decisions: IntCounterVec,
+    /// `divvy_store_failures_total{reason}`: store calls counted toward the breaker;
+    /// reason deadline, timeout, connection or abandoned.
+    pub store_failures: IntCounterVec,
+    /// `divvy_store_breaker_state`: 0 closed, 1 open, 2 half-open.
+    pub store_breaker_state: IntGauge,
     /// `divvy_store_ready`: 1 while the configured store is in use, 0 while a failure policy stands in.
     pub store_ready: IntGauge,
     /// `divvy_reloads_total{result}`: policy reloads, success or failure.
@@ -234,8 +240,19 @@ impl Metrics {
             failure_decisions: counter_vec(
                 &r,
                 "divvy_failure_policy_decisions_total",
-                "Counters decided by the failure policy",
-                &["policy"],
+                "Counters decided by the failure policy, by policy and reason",
+                &["policy", "reason"],
+            ),
+            store_failures: counter_vec(
+                &r,
+                "divvy_store_failures_total",
+                "Counter store calls that failed, timed out, missed the caller's deadline or were abandoned",
+                &["reason"],
+            ),
+            store_breaker_state: gauge(
+                &r,
+                "divvy_store_breaker_state",
+                "The counter store's circuit breaker: 0 closed, 1 open, 2 half-open",
             ),
             store_ready,
             reloads: counter_vec(

@@ -106,6 +106,7 @@ fn validate(config: &std::path::Path) {
 #[test]
 fn the_example_and_the_istio_filter_pass_envoy_validation() {
     validate(&root().join("examples/envoy/envoy.yaml"));
+    validate(&root().join("examples/istio-task/envoy.yaml"));
 
     // Load the Istio EnvoyFilter's patches into a bootstrap: the filter before
     // the router, the rate limits on a virtual host, divvy's cluster.

@@ -90,9 +90,27 @@ pub struct ServeArgs {
     /// without divvy's REDIS_HOST), counters live in the embedded memory store.
     #[arg(long, env = "DIVVY_REDIS_URL")]
     redis_url: Option<String>,
-    /// Longest wait for one Redis command, in milliseconds.
-    #[arg(long, env = "DIVVY_REDIS_TIMEOUT_MS", default_value_t = 100)]
+    /// Longest wait for one Redis command, in milliseconds; also how long a
+    /// request without a deadline of its own (the line protocol) waits for
+    /// Redis before the failure policy decides it.
+    #[arg(long, env = "DIVVY_REDIS_TIMEOUT_MS", default_value_t = 50)]
     redis_timeout_ms: u64,
+    /// Kept back from a caller's timeout (gRPC's `grpc-timeout`, Envoy's
+    /// `x-envoy-expected-rq-timeout-ms`) to decide and answer, in
+    /// milliseconds: the store is waited for until the timeout less this
+    /// (half the timeout when it is shorter than twice this), then the
+    /// failure policy decides.
+    #[arg(long, env = "DIVVY_DEADLINE_MARGIN_MS", default_value_t = 5)]
+    deadline_margin_ms: u64,
+    /// Failed counter-store calls in a row that open the circuit breaker
+    /// (an error, a timeout, a missed deadline or an abandoned call).
+    #[arg(
+        long,
+        env = "DIVVY_BREAKER_FAILURES",
+        default_value_t = divvy::store::breaker::DEFAULT_THRESHOLD,
+        value_parser = clap::value_parser!(u32).range(1..=1000)
+    )]
+    breaker_failures: u32,
     /// Most batched counter-script calls out at once on a single Redis
     /// server or Sentinel master (1 to 64). Requests waiting meanwhile share
     /// the next call: 1 (the default) makes calls largest and cheapest for
@@ -296,6 +314,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 secret_client = Some(redis.client());
                 let failover =
                     FailoverStore::new(Arc::new(redis), args.on_store_failure, args.local_share)
+                        .with_breaker(options.timeout, args.breaker_failures)
                         .with_max_counters(args.max_counters);
                 let failover = Arc::new(if connected {
                     failover
@@ -420,6 +439,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 .filter(|t| !t.is_empty())
                 .map(Arc::from),
             governors,
+            deadline_margin: Duration::from_millis(args.deadline_margin_ms),
         };
         if admin.admin_token.is_none() {
             info!("no --admin-token: knob changes are refused (GET /knobs still answers)");
@@ -441,6 +461,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 keepalive: (args.grpc_keepalive_seconds > 0)
                     .then(|| Duration::from_secs(args.grpc_keepalive_seconds)),
                 keepalive_timeout: Duration::from_secs(20),
+                deadline_margin: Duration::from_millis(args.deadline_margin_ms),
             },
             stopped(stop_rx.clone()),
         ));

@@ -205,6 +205,7 @@ impl Limiter {
         tree: &DomainTree,
         descriptors: &[EnvoyDescriptor],
         settings: &EnvoySettings,
+        deadline: Option<tokio::time::Instant>,
     ) -> Result<Vec<EnvoyStatus>, StoreError> {
         let domain = tree.domain();
         let mut out: Vec<EnvoyStatus> = Vec::with_capacity(descriptors.len());
@@ -340,7 +341,7 @@ impl Limiter {
         let states = if ops.is_empty() {
             Vec::new()
         } else {
-            let applied = self.store().apply(&ops, charge).await;
+            let applied = self.store().apply_by(&ops, charge, deadline).await;
             applied.inspect_err(|_| metrics().store_errors.inc())?
         };
         if states.len() != ops.len() {
@@ -369,7 +370,7 @@ impl Limiter {
         };
         if !marks.is_empty() {
             // Best effort: the answer is OVER_LIMIT either way.
-            let _ = self.store().apply(&marks, Charge::Each).await;
+            let _ = self.store().apply_by(&marks, Charge::Each, deadline).await;
         }
         for (status, p) in out.iter_mut().zip(planned) {
             let Some(p) = p else { continue };

@@ -265,7 +265,19 @@ impl Limiter {
     ///
     /// `domain` is the Envoy domain, or `None` for a line-protocol HIT.
     pub async fn check(&self, domain: Option<&str>, hits: &[Hit]) -> Result<Decisions, StoreError> {
-        self.decide(domain, hits, false).await
+        self.decide(domain, hits, false, None).await
+    }
+
+    /// [`Limiter::check`] for a caller that must be answered by a deadline:
+    /// the store is waited for until `deadline` at most (then the failure
+    /// policy decides).
+    pub async fn check_until(
+        &self,
+        domain: Option<&str>,
+        hits: &[Hit],
+        deadline: Option<tokio::time::Instant>,
+    ) -> Result<Decisions, StoreError> {
+        self.decide(domain, hits, false, deadline).await
     }
 
     /// Decides several independent requests of one descriptor each (a line
@@ -276,7 +288,7 @@ impl Limiter {
         domain: Option<&str>,
         hits: &[Hit],
     ) -> Result<Decisions, StoreError> {
-        self.decide(domain, hits, true).await
+        self.decide(domain, hits, true, None).await
     }
 
     async fn decide(
@@ -284,6 +296,7 @@ impl Limiter {
         domain: Option<&str>,
         hits: &[Hit],
         independent: bool,
+        deadline: Option<tokio::time::Instant>,
     ) -> Result<Decisions, StoreError> {
         let started = Instant::now();
         let rules = self.rules.load_full();
@@ -330,7 +343,7 @@ impl Limiter {
         let mut decided_at = None;
         if !ops.is_empty() {
             let store_started = Instant::now();
-            let applied = self.store.apply(&ops, charge).await;
+            let applied = self.store.apply_by(&ops, charge, deadline).await;
             let answered = Instant::now();
             decided_at = Some(answered);
             metrics()

@@ -23,7 +23,7 @@ use std::time::UNIX_EPOCH;
 
 use axum::body::Bytes;
 use axum::extract::{RawQuery, State};
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -55,6 +55,8 @@ pub struct AdminState {
     pub admin_token: Option<Arc<str>>,
     /// The policy's governors (for `GET /governors`).
     pub governors: Arc<crate::governor::Governors>,
+    /// Kept back from a `/json` caller's timeout header to answer in time.
+    pub deadline_margin: std::time::Duration,
 }
 
 /// The admin routes; `metrics_path` is where Prometheus scrapes.
@@ -319,7 +321,11 @@ pub(crate) fn limit_json(l: &LimitSpec) -> Value {
     })
 }
 
-async fn json_check(State(s): State<AdminState>, body: Bytes) -> Response {
+async fn json_check(State(s): State<AdminState>, headers: HeaderMap, body: Bytes) -> Response {
+    let deadline = super::deadline::caller_timeout(|name| headers.get(name).map(|v| v.as_bytes()))
+        .map(|timeout| {
+            super::deadline::store_deadline(tokio::time::Instant::now(), timeout, s.deadline_margin)
+        });
     let bad = |message: String| {
         metrics().error("invalid-argument");
         (StatusCode::BAD_REQUEST, Json(json!({"error": message}))).into_response()
@@ -329,7 +335,7 @@ async fn json_check(State(s): State<AdminState>, body: Bytes) -> Response {
         Err(e) => return bad(e),
     };
     let envoy = crate::limiter::envoy::EnvoySettings::from_env();
-    match super::rls::respond(&s.limiter, &envoy, HeaderStyle::None, request).await {
+    match super::rls::respond(&s.limiter, &envoy, HeaderStyle::None, request, deadline).await {
         Ok(response) => {
             let code = if response.overall_code == 2 {
                 StatusCode::TOO_MANY_REQUESTS

@@ -1,5 +1,6 @@
 //! Protocol front ends. Each parses, calls the one [`Limiter`], and formats.
 
+pub mod deadline;
 pub mod headers;
 pub mod http;
 pub mod idle;
@@ -37,6 +38,9 @@ pub struct GrpcLimits {
     pub keepalive: Option<Duration>,
     /// How long a PING may go unanswered.
     pub keepalive_timeout: Duration,
+    /// Kept back from a caller's timeout (`grpc-timeout`) to decide and
+    /// answer: the store is waited for until the timeout less this.
+    pub deadline_margin: Duration,
 }
 
 impl Default for GrpcLimits {
@@ -47,6 +51,7 @@ impl Default for GrpcLimits {
             idle: Duration::from_secs(3600),
             keepalive: None,
             keepalive_timeout: Duration::from_secs(20),
+            deadline_margin: deadline::DEFAULT_MARGIN,
         }
     }
 }
@@ -90,8 +95,9 @@ pub async fn serve_grpc(
             }
         }
     });
-    let service = RateLimitServiceServer::new(RlsService::new(limiter, headers))
-        .max_decoding_message_size(limits.max_request_bytes);
+    let service = RlsService::new(limiter, headers).with_deadline_margin(limits.deadline_margin);
+    let service =
+        RateLimitServiceServer::new(service).max_decoding_message_size(limits.max_request_bytes);
     let idle = limits.idle;
     // Envoy multiplexes every call on a few HTTP/2 connections: small
     // frames must not wait for Nagle's algorithm. Accept errors (out of file

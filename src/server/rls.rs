@@ -26,6 +26,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration as PbDuration;
+use tokio::time::Instant;
 use tonic::{Request, Response, Status};
 
 use super::headers::{rate_limit_headers, HeaderStyle};
@@ -50,6 +51,8 @@ pub struct RlsService {
     headers: HeaderStyle,
     /// envoyproxy/ratelimit's settings, for the domains its files define.
     envoy: EnvoySettings,
+    /// Kept back from a caller's timeout to answer in time.
+    margin: Duration,
 }
 
 impl RlsService {
@@ -59,7 +62,14 @@ impl RlsService {
             limiter,
             headers,
             envoy: EnvoySettings::from_env(),
+            margin: super::deadline::DEFAULT_MARGIN,
         }
+    }
+
+    /// Keeps `margin` of each caller's timeout to decide and answer.
+    pub fn with_deadline_margin(mut self, margin: Duration) -> RlsService {
+        self.margin = margin;
+        self
     }
 }
 
@@ -69,11 +79,17 @@ impl RateLimitService for RlsService {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
+        let metadata = request.metadata();
+        let deadline =
+            super::deadline::caller_timeout(|name| metadata.get(name).map(|v| v.as_bytes())).map(
+                |timeout| super::deadline::store_deadline(Instant::now(), timeout, self.margin),
+            );
         respond(
             &self.limiter,
             &self.envoy,
             self.headers,
             request.into_inner(),
+            deadline,
         )
         .await
         .map(Response::new)
@@ -84,12 +100,15 @@ impl RateLimitService for RlsService {
 /// file that defines its domain, else by the divvy rules (or "no limit"
 /// when there are none). Shared by gRPC and `POST /json`. The request is
 /// validated whole first; the divvy rules' path then builds each hit's
-/// operation from the descriptor's entries (one string for them all).
+/// operation from the descriptor's entries (one string for them all). The
+/// store is waited for until `deadline` at most; then the failure policy
+/// decides.
 pub async fn respond(
     limiter: &Limiter,
     envoy: &EnvoySettings,
     headers: HeaderStyle,
     request: RateLimitRequest,
+    deadline: Option<Instant>,
 ) -> Result<RateLimitResponse, Status> {
     let terms = validate(&request).inspect_err(|_| metrics().error("invalid-argument"))?;
     let unavailable = |e: crate::store::StoreError| {
@@ -102,7 +121,7 @@ pub async fn respond(
         let descriptors = rls_envoy::descriptors(&request, &costs)
             .inspect_err(|_| metrics().error("invalid-argument"))?;
         let statuses = limiter
-            .check_envoy(tree, &descriptors, envoy)
+            .check_envoy(tree, &descriptors, envoy, deadline)
             .await
             .map_err(unavailable)?;
         return Ok(rls_envoy::response(&request, &statuses, envoy));
@@ -114,7 +133,7 @@ pub async fn respond(
     let domain = request.domain;
     let hits = into_hits(request.descriptors, terms);
     let decisions = limiter
-        .check(Some(&domain), &hits)
+        .check_until(Some(&domain), &hits, deadline)
         .await
         .map_err(unavailable)?;
     let mut response = to_response(&decisions);

@@ -1,12 +1,16 @@
 //! What requests get while the shared store (Redis) is failing.
 //!
-//! [`FailoverStore`] wraps the shared store with a circuit breaker. While the
-//! store answers, every op goes to it. The first failure (an error or a
-//! command timeout) opens the breaker: from then on requests are decided by
-//! the [`FailurePolicy`] at once, without touching the store, so a dead
-//! Redis costs microseconds per request rather than a timeout each. A
-//! background probe pings the store every [`PROBE_EVERY`] and closes the
-//! breaker as soon as it answers.
+//! [`FailoverStore`] wraps the shared store with a [`Breaker`]. While the
+//! breaker is closed every op goes to the store, and each call waits at most
+//! until the caller's deadline (less the margin) or the store's timeout,
+//! whichever comes first: a call that has not been answered by then is
+//! decided by the [`FailurePolicy`] and answered in time. A call that fails
+//! (an error, a timeout, a missed deadline, or a caller that went away
+//! while it was out) counts toward the breaker; after a few in a row it
+//! opens, and from then on requests are decided by the policy at once,
+//! without touching the store, so a dead or hung Redis costs microseconds per
+//! request. A background probe checks the store every [`PROBE_EVERY`] and
+//! closes the breaker when it answers within the time callers allow.
 //!
 //! - `allow`: fail open: every hit is allowed (credits shown as the full limit).
 //! - `deny`: fail closed: every hit is denied (0 credits left).
@@ -15,12 +19,14 @@
 //!   replica, until the shared store is back. Local counters are this
 //!   replica's own and expire with their windows.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use crate::metrics::metrics;
 
+use super::breaker::{wait_until, Breaker, BreakerState, FailureReason, DEFAULT_THRESHOLD};
 use super::{Charge, CounterOp, CounterState, MemoryStore, Store, StoreError, StoreFuture};
 
 /// How often the background probe checks a failed store.
@@ -37,30 +43,97 @@ pub enum FailurePolicy {
     Local,
 }
 
+impl FailurePolicy {
+    /// The metric label and config spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailurePolicy::Allow => "allow",
+            FailurePolicy::Deny => "deny",
+            FailurePolicy::Local => "local",
+        }
+    }
+}
+
 /// The shared store behind a circuit breaker and a failure policy.
 pub struct FailoverStore {
     primary: Arc<dyn Store>,
     local: MemoryStore,
     policy: FailurePolicy,
     local_share: f64,
-    healthy: AtomicBool,
+    breaker: Breaker,
+    /// Longest wait for a call without a deadline (the store's timeout).
+    wait: Duration,
+}
+
+/// Counts the store call it guards as abandoned when dropped before
+/// [`Abandon::answered`]: the caller went away while the call was out.
+struct Abandon<'a> {
+    breaker: &'a Breaker,
+    primary: &'a dyn Store,
+    policy: FailurePolicy,
+    armed: bool,
+}
+
+impl Abandon<'_> {
+    fn answered(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for Abandon<'_> {
+    fn drop(&mut self) {
+        if self.armed && self.breaker.failed(FailureReason::Abandoned) {
+            log_opened(self.primary, self.policy, FailureReason::Abandoned, None);
+        }
+    }
+}
+
+/// The one log line of a breaker opening.
+fn log_opened(
+    primary: &dyn Store,
+    policy: FailurePolicy,
+    reason: FailureReason,
+    error: Option<&StoreError>,
+) {
+    let error = error.map_or_else(String::new, |e| format!(": {e}"));
+    tracing::warn!(
+        store = primary.name(),
+        policy = policy.as_str(),
+        reason = reason.as_str(),
+        "counter store failing ({}{error}); breaker open, deciding by the failure policy until it answers",
+        reason.as_str()
+    );
 }
 
 impl FailoverStore {
-    /// Wraps `primary` (breaker closed); `local_share` is clamped to (0, 1].
+    /// Wraps `primary` (breaker closed, opening after
+    /// [`DEFAULT_THRESHOLD`] failures in a row; calls without a deadline
+    /// wait up to 100 ms); `local_share` is clamped to (0, 1].
     pub fn new(primary: Arc<dyn Store>, policy: FailurePolicy, local_share: f64) -> FailoverStore {
         let local_share = if local_share.is_finite() && local_share > 0.0 {
             local_share.min(1.0)
         } else {
             0.5
         };
+        metrics()
+            .store_breaker_state
+            .set(BreakerState::Closed as i64);
         FailoverStore {
             primary,
             local: MemoryStore::new(),
             policy,
             local_share,
-            healthy: AtomicBool::new(true),
+            breaker: Breaker::new(DEFAULT_THRESHOLD),
+            wait: Duration::from_millis(100),
         }
+    }
+
+    /// Calls without a deadline wait up to `wait` for the store (its
+    /// command timeout); `failures` in a row open the breaker.
+    pub fn with_breaker(mut self, wait: Duration, failures: u32) -> FailoverStore {
+        self.wait = wait;
+        self.breaker = Breaker::new(failures);
+        self
     }
 
     /// Caps the local counters (the `local` policy's) at `max`, as
@@ -71,8 +144,9 @@ impl FailoverStore {
         self
     }
 
-    /// Probes the primary now and then in the background, closing the breaker
-    /// when it answers; also sweeps the local counters.
+    /// Probes the primary now and then in the background while the breaker
+    /// is open, closing it when the store answers in time; also sweeps the
+    /// local counters.
     pub fn spawn_probe(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
         let me = Arc::downgrade(self);
         tokio::spawn(async move {
@@ -83,59 +157,60 @@ impl FailoverStore {
                 let Some(me) = me.upgrade() else { return };
                 // Local counters of past outages expire like any others.
                 me.local.sweep();
-                if me.healthy.load(Ordering::Acquire) {
-                    continue;
-                }
-                match me.primary.probe().await {
-                    Ok(()) => {
-                        if !me.healthy.swap(true, Ordering::AcqRel) {
-                            metrics().store_ready.set(1);
-                            tracing::info!(
-                                store = me.primary.name(),
-                                "counter store answers again; failure policy lifted"
-                            );
-                        }
-                    }
-                    Err(e) => tracing::debug!("counter store still failing: {e}"),
+                if !me.breaker.closed() {
+                    me.probe_once().await;
                 }
             }
         })
     }
 
+    /// Half-opens the breaker and closes it if the store answers within
+    /// the shortest time a caller has allowed it, else opens it again.
+    pub async fn probe_once(&self) {
+        self.breaker.half_open();
+        let budget = self.breaker.probe_budget(self.wait);
+        let answered = match tokio::time::timeout(budget, self.primary.probe()).await {
+            Ok(Ok(())) => true,
+            Ok(Err(e)) => {
+                tracing::debug!("counter store still failing: {e}");
+                false
+            }
+            Err(_) => {
+                tracing::debug!("counter store still not answering within {budget:?}");
+                false
+            }
+        };
+        if self.breaker.probed(answered) {
+            tracing::info!(
+                store = self.primary.name(),
+                "counter store answers again; breaker closed, failure policy lifted"
+            );
+        }
+    }
+
     /// Starts with the breaker open when the primary is known to be down.
     pub fn start_failed(self) -> FailoverStore {
-        self.healthy.store(false, Ordering::Release);
-        metrics().store_ready.set(0);
+        self.breaker.open();
+        metrics()
+            .failure_activations
+            .with_label_values(&[self.policy.as_str()])
+            .inc();
         tracing::warn!(
             store = self.primary.name(),
-            policy = ?self.policy,
-            "counter store unreachable at startup; deciding by the failure policy until it answers"
+            policy = self.policy.as_str(),
+            "counter store unreachable at startup; breaker open, deciding by the failure policy until it answers"
         );
         self
     }
 
-    fn policy_name(&self) -> &'static str {
-        match self.policy {
-            FailurePolicy::Allow => "allow",
-            FailurePolicy::Deny => "deny",
-            FailurePolicy::Local => "local",
-        }
-    }
-
-    /// Opens the breaker (the store just failed).
-    fn trip(&self, error: &StoreError) {
-        metrics().store_errors.inc();
-        if self.healthy.swap(false, Ordering::AcqRel) {
-            metrics().store_ready.set(0);
+    /// Counts a failed call toward the breaker; logs and counts its opening.
+    fn failed(&self, reason: FailureReason, error: Option<&StoreError>) {
+        if self.breaker.failed(reason) {
             metrics()
                 .failure_activations
-                .with_label_values(&[self.policy_name()])
+                .with_label_values(&[self.policy.as_str()])
                 .inc();
-            tracing::warn!(
-                store = self.primary.name(),
-                policy = ?self.policy,
-                "counter store failed ({error}); deciding by the failure policy until it answers"
-            );
+            log_opened(&*self.primary, self.policy, reason, error);
         }
     }
 
@@ -144,10 +219,15 @@ impl FailoverStore {
         ((limit as f64 * self.local_share).floor() as u64).clamp(1, limit.max(1))
     }
 
-    fn fallback(&self, ops: &[CounterOp], charge: Charge) -> Vec<CounterState> {
+    fn fallback(
+        &self,
+        ops: &[CounterOp],
+        charge: Charge,
+        reason: FailureReason,
+    ) -> Vec<CounterState> {
         metrics()
             .failure_decisions
-            .with_label_values(&[self.policy_name()])
+            .with_label_values(&[self.policy.as_str(), reason.as_str()])
             .inc_by(ops.len() as u64);
         if self.policy == FailurePolicy::Local {
             let local: Vec<CounterOp> = ops
@@ -163,7 +243,7 @@ impl FailoverStore {
         ops.iter()
             .map(|op| match self.policy {
                 // A refund is never refused; there is nothing to give back to.
-                _ if op.refund && self.policy != FailurePolicy::Local => CounterState {
+                _ if op.refund => CounterState {
                     allowed: true,
                     remaining: op.limit,
                     reset_after: op.window,
@@ -184,7 +264,46 @@ impl FailoverStore {
 
     /// Whether the shared store is in use (the breaker is closed).
     pub fn healthy(&self) -> bool {
-        self.healthy.load(Ordering::Acquire)
+        self.breaker.closed()
+    }
+
+    /// The breaker's state.
+    pub fn breaker_state(&self) -> BreakerState {
+        self.breaker.state()
+    }
+
+    /// One call to the primary, waiting until the caller's `deadline` or
+    /// the store's timeout; a failure is counted and decided by the policy.
+    async fn call(
+        &self,
+        ops: &[CounterOp],
+        charge: Charge,
+        deadline: Option<Instant>,
+    ) -> Vec<CounterState> {
+        let now = Instant::now();
+        if let Some(d) = deadline {
+            self.breaker.note_budget(d.saturating_duration_since(now));
+        }
+        let (until, late) = wait_until(now, self.wait, deadline);
+        let guard = Abandon {
+            breaker: &self.breaker,
+            primary: &*self.primary,
+            policy: self.policy,
+            armed: true,
+        };
+        let result = tokio::time::timeout_at(until, self.primary.apply(ops, charge)).await;
+        guard.answered();
+        let (reason, error) = match result {
+            Ok(Ok(states)) => {
+                self.breaker.succeeded();
+                return states;
+            }
+            Ok(Err(e @ StoreError::TimedOut(_))) => (FailureReason::Timeout, Some(e)),
+            Ok(Err(e)) => (FailureReason::Connection, Some(e)),
+            Err(_) => (late, None),
+        };
+        self.failed(reason, error.as_ref());
+        self.fallback(ops, charge, reason)
     }
 }
 
@@ -194,17 +313,20 @@ impl Store for FailoverStore {
         ops: &'a [CounterOp],
         charge: Charge,
     ) -> StoreFuture<'a, Result<Vec<CounterState>, StoreError>> {
+        self.apply_by(ops, charge, None)
+    }
+
+    fn apply_by<'a>(
+        &'a self,
+        ops: &'a [CounterOp],
+        charge: Charge,
+        deadline: Option<Instant>,
+    ) -> StoreFuture<'a, Result<Vec<CounterState>, StoreError>> {
         Box::pin(async move {
-            if !self.healthy() {
-                return Ok(self.fallback(ops, charge));
+            if !self.breaker.closed() {
+                return Ok(self.fallback(ops, charge, FailureReason::BreakerOpen));
             }
-            match self.primary.apply(ops, charge).await {
-                Ok(states) => Ok(states),
-                Err(e) => {
-                    self.trip(&e);
-                    Ok(self.fallback(ops, charge))
-                }
-            }
+            Ok(self.call(ops, charge, deadline).await)
         })
     }
 
@@ -232,12 +354,15 @@ impl Store for FailoverStore {
 mod tests {
     use super::*;
     use crate::store::Algorithm;
-    use std::sync::atomic::AtomicUsize;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-    /// A store that fails while `down` is set and counts the calls it gets.
+    /// A store that fails (or hangs) while `down` is set, counts the calls
+    /// it gets, and answers its probe after `probe_delay`.
     struct Flaky {
         down: AtomicBool,
+        hangs: bool,
         calls: AtomicUsize,
+        probe_delay: Duration,
         inner: MemoryStore,
     }
 
@@ -248,12 +373,12 @@ mod tests {
             charge: Charge,
         ) -> StoreFuture<'a, Result<Vec<CounterState>, StoreError>> {
             self.calls.fetch_add(1, Ordering::SeqCst);
-            if self.down.load(Ordering::SeqCst) {
-                Box::pin(std::future::ready(Err(StoreError::Unavailable(
+            match (self.down.load(Ordering::SeqCst), self.hangs) {
+                (false, _) => self.inner.apply(ops, charge),
+                (true, true) => Box::pin(std::future::pending()),
+                (true, false) => Box::pin(std::future::ready(Err(StoreError::Unavailable(
                     "down".into(),
-                ))))
-            } else {
-                self.inner.apply(ops, charge)
+                )))),
             }
         }
         fn peek<'a>(
@@ -263,12 +388,16 @@ mod tests {
             self.inner.peek(op)
         }
         fn probe(&self) -> StoreFuture<'_, Result<(), StoreError>> {
-            let r = if self.down.load(Ordering::SeqCst) {
-                Err(StoreError::Unavailable("down".into()))
-            } else {
-                Ok(())
-            };
-            Box::pin(std::future::ready(r))
+            let down = self.down.load(Ordering::SeqCst);
+            let delay = self.probe_delay;
+            Box::pin(async move {
+                tokio::time::sleep(delay).await;
+                if down {
+                    Err(StoreError::Unavailable("down".into()))
+                } else {
+                    Ok(())
+                }
+            })
         }
         fn name(&self) -> &'static str {
             "flaky"
@@ -282,10 +411,22 @@ mod tests {
     fn flaky() -> Arc<Flaky> {
         Arc::new(Flaky {
             down: AtomicBool::new(true),
+            hangs: false,
             calls: AtomicUsize::new(0),
+            probe_delay: Duration::ZERO,
             inner: MemoryStore::new(),
         })
     }
+
+    fn hung(probe_delay: Duration) -> Arc<Flaky> {
+        Arc::new(Flaky {
+            hangs: true,
+            probe_delay,
+            ..Arc::into_inner(flaky()).unwrap()
+        })
+    }
+
+    const MS: Duration = Duration::from_millis(1);
 
     #[tokio::test]
     async fn policies_answer_while_down_and_the_breaker_skips_the_store() {
@@ -305,22 +446,106 @@ mod tests {
                 got.push(store.apply(&[op(10)], Charge::Each).await.unwrap()[0].allowed);
             }
             assert_eq!(got, expect, "{policy:?}");
-            // Only the first request reached the failing store.
-            assert_eq!(primary.calls.load(Ordering::SeqCst), 1);
+            // Only the failures that opened the breaker reached the store.
+            assert_eq!(
+                primary.calls.load(Ordering::SeqCst),
+                DEFAULT_THRESHOLD as usize
+            );
             assert!(!store.ready());
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_hung_store_is_decided_at_the_deadline_then_skipped() {
+        let primary = hung(Duration::ZERO);
+        let store =
+            FailoverStore::new(primary.clone(), FailurePolicy::Deny, 0.5).with_breaker(50 * MS, 3);
+        for n in 1..=3 {
+            let started = Instant::now();
+            let deadline = Some(started + 15 * MS);
+            let states = store
+                .apply_by(&[op(10)], Charge::Each, deadline)
+                .await
+                .unwrap();
+            // Decided by the policy exactly at the deadline, not at the timeout.
+            assert_eq!(started.elapsed(), 15 * MS);
+            assert!(!states[0].allowed);
+            assert_eq!(store.ready(), n < 3, "after {n} missed deadlines");
+        }
+        // Open: answered at once, the store untouched.
+        let started = Instant::now();
+        store
+            .apply_by(&[op(10)], Charge::Each, Some(started + 15 * MS))
+            .await
+            .unwrap();
+        assert_eq!(started.elapsed(), Duration::ZERO);
+        assert_eq!(primary.calls.load(Ordering::SeqCst), 3);
+        assert_eq!(store.breaker_state(), BreakerState::Open);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn without_a_deadline_the_store_timeout_bounds_the_wait() {
+        let store = FailoverStore::new(hung(Duration::ZERO), FailurePolicy::Allow, 0.5)
+            .with_breaker(50 * MS, 1);
+        let started = Instant::now();
+        // A deadline later than the timeout changes nothing.
+        let states = store
+            .apply_by(&[op(10)], Charge::Each, Some(started + 80 * MS))
+            .await
+            .unwrap();
+        assert_eq!(started.elapsed(), 50 * MS);
+        assert!(states[0].allowed);
+        assert!(!store.ready());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_caller_that_goes_away_mid_call_counts_as_a_failure() {
+        let store = FailoverStore::new(hung(Duration::ZERO), FailurePolicy::Local, 0.5)
+            .with_breaker(50 * MS, 2);
+        for _ in 0..2 {
+            // The caller gives up after 5 ms (its client disconnected): the
+            // call's future is dropped while the store has not answered.
+            let ops = [op(10)];
+            let call = store.apply(&ops, Charge::Each);
+            assert!(tokio::time::timeout(5 * MS, call).await.is_err());
+        }
+        assert_eq!(store.breaker_state(), BreakerState::Open);
+        // A call answered in time is no failure, even with a threshold of 1.
+        let up = flaky();
+        up.down.store(false, Ordering::SeqCst);
+        let healthy = FailoverStore::new(up, FailurePolicy::Local, 0.5).with_breaker(50 * MS, 1);
+        healthy.apply(&[op(10)], Charge::Each).await.unwrap();
+        assert!(healthy.ready());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_probe_closes_the_breaker_only_when_the_store_answers_in_time() {
+        // Callers allow 15 ms; the store answers again, in 30 ms or in 10 ms.
+        for (probe_takes, closes) in [(30 * MS, false), (10 * MS, true)] {
+            let primary = hung(probe_takes);
+            let store = FailoverStore::new(primary.clone(), FailurePolicy::Deny, 0.5)
+                .with_breaker(50 * MS, 1);
+            let now = Instant::now();
+            store
+                .apply_by(&[op(3)], Charge::Each, Some(now + 15 * MS))
+                .await
+                .unwrap();
+            assert_eq!(store.breaker_state(), BreakerState::Open);
+            primary.down.store(false, Ordering::SeqCst);
+            store.probe_once().await;
+            assert_eq!(store.ready(), closes, "probe taking {probe_takes:?}");
         }
     }
 
     #[tokio::test]
     async fn probe_closes_the_breaker() {
         let primary = flaky();
-        let store = Arc::new(FailoverStore::new(
-            primary.clone(),
-            FailurePolicy::Deny,
-            0.5,
-        ));
+        let store = Arc::new(
+            FailoverStore::new(primary.clone(), FailurePolicy::Deny, 0.5).with_breaker(100 * MS, 1),
+        );
         let _probe = store.spawn_probe();
         assert!(!store.apply(&[op(3)], Charge::Each).await.unwrap()[0].allowed);
+        assert!(!store.ready());
         primary.down.store(false, Ordering::SeqCst);
         for _ in 0..100 {
             if store.ready() {
@@ -329,6 +554,7 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         assert!(store.ready());
+        assert_eq!(store.breaker_state(), BreakerState::Closed);
         let s = store.apply(&[op(3)], Charge::Each).await.unwrap()[0];
         assert!(s.allowed && s.remaining == 2);
     }

@@ -6,6 +6,7 @@
 //! reports a [`CounterState`] per op. Protocol code never sees a store.
 
 pub mod algorithm;
+pub mod breaker;
 pub mod failover;
 pub mod lru_table;
 pub mod memory;
@@ -153,6 +154,9 @@ pub enum StoreError {
     /// The backend could not be reached or answered wrongly.
     #[error("counter store unavailable: {0}")]
     Unavailable(String),
+    /// The backend did not answer within its command timeout.
+    #[error("counter store timed out: {0}")]
+    TimedOut(String),
 }
 
 /// A counter store.
@@ -165,6 +169,20 @@ pub trait Store: Send + Sync + 'static {
         ops: &'a [CounterOp],
         charge: Charge,
     ) -> StoreFuture<'a, Result<Vec<CounterState>, StoreError>>;
+
+    /// [`Store::apply`], answered by `deadline` (when the caller's own
+    /// deadline, less a margin, runs out). A store that cannot hang (the
+    /// memory store) ignores it; [`failover::FailoverStore`] decides by its
+    /// failure policy when the backend has not answered by then.
+    fn apply_by<'a>(
+        &'a self,
+        ops: &'a [CounterOp],
+        charge: Charge,
+        deadline: Option<tokio::time::Instant>,
+    ) -> StoreFuture<'a, Result<Vec<CounterState>, StoreError>> {
+        let _ = deadline;
+        self.apply(ops, charge)
+    }
 
     /// The current state of the counter of `op` without changing it (`None`:
     /// no counter is stored, it is full).

@@ -114,7 +114,10 @@ fn server(h: &HostPort) -> Server {
 }
 
 fn store_error(e: &Error) -> StoreError {
-    StoreError::Unavailable(format!("redis: {e}"))
+    match e.kind() {
+        ErrorKind::Timeout => StoreError::TimedOut(format!("redis: {e}")),
+        _ => StoreError::Unavailable(format!("redis: {e}")),
+    }
 }
 
 impl RedisStore {
@@ -220,16 +223,23 @@ async fn run_batcher(core: Arc<Core>, mut rx: mpsc::Receiver<Pending>, calls: us
         // were read in the same poll), so that what arrived together goes
         // together.
         tokio::task::yield_now().await;
-        let mut batch = vec![first];
-        let mut keys = batch[0].ops.len();
-        while keys < MAX_BATCH_KEYS {
-            match rx.try_recv() {
-                Ok(p) => {
-                    keys += p.ops.len();
-                    batch.push(p);
-                }
-                Err(_) => break,
+        // A request whose caller stopped waiting (its deadline passed while
+        // a hung call was out, or it went away) is not sent: the failure
+        // policy has answered it.
+        let mut batch = Vec::new();
+        let mut keys = 0;
+        let mut next = Some(first);
+        while let Some(p) = next.take() {
+            if !p.reply.is_closed() {
+                keys += p.ops.len();
+                batch.push(p);
             }
+            if keys < MAX_BATCH_KEYS {
+                next = rx.try_recv().ok();
+            }
+        }
+        if batch.is_empty() {
+            continue;
         }
         let core = core.clone();
         tokio::spawn(async move {

@@ -4,6 +4,7 @@
 
 pub mod delay_proxy;
 pub mod envoy;
+pub mod fault_proxy;
 pub mod redis;
 
 use std::io::{BufRead, BufReader};

@@ -207,6 +207,62 @@ fn assert_counting(rig: &Rig, redis: &Redis) {
         .is_empty());
 }
 
+/// At the gRPC layer, with a deadline long enough for a debug build's
+/// overhead to be small beside it: a call to a hung Redis is answered by
+/// the failure policy after the deadline less the margin, before the
+/// deadline.
+#[test]
+fn a_call_to_a_hung_redis_is_answered_before_its_grpc_deadline() {
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(answered_before_the_deadline());
+}
+
+/// At the gRPC layer, with a deadline long enough for a debug build's
+/// overhead to be small beside it (and a Redis timeout longer still): a
+/// call to a hung Redis is answered by the failure policy after the
+/// deadline less the margin, before the deadline.
+async fn answered_before_the_deadline() {
+    use common::{desc, request};
+    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+    let redis = Redis::start();
+    let args = [
+        "--redis-url",
+        &redis.url(),
+        "--deadline-margin-ms",
+        "20",
+        "--redis-timeout-ms",
+        "1000",
+    ];
+    let service = Server::with_policy_args(POLICY, "yaml", &args);
+    let mut client = service.client().await;
+    let call = |path: &str| {
+        let mut r = tonic::Request::new(request("ratelimit", vec![desc(&[("PATH", path)])]));
+        r.set_timeout(Duration::from_millis(200));
+        r
+    };
+    // Counting on Redis first (and the connection warm).
+    let answer = client.should_rate_limit(call("/once/grpc")).await.unwrap();
+    assert_eq!(answer.into_inner().overall_code(), Code::Ok);
+    redis.pause();
+    for n in 0..2 {
+        let started = Instant::now();
+        let answer = client.should_rate_limit(call(&format!("/grpc/{n}"))).await;
+        let took = started.elapsed();
+        println!("call {n} to a hung Redis answered in {took:?}");
+        let answer = answer.unwrap_or_else(|e| panic!("not answered: {e} after {took:?}"));
+        assert_eq!(answer.into_inner().overall_code(), Code::Ok);
+        // It waited for Redis (180 ms: 200 less the 20 ms margin), and
+        // answered before the caller's deadline.
+        assert!(took >= Duration::from_millis(180), "{took:?}");
+        assert!(took < Duration::from_millis(200), "{took:?}");
+    }
+    let m = service.metric_samples();
+    let key = "divvy_failure_policy_decisions_total{policy=\"local\",reason=\"deadline\"}";
+    assert_eq!(m.get(key).copied(), Some(2.0), "{m:?}");
+    redis.resume();
+}
+
 #[test]
 fn a_redis_stopped_with_sigstop_never_costs_an_envoy_request() {
     let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());

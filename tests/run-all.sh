@@ -112,5 +112,5 @@ cargo test --locked --lib --bins --tests
 # servers inherit the variable): the protocols, floods, Redis, and the
 # background tasks of reloads, aux rules and knobs.
 log "cargo test, servers on one worker thread (DIVVY_WORKER_THREADS=1)"
-DIVVY_WORKER_THREADS=1 cargo test --locked --test hostile --test line --test grpc --test redis \
+DIVVY_WORKER_THREADS=1 cargo test --locked --test hostile --test line --test grpc --test authority --test redis \
   --test knobs --test reload --test zookeeper --test admin

@@ -368,8 +368,11 @@ impl Limiter {
                 })
                 .collect()
         };
-        if !marks.is_empty() {
-            // Best effort: the answer is OVER_LIMIT either way.
+        // Best effort, and only while the caller still waits: past its
+        // deadline the answer goes now.
+        let in_time = deadline.is_none_or(|d| tokio::time::Instant::now() < d);
+        if !marks.is_empty() && in_time {
+            // The answer is OVER_LIMIT either way.
             let _ = self.store().apply_by(&marks, Charge::Each, deadline).await;
         }
         for (status, p) in out.iter_mut().zip(planned) {

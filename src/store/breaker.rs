@@ -16,6 +16,7 @@ use crate::metrics::metrics;
 
 /// Why a store call failed, or why the failure policy decided a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(usize)]
 pub enum FailureReason {
     /// The caller's deadline, less the margin, came before the store's answer.
     Deadline,
@@ -30,6 +31,15 @@ pub enum FailureReason {
 }
 
 impl FailureReason {
+    /// Every reason, in the order of their discriminants.
+    pub const ALL: [FailureReason; 5] = [
+        FailureReason::Deadline,
+        FailureReason::Timeout,
+        FailureReason::Connection,
+        FailureReason::Abandoned,
+        FailureReason::BreakerOpen,
+    ];
+
     /// The metric label.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -55,6 +65,13 @@ pub enum BreakerState {
 
 /// Failures in a row that open the breaker by default.
 pub const DEFAULT_THRESHOLD: u32 = 3;
+
+/// The least time a caller must allow the store for a missed deadline to
+/// count against it: a caller that allowed less (a request that waited long
+/// before it was handled, a `grpc-timeout` of almost nothing) is answered by
+/// the policy, but it says nothing about the store, and must neither open
+/// the breaker nor hold the probe to its budget.
+pub const MIN_BUDGET: Duration = Duration::from_millis(2);
 
 /// A circuit breaker counting consecutive failures.
 #[derive(Debug)]
@@ -97,12 +114,16 @@ impl Breaker {
         self.state() == BreakerState::Closed
     }
 
-    fn set(&self, state: BreakerState) {
-        self.state.store(state as u8, Ordering::Release);
-        metrics().store_breaker_state.set(state as i64);
-        metrics()
-            .store_ready
-            .set(i64::from(state == BreakerState::Closed));
+    /// Moves from `from` to `to` if it is in `from`; true when it moved.
+    fn shift(&self, from: BreakerState, to: BreakerState) -> bool {
+        let moved = self
+            .state
+            .compare_exchange(from as u8, to as u8, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok();
+        if moved {
+            publish(to);
+        }
+        moved
     }
 
     /// A store call answered: the count of failures in a row starts again.
@@ -119,55 +140,46 @@ impl Breaker {
             .store_failures
             .with_label_values(&[reason.as_str()])
             .inc();
+        // "In a row" is approximate under concurrency: a success racing a
+        // failure may reset the count either side of it.
         let row = self
             .failures
             .fetch_add(1, Ordering::Relaxed)
             .saturating_add(1);
-        row >= self.threshold
-            && self
-                .state
-                .compare_exchange(
-                    BreakerState::Closed as u8,
-                    BreakerState::Open as u8,
-                    Ordering::AcqRel,
-                    Ordering::Acquire,
-                )
-                .is_ok()
-            && {
-                self.set(BreakerState::Open);
-                true
-            }
+        row >= self.threshold && self.shift(BreakerState::Closed, BreakerState::Open)
     }
 
     /// Opens it at once (the store is known to be down).
     pub fn open(&self) {
-        self.set(BreakerState::Open);
+        self.state
+            .store(BreakerState::Open as u8, Ordering::Release);
+        publish(BreakerState::Open);
     }
 
-    /// A probe is about to check the store.
-    pub fn half_open(&self) {
-        self.set(BreakerState::HalfOpen);
+    /// A probe is about to check the store: open → half-open. False when
+    /// the breaker was not open (nothing to probe).
+    pub fn half_open(&self) -> bool {
+        self.shift(BreakerState::Open, BreakerState::HalfOpen)
     }
 
-    /// The probe's verdict: closed (true; the count starts again) or open.
-    /// True when this closed it.
+    /// The probe's verdict on a half-open breaker: closed (the count and the
+    /// callers' budget start again) or open. True when this closed it.
     pub fn probed(&self, answered: bool) -> bool {
-        if answered {
-            self.failures.store(0, Ordering::Relaxed);
-            let was = self.state();
-            self.set(BreakerState::Closed);
-            was != BreakerState::Closed
-        } else {
-            self.set(BreakerState::Open);
-            false
+        if !answered {
+            self.shift(BreakerState::HalfOpen, BreakerState::Open);
+            return false;
         }
+        self.failures.store(0, Ordering::Relaxed);
+        self.budget_us.store(u64::MAX, Ordering::Relaxed);
+        self.shift(BreakerState::HalfOpen, BreakerState::Closed)
     }
 
-    /// Notes the time a caller allows the store (the probe's bar).
+    /// Notes the time a caller allows the store (the probe's bar); budgets
+    /// under [`MIN_BUDGET`] are not taken.
     pub fn note_budget(&self, budget: Duration) {
-        let us = u64::try_from(budget.as_micros()).unwrap_or(u64::MAX);
-        if us < self.budget_us.load(Ordering::Relaxed) {
-            self.budget_us.store(us, Ordering::Relaxed);
+        if budget >= MIN_BUDGET {
+            let us = u64::try_from(budget.as_micros()).unwrap_or(u64::MAX);
+            self.budget_us.fetch_min(us, Ordering::Relaxed);
         }
     }
 
@@ -179,6 +191,14 @@ impl Breaker {
             us => wait.min(Duration::from_micros(us)),
         }
     }
+}
+
+/// Shows `state` in the metrics.
+fn publish(state: BreakerState) {
+    metrics().store_breaker_state.set(state as i64);
+    metrics()
+        .store_ready
+        .set(i64::from(state == BreakerState::Closed));
 }
 
 /// When a store call started at `now` stops waiting, and why: the caller's
@@ -250,12 +270,17 @@ mod tests {
         assert_eq!(b.state(), BreakerState::Open);
         // Only the failure that opened it says so.
         assert!(!b.failed(FailureReason::Connection));
-        b.half_open();
+        assert!(b.half_open());
         assert_eq!(b.state(), BreakerState::HalfOpen);
+        // A failure while half-open leaves it to the probe.
+        assert!(!b.failed(FailureReason::Timeout));
         assert!(!b.probed(false));
         assert_eq!(b.state(), BreakerState::Open);
-        b.half_open();
+        assert!(b.half_open());
         assert!(b.probed(true));
+        assert!(b.closed());
+        // Closed: nothing to probe.
+        assert!(!b.half_open());
         assert!(b.closed());
         // Closed again with a fresh count.
         assert!(!b.failed(FailureReason::Timeout));
@@ -263,12 +288,20 @@ mod tests {
     }
 
     #[test]
-    fn the_probe_must_answer_within_the_shortest_budget_seen() {
+    fn the_probe_must_answer_within_the_shortest_budget_seen_since_it_closed() {
         let b = Breaker::new(1);
         assert_eq!(b.probe_budget(50 * MS), 50 * MS);
         b.note_budget(15 * MS);
         b.note_budget(30 * MS);
+        // A caller that allowed (almost) nothing sets no bar.
+        b.note_budget(Duration::ZERO);
+        b.note_budget(MIN_BUDGET - Duration::from_micros(1));
         assert_eq!(b.probe_budget(50 * MS), 15 * MS);
         assert_eq!(b.probe_budget(10 * MS), 10 * MS);
+        // Closing starts the bar again.
+        b.failed(FailureReason::Deadline);
+        assert!(b.half_open());
+        assert!(b.probed(true));
+        assert_eq!(b.probe_budget(50 * MS), 50 * MS);
     }
 }

@@ -22,11 +22,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use prometheus::IntCounter;
 use tokio::time::Instant;
 
 use crate::metrics::metrics;
 
-use super::breaker::{wait_until, Breaker, BreakerState, FailureReason, DEFAULT_THRESHOLD};
+use super::breaker::{
+    wait_until, Breaker, BreakerState, FailureReason, DEFAULT_THRESHOLD, MIN_BUDGET,
+};
 use super::{Charge, CounterOp, CounterState, MemoryStore, Store, StoreError, StoreFuture};
 
 /// How often the background probe checks a failed store.
@@ -63,14 +66,15 @@ pub struct FailoverStore {
     breaker: Breaker,
     /// Longest wait for a call without a deadline (the store's timeout).
     wait: Duration,
+    /// `divvy_failure_policy_decisions_total{policy,reason}` by
+    /// [`FailureReason`], looked up once.
+    decided: [IntCounter; FailureReason::ALL.len()],
 }
 
 /// Counts the store call it guards as abandoned when dropped before
 /// [`Abandon::answered`]: the caller went away while the call was out.
 struct Abandon<'a> {
-    breaker: &'a Breaker,
-    primary: &'a dyn Store,
-    policy: FailurePolicy,
+    store: &'a FailoverStore,
     armed: bool,
 }
 
@@ -82,8 +86,8 @@ impl Abandon<'_> {
 
 impl Drop for Abandon<'_> {
     fn drop(&mut self) {
-        if self.armed && self.breaker.failed(FailureReason::Abandoned) {
-            log_opened(self.primary, self.policy, FailureReason::Abandoned, None);
+        if self.armed {
+            self.store.failed(FailureReason::Abandoned, None);
         }
     }
 }
@@ -125,6 +129,11 @@ impl FailoverStore {
             local_share,
             breaker: Breaker::new(DEFAULT_THRESHOLD),
             wait: Duration::from_millis(100),
+            decided: FailureReason::ALL.map(|r| {
+                metrics()
+                    .failure_decisions
+                    .with_label_values(&[policy.as_str(), r.as_str()])
+            }),
         }
     }
 
@@ -167,7 +176,9 @@ impl FailoverStore {
     /// Half-opens the breaker and closes it if the store answers within
     /// the shortest time a caller has allowed it, else opens it again.
     pub async fn probe_once(&self) {
-        self.breaker.half_open();
+        if !self.breaker.half_open() {
+            return;
+        }
         let budget = self.breaker.probe_budget(self.wait);
         let answered = match tokio::time::timeout(budget, self.primary.probe()).await {
             Ok(Ok(())) => true,
@@ -225,10 +236,7 @@ impl FailoverStore {
         charge: Charge,
         reason: FailureReason,
     ) -> Vec<CounterState> {
-        metrics()
-            .failure_decisions
-            .with_label_values(&[self.policy.as_str(), reason.as_str()])
-            .inc_by(ops.len() as u64);
+        self.decided[reason as usize].inc_by(ops.len() as u64);
         if self.policy == FailurePolicy::Local {
             let local: Vec<CounterOp> = ops
                 .iter()
@@ -281,14 +289,17 @@ impl FailoverStore {
         deadline: Option<Instant>,
     ) -> Vec<CounterState> {
         let now = Instant::now();
-        if let Some(d) = deadline {
-            self.breaker.note_budget(d.saturating_duration_since(now));
+        let budget = deadline.map(|d| d.saturating_duration_since(now));
+        match budget {
+            // Already late (the request waited before it was handled): the
+            // store is not asked, and not blamed.
+            Some(Duration::ZERO) => return self.fallback(ops, charge, FailureReason::Deadline),
+            Some(b) => self.breaker.note_budget(b),
+            None => {}
         }
         let (until, late) = wait_until(now, self.wait, deadline);
         let guard = Abandon {
-            breaker: &self.breaker,
-            primary: &*self.primary,
-            policy: self.policy,
+            store: self,
             armed: true,
         };
         let result = tokio::time::timeout_at(until, self.primary.apply(ops, charge)).await;
@@ -302,7 +313,11 @@ impl FailoverStore {
             Ok(Err(e)) => (FailureReason::Connection, Some(e)),
             Err(_) => (late, None),
         };
-        self.failed(reason, error.as_ref());
+        // A caller that allowed the store almost nothing says nothing about it.
+        let blameless = reason == FailureReason::Deadline && budget.is_some_and(|b| b < MIN_BUDGET);
+        if !blameless {
+            self.failed(reason, error.as_ref());
+        }
         self.fallback(ops, charge, reason)
     }
 }
@@ -486,15 +501,49 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn without_a_deadline_the_store_timeout_bounds_the_wait() {
         let store = FailoverStore::new(hung(Duration::ZERO), FailurePolicy::Allow, 0.5)
-            .with_breaker(50 * MS, 1);
-        let started = Instant::now();
-        // A deadline later than the timeout changes nothing.
+            .with_breaker(50 * MS, 2);
+        // No deadline, or one later than the timeout: the timeout ends the wait.
+        for after in [None, Some(80 * MS)] {
+            let started = Instant::now();
+            let deadline = after.map(|a| started + a);
+            let states = store
+                .apply_by(&[op(10)], Charge::Each, deadline)
+                .await
+                .unwrap();
+            assert_eq!(started.elapsed(), 50 * MS, "{deadline:?}");
+            assert!(states[0].allowed);
+        }
+        assert!(!store.ready());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_caller_that_allowed_almost_nothing_is_answered_but_blames_nothing() {
+        let primary = hung(Duration::ZERO);
+        let store =
+            FailoverStore::new(primary.clone(), FailurePolicy::Allow, 0.5).with_breaker(50 * MS, 1);
+        // Already past: answered at once, the store not asked.
+        let now = Instant::now();
         let states = store
-            .apply_by(&[op(10)], Charge::Each, Some(started + 80 * MS))
+            .apply_by(&[op(10)], Charge::Each, Some(now))
             .await
             .unwrap();
-        assert_eq!(started.elapsed(), 50 * MS);
         assert!(states[0].allowed);
+        assert_eq!(now.elapsed(), Duration::ZERO);
+        assert_eq!(primary.calls.load(Ordering::SeqCst), 0);
+        // 1 ms (under MIN_BUDGET): asked, missed, answered at the deadline.
+        let now = Instant::now();
+        store
+            .apply_by(&[op(10)], Charge::Each, Some(now + MS))
+            .await
+            .unwrap();
+        assert_eq!(now.elapsed(), MS);
+        assert_eq!(primary.calls.load(Ordering::SeqCst), 1);
+        assert!(store.ready(), "a 1 ms deadline opened the breaker");
+        // 15 ms missed: that one counts.
+        store
+            .apply_by(&[op(10)], Charge::Each, Some(Instant::now() + 15 * MS))
+            .await
+            .unwrap();
         assert!(!store.ready());
     }
 

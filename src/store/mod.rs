@@ -171,9 +171,10 @@ pub trait Store: Send + Sync + 'static {
     ) -> StoreFuture<'a, Result<Vec<CounterState>, StoreError>>;
 
     /// [`Store::apply`], answered by `deadline` (when the caller's own
-    /// deadline, less a margin, runs out). A store that cannot hang (the
-    /// memory store) ignores it; [`failover::FailoverStore`] decides by its
-    /// failure policy when the backend has not answered by then.
+    /// deadline, less a margin, runs out). [`failover::FailoverStore`], which
+    /// wraps every shared store, decides by its failure policy when the
+    /// backend has not answered by then; the stores themselves (memory,
+    /// Redis) ignore it. A new wrapper of a store must pass it on.
     fn apply_by<'a>(
         &'a self,
         ops: &'a [CounterOp],

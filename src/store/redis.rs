@@ -478,12 +478,27 @@ async fn batched(
         .await
         .map_err(|_| StoreError::Unavailable("redis: the batcher stopped".into()))?;
     // The batch's script call carries the command timeout, so an answer
-    // always comes; no timer per request.
+    // always comes (a caller with a deadline of its own stops waiting
+    // earlier: see failover.rs).
     answer.await.unwrap_or_else(|_| {
         Err(StoreError::Unavailable(
             "redis: the batch was dropped".into(),
         ))
     })
+}
+
+/// A Cluster request in a task of its own: a caller that stops waiting (its
+/// deadline passed) must not cut it off between charging the slots and
+/// giving back what another slot denied.
+async fn cluster_call(
+    core: Arc<Core>,
+    ops: &[CounterOp],
+    charge: Charge,
+) -> Result<Vec<CounterState>, StoreError> {
+    let ops = ops.to_vec();
+    tokio::spawn(async move { core.apply_cluster(&ops, charge).await })
+        .await
+        .unwrap_or_else(|e| Err(StoreError::Unavailable(format!("redis: cluster call: {e}"))))
 }
 
 /// Which ops of one script call were charged: a charging op (cost > 0, not a
@@ -526,7 +541,7 @@ impl Store for RedisStore {
         // waits for its answer, must not carry (allocate, copy, zero) that
         // space on every call.
         match &self.batcher {
-            None => Box::pin(self.core.apply_cluster(ops, charge)),
+            None => Box::pin(cluster_call(self.core.clone(), ops, charge)),
             Some(batcher) => Box::pin(batched(batcher, ops, charge)),
         }
     }

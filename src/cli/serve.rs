@@ -93,7 +93,7 @@ pub struct ServeArgs {
     /// Longest wait for one Redis command, in milliseconds; also how long a
     /// request without a deadline of its own (the line protocol) waits for
     /// Redis before the failure policy decides it.
-    #[arg(long, env = "DIVVY_REDIS_TIMEOUT_MS", default_value_t = 50)]
+    #[arg(long, env = "DIVVY_REDIS_TIMEOUT_MS", default_value_t = 100)]
     redis_timeout_ms: u64,
     /// Kept back from a caller's timeout (gRPC's `grpc-timeout`, Envoy's
     /// `x-envoy-expected-rq-timeout-ms`) to decide and answer, in

@@ -11,6 +11,8 @@ pub mod governor;
 pub mod knobs;
 pub mod limiter;
 pub mod metrics;
+/// The glob matcher of rule values: a leaf that [`config`] and [`rules`] both use.
+pub mod pattern;
 pub mod reload;
 pub mod rules;
 pub mod runtime;

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use divvy::config::{parse_str, validate::masks, Format, LimitSpec, MatchPolicy, RuleSpec};
 use divvy::limiter::{Hit, Limiter};
-use divvy::rules::glob::Pattern;
+use divvy::pattern::Pattern;
 use divvy::rules::{Operation, RuleSet};
 use divvy::server::rls::{to_hits, to_response};
 use divvy::store::{Algorithm, MemoryStore};

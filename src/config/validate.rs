@@ -11,7 +11,7 @@ use std::fmt;
 
 use super::duration::parse_seconds;
 use super::schema::{RawConfig, RawLimit, RawRule, Scalar};
-use crate::rules::glob::Pattern;
+use crate::pattern::Pattern;
 use crate::store::{Algorithm, Charge};
 
 /// Longest window accepted: 100 years of 365 days.

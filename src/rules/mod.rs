@@ -10,15 +10,14 @@
 
 pub mod bounded;
 pub mod descriptor_tree;
-pub mod glob;
 pub mod operation;
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::config::{GovernorSpec, LimitSpec, MatchPolicy, Policy, RuleSpec};
+use crate::pattern::Pattern;
 use crate::store::{Algorithm, Charge};
-use glob::Pattern;
 pub use operation::{Operation, OperationBuilder};
 
 /// A compiled rule.

@@ -1,6 +1,6 @@
 //! A request's key/value pairs, as the rules see them.
 
-use super::glob::short_eq;
+use crate::pattern::short_eq;
 
 /// The key/value pairs of one request or Envoy descriptor, sorted by key.
 /// A repeated key: the last value wins.

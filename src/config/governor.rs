@@ -1,4 +1,5 @@
-//! The `governors:` section: a PID controller per governed rule.
+//! Checks the `governors:` section (a PID controller per governed rule) into
+//! [`GovernorSpec`]s, applying the defaults below.
 //!
 //! ```yaml
 //! governors:
@@ -23,88 +24,9 @@
 
 use std::time::Duration;
 
-use serde::Deserialize;
-
 use super::duration::parse_millis;
-use super::validate::{RuleSpec, MAX_CREDIT_LIMIT};
-
-/// One governor as written.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct RawGovernor {
-    /// The label of the rule (with one limit) or of a `limits` entry.
-    pub rule: Option<String>,
-    /// A PromQL instant query giving one number.
-    pub query: Option<String>,
-    /// Prometheus's base URL (`http://host:port`).
-    pub prometheus: Option<String>,
-    /// The load to hold.
-    pub setpoint: Option<f64>,
-    /// The control interval (`5s`, `500ms`, `1m`, or integer seconds).
-    pub every: Option<super::schema::Scalar>,
-    /// The lowest creditLimit the governor sets.
-    pub min: Option<f64>,
-    /// The highest creditLimit the governor sets.
-    pub max: Option<f64>,
-    /// Proportional gain.
-    pub kp: Option<f64>,
-    /// Integral gain (per second).
-    pub ki: Option<f64>,
-    /// Derivative gain (seconds).
-    pub kd: Option<f64>,
-    /// The circuit breaker.
-    pub breaker: Option<RawBreaker>,
-    /// Intervals without data after which the rate falls to `min`.
-    pub fallback_after: Option<u32>,
-}
-
-/// `breaker: {above: N}`.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawBreaker {
-    /// Load above which the rate drops to 0 at once.
-    pub above: Option<f64>,
-}
-
-/// What a governor's controller is asked to do (validated: every number
-/// finite, `min <= max`, gains not negative).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Tuning {
-    /// The load to hold.
-    pub setpoint: f64,
-    /// Lowest output (creditLimit).
-    pub min: f64,
-    /// Highest output (creditLimit).
-    pub max: f64,
-    /// Proportional gain.
-    pub kp: f64,
-    /// Integral gain (per second).
-    pub ki: f64,
-    /// Derivative gain (seconds).
-    pub kd: f64,
-    /// Load above which the output drops to 0 at once.
-    pub breaker_above: Option<f64>,
-    /// Steps without data after which the output falls to `min`.
-    pub fallback_after: u32,
-}
-
-/// A validated governor.
-#[derive(Debug, Clone, PartialEq)]
-pub struct GovernorSpec {
-    /// The governed label (its knob's label).
-    pub rule: String,
-    /// The PromQL query.
-    pub query: String,
-    /// Prometheus's base URL; `None`: the server's `--prometheus-url`.
-    pub prometheus: Option<String>,
-    /// The control interval.
-    pub every: Duration,
-    /// The controller's numbers.
-    pub tuning: Tuning,
-}
-
-// Every number is checked finite by validation, so equality is total.
-impl Eq for GovernorSpec {}
+use super::model::{GovernorSpec, RuleSpec, Tuning, MAX_CREDIT_LIMIT};
+use super::schema::RawGovernor;
 
 /// Default control interval.
 pub const DEFAULT_EVERY: Duration = Duration::from_secs(5);

@@ -5,11 +5,17 @@
 //! (`.json`) and divvy's INI (`.ini`). [`load_file`] reads, parses and
 //! validates a file into a [`Policy`]; every error names the file, the rule
 //! and what is wrong.
+//!
+//! The imports run one way: [`schema`] (every raw serde type) imports nothing
+//! of config and [`model`] (policy types and bounds) only
+//! [`envoy_ratelimit`]'s file type; [`governor`] and [`validate`] check the
+//! one into the other; this module reads files and hands them to the parsers.
 
 pub mod duration;
 pub mod envoy_ratelimit;
 pub mod governor;
 pub mod ini;
+pub mod model;
 pub mod schema;
 pub mod validate;
 
@@ -18,8 +24,7 @@ use std::path::Path;
 
 use thiserror::Error;
 
-pub use governor::GovernorSpec;
-pub use validate::{LimitSpec, MatchPolicy, Policy, RuleSpec};
+pub use model::{GovernorSpec, LimitSpec, MatchPolicy, Policy, RuleSpec};
 
 /// The syntax of a config file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -2,8 +2,9 @@
 //!
 //! divvy's JSON schema is `{ "overrides": [rule...], "default": rule }`; YAML
 //! is a superset of JSON, so YAML files use that same schema, and the INI
-//! reader produces it too. Unknown fields are errors, so a typo cannot
-//! silently disable a limit.
+//! reader produces it too. Every raw type is here, the `governors:` section's
+//! included; [`super::validate`] turns them into the [`super::model`] types.
+//! Unknown fields are errors, so a typo cannot silently disable a limit.
 
 use std::collections::BTreeMap;
 
@@ -23,7 +24,7 @@ pub struct RawConfig {
     pub default: Option<RawRule>,
     /// PID controllers that set a rule's creditLimit from a load metric.
     #[serde(default)]
-    pub governors: Vec<super::governor::RawGovernor>,
+    pub governors: Vec<RawGovernor>,
 }
 
 /// One rule as written.
@@ -107,4 +108,42 @@ impl Scalar {
             Scalar::Str(s) => s.clone(),
         }
     }
+}
+
+/// One governor as written.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RawGovernor {
+    /// The label of the rule (with one limit) or of a `limits` entry.
+    pub rule: Option<String>,
+    /// A PromQL instant query giving one number.
+    pub query: Option<String>,
+    /// Prometheus's base URL (`http://host:port`).
+    pub prometheus: Option<String>,
+    /// The load to hold.
+    pub setpoint: Option<f64>,
+    /// The control interval (`5s`, `500ms`, `1m`, or integer seconds).
+    pub every: Option<Scalar>,
+    /// The lowest creditLimit the governor sets.
+    pub min: Option<f64>,
+    /// The highest creditLimit the governor sets.
+    pub max: Option<f64>,
+    /// Proportional gain.
+    pub kp: Option<f64>,
+    /// Integral gain (per second).
+    pub ki: Option<f64>,
+    /// Derivative gain (seconds).
+    pub kd: Option<f64>,
+    /// The circuit breaker.
+    pub breaker: Option<RawBreaker>,
+    /// Intervals without data after which the rate falls to `min`.
+    pub fallback_after: Option<u32>,
+}
+
+/// `breaker: {above: N}`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawBreaker {
+    /// Load above which the rate drops to 0 at once.
+    pub above: Option<f64>,
 }

@@ -14,7 +14,7 @@
 
 use std::time::Duration;
 
-pub use crate::config::governor::Tuning;
+pub use crate::config::model::Tuning;
 
 /// The terms and state after a step (what `/governors` shows).
 #[derive(Debug, Clone, Copy, PartialEq)]

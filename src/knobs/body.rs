@@ -5,7 +5,7 @@ use serde_json::{Map, Value};
 
 use super::{Knob, KnobError};
 use crate::config::duration::parse_seconds;
-use crate::config::validate::{MAX_CREDIT_LIMIT, MAX_CREDIT_MS, MAX_RESET_SECONDS};
+use crate::config::model::{MAX_CREDIT_LIMIT, MAX_CREDIT_MS, MAX_RESET_SECONDS};
 use crate::config::LimitSpec;
 use crate::rules::RuleSet;
 use crate::store::Algorithm;

@@ -14,7 +14,7 @@ use arc_swap::ArcSwap;
 
 use crate::metrics::{metrics, HitStatus};
 
-use crate::config::validate::{MAX_CREDIT_LIMIT, MAX_CREDIT_MS};
+use crate::config::model::{MAX_CREDIT_LIMIT, MAX_CREDIT_MS};
 use crate::config::{LimitSpec, RuleSpec};
 use crate::global::Global;
 use crate::knobs::{Knob, Knobs};

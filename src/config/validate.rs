@@ -106,6 +106,8 @@ pub fn with_aux_rules(aux: &[RawRule], file: &Policy) -> Result<Policy, Vec<Stri
     }
 }
 
+/// Validates one rule, pushing every problem; `name` is how messages call it
+/// (`rule #3`, `the default rule (#6)`, `aux rule #1`).
 fn check_rule(
     raw: RawRule,
     position: usize,
@@ -120,113 +122,20 @@ fn check_rule(
         .map(|(k, v)| (k.clone(), v.to_text()))
         .collect();
     operation.sort();
-    // Name the rule by its label or operation in every message about it.
-    let who = match (&raw.label, operation.is_empty()) {
-        (Some(l), _) => format!("{name} (label {l})"),
-        (None, false) => format!(
-            "{name} ({})",
-            operation
-                .iter()
-                .map(|(k, v)| format!("{k}={v}"))
-                .collect::<Vec<_>>()
-                .join(" ")
-        ),
-        (None, true) => name.to_owned(),
-    };
-    for (k, v) in &raw.operation {
-        if let Scalar::Float(f) = v {
-            problems.push(format!(
-                "{who}: operation value of `{k}` is the number {f:?}, which YAML and JSON may rewrite \
-                 (1.10 becomes 1.1); quote it so it matches the text clients send"
-            ));
-        }
-    }
-    if is_default && !operation.is_empty() {
-        problems.push(format!(
-            "{who}: the default rule must have an empty operation"
-        ));
-    }
+    let who = rule_name(name, raw.label.as_deref(), &operation);
+    check_operation(&raw, &operation, is_default, &who, problems);
     let (limits, multi) = match &raw.limits {
         None => {
-            let single = RawLimit {
-                credit_limit: raw.credit_limit.clone(),
-                reset_seconds: raw.reset_seconds.clone(),
-                algorithm: raw.algorithm.clone(),
-                burst: raw.burst.clone(),
-                actor_field: raw.actor_field.clone(),
-                label: None,
-                scope: raw.scope.clone(),
-            };
-            (
-                check_limit(&single, &who, "", problems)
-                    .into_iter()
-                    .collect(),
-                false,
-            )
+            let single = check_limit(&single_limit(&raw), &who, "", problems);
+            (single.into_iter().collect(), false)
         }
-        Some(list) => {
-            for (field, set) in [
-                ("creditLimit", raw.credit_limit.is_some()),
-                ("resetSeconds", raw.reset_seconds.is_some()),
-                ("algorithm", raw.algorithm.is_some()),
-                ("burst", raw.burst.is_some()),
-                ("actorField", raw.actor_field.is_some()),
-                ("scope", raw.scope.is_some()),
-            ] {
-                if set {
-                    problems.push(format!(
-                        "{who}: `{field}` cannot stand beside `limits`; set it on each limit"
-                    ));
-                }
-            }
-            if list.is_empty() {
-                problems.push(format!(
-                    "{who}: `limits` is empty; give at least one limit (or use creditLimit and resetSeconds)"
-                ));
-            }
-            let limits: Vec<LimitSpec> = list
-                .iter()
-                .enumerate()
-                .filter_map(|(i, l)| check_limit(l, &who, &format!("limits[{i}]."), problems))
-                .collect();
-            for (i, a) in limits.iter().enumerate() {
-                if let Some(j) = limits[..i].iter().position(|b| same_counter(a, b)) {
-                    problems.push(format!(
-                        "{who}: limits[{i}] counts exactly what limits[{j}] counts (same actorField, algorithm, creditLimit and resetSeconds); remove one"
-                    ));
-                }
-            }
-            (limits, true)
-        }
+        Some(list) => (check_limit_list(&raw, list, &who, problems), true),
     };
-    let match_policy = match raw.match_policy.as_deref() {
-        None | Some("stop") => MatchPolicy::Stop,
-        Some("canary") => MatchPolicy::Canary,
-        Some(other) => {
-            problems.push(format!(
-                "{who}: matchPolicy must be `stop` or `canary`, found `{other}`"
-            ));
-            MatchPolicy::Stop
-        }
-    };
-    if is_default && match_policy == MatchPolicy::Canary {
-        problems.push(format!("{who}: the default rule cannot be a canary"));
-    }
+    let match_policy = check_match_policy(raw.match_policy.as_deref(), is_default, &who, problems);
     if let Some(label) = &raw.label {
         check_label(label, &who, "", problems);
     }
-    match raw.domain.as_deref() {
-        Some("") => problems.push(format!(
-            "{who}: domain must not be empty (omit it to apply the rule to every domain)"
-        )),
-        Some(d) if d.contains(':') => problems.push(format!(
-            "{who}: domain `{d}` must not contain `:` (it separates the parts of a counter key)"
-        )),
-        Some(_) if is_default => problems.push(format!(
-            "{who}: the default rule applies to every domain and cannot name one"
-        )),
-        _ => {}
-    }
+    check_domain(raw.domain.as_deref(), is_default, &who, problems);
     if problems.len() > before {
         return None;
     }
@@ -242,6 +151,142 @@ fn check_rule(
         comment: raw.comment,
         domain: raw.domain,
     })
+}
+
+/// The rule as every message about it names it: by its label, else by its
+/// operation (`rule #2 (method=GET path=/x)`).
+fn rule_name(name: &str, label: Option<&str>, operation: &[(String, String)]) -> String {
+    match (label, operation.is_empty()) {
+        (Some(l), _) => format!("{name} (label {l})"),
+        (None, false) => format!(
+            "{name} ({})",
+            operation
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        ),
+        (None, true) => name.to_owned(),
+    }
+}
+
+/// The operation's values are text as clients send it, and the default
+/// rule's operation is empty.
+fn check_operation(
+    raw: &RawRule,
+    operation: &[(String, String)],
+    is_default: bool,
+    who: &str,
+    problems: &mut Vec<String>,
+) {
+    for (k, v) in &raw.operation {
+        if let Scalar::Float(f) = v {
+            problems.push(format!(
+                "{who}: operation value of `{k}` is the number {f:?}, which YAML and JSON may rewrite \
+                 (1.10 becomes 1.1); quote it so it matches the text clients send"
+            ));
+        }
+    }
+    if is_default && !operation.is_empty() {
+        problems.push(format!(
+            "{who}: the default rule must have an empty operation"
+        ));
+    }
+}
+
+/// The one limit of a rule written with `creditLimit` (no `limits`).
+fn single_limit(raw: &RawRule) -> RawLimit {
+    RawLimit {
+        credit_limit: raw.credit_limit.clone(),
+        reset_seconds: raw.reset_seconds.clone(),
+        algorithm: raw.algorithm.clone(),
+        burst: raw.burst.clone(),
+        actor_field: raw.actor_field.clone(),
+        label: None,
+        scope: raw.scope.clone(),
+    }
+}
+
+/// Validates a rule's `limits`: no single-limit field beside it, at least
+/// one entry, each entry valid, and no two entries counting the same.
+fn check_limit_list(
+    raw: &RawRule,
+    list: &[RawLimit],
+    who: &str,
+    problems: &mut Vec<String>,
+) -> Vec<LimitSpec> {
+    for (field, set) in [
+        ("creditLimit", raw.credit_limit.is_some()),
+        ("resetSeconds", raw.reset_seconds.is_some()),
+        ("algorithm", raw.algorithm.is_some()),
+        ("burst", raw.burst.is_some()),
+        ("actorField", raw.actor_field.is_some()),
+        ("scope", raw.scope.is_some()),
+    ] {
+        if set {
+            problems.push(format!(
+                "{who}: `{field}` cannot stand beside `limits`; set it on each limit"
+            ));
+        }
+    }
+    if list.is_empty() {
+        problems.push(format!(
+            "{who}: `limits` is empty; give at least one limit (or use creditLimit and resetSeconds)"
+        ));
+    }
+    let limits: Vec<LimitSpec> = list
+        .iter()
+        .enumerate()
+        .filter_map(|(i, l)| check_limit(l, who, &format!("limits[{i}]."), problems))
+        .collect();
+    for (i, a) in limits.iter().enumerate() {
+        if let Some(j) = limits[..i].iter().position(|b| same_counter(a, b)) {
+            problems.push(format!(
+                "{who}: limits[{i}] counts exactly what limits[{j}] counts (same actorField, algorithm, creditLimit and resetSeconds); remove one"
+            ));
+        }
+    }
+    limits
+}
+
+/// `stop` (the default) or `canary`; the default rule cannot be a canary.
+fn check_match_policy(
+    text: Option<&str>,
+    is_default: bool,
+    who: &str,
+    problems: &mut Vec<String>,
+) -> MatchPolicy {
+    let match_policy = match text {
+        None | Some("stop") => MatchPolicy::Stop,
+        Some("canary") => MatchPolicy::Canary,
+        Some(other) => {
+            problems.push(format!(
+                "{who}: matchPolicy must be `stop` or `canary`, found `{other}`"
+            ));
+            MatchPolicy::Stop
+        }
+    };
+    if is_default && match_policy == MatchPolicy::Canary {
+        problems.push(format!("{who}: the default rule cannot be a canary"));
+    }
+    match_policy
+}
+
+/// A domain is not empty, holds no `:` (counter keys use it), and the
+/// default rule names none.
+fn check_domain(domain: Option<&str>, is_default: bool, who: &str, problems: &mut Vec<String>) {
+    match domain {
+        Some("") => problems.push(format!(
+            "{who}: domain must not be empty (omit it to apply the rule to every domain)"
+        )),
+        Some(d) if d.contains(':') => problems.push(format!(
+            "{who}: domain `{d}` must not contain `:` (it separates the parts of a counter key)"
+        )),
+        Some(_) if is_default => problems.push(format!(
+            "{who}: the default rule applies to every domain and cannot name one"
+        )),
+        _ => {}
+    }
 }
 
 fn check_label(label: &str, who: &str, field: &str, problems: &mut Vec<String>) {
@@ -275,7 +320,48 @@ fn check_limit(
     problems: &mut Vec<String>,
 ) -> Option<LimitSpec> {
     let before = problems.len();
-    let credit_limit = match &raw.credit_limit {
+    let credit_limit = check_credit_limit(raw.credit_limit.as_ref(), who, field, problems);
+    let reset_seconds = check_reset_seconds(
+        raw.reset_seconds.as_ref(),
+        credit_limit,
+        who,
+        field,
+        problems,
+    );
+    let global = check_scope(raw.scope.as_deref(), who, field, problems);
+    let algorithm = check_algorithm(raw.algorithm.as_deref(), global, who, field, problems);
+    let burst = check_burst(
+        raw.burst.as_ref(),
+        algorithm,
+        credit_limit,
+        who,
+        field,
+        problems,
+    );
+    let limit = LimitSpec {
+        credit_limit,
+        reset_seconds,
+        algorithm,
+        burst,
+        actor_field: raw.actor_field.clone().filter(|a| !a.is_empty()),
+        label: raw.label.clone(),
+        global,
+    };
+    check_exact_in_scripts(&limit, who, field, problems);
+    if let Some(label) = &raw.label {
+        check_label(label, who, field, problems);
+    }
+    (problems.len() == before).then_some(limit)
+}
+
+/// `creditLimit`: required, an integer from 0 to [`MAX_CREDIT_LIMIT`].
+fn check_credit_limit(
+    v: Option<&Scalar>,
+    who: &str,
+    field: &str,
+    problems: &mut Vec<String>,
+) -> u64 {
+    match v {
         None => {
             problems.push(format!("{who}: {field}creditLimit is required"));
             0
@@ -290,8 +376,19 @@ fn check_limit(
                 0
             }
         },
-    };
-    let reset_seconds = match &raw.reset_seconds {
+    }
+}
+
+/// `resetSeconds`: seconds or a duration up to [`MAX_RESET_SECONDS`],
+/// required when the limit is above 0.
+fn check_reset_seconds(
+    v: Option<&Scalar>,
+    credit_limit: u64,
+    who: &str,
+    field: &str,
+    problems: &mut Vec<String>,
+) -> u64 {
+    match v {
         None if credit_limit > 0 => {
             problems.push(format!(
                 "{who}: {field}resetSeconds is required when creditLimit > 0 (write 0 explicitly for always-allow)"
@@ -309,8 +406,12 @@ fn check_limit(
                 0
             }
         },
-    };
-    let global = match raw.scope.as_deref() {
+    }
+}
+
+/// `scope`: `local` (the default) or `global`; whether the limit is global.
+fn check_scope(text: Option<&str>, who: &str, field: &str, problems: &mut Vec<String>) -> bool {
+    match text {
         None | Some("local") => false,
         Some("global") => true,
         Some(other) => {
@@ -319,9 +420,19 @@ fn check_limit(
             ));
             false
         }
-    };
-    let algorithm = match raw.algorithm.as_deref() {
-        // A global limit is a token bucket shared by every region.
+    }
+}
+
+/// `algorithm`: one the stores know (divvy's window by default); a global
+/// limit is a token bucket shared by every region.
+fn check_algorithm(
+    text: Option<&str>,
+    global: bool,
+    who: &str,
+    field: &str,
+    problems: &mut Vec<String>,
+) -> Algorithm {
+    match text {
         None if global => Algorithm::TokenBucket,
         Some(a) if global && a != "token_bucket" => {
             problems.push(format!(
@@ -336,8 +447,20 @@ fn check_limit(
             ));
             Algorithm::Window
         }),
-    };
-    let burst = match &raw.burst {
+    }
+}
+
+/// `burst`: only for a token bucket, from 1 to [`MAX_CREDIT_LIMIT`];
+/// `creditLimit` when absent.
+fn check_burst(
+    v: Option<&Scalar>,
+    algorithm: Algorithm,
+    credit_limit: u64,
+    who: &str,
+    field: &str,
+    problems: &mut Vec<String>,
+) -> u64 {
+    match v {
         None => credit_limit,
         Some(_) if algorithm != Algorithm::TokenBucket => {
             problems.push(format!(
@@ -356,39 +479,35 @@ fn check_limit(
                 credit_limit
             }
         },
-    };
-    let window_ms = reset_seconds.saturating_mul(1000);
+    }
+}
+
+/// The products the sliding and token-bucket scripts compute stay within
+/// [`MAX_CREDIT_MS`], so every store counts exactly.
+fn check_exact_in_scripts(limit: &LimitSpec, who: &str, field: &str, problems: &mut Vec<String>) {
+    let algorithm = limit.algorithm;
+    let window_ms = limit.reset_seconds.saturating_mul(1000);
     let product = match algorithm {
-        Algorithm::Sliding => Some(credit_limit.saturating_add(1).saturating_mul(window_ms)),
+        Algorithm::Sliding => Some(
+            limit
+                .credit_limit
+                .saturating_add(1)
+                .saturating_mul(window_ms),
+        ),
         // A global bucket counts in thousandths of a credit per second (see global::lease).
-        Algorithm::TokenBucket if global => {
-            Some(burst.saturating_mul(window_ms).saturating_mul(1000))
+        Algorithm::TokenBucket if limit.global => {
+            Some(limit.burst.saturating_mul(window_ms).saturating_mul(1000))
         }
-        Algorithm::TokenBucket => Some(burst.saturating_mul(window_ms)),
+        Algorithm::TokenBucket => Some(limit.burst.saturating_mul(window_ms)),
         _ => None,
     };
-    if credit_limit > 0 && product.is_some_and(|p| p > MAX_CREDIT_MS) {
+    if limit.credit_limit > 0 && product.is_some_and(|p| p > MAX_CREDIT_MS) {
         problems.push(format!(
             "{who}: {field}{} × resetSeconds is too large for the {} algorithm (at most {MAX_CREDIT_MS} credit-milliseconds, so every store counts exactly)",
             if algorithm == Algorithm::Sliding { "creditLimit" } else { "burst" },
             algorithm.as_str()
         ));
     }
-    if let Some(label) = &raw.label {
-        check_label(label, who, field, problems);
-    }
-    if problems.len() > before {
-        return None;
-    }
-    Some(LimitSpec {
-        credit_limit,
-        reset_seconds,
-        algorithm,
-        burst,
-        actor_field: raw.actor_field.clone().filter(|a| !a.is_empty()),
-        label: raw.label.clone(),
-        global,
-    })
 }
 
 /// A non-negative integer; strings are parsed (INI), as durations if allowed.

@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use super::duration::parse_millis;
 use super::model::{GovernorSpec, RuleSpec, Tuning, MAX_CREDIT_LIMIT};
-use super::schema::RawGovernor;
+use super::schema::{RawGovernor, Scalar};
 
 /// Default control interval.
 pub const DEFAULT_EVERY: Duration = Duration::from_secs(5);
@@ -75,123 +75,159 @@ pub fn check_governors(
         };
         let before = problems.len();
         let mut bad = |m: String| problems.push(format!("{name}: {m}"));
-        let rule = match g.rule.as_deref().map(str::trim) {
-            None | Some("") => {
-                bad("`rule` is required (a rule or limit label)".to_owned());
-                String::new()
-            }
-            Some(r) => {
-                if let Err(e) = governable(rules, r) {
-                    bad(e);
-                }
-                if seen.iter().any(|o| o == r) {
-                    bad(format!("`{r}` already has a governor"));
-                }
-                seen.push(r.to_owned());
-                r.to_owned()
-            }
-        };
-        let query = match g.query.as_deref().map(str::trim) {
-            None | Some("") => {
-                bad("`query` is required (a PromQL instant query)".to_owned());
-                String::new()
-            }
-            Some(q) => q.to_owned(),
-        };
-        if let Some(p) = &g.prometheus {
-            if !(p.starts_with("http://") && p.len() > "http://".len()) {
-                bad(format!(
-                    "`prometheus` must be an http:// URL such as http://prometheus:9090, found `{p}`"
-                ));
-            }
-        }
-        let mut number = |field: &str, v: Option<f64>, default: Option<f64>| -> f64 {
-            match v.or(default) {
-                None => {
-                    bad(format!("`{field}` is required"));
-                    0.0
-                }
-                Some(x) if !x.is_finite() => {
-                    bad(format!("`{field}` must be a finite number"));
-                    0.0
-                }
-                Some(x) => x,
-            }
-        };
-        let setpoint = number("setpoint", g.setpoint, None);
-        let min = number("min", g.min, Some(0.0));
-        let max = number("max", g.max, None);
-        let kp = number("kp", g.kp, Some(DEFAULT_GAINS.0));
-        let ki = number("ki", g.ki, Some(DEFAULT_GAINS.1));
-        let kd = number("kd", g.kd, Some(DEFAULT_GAINS.2));
-        let above = g
-            .breaker
-            .as_ref()
-            .map(|b| number("breaker.above", b.above, None));
-        for (field, v) in [("kp", kp), ("ki", ki), ("kd", kd)] {
-            if v < 0.0 {
-                bad(format!("`{field}` must not be negative, found {v}"));
-            }
-        }
-        if min < 0.0 {
-            bad(format!("`min` must not be negative, found {min}"));
-        }
-        if max > MAX_CREDIT_LIMIT as f64 {
-            bad(format!(
-                "`max` must be at most {MAX_CREDIT_LIMIT}, found {max}"
-            ));
-        }
-        if min > max {
-            bad(format!("`min` ({min}) is greater than `max` ({max})"));
-        }
-        if let Some(a) = above {
-            if a <= setpoint {
-                bad(format!(
-                    "`breaker.above` ({a}) must be above the setpoint ({setpoint})"
-                ));
-            }
-        }
-        let every = match &g.every {
-            None => DEFAULT_EVERY,
-            Some(s) => match parse_millis(&s.to_text()) {
-                Some(ms) if ms >= 100 => Duration::from_millis(ms),
-                _ => {
-                    bad(format!(
-                        "`every` must be a duration of at least 100ms such as `5s`, `500ms` or `1m`, found `{}`",
-                        s.to_text()
-                    ));
-                    DEFAULT_EVERY
-                }
-            },
-        };
-        let fallback_after = match g.fallback_after {
-            Some(0) => {
-                bad("`fallbackAfter` must be at least 1 interval".to_owned());
-                1
-            }
-            Some(n) => n,
-            None => DEFAULT_FALLBACK_AFTER,
-        };
+        let spec = check_governor(g, rules, &mut seen, &mut bad);
         if problems.len() == before {
-            out.push(GovernorSpec {
-                rule,
-                query,
-                prometheus: g.prometheus,
-                every,
-                tuning: Tuning {
-                    setpoint,
-                    min,
-                    max,
-                    kp,
-                    ki,
-                    kd,
-                    breaker_above: above,
-                    fallback_after,
-                },
-            });
+            out.push(spec);
         }
     }
     out
+}
+
+/// Validates one governor, reporting each problem to `bad`; `seen` holds
+/// the labels already governed. The result counts only if nothing was bad.
+fn check_governor(
+    g: RawGovernor,
+    rules: &[RuleSpec],
+    seen: &mut Vec<String>,
+    bad: &mut dyn FnMut(String),
+) -> GovernorSpec {
+    let rule = check_rule_label(g.rule.as_deref(), rules, seen, bad);
+    let query = match g.query.as_deref().map(str::trim) {
+        None | Some("") => {
+            bad("`query` is required (a PromQL instant query)".to_owned());
+            String::new()
+        }
+        Some(q) => q.to_owned(),
+    };
+    if let Some(p) = &g.prometheus {
+        if !(p.starts_with("http://") && p.len() > "http://".len()) {
+            bad(format!(
+                "`prometheus` must be an http:// URL such as http://prometheus:9090, found `{p}`"
+            ));
+        }
+    }
+    let mut tuning = check_tuning(&g, bad);
+    let every = check_every(g.every.as_ref(), bad);
+    // Checked after `every`, so the messages keep the order of the fields.
+    tuning.fallback_after = match g.fallback_after {
+        Some(0) => {
+            bad("`fallbackAfter` must be at least 1 interval".to_owned());
+            1
+        }
+        Some(n) => n,
+        None => DEFAULT_FALLBACK_AFTER,
+    };
+    GovernorSpec {
+        rule,
+        query,
+        prometheus: g.prometheus,
+        every,
+        tuning,
+    }
+}
+
+/// `rule`: a label that [`governable`] accepts and no earlier governor took.
+fn check_rule_label(
+    rule: Option<&str>,
+    rules: &[RuleSpec],
+    seen: &mut Vec<String>,
+    bad: &mut dyn FnMut(String),
+) -> String {
+    match rule.map(str::trim) {
+        None | Some("") => {
+            bad("`rule` is required (a rule or limit label)".to_owned());
+            String::new()
+        }
+        Some(r) => {
+            if let Err(e) = governable(rules, r) {
+                bad(e);
+            }
+            if seen.iter().any(|o| o == r) {
+                bad(format!("`{r}` already has a governor"));
+            }
+            seen.push(r.to_owned());
+            r.to_owned()
+        }
+    }
+}
+
+/// The controller's numbers, with their defaults, each finite and in range
+/// (`fallback_after` is left at its default for the caller to check).
+fn check_tuning(g: &RawGovernor, bad: &mut dyn FnMut(String)) -> Tuning {
+    let mut number = |field: &str, v: Option<f64>, default: Option<f64>| -> f64 {
+        match v.or(default) {
+            None => {
+                bad(format!("`{field}` is required"));
+                0.0
+            }
+            Some(x) if !x.is_finite() => {
+                bad(format!("`{field}` must be a finite number"));
+                0.0
+            }
+            Some(x) => x,
+        }
+    };
+    let tuning = Tuning {
+        setpoint: number("setpoint", g.setpoint, None),
+        min: number("min", g.min, Some(0.0)),
+        max: number("max", g.max, None),
+        kp: number("kp", g.kp, Some(DEFAULT_GAINS.0)),
+        ki: number("ki", g.ki, Some(DEFAULT_GAINS.1)),
+        kd: number("kd", g.kd, Some(DEFAULT_GAINS.2)),
+        breaker_above: g
+            .breaker
+            .as_ref()
+            .map(|b| number("breaker.above", b.above, None)),
+        fallback_after: DEFAULT_FALLBACK_AFTER,
+    };
+    check_ranges(&tuning, bad);
+    tuning
+}
+
+/// Gains and `min` not negative, `max` a credit limit, `min <= max`, and a
+/// breaker above the setpoint.
+fn check_ranges(t: &Tuning, bad: &mut dyn FnMut(String)) {
+    for (field, v) in [("kp", t.kp), ("ki", t.ki), ("kd", t.kd)] {
+        if v < 0.0 {
+            bad(format!("`{field}` must not be negative, found {v}"));
+        }
+    }
+    let (min, max, setpoint) = (t.min, t.max, t.setpoint);
+    if min < 0.0 {
+        bad(format!("`min` must not be negative, found {min}"));
+    }
+    if max > MAX_CREDIT_LIMIT as f64 {
+        bad(format!(
+            "`max` must be at most {MAX_CREDIT_LIMIT}, found {max}"
+        ));
+    }
+    if min > max {
+        bad(format!("`min` ({min}) is greater than `max` ({max})"));
+    }
+    if let Some(a) = t.breaker_above {
+        if a <= setpoint {
+            bad(format!(
+                "`breaker.above` ({a}) must be above the setpoint ({setpoint})"
+            ));
+        }
+    }
+}
+
+/// `every`: a duration of at least 100 ms ([`DEFAULT_EVERY`] when absent).
+fn check_every(every: Option<&Scalar>, bad: &mut dyn FnMut(String)) -> Duration {
+    match every {
+        None => DEFAULT_EVERY,
+        Some(s) => match parse_millis(&s.to_text()) {
+            Some(ms) if ms >= 100 => Duration::from_millis(ms),
+            _ => {
+                bad(format!(
+                    "`every` must be a duration of at least 100ms such as `5s`, `500ms` or `1m`, found `{}`",
+                    s.to_text()
+                ));
+                DEFAULT_EVERY
+            }
+        },
+    }
 }
 
 #[cfg(test)]

@@ -342,15 +342,9 @@ impl Limiter {
             Vec::new()
         } else {
             let applied = self.store().apply_by(&ops, charge, deadline).await;
-            applied.inspect_err(|_| metrics().store_errors.inc())?
+            let states = applied.inspect_err(|_| metrics().store_errors.inc())?;
+            crate::store::answered_all(states, ops.len())?
         };
-        if states.len() != ops.len() {
-            return Err(StoreError::Unavailable(format!(
-                "store answered {} counters for {} asked",
-                states.len(),
-                ops.len()
-            )));
-        }
         // A hit larger than what is left is not counted by the store:
         // mark its window over by taking what is left (rare; a second call).
         let marks: Vec<CounterOp> = if settings.all_or_nothing {

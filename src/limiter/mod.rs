@@ -6,6 +6,10 @@
 //! [`Decision`] per descriptor. Protocol adapters only translate in and out.
 
 pub mod envoy;
+mod plan;
+
+pub use plan::{counter_op, knob_for};
+use plan::{Planner, Prepared};
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -14,12 +18,10 @@ use arc_swap::ArcSwap;
 
 use crate::metrics::{metrics, HitStatus};
 
-use crate::config::model::{MAX_CREDIT_LIMIT, MAX_CREDIT_MS};
-use crate::config::{LimitSpec, RuleSpec};
 use crate::global::Global;
-use crate::knobs::{Knob, Knobs};
-use crate::rules::{Operation, Rule, RuleSet};
-use crate::store::{Algorithm, Charge, CounterOp, Store, StoreError};
+use crate::knobs::Knobs;
+use crate::rules::{Operation, RuleSet};
+use crate::store::{Algorithm, Charge, CounterOp, CounterState, Store, StoreError};
 
 /// A limit that replaces the deciding rule's own (Envoy's `RateLimitOverride`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -196,19 +198,6 @@ pub struct Limiter {
     global: Option<Arc<Global>>,
 }
 
-/// A rule's limits prepared for one hit: the outcome of each limit, and
-/// the ops of its counted limits.
-struct Prepared {
-    rule: usize,
-    /// Every limit's outcome; the counted ones (all but the always-allowed,
-    /// `Reset::Unlimited`) are decided by the store.
-    limits: Vec<LimitOutcome>,
-    /// Where the counted limits' ops are in the request's ops, one per
-    /// counted limit in order (empty: nothing counted, as for an
-    /// always-deny rule).
-    ops: std::ops::Range<usize>,
-}
-
 impl Limiter {
     /// A limiter over `rules` and `store`, with knobs of its own.
     pub fn new(rules: RuleSet, store: Arc<dyn Store>) -> Limiter {
@@ -300,31 +289,64 @@ impl Limiter {
     ) -> Result<Decisions, StoreError> {
         let started = Instant::now();
         let rules = self.rules.load_full();
-        // Most hits count one limit: one op each, room made once.
-        let mut ops = Vec::with_capacity(hits.len());
-        let mut prepared: Vec<(Vec<Prepared>, Prepared)> = Vec::with_capacity(hits.len());
+        let RequestPlan {
+            mut ops,
+            prepared,
+            charge,
+        } = self.plan(&rules, domain, hits, independent);
+        // The store's answer ends the decision's time too (what follows is
+        // bookkeeping); without a store call, the time is read at the end.
+        let (states, decided_at) = if ops.is_empty() {
+            (Vec::new(), None)
+        } else {
+            let states = self.apply(&ops, charge, deadline).await?;
+            (states, Some(Instant::now()))
+        };
+        let items: Vec<Decision> = prepared
+            .into_iter()
+            .map(|(canaries, decider)| Decision {
+                canaries: canaries
+                    .into_iter()
+                    .map(|p| self.finish(&rules, p, &mut ops, &states))
+                    .collect(),
+                decider: self.finish(&rules, decider, &mut ops, &states),
+            })
+            .collect();
+        record(&rules, &items);
+        // Each descriptor (each line-protocol HIT) is one hit, timed as its request.
+        let decided_at = decided_at.unwrap_or_else(Instant::now);
+        metrics().hit_times(decided_at.duration_since(started), items.len());
+        Ok(Decisions { rules, items })
+    }
+
+    /// Every hit's canaries and deciding rule prepared, their ops gathered
+    /// in one list, and how the request is charged.
+    fn plan(
+        &self,
+        rules: &RuleSet,
+        domain: Option<&str>,
+        hits: &[Hit],
+        independent: bool,
+    ) -> RequestPlan {
+        let mut planner = Planner {
+            rules,
+            // Whether any knob is set, looked at once for the whole call.
+            knobs: self.knobs.any().then_some(&*self.knobs),
+            global: self.global.as_deref(),
+            // Most hits count one limit: one op each, room made once.
+            ops: Vec::with_capacity(hits.len()),
+        };
+        let mut prepared = Vec::with_capacity(hits.len());
         // A deciding rule that denies without a counter (creditLimit 0).
         let mut denied_outside = false;
-        // Whether any knob is set, looked at once for the whole call.
-        let knobs = self.knobs.any().then_some(&*self.knobs);
-        let global = self.global.as_deref();
         for hit in hits {
             let plan = rules.plan(domain, &hit.operation);
             let canaries = plan
                 .canaries
                 .iter()
-                .map(|&rule| prepare(&rules, rule, hit, None, knobs, global, false, &mut ops))
+                .map(|&rule| planner.prepare(rule, hit, None, false))
                 .collect();
-            let decider = prepare(
-                &rules,
-                plan.decider,
-                hit,
-                hit.limit_override,
-                knobs,
-                global,
-                true,
-                &mut ops,
-            );
+            let decider = planner.prepare(plan.decider, hit, hit.limit_override, true);
             // Counted limits are decided by the store; an always-deny rule has none.
             denied_outside |= decider.ops.is_empty() && decider.limits.iter().any(|l| !l.allowed);
             prepared.push((canaries, decider));
@@ -336,85 +358,73 @@ impl Limiter {
             Charge::AllOrNothing if denied_outside => Charge::Denied,
             other => other,
         };
-        let mut states = Vec::new();
-        // The store's answer ends the decision's time too (what follows is
-        // bookkeeping): one clock read fewer per call that reaches the
-        // store. Without one, the time is read at the end.
-        let mut decided_at = None;
-        if !ops.is_empty() {
-            let store_started = Instant::now();
-            let applied = self.store.apply_by(&ops, charge, deadline).await;
-            let answered = Instant::now();
-            decided_at = Some(answered);
-            metrics()
-                .store_duration
-                .observe(answered.duration_since(store_started).as_secs_f64());
-            states = applied.inspect_err(|_| metrics().store_errors.inc())?;
-            if states.len() != ops.len() {
-                return Err(StoreError::Unavailable(format!(
-                    "store answered {} counters for {} asked",
-                    states.len(),
-                    ops.len()
-                )));
-            }
+        RequestPlan {
+            ops: planner.ops,
+            prepared,
+            charge,
         }
-        // Each op's key is moved into its outcome.
-        let mut finish = |p: Prepared| {
-            let mut limits = p.limits;
-            // The counted limits are those not always allowed, their ops
-            // in `p.ops`, in the same order.
-            // (An always-deny rule has no ops and one outcome, not counted.)
-            debug_assert!(
-                p.ops.is_empty()
-                    || limits
-                        .iter()
-                        .filter(|o| o.reset != Reset::Unlimited)
-                        .count()
-                        == p.ops.len(),
-                "one op per counted limit"
-            );
-            let counted = limits.iter_mut().filter(|o| o.reset != Reset::Unlimited);
-            for (o, i) in counted.zip(p.ops) {
-                let state = &states[i];
-                let op = &mut ops[i];
-                // A hit that only gives back or checks is not admitted.
-                if o.global && state.allowed && !op.refund && op.cost != 0 {
-                    let label = rules
-                        .rule(p.rule)
-                        .spec
-                        .limits
-                        .get(o.limit)
-                        .and_then(|s| s.label.as_deref());
-                    metrics()
-                        .global_admitted
-                        .with_label_values(&[label.unwrap_or("")])
-                        .inc();
-                }
-                o.allowed = state.allowed;
-                o.remaining = state.remaining;
-                o.reset = Reset::After(match (o.global, self.global.as_deref()) {
-                    // A new lease may come at the next renewal: never tell a
-                    // client to wait longer than a lease period.
-                    (true, Some(g)) => state.reset_after.min(g.period()),
-                    _ => state.reset_after,
-                });
-                o.counter_key = Some(std::mem::take(&mut op.key));
-            }
-            Outcome::from_limits(p.rule, limits)
-        };
-        let items: Vec<Decision> = prepared
-            .into_iter()
-            .map(|(canaries, decider)| Decision {
-                canaries: canaries.into_iter().map(&mut finish).collect(),
-                decider: finish(decider),
-            })
-            .collect();
-        record(&rules, &items);
-        // Each descriptor (each line-protocol HIT) is one hit, timed as its request.
-        let decided_at = decided_at.unwrap_or_else(Instant::now);
-        metrics().hit_times(decided_at.duration_since(started), items.len());
-        Ok(Decisions { rules, items })
     }
+
+    /// The one store call of a request, timed; one state per op.
+    async fn apply(
+        &self,
+        ops: &[CounterOp],
+        charge: Charge,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Result<Vec<CounterState>, StoreError> {
+        let store_started = Instant::now();
+        let applied = self.store.apply_by(ops, charge, deadline).await;
+        metrics()
+            .store_duration
+            .observe(store_started.elapsed().as_secs_f64());
+        let states = applied.inspect_err(|_| metrics().store_errors.inc())?;
+        crate::store::answered_all(states, ops.len())
+    }
+
+    /// A prepared rule's outcome from the store's states of its ops; each
+    /// op's key is moved into its limit's outcome.
+    fn finish(
+        &self,
+        rules: &RuleSet,
+        p: Prepared,
+        ops: &mut [CounterOp],
+        states: &[CounterState],
+    ) -> Outcome {
+        let mut limits = p.limits;
+        // The counted limits are those not always allowed, their ops in
+        // `p.ops`, in the same order (an always-deny rule has no ops).
+        let counted = limits.iter_mut().filter(|o| o.reset != Reset::Unlimited);
+        for (o, i) in counted.zip(p.ops) {
+            let (state, op) = (&states[i], &mut ops[i]);
+            // A hit that only gives back or checks is not admitted.
+            if o.global && state.allowed && !op.refund && op.cost != 0 {
+                let spec = &rules.rule(p.rule).spec;
+                let label = spec.limits.get(o.limit).and_then(|s| s.label.as_deref());
+                metrics()
+                    .global_admitted
+                    .with_label_values(&[label.unwrap_or("")])
+                    .inc();
+            }
+            o.allowed = state.allowed;
+            o.remaining = state.remaining;
+            o.reset = Reset::After(match (o.global, self.global.as_deref()) {
+                // A new lease may come at the next renewal: never tell a
+                // client to wait longer than a lease period.
+                (true, Some(g)) => state.reset_after.min(g.period()),
+                _ => state.reset_after,
+            });
+            o.counter_key = Some(std::mem::take(&mut op.key));
+        }
+        Outcome::from_limits(p.rule, limits)
+    }
+}
+
+/// A request planned: its ops, each hit's canaries and deciding rule, and
+/// how it is charged.
+struct RequestPlan {
+    ops: Vec<CounterOp>,
+    prepared: Vec<(Vec<Prepared>, Prepared)>,
+    charge: Charge,
 }
 
 /// Counts every outcome in the metrics, and logs the deciding rule's comment at debug level.
@@ -448,205 +458,6 @@ fn record(rules: &RuleSet, items: &[Decision]) {
             remaining = item.decider.remaining,
             "decided"
         );
-    }
-}
-
-/// The counter op of `own` (a limit of `rule` as written) for `operation`
-/// (cost 1), counted with the numbers of `effective` (the same limit with a
-/// knob applied, or `own`). The counter keeps `own`'s key, so consumption
-/// carries over when a knob changes the numbers:
-/// - divvy's window: the stored credits count against `own`'s limit (sent
-///   as the op's burst) and are shifted by the difference;
-/// - fixed and sliding: the stored counts are used credits, whatever the limit;
-/// - token bucket: the bucket keeps `own`'s period as its unit; a knob's
-///   period becomes the equivalent rate per that unit (rounded down, at
-///   least 1), and creditLimit and burst apply as they are.
-pub fn counter_op(
-    rule: &Rule,
-    operation: &Operation,
-    own: &LimitSpec,
-    effective: &LimitSpec,
-) -> CounterOp {
-    let (limit, window, burst) = match effective.algorithm {
-        Algorithm::Window => (
-            effective.credit_limit,
-            effective.reset_seconds,
-            own.credit_limit,
-        ),
-        Algorithm::Fixed | Algorithm::Sliding => (
-            effective.credit_limit,
-            effective.reset_seconds,
-            effective.credit_limit,
-        ),
-        Algorithm::TokenBucket if effective.reset_seconds == own.reset_seconds => {
-            (effective.credit_limit, own.reset_seconds, effective.burst)
-        }
-        Algorithm::TokenBucket => {
-            let rate = u128::from(effective.credit_limit) * u128::from(own.reset_seconds)
-                / u128::from(effective.reset_seconds.max(1));
-            (
-                u64::try_from(rate).unwrap_or(u64::MAX).max(1),
-                own.reset_seconds,
-                effective.burst,
-            )
-        }
-    };
-    CounterOp {
-        burst,
-        ..CounterOp::new(
-            rule.counter_key(operation, own),
-            effective.algorithm,
-            limit,
-            Duration::from_secs(window),
-            1,
-        )
-    }
-}
-
-/// The knob in force for limit `i` of `spec`: one set on the limit's own
-/// label (a `limits` entry's), or on the rule's label when the rule has one
-/// limit (as [`crate::knobs::body::target`] resolves labels).
-pub fn knob_for(knobs: &Knobs, spec: &RuleSpec, i: usize) -> Option<Arc<Knob>> {
-    let own = spec
-        .limits
-        .get(i)
-        .and_then(|l| l.label.as_deref())
-        .and_then(|l| knobs.get(l));
-    own.or_else(|| {
-        (spec.limits.len() == 1)
-            .then_some(spec.label.as_deref())
-            .flatten()
-            .and_then(|l| knobs.get(l))
-    })
-}
-
-/// The limits of `rule` for `hit` (an override replaces them with one
-/// limit of its own numbers and the rule's first limit's algorithm and
-/// actor), with an op per counted limit appended to `ops`.
-#[allow(clippy::too_many_arguments)]
-fn prepare(
-    rules: &RuleSet,
-    rule: usize,
-    hit: &Hit,
-    limit_override: Option<LimitOverride>,
-    knobs: Option<&Knobs>,
-    global: Option<&Global>,
-    decides: bool,
-    ops: &mut Vec<CounterOp>,
-) -> Prepared {
-    let compiled = rules.rule(rule);
-    let mut overridden;
-    let mut knobbed: Vec<LimitSpec> = Vec::new();
-    let own: &[LimitSpec] = match limit_override {
-        None => &compiled.spec.limits,
-        Some(o) => {
-            let first = compiled.spec.first_limit();
-            let reset_seconds = o.reset_seconds;
-            // An override is not validated like a policy: keep its numbers
-            // inside what every store counts exactly (a lower limit, never a higher one).
-            let window_ms = reset_seconds.saturating_mul(1000).max(1);
-            let most = match first.algorithm {
-                Algorithm::Sliding => (MAX_CREDIT_MS / window_ms).saturating_sub(1),
-                Algorithm::TokenBucket => MAX_CREDIT_MS / window_ms,
-                _ => MAX_CREDIT_LIMIT,
-            };
-            let credit_limit = o.credit_limit.min(most.max(1));
-            overridden = [LimitSpec {
-                credit_limit,
-                reset_seconds,
-                burst: credit_limit,
-                label: None,
-                ..first.clone()
-            }];
-            // A knob's creditLimit 0 (the breaker) stops the rule even for a
-            // request carrying its own limit.
-            let stopped = knobs.is_some_and(|knobs| {
-                (0..compiled.spec.limits.len()).any(|i| {
-                    knob_for(knobs, &compiled.spec, i).is_some_and(|k| k.credit_limit == Some(0))
-                })
-            });
-            if stopped {
-                overridden[0].credit_limit = 0;
-            }
-            &overridden
-        }
-    };
-    // Knobs apply to the rule's own limits (a request's override wins).
-    let limits: &[LimitSpec] = match knobs {
-        Some(knobs) if limit_override.is_none() => {
-            for (i, limit) in own.iter().enumerate() {
-                let knob = knob_for(knobs, &compiled.spec, i);
-                knobbed.push(match knob {
-                    Some(k) => k.apply(limit),
-                    None => limit.clone(),
-                });
-            }
-            &knobbed
-        }
-        _ => own,
-    };
-    let mut outcomes = Vec::with_capacity(limits.len());
-    // This rule's ops start here.
-    let first = ops.len();
-    let always_deny = limits.iter().position(|l| l.credit_limit == 0);
-    for (i, limit) in limits.iter().enumerate() {
-        let mut o = LimitOutcome {
-            limit: i,
-            allowed: false,
-            remaining: 0,
-            credit_limit: limit.credit_limit,
-            reset_seconds: limit.reset_seconds,
-            algorithm: limit.algorithm,
-            // Until the store answers; `finish` pairs the outcomes that are
-            // not `Reset::Unlimited` with this rule's ops, in order.
-            reset: Reset::Never,
-            counter_key: None,
-            global: false,
-        };
-        if always_deny.is_some() {
-            // One limit denies every hit: no counter of the rule is touched.
-            if always_deny == Some(i) {
-                return Prepared {
-                    rule,
-                    limits: vec![o],
-                    ops: first..first,
-                };
-            }
-            continue;
-        }
-        if limit.reset_seconds == 0 {
-            o.allowed = true;
-            o.remaining = limit.credit_limit;
-            o.reset = Reset::Unlimited;
-        } else {
-            let mut op = CounterOp {
-                cost: hit.cost,
-                refund: hit.refund,
-                // Not the rule's first counted limit.
-                joint: ops.len() > first,
-                decides,
-                ..counter_op(compiled, &hit.operation, &own[i], limit)
-            };
-            if let (true, Some(global)) = (limit.global, global) {
-                // A global limit counts in the region's store at the region's
-                // lease, in thousandths of a credit per window.
-                op.key.push_str(":global");
-                let (rate, burst) = global.quota(&op.key, limit, hit.cost);
-                let window = limit.reset_seconds.max(1);
-                let per_window_milli = rate * window as f64 * 1000.0;
-                op.limit = (per_window_milli.floor() as u64).max(1);
-                op.window = Duration::from_secs(window.saturating_mul(1000));
-                op.burst = burst;
-                o.global = true;
-            }
-            ops.push(op);
-        }
-        outcomes.push(o);
-    }
-    Prepared {
-        rule,
-        limits: outcomes,
-        ops: first..ops.len(),
     }
 }
 
@@ -864,7 +675,7 @@ default: {creditLimit: 100, resetSeconds: 60}
         });
         // No overflow, no panic: the override is clamped to what stores count exactly.
         let d = l.check(Some("d"), &[h.clone()]).await.unwrap();
-        assert!(d.items[0].decider.credit_limit <= MAX_CREDIT_MS);
+        assert!(d.items[0].decider.credit_limit <= crate::config::model::MAX_CREDIT_MS);
         h.cost = 1;
         assert!(
             l.check(Some("d"), &[h.clone()]).await.unwrap().items[0]

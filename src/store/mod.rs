@@ -159,6 +159,22 @@ pub enum StoreError {
     TimedOut(String),
 }
 
+/// `states` when the store answered one per op of the `asked`, else the
+/// error that says it did not.
+pub fn answered_all(
+    states: Vec<CounterState>,
+    asked: usize,
+) -> Result<Vec<CounterState>, StoreError> {
+    if states.len() == asked {
+        Ok(states)
+    } else {
+        Err(StoreError::Unavailable(format!(
+            "store answered {} counters for {asked} asked",
+            states.len()
+        )))
+    }
+}
+
 /// A counter store.
 pub trait Store: Send + Sync + 'static {
     /// Applies the ops of one request atomically and in order (see

@@ -1,0 +1,255 @@
+//! A request's plan: for each hit, the limits of its deciding rule and
+//! canaries with knobs and global leases applied, and the counter ops the
+//! store is to apply, gathered for one store call.
+
+use std::borrow::Cow;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::config::model::{MAX_CREDIT_LIMIT, MAX_CREDIT_MS};
+use crate::config::{LimitSpec, RuleSpec};
+use crate::global::Global;
+use crate::knobs::{Knob, Knobs};
+use crate::rules::{Operation, Rule, RuleSet};
+use crate::store::{Algorithm, CounterOp};
+
+use super::{Hit, LimitOutcome, LimitOverride, Reset};
+
+/// A rule's limits prepared for one hit: the outcome of each limit, and
+/// the ops of its counted limits.
+pub(super) struct Prepared {
+    pub(super) rule: usize,
+    /// Every limit's outcome; the counted ones (all but the always-allowed,
+    /// `Reset::Unlimited`) are decided by the store.
+    pub(super) limits: Vec<LimitOutcome>,
+    /// Where the counted limits' ops are in the request's ops, one per
+    /// counted limit in order (empty: nothing counted, as for an
+    /// always-deny rule).
+    pub(super) ops: std::ops::Range<usize>,
+}
+
+/// Prepares the rules of one request's hits, gathering their ops.
+pub(super) struct Planner<'a> {
+    pub(super) rules: &'a RuleSet,
+    /// The knobs, when any is set (looked at once for the whole request).
+    pub(super) knobs: Option<&'a Knobs>,
+    pub(super) global: Option<&'a Global>,
+    /// Every counter op of the request, in order.
+    pub(super) ops: Vec<CounterOp>,
+}
+
+impl Planner<'_> {
+    /// The limits of `rule` for `hit` (an override replaces them with one
+    /// limit of its own numbers and the rule's first limit's algorithm and
+    /// actor), with an op per counted limit appended to the request's ops.
+    pub(super) fn prepare(
+        &mut self,
+        rule: usize,
+        hit: &Hit,
+        limit_override: Option<LimitOverride>,
+        decides: bool,
+    ) -> Prepared {
+        let compiled = self.rules.rule(rule);
+        let own = own_limits(compiled, limit_override, self.knobs);
+        // Knobs apply to the rule's own limits (a request's override wins).
+        let limits: Cow<'_, [LimitSpec]> = match self.knobs {
+            Some(knobs) if limit_override.is_none() => own
+                .iter()
+                .enumerate()
+                .map(|(i, limit)| match knob_for(knobs, &compiled.spec, i) {
+                    Some(k) => k.apply(limit),
+                    None => limit.clone(),
+                })
+                .collect(),
+            _ => Cow::Borrowed(&own[..]),
+        };
+        let first = self.ops.len();
+        // One limit that denies every hit: no counter of the rule is touched.
+        if let Some(i) = limits.iter().position(|l| l.credit_limit == 0) {
+            return Prepared {
+                rule,
+                limits: vec![pending(i, &limits[i])],
+                ops: first..first,
+            };
+        }
+        let mut outcomes = Vec::with_capacity(limits.len());
+        for (i, limit) in limits.iter().enumerate() {
+            let mut o = pending(i, limit);
+            if limit.reset_seconds == 0 {
+                o.allowed = true;
+                o.remaining = limit.credit_limit;
+                o.reset = Reset::Unlimited;
+            } else {
+                let op = CounterOp {
+                    cost: hit.cost,
+                    refund: hit.refund,
+                    // Not the rule's first counted limit.
+                    joint: self.ops.len() > first,
+                    decides,
+                    ..counter_op(compiled, &hit.operation, &own[i], limit)
+                };
+                let op = self.leased(op, limit, hit.cost, &mut o);
+                self.ops.push(op);
+            }
+            outcomes.push(o);
+        }
+        Prepared {
+            rule,
+            limits: outcomes,
+            ops: first..self.ops.len(),
+        }
+    }
+
+    /// A global limit counts in the region's store at the region's lease,
+    /// in thousandths of a credit per window; any other `op` is unchanged.
+    fn leased(
+        &self,
+        mut op: CounterOp,
+        limit: &LimitSpec,
+        cost: u64,
+        o: &mut LimitOutcome,
+    ) -> CounterOp {
+        let (true, Some(global)) = (limit.global, self.global) else {
+            return op;
+        };
+        op.key.push_str(":global");
+        let (rate, burst) = global.quota(&op.key, limit, cost);
+        let window = limit.reset_seconds.max(1);
+        let per_window_milli = rate * window as f64 * 1000.0;
+        op.limit = (per_window_milli.floor() as u64).max(1);
+        op.window = Duration::from_secs(window.saturating_mul(1000));
+        op.burst = burst;
+        o.global = true;
+        op
+    }
+}
+
+/// A limit's outcome before the store answers; `finish` pairs the outcomes
+/// that are not `Reset::Unlimited` with the rule's ops, in order.
+fn pending(i: usize, limit: &LimitSpec) -> LimitOutcome {
+    LimitOutcome {
+        limit: i,
+        allowed: false,
+        remaining: 0,
+        credit_limit: limit.credit_limit,
+        reset_seconds: limit.reset_seconds,
+        algorithm: limit.algorithm,
+        reset: Reset::Never,
+        counter_key: None,
+        global: false,
+    }
+}
+
+/// The limits of `rule` as written, or the one limit of a request's
+/// override.
+fn own_limits<'r>(
+    rule: &'r Rule,
+    limit_override: Option<LimitOverride>,
+    knobs: Option<&Knobs>,
+) -> Cow<'r, [LimitSpec]> {
+    match limit_override {
+        None => Cow::Borrowed(&rule.spec.limits),
+        Some(o) => Cow::Owned(vec![overridden(rule, o, knobs)]),
+    }
+}
+
+/// A request's own limit for `rule`: its numbers, the rule's first limit's
+/// algorithm and actor.
+fn overridden(rule: &Rule, o: LimitOverride, knobs: Option<&Knobs>) -> LimitSpec {
+    let first = rule.spec.first_limit();
+    let reset_seconds = o.reset_seconds;
+    // An override is not validated like a policy: keep its numbers inside
+    // what every store counts exactly (a lower limit, never a higher one).
+    let window_ms = reset_seconds.saturating_mul(1000).max(1);
+    let most = match first.algorithm {
+        Algorithm::Sliding => (MAX_CREDIT_MS / window_ms).saturating_sub(1),
+        Algorithm::TokenBucket => MAX_CREDIT_MS / window_ms,
+        _ => MAX_CREDIT_LIMIT,
+    };
+    let mut credit_limit = o.credit_limit.min(most.max(1));
+    // A knob's creditLimit 0 (the breaker) stops the rule even for a
+    // request carrying its own limit.
+    let stopped = knobs.is_some_and(|knobs| {
+        (0..rule.spec.limits.len())
+            .any(|i| knob_for(knobs, &rule.spec, i).is_some_and(|k| k.credit_limit == Some(0)))
+    });
+    if stopped {
+        credit_limit = 0;
+    }
+    LimitSpec {
+        credit_limit,
+        reset_seconds,
+        burst: o.credit_limit.min(most.max(1)),
+        label: None,
+        ..first.clone()
+    }
+}
+
+/// The counter op of `own` (a limit of `rule` as written) for `operation`
+/// (cost 1), counted with the numbers of `effective` (the same limit with a
+/// knob applied, or `own`). The counter keeps `own`'s key, so consumption
+/// carries over when a knob changes the numbers:
+/// - divvy's window: the stored credits count against `own`'s limit (sent
+///   as the op's burst) and are shifted by the difference;
+/// - fixed and sliding: the stored counts are used credits, whatever the limit;
+/// - token bucket: the bucket keeps `own`'s period as its unit; a knob's
+///   period becomes the equivalent rate per that unit (rounded down, at
+///   least 1), and creditLimit and burst apply as they are.
+pub fn counter_op(
+    rule: &Rule,
+    operation: &Operation,
+    own: &LimitSpec,
+    effective: &LimitSpec,
+) -> CounterOp {
+    let (limit, window, burst) = match effective.algorithm {
+        Algorithm::Window => (
+            effective.credit_limit,
+            effective.reset_seconds,
+            own.credit_limit,
+        ),
+        Algorithm::Fixed | Algorithm::Sliding => (
+            effective.credit_limit,
+            effective.reset_seconds,
+            effective.credit_limit,
+        ),
+        Algorithm::TokenBucket if effective.reset_seconds == own.reset_seconds => {
+            (effective.credit_limit, own.reset_seconds, effective.burst)
+        }
+        Algorithm::TokenBucket => {
+            let rate = u128::from(effective.credit_limit) * u128::from(own.reset_seconds)
+                / u128::from(effective.reset_seconds.max(1));
+            (
+                u64::try_from(rate).unwrap_or(u64::MAX).max(1),
+                own.reset_seconds,
+                effective.burst,
+            )
+        }
+    };
+    CounterOp {
+        burst,
+        ..CounterOp::new(
+            rule.counter_key(operation, own),
+            effective.algorithm,
+            limit,
+            Duration::from_secs(window),
+            1,
+        )
+    }
+}
+
+/// The knob in force for limit `i` of `spec`: one set on the limit's own
+/// label (a `limits` entry's), or on the rule's label when the rule has one
+/// limit (as [`crate::knobs::body::target`] resolves labels).
+pub fn knob_for(knobs: &Knobs, spec: &RuleSpec, i: usize) -> Option<Arc<Knob>> {
+    let own = spec
+        .limits
+        .get(i)
+        .and_then(|l| l.label.as_deref())
+        .and_then(|l| knobs.get(l));
+    own.or_else(|| {
+        (spec.limits.len() == 1)
+            .then_some(spec.label.as_deref())
+            .flatten()
+            .and_then(|l| knobs.get(l))
+    })
+}

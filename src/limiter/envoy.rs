@@ -27,7 +27,7 @@ use crate::config::envoy_ratelimit::EnvoyUnit;
 use crate::metrics::metrics;
 use crate::rules::bounded;
 use crate::rules::descriptor_tree::DomainTree;
-use crate::store::{Algorithm, Charge, CounterOp, StoreError};
+use crate::store::{Algorithm, Charge, CounterOp, CounterState, StoreError};
 
 /// envoyproxy/ratelimit's settings that change answers, read from the
 /// environment under that project's names.
@@ -198,6 +198,187 @@ fn until_reset(unit: EnvoyUnit) -> Duration {
     Duration::from_secs(u - now % u)
 }
 
+/// What a descriptor comes to before the store is asked.
+enum Slot {
+    /// No limit reached (or one another matched limit `replaces`).
+    NoLimit,
+    /// An unlimited limit.
+    Unlimited,
+    /// A limit to count (or always over, without an op).
+    Counted(Planned),
+}
+
+/// The limit descriptor `d` reached in `tree`, if any; the names it
+/// `replaces` are added to `replacing`.
+fn find(tree: &DomainTree, d: &EnvoyDescriptor, replacing: &mut HashSet<String>) -> Option<Found> {
+    if let Some((rpu, unit)) = d.limit_override {
+        return Some(override_found(tree.domain(), d, rpu, unit));
+    }
+    let entries: Vec<(&str, &str)> = d
+        .entries
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let m = tree.find(&entries)?;
+    let limit = m.node.limit.clone()?;
+    replacing.extend(limit.replaces.iter().cloned());
+    Some(Found {
+        current: EnvoyCurrent {
+            requests_per_unit: limit.requests_per_unit,
+            unit: limit.unit.unwrap_or(EnvoyUnit::Second),
+            name: limit.name,
+        },
+        path: m.counter_path,
+        stats_key: m.stats_key,
+        shadow: m.node.shadow_mode,
+        quota: m.node.quota_mode,
+        metadata: m.node.metadata,
+        unlimited: limit.unlimited,
+    })
+}
+
+/// A descriptor's own limit: its entries are the counter's path.
+fn override_found(domain: &str, d: &EnvoyDescriptor, rpu: u32, unit: EnvoyUnit) -> Found {
+    let mut stats_key = domain.to_owned();
+    for (k, v) in &d.entries {
+        stats_key.push('.');
+        bounded::push_value(&mut stats_key, k);
+        if !v.is_empty() {
+            stats_key.push('_');
+            bounded::push_value(&mut stats_key, v);
+        }
+    }
+    Found {
+        current: EnvoyCurrent {
+            requests_per_unit: rpu,
+            unit,
+            name: String::new(),
+        },
+        path: d.entries.clone(),
+        stats_key,
+        shadow: false,
+        quota: false,
+        metadata: None,
+        unlimited: false,
+    }
+}
+
+/// What `found` comes to for `d`, with its op (if counted) appended to `ops`.
+fn slot(
+    domain: &str,
+    d: &EnvoyDescriptor,
+    found: Option<Found>,
+    replacing: &HashSet<String>,
+    settings: &EnvoySettings,
+    ops: &mut Vec<CounterOp>,
+) -> Slot {
+    let Some(f) = found else {
+        return Slot::NoLimit;
+    };
+    if f.unlimited {
+        return Slot::Unlimited;
+    }
+    if !f.current.name.is_empty() && replacing.contains(&f.current.name) {
+        return Slot::NoLimit;
+    }
+    // Without all-or-nothing the counter's limit is one more than the
+    // file's: a count of requests_per_unit + 1 marks the window over (see
+    // `MARK` in the module doc). With it, nothing over the limit is ever
+    // counted, as in envoyproxy/ratelimit.
+    let limit = u64::from(f.current.requests_per_unit) + u64::from(!settings.all_or_nothing);
+    let op = (limit > 0).then(|| {
+        let mut op = CounterOp::new(
+            counter_key(domain, &f.path, f.current.unit),
+            Algorithm::Fixed,
+            limit,
+            Duration::from_secs(f.current.unit.seconds()),
+            d.cost,
+        );
+        // A shadow limit never denies the request, nor does a check
+        // (hits_addend 0).
+        op.decides = !f.shadow && d.cost > 0 && !d.refund;
+        op.refund = d.refund;
+        ops.push(op);
+        ops.len() - 1
+    });
+    Slot::Counted(Planned {
+        current: f.current,
+        stats_key: f.stats_key,
+        shadow: f.shadow,
+        quota: f.quota,
+        metadata: f.metadata,
+        op,
+        cost: d.cost,
+    })
+}
+
+/// How the request is charged: all-or-nothing under
+/// `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`, nothing at all when a limit
+/// of 0 already denies it.
+fn charge(slots: &[Slot], settings: &EnvoySettings) -> Charge {
+    let zero_over = slots
+        .iter()
+        .any(|s| matches!(s, Slot::Counted(p) if p.op.is_none() && !p.shadow && p.cost > 0));
+    match settings.all_or_nothing {
+        false => Charge::Each,
+        true if zero_over => Charge::Denied,
+        true => Charge::AllOrNothing,
+    }
+}
+
+/// The ops of hits larger than what was left, taking what is left: the
+/// store did not count them, and their windows must read over.
+fn marks(slots: &[Slot], ops: &[CounterOp], states: &[CounterState]) -> Vec<CounterOp> {
+    slots
+        .iter()
+        .filter_map(|s| match s {
+            Slot::Counted(p) => {
+                p.op.filter(|&i| p.cost > 0 && !states[i].allowed && states[i].remaining > 0)
+            }
+            _ => None,
+        })
+        .map(|i| CounterOp {
+            cost: states[i].remaining,
+            ..ops[i].clone()
+        })
+        .collect()
+}
+
+/// The answer for a counted descriptor, from its counter's state.
+fn status(p: Planned, states: &[CounterState], settings: &EnvoySettings) -> EnvoyStatus {
+    let rpu = u64::from(p.current.requests_per_unit);
+    let (allowed, remaining) = match p.op {
+        // All-or-nothing: the count never exceeds the limit, and a check
+        // of 0 hits passes even at the limit.
+        Some(i) if settings.all_or_nothing => {
+            (states[i].allowed || p.cost == 0, states[i].remaining)
+        }
+        // Otherwise the store counts against requests_per_unit + 1: within
+        // the file's limit when at least one credit of that is left after
+        // the hit (a check: when the count is at most the limit).
+        Some(i) => {
+            let left = states[i].remaining;
+            let within = states[i].allowed && (p.cost == 0 || left >= 1);
+            (within, left.saturating_sub(1))
+        }
+        None => (p.cost == 0, 0),
+    };
+    record_stats(&p, allowed, remaining, rpu, settings.near_limit_ratio);
+    EnvoyStatus {
+        over: !allowed && !p.shadow,
+        remaining: if allowed {
+            u32::try_from(remaining).unwrap_or(u32::MAX)
+        } else {
+            0
+        },
+        reset: Some(until_reset(p.current.unit)),
+        unlimited: false,
+        quota: p.quota,
+        metadata: p.metadata,
+        current: Some(p.current),
+    }
+}
+
 impl Limiter {
     /// Decides `descriptors` of `tree`'s domain (see the module doc).
     pub async fn check_envoy(
@@ -207,201 +388,50 @@ impl Limiter {
         settings: &EnvoySettings,
         deadline: Option<tokio::time::Instant>,
     ) -> Result<Vec<EnvoyStatus>, StoreError> {
-        let domain = tree.domain();
-        let mut out: Vec<EnvoyStatus> = Vec::with_capacity(descriptors.len());
-        let mut planned: Vec<Option<Planned>> = Vec::with_capacity(descriptors.len());
+        // Every descriptor's limit first: a later one's `replaces` counts too.
         let mut replacing: HashSet<String> = HashSet::new();
-        let mut ops: Vec<CounterOp> = Vec::new();
-        // First: each descriptor's limit.
-        let mut found = Vec::with_capacity(descriptors.len());
-        for d in descriptors {
-            let entries: Vec<(&str, &str)> = d
-                .entries
-                .iter()
-                .map(|(k, v)| (k.as_str(), v.as_str()))
-                .collect();
-            if let Some((rpu, unit)) = d.limit_override {
-                let path: Vec<(String, String)> = d.entries.clone();
-                let mut stats_key = domain.to_owned();
-                for (k, v) in &d.entries {
-                    stats_key.push('.');
-                    bounded::push_value(&mut stats_key, k);
-                    if !v.is_empty() {
-                        stats_key.push('_');
-                        bounded::push_value(&mut stats_key, v);
-                    }
-                }
-                found.push(Some(Found {
-                    current: EnvoyCurrent {
-                        requests_per_unit: rpu,
-                        unit,
-                        name: String::new(),
-                    },
-                    path,
-                    stats_key,
-                    shadow: false,
-                    quota: false,
-                    metadata: None,
-                    unlimited: false,
-                }));
-                continue;
-            }
-            let Some(m) = tree.find(&entries) else {
-                found.push(None);
-                continue;
-            };
-            let Some(limit) = m.node.limit.clone() else {
-                found.push(None);
-                continue;
-            };
-            replacing.extend(limit.replaces.iter().cloned());
-            found.push(Some(Found {
-                current: EnvoyCurrent {
-                    requests_per_unit: limit.requests_per_unit,
-                    unit: limit.unit.unwrap_or(EnvoyUnit::Second),
-                    name: limit.name,
-                },
-                path: m.counter_path,
-                stats_key: m.stats_key,
-                shadow: m.node.shadow_mode,
-                quota: m.node.quota_mode,
-                metadata: m.node.metadata,
-                unlimited: limit.unlimited,
-            }));
-        }
-        for (d, f) in descriptors.iter().zip(found) {
-            let Some(Found {
-                current,
-                path,
-                stats_key,
-                shadow,
-                quota,
-                metadata,
-                unlimited,
-            }) = f
-            else {
-                planned.push(None);
-                out.push(EnvoyStatus::no_limit());
-                continue;
-            };
-            if unlimited {
-                planned.push(None);
-                out.push(EnvoyStatus {
-                    remaining: u32::MAX,
-                    unlimited: true,
-                    ..EnvoyStatus::no_limit()
-                });
-                continue;
-            }
-            if !current.name.is_empty() && replacing.contains(&current.name) {
-                planned.push(None);
-                out.push(EnvoyStatus::no_limit());
-                continue;
-            }
-            // Without all-or-nothing the counter's limit is one more than
-            // the file's: a count of requests_per_unit + 1 marks the window
-            // over (see `MARK` in the module doc). With it, nothing over the
-            // limit is ever counted, as in envoyproxy/ratelimit.
-            let limit = u64::from(current.requests_per_unit) + u64::from(!settings.all_or_nothing);
-            let op = (limit > 0).then(|| {
-                let mut op = CounterOp::new(
-                    counter_key(domain, &path, current.unit),
-                    Algorithm::Fixed,
-                    limit,
-                    Duration::from_secs(current.unit.seconds()),
-                    d.cost,
-                );
-                // A shadow limit never denies the request, nor does a
-                // check (hits_addend 0).
-                op.decides = !shadow && d.cost > 0 && !d.refund;
-                op.refund = d.refund;
-                ops.push(op);
-                ops.len() - 1
-            });
-            planned.push(Some(Planned {
-                current,
-                stats_key,
-                shadow,
-                quota,
-                metadata,
-                op,
-                cost: d.cost,
-            }));
-            out.push(EnvoyStatus::no_limit());
-        }
-        let zero_over = planned
+        let found: Vec<Option<Found>> = descriptors
             .iter()
-            .flatten()
-            .any(|p| p.op.is_none() && !p.shadow && p.cost > 0);
-        let charge = match settings.all_or_nothing {
-            false => Charge::Each,
-            true if zero_over => Charge::Denied,
-            true => Charge::AllOrNothing,
-        };
+            .map(|d| find(tree, d, &mut replacing))
+            .collect();
+        let mut ops: Vec<CounterOp> = Vec::new();
+        let slots: Vec<Slot> = descriptors
+            .iter()
+            .zip(found)
+            .map(|(d, f)| slot(tree.domain(), d, f, &replacing, settings, &mut ops))
+            .collect();
         let states = if ops.is_empty() {
             Vec::new()
         } else {
-            let applied = self.store().apply_by(&ops, charge, deadline).await;
+            let applied = self
+                .store()
+                .apply_by(&ops, charge(&slots, settings), deadline)
+                .await;
             let states = applied.inspect_err(|_| metrics().store_errors.inc())?;
             crate::store::answered_all(states, ops.len())?
         };
-        // A hit larger than what is left is not counted by the store:
-        // mark its window over by taking what is left (rare; a second call).
-        let marks: Vec<CounterOp> = if settings.all_or_nothing {
-            Vec::new()
-        } else {
-            planned
-                .iter()
-                .flatten()
-                .filter_map(|p| {
-                    p.op.filter(|&i| p.cost > 0 && !states[i].allowed && states[i].remaining > 0)
-                })
-                .map(|i| CounterOp {
-                    cost: states[i].remaining,
-                    ..ops[i].clone()
-                })
-                .collect()
+        let marks = match settings.all_or_nothing {
+            true => Vec::new(),
+            false => marks(&slots, &ops, &states),
         };
-        // Best effort, and only while the caller still waits: past its
-        // deadline the answer goes now.
+        // Best effort (the answer is OVER_LIMIT either way), and only while
+        // the caller still waits: past its deadline the answer goes now.
         let in_time = deadline.is_none_or(|d| tokio::time::Instant::now() < d);
         if !marks.is_empty() && in_time {
-            // The answer is OVER_LIMIT either way.
             let _ = self.store().apply_by(&marks, Charge::Each, deadline).await;
         }
-        for (status, p) in out.iter_mut().zip(planned) {
-            let Some(p) = p else { continue };
-            let rpu = u64::from(p.current.requests_per_unit);
-            let (allowed, remaining) = match p.op {
-                // All-or-nothing: the count never exceeds the limit, and a
-                // check of 0 hits passes even at the limit.
-                Some(i) if settings.all_or_nothing => {
-                    (states[i].allowed || p.cost == 0, states[i].remaining)
-                }
-                // Otherwise the store counts against requests_per_unit + 1:
-                // within the file's limit when at least one credit of that
-                // is left after the hit (a check: when the count is at most
-                // the limit).
-                Some(i) => {
-                    let left = states[i].remaining;
-                    let within = states[i].allowed && (p.cost == 0 || left >= 1);
-                    (within, left.saturating_sub(1))
-                }
-                None => (p.cost == 0, 0),
-            };
-            record_stats(&p, allowed, remaining, rpu, settings.near_limit_ratio);
-            status.over = !allowed && !p.shadow;
-            status.remaining = if allowed {
-                u32::try_from(remaining).unwrap_or(u32::MAX)
-            } else {
-                0
-            };
-            status.reset = Some(until_reset(p.current.unit));
-            status.quota = p.quota;
-            status.metadata = p.metadata;
-            status.current = Some(p.current);
-        }
-        Ok(out)
+        Ok(slots
+            .into_iter()
+            .map(|s| match s {
+                Slot::NoLimit => EnvoyStatus::no_limit(),
+                Slot::Unlimited => EnvoyStatus {
+                    remaining: u32::MAX,
+                    unlimited: true,
+                    ..EnvoyStatus::no_limit()
+                },
+                Slot::Counted(p) => status(p, &states, settings),
+            })
+            .collect())
     }
 }
 

@@ -267,6 +267,35 @@ async fn run_batcher(core: Arc<Core>, mut rx: mpsc::Receiver<Pending>, calls: us
     }
 }
 
+/// Runs `script` by its `sha`; when Redis has lost it (`NOSCRIPT`: a restart,
+/// `SCRIPT FLUSH`), loads it again on every node and retries once.
+/// `keys_args` builds the call's keys and arguments, a second time only for
+/// that retry: cloning them for every call cost more.
+pub(crate) async fn evalsha_or_load<R, K, V>(
+    client: &Client,
+    sha: &str,
+    script: &str,
+    what: &str,
+    mut keys_args: impl FnMut() -> (K, V),
+) -> Result<R, Error>
+where
+    R: FromValue,
+    K: Into<fred::types::MultipleKeys> + Send,
+    V: TryInto<fred::types::MultipleValues> + Send,
+    V::Error: Into<Error> + Send,
+{
+    let (keys, args) = keys_args();
+    match client.evalsha(sha, keys, args).await {
+        Err(e) if e.details().starts_with("NOSCRIPT") => {
+            tracing::info!("redis lost the {what} script; loading it again");
+            client.script_load_cluster::<(), _>(script).await?;
+            let (keys, args) = keys_args();
+            client.evalsha(sha, keys, args).await
+        }
+        other => other,
+    }
+}
+
 impl Core {
     /// Runs the script once over the counters of several requests (all in
     /// one hash slot in a Cluster); answers in order.
@@ -283,28 +312,12 @@ impl Core {
         undo: bool,
     ) -> Result<Vec<CounterState>, StoreError> {
         let count: usize = parts.iter().map(|(ops, _)| ops.len()).sum();
-        let (keys, args) = script_args(parts, count, undo, self.now());
-        let first: Result<Vec<i64>, Error> = self
-            .client
-            .evalsha(self.sha.as_str(), keys, decimal_args(&args))
-            .await;
-        let raw = match first {
-            Err(e) if e.details().starts_with("NOSCRIPT") => {
-                tracing::info!("redis lost the counter script; loading it again");
-                self.client
-                    .script_load_cluster::<(), _>(SCRIPT)
-                    .await
-                    .map_err(|e| store_error(&e))?;
-                // Built again: cloning them for every call, only for this rare
-                // retry, cost more.
-                let (keys, args) = script_args(parts, count, undo, self.now());
-                self.client
-                    .evalsha::<Vec<i64>, _, _, _>(self.sha.as_str(), keys, decimal_args(&args))
-                    .await
-                    .map_err(|e| store_error(&e))?
-            }
-            other => other.map_err(|e| store_error(&e))?,
-        };
+        let raw: Vec<i64> = evalsha_or_load(&self.client, &self.sha, SCRIPT, "counter", || {
+            let (keys, args) = script_args(parts, count, undo, self.now());
+            (keys, decimal_args(&args))
+        })
+        .await
+        .map_err(|e| store_error(&e))?;
         if raw.len() != count * 2 {
             return Err(StoreError::Unavailable(format!(
                 "redis: the counter script returned {} values for {} counters",

@@ -22,8 +22,14 @@
 //! - When the global store fails or is slow (a timeout of a quarter of the
 //!   period), the region decides on a conservative quota: `fallback_share`
 //!   of its last lease, until a renewal succeeds.
+//!
+//! This module holds the request path's side (demand, quotas) and the
+//! renewer's loop; `renew` holds the call to the global store and what its
+//! answer becomes, `regional` the sharing of one lease among a region's replicas.
 
 pub mod allocate;
+mod regional;
+mod renew;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -31,7 +37,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
-use fred::prelude::*;
+use fred::prelude::Client;
 use serde_json::{json, Value};
 
 use crate::config::LimitSpec;
@@ -68,6 +74,47 @@ pub struct Lease {
     /// Whether it is a conservative quota standing in for a lease.
     pub fallback: bool,
 }
+
+/// What a region sends for one global counter: the whole world's rate and
+/// burst, and the limit's label (for metrics).
+#[derive(Debug, Clone, PartialEq)]
+struct GlobalSpec {
+    /// Credits per second of the whole world.
+    rate: f64,
+    /// The whole world's burst.
+    burst: u64,
+    /// The limit's label, for metrics.
+    label: String,
+}
+
+impl GlobalSpec {
+    /// The burst of a lease of `grant` credits per second: the world's burst
+    /// in proportion (at least 1).
+    fn lease_burst(&self, grant: f64) -> u64 {
+        if self.rate > 0.0 {
+            ((self.burst as f64 * grant / self.rate).floor() as u64).max(1)
+        } else {
+            1
+        }
+    }
+
+    /// The floor's share of the world, as a lease: what a counter stands on
+    /// before its first grant.
+    fn floor_lease(&self, floor: f64) -> Lease {
+        Lease {
+            rate: self.rate * floor,
+            burst: ((self.burst as f64 * floor) as u64).max(1),
+            expires_at_ms: 0,
+            fallback: true,
+        }
+    }
+}
+
+/// Each counter's demand in credits per second, by counter key.
+type Demands = HashMap<String, f64>;
+
+/// Each counter's spec, by counter key.
+type Specs = HashMap<String, GlobalSpec>;
 
 /// What the region knows of a global counter.
 #[derive(Debug, Clone)]
@@ -279,18 +326,14 @@ impl Global {
 
     /// Whether a counter with demand holds less than the floor (its lease
     /// was cut to nothing while it was idle): renew now, not a period later.
-    fn starving(
-        &self,
-        demands: &HashMap<String, f64>,
-        specs: &HashMap<String, (f64, u64, String)>,
-    ) -> bool {
+    fn starving(&self, demands: &Demands, specs: &Specs) -> bool {
         let leases = self.leases.load();
         demands.iter().any(|(k, &d)| {
             d > 0.0
-                && specs.get(k).is_some_and(|(rate, _, _)| {
+                && specs.get(k).is_some_and(|spec| {
                     leases
                         .get(k)
-                        .is_some_and(|l| l.rate < rate * self.options.floor)
+                        .is_some_and(|l| l.rate < spec.rate * self.options.floor)
                 })
         })
     }
@@ -305,11 +348,7 @@ impl Global {
     /// renew now, at this quarter-period step, not a period later. Never
     /// while the global store fails: a failed renewal reports nothing, and
     /// the retries keep their own pace (a period, or a quarter while short).
-    fn moved(
-        &self,
-        demands: &HashMap<String, f64>,
-        specs: &HashMap<String, (f64, u64, String)>,
-    ) -> bool {
+    fn moved(&self, demands: &Demands, specs: &Specs) -> bool {
         if self.in_fallback() {
             return false;
         }
@@ -317,11 +356,13 @@ impl Global {
         let reported = self.reported.lock().unwrap_or_else(|e| e.into_inner());
         demands.iter().any(|(k, &d)| {
             // A counter with no spec is not renewed (nothing to send).
-            let Some(&(rate, _, _)) = specs.get(k) else {
+            let Some(spec) = specs.get(k) else {
                 return false;
             };
             match reported.get(k) {
-                Some(&r) => allocate::demand_moved(r, d, rate * self.options.floor, window_secs),
+                Some(&r) => {
+                    allocate::demand_moved(r, d, spec.rate * self.options.floor, window_secs)
+                }
                 None => d > 0.0,
             }
         })
@@ -332,8 +373,7 @@ impl Global {
     /// specs. Half a period, not a whole one: a shift of demand shows in
     /// the estimate (and so, through `moved`, in the grants) within about
     /// half a period, while two quarter-period steps still smooth it.
-    #[allow(clippy::type_complexity)]
-    fn take_demand(&self, now: u64) -> (HashMap<String, f64>, HashMap<String, (f64, u64, String)>) {
+    fn take_demand(&self, now: u64) -> (Demands, Specs) {
         let elapsed = {
             let mut last = self.last_step.lock().unwrap_or_else(|e| e.into_inner());
             let secs = last.map_or(0.0, |t| t.elapsed().as_secs_f64());
@@ -345,8 +385,8 @@ impl Global {
         let keep_ms = u64::try_from(self.options.period.as_millis() * 5).unwrap_or(u64::MAX);
         counters.retain(|_, c| now.saturating_sub(c.seen_ms) < keep_ms);
         let window = self.demand_window_secs();
-        let mut demands = HashMap::new();
-        let mut specs = HashMap::new();
+        let mut demands = Demands::new();
+        let mut specs = Specs::new();
         for (k, c) in counters.iter_mut() {
             let asked = std::mem::take(&mut c.demand);
             if elapsed > 0.0 {
@@ -366,356 +406,14 @@ impl Global {
                 asked as f64 / window.max(0.05)
             };
             demands.insert(k.clone(), rate);
-            specs.insert(k.clone(), (c.rate, c.burst, c.label.clone()));
-        }
-        (demands, specs)
-    }
-
-    fn regional_key(&self, what: &str) -> String {
-        format!("divvy:global:{what}:{}", self.options.region)
-    }
-
-    fn replica(&self) -> String {
-        format!(
-            "{}@{}",
-            std::process::id(),
-            std::env::var("HOSTNAME").unwrap_or_default()
-        )
-    }
-
-    /// Writes this replica's demand rates (field `counter<TAB>replica`,
-    /// value `rate ms`) and the counters' specs to the regional store.
-    async fn flush_regional(
-        &self,
-        regional: &Client,
-        demands: &HashMap<String, f64>,
-        specs: &HashMap<String, (f64, u64, String)>,
-        now: u64,
-    ) -> Result<(), Error> {
-        let demand_key = self.regional_key("demand");
-        let spec_key = self.regional_key("specs");
-        let me = self.replica();
-        let mut rates: Vec<(String, String)> = Vec::with_capacity(demands.len());
-        let mut spec_fields: Vec<(String, String)> = Vec::with_capacity(specs.len());
-        for (k, d) in demands {
-            rates.push((format!("{k}\t{me}"), format!("{d} {now}")));
-            if let Some((rate, burst, label)) = specs.get(k) {
-                spec_fields.push((k.clone(), format!("{rate} {burst} {label}")));
-            }
-        }
-        let life = i64::try_from(self.options.period.as_millis() * 10).unwrap_or(i64::MAX);
-        if !rates.is_empty() {
-            regional.hset::<(), _, _>(&demand_key, rates).await?;
-            regional.hset::<(), _, _>(&spec_key, spec_fields).await?;
-            let _ = regional.pexpire::<(), _>(&demand_key, life, None).await;
-            let _ = regional.pexpire::<(), _>(&spec_key, life, None).await;
-        }
-        Ok(())
-    }
-
-    async fn hold_renewer(&self, regional: &Client) -> bool {
-        let key = self.regional_key("renewer");
-        let me = self.replica();
-        let px = i64::try_from(self.options.period.as_millis() * 3 / 2).unwrap_or(3000);
-        let got: Result<Option<String>, Error> = regional
-            .set(
-                &key,
-                me.as_str(),
-                Some(Expiration::PX(px)),
-                Some(SetOptions::NX),
-                false,
-            )
-            .await;
-        if matches!(got, Ok(Some(_))) {
-            return true;
-        }
-        match regional.get::<Option<String>, _>(&key).await {
-            Ok(Some(holder)) if holder == me => {
-                let _ = regional.pexpire::<(), _>(&key, px, None).await;
-                true
-            }
-            _ => false,
-        }
-    }
-
-    /// The region's demand: the sum of every replica's fresh rate per counter.
-    #[allow(clippy::type_complexity)]
-    async fn take_regional(
-        &self,
-        regional: &Client,
-        now: u64,
-    ) -> (HashMap<String, f64>, HashMap<String, (f64, u64, String)>) {
-        let demand_key = self.regional_key("demand");
-        let spec_key = self.regional_key("specs");
-        let raw: HashMap<String, String> = regional.hgetall(&demand_key).await.unwrap_or_default();
-        let fresh_ms = u64::try_from(self.options.period.as_millis() * 2).unwrap_or(u64::MAX);
-        let mut demands: HashMap<String, f64> = HashMap::new();
-        let mut stale = Vec::new();
-        for (field, value) in raw {
-            let Some((counter, _replica)) = field.split_once('\t') else {
-                stale.push(field);
-                continue;
+            let spec = GlobalSpec {
+                rate: c.rate,
+                burst: c.burst,
+                label: c.label.clone(),
             };
-            let mut parts = value.split(' ');
-            let rate: f64 = parts.next().and_then(|r| r.parse().ok()).unwrap_or(0.0);
-            let at: u64 = parts.next().and_then(|t| t.parse().ok()).unwrap_or(0);
-            if now.saturating_sub(at) > fresh_ms {
-                stale.push(field.clone());
-                continue;
-            }
-            *demands.entry(counter.to_owned()).or_default() += rate;
+            specs.insert(k.clone(), spec);
         }
-        if !stale.is_empty() {
-            let _ = regional.hdel::<(), _, _>(&demand_key, stale).await;
-        }
-        let raw: HashMap<String, String> = regional.hgetall(&spec_key).await.unwrap_or_default();
-        let specs = raw
-            .into_iter()
-            .filter_map(|(k, v)| {
-                let mut parts = v.splitn(3, ' ');
-                let rate = parts.next()?.parse().ok()?;
-                let burst = parts.next()?.parse().ok()?;
-                let label = parts.next().unwrap_or("").to_owned();
-                Some((k, (rate, burst, label)))
-            })
-            .collect();
         (demands, specs)
-    }
-
-    /// Renews every counter in `specs` with its demand; installs the leases
-    /// (or the conservative quota when the global store fails). False when
-    /// there were no counters (the quick first renewals wait for traffic).
-    async fn renew(
-        &self,
-        demands: &HashMap<String, f64>,
-        specs: &HashMap<String, (f64, u64, String)>,
-    ) -> bool {
-        if specs.is_empty() {
-            return false;
-        }
-        let keys: Vec<String> = specs.keys().cloned().collect();
-        let global_keys: Vec<String> = keys
-            .iter()
-            .map(|k| format!("divvy:global:{{g}}:{k}"))
-            .collect();
-        let life = self.options.period.as_millis() * 3 / 2;
-        let mut args: Vec<String> = vec![
-            self.holder.clone(),
-            life.to_string(),
-            self.options.floor.to_string(),
-            self.options.headroom.to_string(),
-            "-1".to_owned(),
-        ];
-        for k in &keys {
-            let rate = specs.get(k).map_or(0.0, |s| s.0);
-            let demand = demands.get(k).copied().unwrap_or(0.0);
-            args.push(rate.to_string());
-            args.push(demand.to_string());
-        }
-        let timeout = self.options.period / 4;
-        let call = async {
-            let first: Result<Vec<String>, Error> = self
-                .store
-                .evalsha(self.sha.as_str(), global_keys.clone(), args.clone())
-                .await;
-            match first {
-                Err(e) if e.details().starts_with("NOSCRIPT") => {
-                    self.store
-                        .script_load_cluster::<(), _>(RENEW_SCRIPT)
-                        .await?;
-                    self.store
-                        .evalsha(self.sha.as_str(), global_keys.clone(), args.clone())
-                        .await
-                }
-                other => other,
-            }
-        };
-        let result = tokio::time::timeout(timeout, call).await;
-        let now = now_ms();
-        let expires = now
-            + u64::try_from(life)
-                .unwrap_or(0)
-                .saturating_sub(u64::try_from(timeout.as_millis()).unwrap_or(0));
-        match result {
-            Ok(Ok(raw)) if raw.len() == keys.len() * 4 => {
-                let mut leases = HashMap::with_capacity(keys.len());
-                let mut views = HashMap::with_capacity(keys.len());
-                let mut short = false;
-                for (i, k) in keys.iter().enumerate() {
-                    let grant: f64 = raw[4 * i].parse().unwrap_or(0.0);
-                    let target: f64 = raw[4 * i + 1].parse().unwrap_or(0.0);
-                    // Short of its target, or holding share another region
-                    // waits for: renew every quarter period until settled.
-                    short |= grant < 0.9 * target || raw[4 * i + 3] == "1";
-                    let (rate, burst, label) =
-                        specs.get(k).cloned().unwrap_or((0.0, 1, String::new()));
-                    let lease_burst = if rate > 0.0 {
-                        ((burst as f64 * grant / rate).floor() as u64).max(1)
-                    } else {
-                        1
-                    };
-                    leases.insert(
-                        k.clone(),
-                        Lease {
-                            rate: grant,
-                            burst: lease_burst,
-                            expires_at_ms: expires,
-                            fallback: false,
-                        },
-                    );
-                    views.insert(k.clone(), raw[4 * i + 2].clone());
-                    let m = metrics();
-                    m.global_lease
-                        .with_label_values(&[&label])
-                        .set(gauge_value(grant));
-                    m.global_demand
-                        .with_label_values(&[&label])
-                        .set(gauge_value(demands.get(k).copied().unwrap_or(0.0)));
-                }
-                self.short.store(short, Ordering::Release);
-                *self.reported.lock().unwrap_or_else(|e| e.into_inner()) = keys
-                    .iter()
-                    .map(|k| (k.clone(), demands.get(k).copied().unwrap_or(0.0)))
-                    .collect();
-                if self.fallback.swap(false, Ordering::AcqRel) {
-                    tracing::info!("global store answers again; leases in force");
-                }
-                metrics().global_fallback.set(0);
-                metrics().global_renewals.with_label_values(&["ok"]).inc();
-                *self.last_good.lock().unwrap_or_else(|e| e.into_inner()) = leases.clone();
-                self.view.store(Arc::new(views.clone()));
-                if let Some(regional) = &self.regional {
-                    // The other replicas of the region show the world's view too.
-                    let key = self.regional_key("view");
-                    let fields: Vec<(String, String)> = views.into_iter().collect();
-                    if !fields.is_empty() {
-                        let _ = regional.hset::<(), _, _>(&key, fields).await;
-                        let life =
-                            i64::try_from(self.options.period.as_millis() * 10).unwrap_or(i64::MAX);
-                        let _ = regional.pexpire::<(), _>(&key, life, None).await;
-                    }
-                }
-                self.install(leases).await;
-                true
-            }
-            other => {
-                let why = match other {
-                    Ok(Ok(raw)) => format!("renewal script returned {} values", raw.len()),
-                    Ok(Err(e)) => e.to_string(),
-                    Err(_) => format!("no answer within {timeout:?}"),
-                };
-                metrics()
-                    .global_renewals
-                    .with_label_values(&["failed"])
-                    .inc();
-                if !self.fallback.swap(true, Ordering::AcqRel) {
-                    tracing::warn!("global store failed ({why}); deciding on conservative quotas");
-                }
-                metrics().global_fallback.set(1);
-                let share = self.options.fallback_share;
-                let last = self
-                    .last_good
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .clone();
-                let mut leases = HashMap::new();
-                for k in &keys {
-                    let (rate, burst, _) = specs.get(k).cloned().unwrap_or((0.0, 1, String::new()));
-                    let base = last.get(k).copied().unwrap_or(Lease {
-                        rate: rate * self.options.floor,
-                        burst: ((burst as f64 * self.options.floor) as u64).max(1),
-                        expires_at_ms: 0,
-                        fallback: true,
-                    });
-                    leases.insert(
-                        k.clone(),
-                        Lease {
-                            rate: base.rate * share,
-                            burst: ((base.burst as f64 * share) as u64).max(1),
-                            expires_at_ms: u64::MAX,
-                            fallback: true,
-                        },
-                    );
-                }
-                self.install(leases).await;
-                true
-            }
-        }
-    }
-
-    async fn install(&self, leases: HashMap<String, Lease>) {
-        if let Some(regional) = &self.regional {
-            let key = self.regional_key("leases");
-            let mut fields: Vec<(String, String)> = Vec::with_capacity(leases.len());
-            for (k, l) in &leases {
-                fields.push((
-                    k.clone(),
-                    format!(
-                        "{} {} {} {}",
-                        l.rate,
-                        l.burst,
-                        l.expires_at_ms,
-                        u8::from(l.fallback)
-                    ),
-                ));
-            }
-            if !fields.is_empty() {
-                let _ = regional.hset::<(), _, _>(&key, fields).await;
-                let life = i64::try_from(self.options.period.as_millis() * 10).unwrap_or(i64::MAX);
-                let _ = regional.pexpire::<(), _>(&key, life, None).await;
-            }
-        }
-        let mut merged = (**self.leases.load()).clone();
-        merged.extend(leases);
-        self.leases.store(Arc::new(merged));
-    }
-
-    async fn read_regional(&self, regional: &Client) {
-        let key = self.regional_key("leases");
-        let Ok(raw) = regional.hgetall::<HashMap<String, String>, _>(&key).await else {
-            return;
-        };
-        let mut leases = HashMap::with_capacity(raw.len());
-        for (k, v) in raw {
-            let p: Vec<&str> = v.split(' ').collect();
-            if let [rate, burst, exp, fb] = p.as_slice() {
-                if let (Ok(rate), Ok(burst), Ok(exp)) = (rate.parse(), burst.parse(), exp.parse()) {
-                    leases.insert(
-                        k,
-                        Lease {
-                            rate,
-                            burst,
-                            expires_at_ms: exp,
-                            fallback: *fb == "1",
-                        },
-                    );
-                }
-            }
-        }
-        let now = now_ms();
-        let fallback = leases
-            .values()
-            .any(|l| l.fallback || l.expires_at_ms <= now);
-        self.fallback.store(fallback, Ordering::Release);
-        metrics().global_fallback.set(i64::from(fallback));
-        {
-            let counters = self.counters.lock().unwrap_or_else(|e| e.into_inner());
-            for (k, l) in &leases {
-                if let Some(c) = counters.get(k) {
-                    metrics()
-                        .global_lease
-                        .with_label_values(&[&c.label])
-                        .set(gauge_value(l.rate));
-                }
-            }
-        }
-        self.leases.store(Arc::new(leases));
-        if let Ok(view) = regional
-            .hgetall::<HashMap<String, String>, _>(&self.regional_key("view"))
-            .await
-        {
-            self.view.store(Arc::new(view));
-        }
     }
 
     /// The lease period (the longest a region waits for a new share).

@@ -1,0 +1,277 @@
+//! One lease for all the replicas of a region, through the regional Redis:
+//! every replica writes its demand and its counters' specs there, one
+//! replica (holding a `SET NX PX` lock) renews for the region and writes the
+//! leases and the world's view back, and the others read them.
+//!
+//! Keys are `divvy:global:<what>:<region>`; values are text: a demand is
+//! `rate ms`, a spec `rate burst label`, a lease `rate burst expires fallback`.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use fred::prelude::*;
+
+use super::{gauge_value, Demands, Global, GlobalSpec, Lease, Specs};
+use crate::knobs::now_ms;
+use crate::metrics::metrics;
+
+/// A spec as the regional store holds it.
+fn encode_spec(spec: &GlobalSpec) -> String {
+    format!("{} {} {}", spec.rate, spec.burst, spec.label)
+}
+
+/// A spec written by [`encode_spec`], if it reads as one.
+fn decode_spec(value: &str) -> Option<GlobalSpec> {
+    let mut parts = value.splitn(3, ' ');
+    let rate = parts.next()?.parse().ok()?;
+    let burst = parts.next()?.parse().ok()?;
+    let label = parts.next().unwrap_or("").to_owned();
+    Some(GlobalSpec { rate, burst, label })
+}
+
+/// A lease as the regional store holds it.
+fn encode_lease(l: &Lease) -> String {
+    format!(
+        "{} {} {} {}",
+        l.rate,
+        l.burst,
+        l.expires_at_ms,
+        u8::from(l.fallback)
+    )
+}
+
+/// A lease written by [`encode_lease`], if it reads as one.
+fn decode_lease(value: &str) -> Option<Lease> {
+    let p: Vec<&str> = value.split(' ').collect();
+    let [rate, burst, exp, fb] = p.as_slice() else {
+        return None;
+    };
+    Some(Lease {
+        rate: rate.parse().ok()?,
+        burst: burst.parse().ok()?,
+        expires_at_ms: exp.parse().ok()?,
+        fallback: *fb == "1",
+    })
+}
+
+impl Global {
+    fn regional_key(&self, what: &str) -> String {
+        format!("divvy:global:{what}:{}", self.options.region)
+    }
+
+    fn replica(&self) -> String {
+        format!(
+            "{}@{}",
+            std::process::id(),
+            std::env::var("HOSTNAME").unwrap_or_default()
+        )
+    }
+
+    /// How long the region's hashes outlive their last write (ms): ten periods.
+    fn regional_life_ms(&self) -> i64 {
+        i64::try_from(self.options.period.as_millis() * 10).unwrap_or(i64::MAX)
+    }
+
+    /// Writes this replica's demand rates (field `counter<TAB>replica`,
+    /// value `rate ms`) and the counters' specs to the regional store.
+    pub(super) async fn flush_regional(
+        &self,
+        regional: &Client,
+        demands: &Demands,
+        specs: &Specs,
+        now: u64,
+    ) -> Result<(), Error> {
+        let demand_key = self.regional_key("demand");
+        let spec_key = self.regional_key("specs");
+        let me = self.replica();
+        let mut rates: Vec<(String, String)> = Vec::with_capacity(demands.len());
+        let mut spec_fields: Vec<(String, String)> = Vec::with_capacity(specs.len());
+        for (k, d) in demands {
+            rates.push((format!("{k}\t{me}"), format!("{d} {now}")));
+            if let Some(spec) = specs.get(k) {
+                spec_fields.push((k.clone(), encode_spec(spec)));
+            }
+        }
+        let life = self.regional_life_ms();
+        if !rates.is_empty() {
+            regional.hset::<(), _, _>(&demand_key, rates).await?;
+            regional.hset::<(), _, _>(&spec_key, spec_fields).await?;
+            let _ = regional.pexpire::<(), _>(&demand_key, life, None).await;
+            let _ = regional.pexpire::<(), _>(&spec_key, life, None).await;
+        }
+        Ok(())
+    }
+
+    /// Takes or keeps the region's renewer lock; true when this replica holds it.
+    pub(super) async fn hold_renewer(&self, regional: &Client) -> bool {
+        let key = self.regional_key("renewer");
+        let me = self.replica();
+        let px = i64::try_from(self.options.period.as_millis() * 3 / 2).unwrap_or(3000);
+        let got: Result<Option<String>, Error> = regional
+            .set(
+                &key,
+                me.as_str(),
+                Some(Expiration::PX(px)),
+                Some(SetOptions::NX),
+                false,
+            )
+            .await;
+        if matches!(got, Ok(Some(_))) {
+            return true;
+        }
+        match regional.get::<Option<String>, _>(&key).await {
+            Ok(Some(holder)) if holder == me => {
+                let _ = regional.pexpire::<(), _>(&key, px, None).await;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The region's demand: the sum of every replica's fresh rate per counter.
+    pub(super) async fn take_regional(&self, regional: &Client, now: u64) -> (Demands, Specs) {
+        let demand_key = self.regional_key("demand");
+        let spec_key = self.regional_key("specs");
+        let raw: HashMap<String, String> = regional.hgetall(&demand_key).await.unwrap_or_default();
+        let fresh_ms = u64::try_from(self.options.period.as_millis() * 2).unwrap_or(u64::MAX);
+        let mut demands = Demands::new();
+        let mut stale = Vec::new();
+        for (field, value) in raw {
+            let Some((counter, _replica)) = field.split_once('\t') else {
+                stale.push(field);
+                continue;
+            };
+            let mut parts = value.split(' ');
+            let rate: f64 = parts.next().and_then(|r| r.parse().ok()).unwrap_or(0.0);
+            let at: u64 = parts.next().and_then(|t| t.parse().ok()).unwrap_or(0);
+            if now.saturating_sub(at) > fresh_ms {
+                stale.push(field.clone());
+                continue;
+            }
+            *demands.entry(counter.to_owned()).or_default() += rate;
+        }
+        if !stale.is_empty() {
+            let _ = regional.hdel::<(), _, _>(&demand_key, stale).await;
+        }
+        let raw: HashMap<String, String> = regional.hgetall(&spec_key).await.unwrap_or_default();
+        let specs = raw
+            .into_iter()
+            .filter_map(|(k, v)| Some((k, decode_spec(&v)?)))
+            .collect();
+        (demands, specs)
+    }
+
+    /// Writes the world's view of the counters just renewed, for the
+    /// region's other replicas.
+    pub(super) async fn write_regional_view(
+        &self,
+        regional: &Client,
+        views: HashMap<String, String>,
+    ) {
+        let key = self.regional_key("view");
+        let fields: Vec<(String, String)> = views.into_iter().collect();
+        if !fields.is_empty() {
+            let _ = regional.hset::<(), _, _>(&key, fields).await;
+            let _ = regional
+                .pexpire::<(), _>(&key, self.regional_life_ms(), None)
+                .await;
+        }
+    }
+
+    /// Writes the leases just decided, for the region's other replicas.
+    pub(super) async fn write_regional_leases(
+        &self,
+        regional: &Client,
+        leases: &HashMap<String, Lease>,
+    ) {
+        let key = self.regional_key("leases");
+        let fields: Vec<(String, String)> = leases
+            .iter()
+            .map(|(k, l)| (k.clone(), encode_lease(l)))
+            .collect();
+        if !fields.is_empty() {
+            let _ = regional.hset::<(), _, _>(&key, fields).await;
+            let _ = regional
+                .pexpire::<(), _>(&key, self.regional_life_ms(), None)
+                .await;
+        }
+    }
+
+    /// A replica that does not renew: puts the region's leases and view in force.
+    pub(super) async fn read_regional(&self, regional: &Client) {
+        let key = self.regional_key("leases");
+        let Ok(raw) = regional.hgetall::<HashMap<String, String>, _>(&key).await else {
+            return;
+        };
+        let leases: HashMap<String, Lease> = raw
+            .into_iter()
+            .filter_map(|(k, v)| Some((k, decode_lease(&v)?)))
+            .collect();
+        let now = now_ms();
+        let fallback = leases
+            .values()
+            .any(|l| l.fallback || l.expires_at_ms <= now);
+        self.fallback.store(fallback, Ordering::Release);
+        metrics().global_fallback.set(i64::from(fallback));
+        {
+            let counters = self.counters.lock().unwrap_or_else(|e| e.into_inner());
+            for (k, l) in &leases {
+                if let Some(c) = counters.get(k) {
+                    metrics()
+                        .global_lease
+                        .with_label_values(&[&c.label])
+                        .set(gauge_value(l.rate));
+                }
+            }
+        }
+        self.leases.store(Arc::new(leases));
+        if let Ok(view) = regional
+            .hgetall::<HashMap<String, String>, _>(&self.regional_key("view"))
+            .await
+        {
+            self.view.store(Arc::new(view));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_spec_reads_back_as_written_and_its_label_may_hold_spaces() {
+        let spec = GlobalSpec {
+            rate: 2.5,
+            burst: 40,
+            label: "api calls".to_owned(),
+        };
+        assert_eq!(encode_spec(&spec), "2.5 40 api calls");
+        assert_eq!(decode_spec(&encode_spec(&spec)), Some(spec));
+        assert_eq!(
+            decode_spec("1 2"),
+            Some(GlobalSpec {
+                rate: 1.0,
+                burst: 2,
+                label: String::new(),
+            })
+        );
+        assert_eq!(decode_spec("x 2 l"), None);
+        assert_eq!(decode_spec("1"), None);
+    }
+
+    #[test]
+    fn a_lease_reads_back_as_written() {
+        let lease = Lease {
+            rate: 0.75,
+            burst: 3,
+            expires_at_ms: u64::MAX,
+            fallback: true,
+        };
+        assert_eq!(encode_lease(&lease), format!("0.75 3 {} 1", u64::MAX));
+        assert_eq!(decode_lease(&encode_lease(&lease)), Some(lease));
+        assert_eq!(decode_lease("1 2 3"), None);
+        assert_eq!(decode_lease("1 2 3 0 4"), None);
+        assert_eq!(decode_lease("1 x 3 0"), None);
+    }
+}

@@ -1,0 +1,289 @@
+//! Renewing a region's leases against the global store: what is sent for
+//! each counter (its [`GlobalSpec`] and demand), what the renewal script
+//! answers for it (a [`Grant`]), and how that answer (or its failure)
+//! becomes the region's leases, metrics and view.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{gauge_value, Demands, Global, GlobalSpec, Lease, Specs, RENEW_SCRIPT};
+use crate::knobs::now_ms;
+use crate::metrics::metrics;
+use crate::store::redis::evalsha_or_load;
+
+/// Why a renewal gave no leases: the region falls back to conservative quotas.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum RenewError {
+    /// The global store answered with an error.
+    #[error("{0}")]
+    Store(#[from] fred::error::Error),
+    /// The global store did not answer in time.
+    #[error("no answer within {0:?}")]
+    TimedOut(Duration),
+    /// The script's reply is not four values per counter.
+    #[error("renewal script returned {values} values")]
+    Malformed {
+        /// How many values came back.
+        values: usize,
+    },
+}
+
+/// What the renewal script answers for one counter (four values).
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Grant {
+    /// The region's grant, in credits per second.
+    pub rate: f64,
+    /// What the region would get once the others have renewed.
+    pub target: f64,
+    /// Every live region's grant: `region=grant region=grant ...`.
+    pub view: String,
+    /// Whether another region waits for share this one holds.
+    pub others_waiting: bool,
+}
+
+impl Grant {
+    /// Short of its target, or holding share another region waits for:
+    /// renew every quarter period until settled.
+    fn short(&self) -> bool {
+        self.rate < 0.9 * self.target || self.others_waiting
+    }
+}
+
+/// The script's reply for `counters` counters, in the order they were sent.
+/// A number that does not parse reads as 0 (the script sends only numbers).
+pub(super) fn parse_grants(raw: &[String], counters: usize) -> Result<Vec<Grant>, RenewError> {
+    let malformed = || RenewError::Malformed { values: raw.len() };
+    if raw.len() != counters * 4 {
+        return Err(malformed());
+    }
+    raw.chunks_exact(4)
+        .map(|group| match group {
+            [rate, target, view, waiting] => Ok(Grant {
+                rate: rate.parse().unwrap_or(0.0),
+                target: target.parse().unwrap_or(0.0),
+                view: view.clone(),
+                others_waiting: waiting == "1",
+            }),
+            _ => Err(malformed()),
+        })
+        .collect()
+}
+
+/// The global store's key of the counter `key`.
+fn global_key(key: &str) -> String {
+    format!("divvy:global:{{g}}:{key}")
+}
+
+impl Global {
+    /// How long a granted lease lives in the global store (ms): a period and a half.
+    fn lease_life_ms(&self) -> u128 {
+        self.options.period.as_millis() * 3 / 2
+    }
+
+    /// Renews every counter in `specs` with its demand; installs the leases
+    /// (or the conservative quota when the global store fails). False when
+    /// there were no counters (the quick first renewals wait for traffic).
+    pub(super) async fn renew(&self, demands: &Demands, specs: &Specs) -> bool {
+        if specs.is_empty() {
+            return false;
+        }
+        let sent: Vec<(&String, &GlobalSpec)> = specs.iter().collect();
+        let timeout = self.options.period / 4;
+        let call = evalsha_or_load::<Vec<String>, _, _>(
+            &self.store,
+            &self.sha,
+            RENEW_SCRIPT,
+            "renewal",
+            || self.script_call(&sent, demands),
+        );
+        let result = tokio::time::timeout(timeout, call).await;
+        // The global store counts the life from when the script ran: up to `timeout` ago.
+        let expires = now_ms()
+            + u64::try_from(self.lease_life_ms())
+                .unwrap_or(0)
+                .saturating_sub(u64::try_from(timeout.as_millis()).unwrap_or(0));
+        let answer = match result {
+            Ok(Ok(raw)) => parse_grants(&raw, sent.len()),
+            Ok(Err(e)) => Err(RenewError::from(e)),
+            Err(_) => Err(RenewError::TimedOut(timeout)),
+        };
+        match answer {
+            Ok(grants) => self.take_grants(&sent, &grants, demands, expires).await,
+            Err(why) => self.fall_back(&sent, &why).await,
+        }
+        true
+    }
+
+    /// The script's keys and arguments (see `store/lua/global_renew.lua`).
+    fn script_call(
+        &self,
+        sent: &[(&String, &GlobalSpec)],
+        demands: &Demands,
+    ) -> (Vec<String>, Vec<String>) {
+        let keys = sent.iter().map(|(k, _)| global_key(k)).collect();
+        let mut args: Vec<String> = vec![
+            self.holder.clone(),
+            self.lease_life_ms().to_string(),
+            self.options.floor.to_string(),
+            self.options.headroom.to_string(),
+            "-1".to_owned(),
+        ];
+        for (k, spec) in sent {
+            let demand = demands.get(*k).copied().unwrap_or(0.0);
+            args.push(spec.rate.to_string());
+            args.push(demand.to_string());
+        }
+        (keys, args)
+    }
+
+    /// Installs the granted leases and leaves fallback, if the region was in it.
+    async fn take_grants(
+        &self,
+        sent: &[(&String, &GlobalSpec)],
+        grants: &[Grant],
+        demands: &Demands,
+        expires_at_ms: u64,
+    ) {
+        let mut leases = HashMap::with_capacity(sent.len());
+        let mut views = HashMap::with_capacity(sent.len());
+        let mut short = false;
+        for (&(k, spec), grant) in sent.iter().zip(grants) {
+            short |= grant.short();
+            let lease = Lease {
+                rate: grant.rate,
+                burst: spec.lease_burst(grant.rate),
+                expires_at_ms,
+                fallback: false,
+            };
+            leases.insert(k.clone(), lease);
+            views.insert(k.clone(), grant.view.clone());
+            let demand = demands.get(k).copied().unwrap_or(0.0);
+            let m = metrics();
+            m.global_lease
+                .with_label_values(&[&spec.label])
+                .set(gauge_value(grant.rate));
+            m.global_demand
+                .with_label_values(&[&spec.label])
+                .set(gauge_value(demand));
+        }
+        self.short.store(short, Ordering::Release);
+        *self.reported.lock().unwrap_or_else(|e| e.into_inner()) = sent
+            .iter()
+            .map(|&(k, _)| (k.clone(), demands.get(k).copied().unwrap_or(0.0)))
+            .collect();
+        if self.fallback.swap(false, Ordering::AcqRel) {
+            tracing::info!("global store answers again; leases in force");
+        }
+        metrics().global_fallback.set(0);
+        metrics().global_renewals.with_label_values(&["ok"]).inc();
+        *self.last_good.lock().unwrap_or_else(|e| e.into_inner()) = leases.clone();
+        self.view.store(Arc::new(views.clone()));
+        if let Some(regional) = &self.regional {
+            // The other replicas of the region show the world's view too.
+            self.write_regional_view(regional, views).await;
+        }
+        self.install(leases).await;
+    }
+
+    /// The global store failed: decides on `fallback_share` of each counter's
+    /// last lease (or of its floor, before the first one) until a renewal succeeds.
+    async fn fall_back(&self, sent: &[(&String, &GlobalSpec)], why: &RenewError) {
+        metrics()
+            .global_renewals
+            .with_label_values(&["failed"])
+            .inc();
+        if !self.fallback.swap(true, Ordering::AcqRel) {
+            tracing::warn!("global store failed ({why}); deciding on conservative quotas");
+        }
+        metrics().global_fallback.set(1);
+        let share = self.options.fallback_share;
+        let last = self
+            .last_good
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let mut leases = HashMap::new();
+        for &(k, spec) in sent {
+            let base = last
+                .get(k)
+                .copied()
+                .unwrap_or_else(|| spec.floor_lease(self.options.floor));
+            let lease = Lease {
+                rate: base.rate * share,
+                burst: ((base.burst as f64 * share) as u64).max(1),
+                expires_at_ms: u64::MAX,
+                fallback: true,
+            };
+            leases.insert(k.clone(), lease);
+        }
+        self.install(leases).await;
+    }
+
+    /// Puts `leases` in force on this replica (and for the region's other
+    /// replicas, in the regional store), over the leases of other counters.
+    async fn install(&self, leases: HashMap<String, Lease>) {
+        if let Some(regional) = &self.regional {
+            self.write_regional_leases(regional, &leases).await;
+        }
+        let mut merged = (**self.leases.load()).clone();
+        merged.extend(leases);
+        self.leases.store(Arc::new(merged));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reply(values: &[&str]) -> Vec<String> {
+        values.iter().map(|v| (*v).to_owned()).collect()
+    }
+
+    #[test]
+    fn a_reply_of_four_values_per_counter_is_its_grants_in_order() {
+        let raw = reply(&["2.5", "3", "eu=2.5 us=7.5", "0", "1", "1", "eu=1", "1"]);
+        let grants = parse_grants(&raw, 2).unwrap();
+        assert_eq!(
+            grants,
+            vec![
+                Grant {
+                    rate: 2.5,
+                    target: 3.0,
+                    view: "eu=2.5 us=7.5".to_owned(),
+                    others_waiting: false,
+                },
+                Grant {
+                    rate: 1.0,
+                    target: 1.0,
+                    view: "eu=1".to_owned(),
+                    others_waiting: true,
+                },
+            ]
+        );
+        assert!(grants[0].short() && grants[1].short());
+    }
+
+    #[test]
+    fn a_reply_of_the_wrong_length_is_malformed() {
+        let raw = reply(&["2.5", "3", "eu=2.5", "0", "1"]);
+        let err = parse_grants(&raw, 1).unwrap_err();
+        assert!(matches!(err, RenewError::Malformed { values: 5 }));
+        assert_eq!(err.to_string(), "renewal script returned 5 values");
+        assert!(parse_grants(&raw, 2).is_err());
+        assert_eq!(parse_grants(&[], 0).unwrap(), vec![]);
+    }
+
+    #[test]
+    fn a_grant_within_a_tenth_of_its_target_is_not_short() {
+        let grant = |rate, target| Grant {
+            rate,
+            target,
+            view: String::new(),
+            others_waiting: false,
+        };
+        assert!(!grant(9.0, 10.0).short());
+        assert!(grant(8.9, 10.0).short());
+    }
+}

@@ -215,27 +215,15 @@ impl Governors {
         })
     }
 
-    /// One governor's loop.
+    /// One governor's loop: every interval, while this replica holds the
+    /// lease, read the measurement, step the controller, set the knob and
+    /// show the step (metrics, `/governors`).
     async fn govern(self: Arc<Self>, spec: GovernorSpec, url: String) {
-        let label = spec.rule.clone();
-        let m = metrics();
-        m.governor_setpoint
-            .with_label_values(&[&label])
-            .set(spec.tuning.setpoint);
-        m.governor_leader.with_label_values(&[&label]).set(0.0);
-        let source = match Prometheus::new(&url) {
-            Ok(p) => p,
-            Err(e) => {
-                tracing::error!(rule = %label, "governor not started: {e}");
-                self.record(&spec, &url, |s| {
-                    s.role = "stopped".to_owned();
-                    s.last_error = Some(e.to_string());
-                });
-                return;
-            }
+        let Some(source) = self.open_source(&spec, &url) else {
+            return;
         };
+        let label = spec.rule.clone();
         let lease = Lease::new(self.lease_client.clone(), &label, self.replica());
-        let tuning = spec.tuning;
         // The query must answer well within the interval.
         let timeout = (spec.every * 4 / 5).max(Duration::from_millis(50));
         let stale_after = spec.every * 3;
@@ -245,82 +233,124 @@ impl Governors {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            match lease.hold(spec.every * 2).await {
-                Ok(Holding::Mine) => {}
-                other => {
-                    if controller.take().is_some() {
-                        tracing::info!(rule = %label, "governor idle: another replica holds the lease");
-                    }
-                    m.governor_leader.with_label_values(&[&label]).set(0.0);
-                    let (holder, error) = match other {
-                        Ok(Holding::Theirs(h)) => (h, None),
-                        Err(e) => (
-                            None,
-                            Some(format!("lease not held: Redis did not answer ({e})")),
-                        ),
-                        Ok(Holding::Mine) => (None, None),
-                    };
-                    self.record(&spec, &url, |s| {
-                        s.role = "idle".to_owned();
-                        s.lease_holder = holder;
-                        if error.is_some() {
-                            s.last_error = error;
-                        }
-                    });
-                    continue;
-                }
+            if !self.lead(&spec, &url, &lease, &mut controller).await {
+                continue;
             }
-            m.governor_leader.with_label_values(&[&label]).set(1.0);
             let reading = source.read(&spec.query, timeout, stale_after).await;
-            m.governor_queries
+            metrics()
+                .governor_queries
                 .with_label_values(&[
                     label.as_str(),
                     reading.as_ref().map_or_else(ReadError::kind, |_| "ok"),
                 ])
                 .inc();
-            let ctl = match &mut controller {
-                Some(c) => c,
-                None => {
-                    let current = self.limit_in_force(&label).unwrap_or(0);
-                    tracing::info!(rule = %label, start = current, "governor governing (bumpless start from the limit in force)");
-                    controller.insert(Controller::new(tuning, current as f64))
-                }
-            };
+            let ctl = controller.get_or_insert_with(|| self.bumpless_start(&spec));
             let step = ctl.step(start.elapsed(), reading.as_ref().ok().copied());
             if let Err(e) = &reading {
                 tracing::warn!(rule = %label, missing = step.missing, "governor has no measurement: {e}");
             }
             self.apply(&label, &step).await;
-            if let Ok(v) = reading {
-                m.governor_measurement.with_label_values(&[&label]).set(v);
-            }
-            m.governor_output
-                .with_label_values(&[&label])
-                .set(step.output as f64);
-            m.governor_breaker_open
-                .with_label_values(&[&label])
-                .set(if step.breaker_open { 1.0 } else { 0.0 });
-            let me = self.replica().to_owned();
-            self.record(&spec, &url, |s| {
-                s.role = "governing".to_owned();
-                s.lease_holder = Some(me);
-                match &reading {
-                    Ok(v) => {
-                        s.measurement = Some(*v);
-                        s.measured_at_ms = Some(now_ms());
-                        s.last_error = None;
-                    }
-                    Err(e) => s.last_error = Some(e.to_string()),
-                }
-                s.missing = step.missing;
-                s.p = step.p;
-                s.i = step.i;
-                s.d = step.d;
-                s.output = Some(step.output);
-                s.breaker_open = step.breaker_open;
-                s.stepped_at_ms = Some(now_ms());
-            });
+            publish(&label, &reading, &step);
+            self.record_step(&spec, &url, &reading, &step);
         }
+    }
+
+    /// Shows the governor's setpoint, not leading yet, and opens its
+    /// Prometheus; `None` (the governor stopped, and why) when the URL is unusable.
+    fn open_source(&self, spec: &GovernorSpec, url: &str) -> Option<Prometheus> {
+        let label = spec.rule.as_str();
+        let m = metrics();
+        m.governor_setpoint
+            .with_label_values(&[label])
+            .set(spec.tuning.setpoint);
+        m.governor_leader.with_label_values(&[label]).set(0.0);
+        match Prometheus::new(url) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                tracing::error!(rule = %label, "governor not started: {e}");
+                self.record(spec, url, |s| {
+                    s.role = "stopped".to_owned();
+                    s.last_error = Some(e.to_string());
+                });
+                None
+            }
+        }
+    }
+
+    /// Holds the lease for another two intervals; true when this replica
+    /// governs. When another holds it (or Redis does not answer), the
+    /// controller is dropped (the next leader starts bumpless) and the
+    /// governor shows as idle.
+    async fn lead(
+        &self,
+        spec: &GovernorSpec,
+        url: &str,
+        lease: &Lease,
+        controller: &mut Option<Controller>,
+    ) -> bool {
+        let label = spec.rule.as_str();
+        let leader = &metrics().governor_leader;
+        let (holder, error) = match lease.hold(spec.every * 2).await {
+            Ok(Holding::Mine) => {
+                leader.with_label_values(&[label]).set(1.0);
+                return true;
+            }
+            Ok(Holding::Theirs(h)) => (h, None),
+            Err(e) => (
+                None,
+                Some(format!("lease not held: Redis did not answer ({e})")),
+            ),
+        };
+        if controller.take().is_some() {
+            tracing::info!(rule = %label, "governor idle: another replica holds the lease");
+        }
+        leader.with_label_values(&[label]).set(0.0);
+        self.record(spec, url, |s| {
+            s.role = "idle".to_owned();
+            s.lease_holder = holder;
+            if error.is_some() {
+                s.last_error = error;
+            }
+        });
+        false
+    }
+
+    /// A controller that starts from the limit in force, so taking over
+    /// does not jump the limit.
+    fn bumpless_start(&self, spec: &GovernorSpec) -> Controller {
+        let current = self.limit_in_force(&spec.rule).unwrap_or(0);
+        tracing::info!(rule = %spec.rule, start = current, "governor governing (bumpless start from the limit in force)");
+        Controller::new(spec.tuning, current as f64)
+    }
+
+    /// What `/governors` shows after a step of this replica.
+    fn record_step(
+        &self,
+        spec: &GovernorSpec,
+        url: &str,
+        reading: &Result<f64, ReadError>,
+        step: &Step,
+    ) {
+        let me = self.replica().to_owned();
+        self.record(spec, url, |s| {
+            s.role = "governing".to_owned();
+            s.lease_holder = Some(me);
+            match reading {
+                Ok(v) => {
+                    s.measurement = Some(*v);
+                    s.measured_at_ms = Some(now_ms());
+                    s.last_error = None;
+                }
+                Err(e) => s.last_error = Some(e.to_string()),
+            }
+            s.missing = step.missing;
+            s.p = step.p;
+            s.i = step.i;
+            s.d = step.d;
+            s.output = Some(step.output);
+            s.breaker_open = step.breaker_open;
+            s.stepped_at_ms = Some(now_ms());
+        });
     }
 
     /// Sets `label`'s creditLimit knob to the step's output when it differs
@@ -357,6 +387,21 @@ impl Governors {
             Err(e) => tracing::warn!(rule = %label, "governor could not set its knob: {e}"),
         }
     }
+}
+
+/// The step's gauges: the measurement (when there was one), the output
+/// and the breaker.
+fn publish(label: &str, reading: &Result<f64, ReadError>, step: &Step) {
+    let m = metrics();
+    if let Ok(v) = reading {
+        m.governor_measurement.with_label_values(&[label]).set(*v);
+    }
+    m.governor_output
+        .with_label_values(&[label])
+        .set(step.output as f64);
+    m.governor_breaker_open
+        .with_label_values(&[label])
+        .set(if step.breaker_open { 1.0 } else { 0.0 });
 }
 
 fn forget_metrics(label: &str) {

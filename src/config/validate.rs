@@ -494,7 +494,7 @@ fn check_exact_in_scripts(limit: &LimitSpec, who: &str, field: &str, problems: &
                 .saturating_add(1)
                 .saturating_mul(window_ms),
         ),
-        // A global bucket counts in thousandths of a credit per second (see global::lease).
+        // A global bucket counts in thousandths of a credit per second (see limiter/plan.rs, `Planner::leased`).
         Algorithm::TokenBucket if limit.global => {
             Some(limit.burst.saturating_mul(window_ms).saturating_mul(1000))
         }

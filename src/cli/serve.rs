@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
+use divvy::config::Policy;
 use divvy::limiter::Limiter;
 use divvy::reload::Reloader;
 use divvy::rules::RuleSet;
@@ -260,6 +261,8 @@ fn parse_threads(text: &str) -> Result<NonZeroUsize, String> {
         .ok_or_else(|| format!("`{text}` is not a thread count from 1 to {max}"))
 }
 
+/// `divvy serve`: loads the policy, builds the runtime and serves until a
+/// shutdown signal.
 pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     init_logging(args.log_format);
     let (policy, hash) = divvy::reload::load_with_hash(&args.config)?;
@@ -277,235 +280,311 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         "async runtime"
     );
     validate_metrics_path(&args.metrics_path)?;
-    let served = runtime.block_on(async move {
-        // Take SIGHUP over before anything slow (Redis) so an early one
-        // cannot kill the process; the reloader acts on later ones.
-        #[cfg(unix)]
-        let _ = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup());
-        let mut knobs = Knobs::local();
-        let mut regional_client = None;
-        let mut lease_client = None;
-        // Where replicas agree on the key that hashes long actor values.
-        let mut secret_client = None;
-        let store: Arc<dyn Store> = match redis_target(args.redis_url.as_deref())? {
-            None => {
-                let memory = Arc::new(MemoryStore::with_max_counters(
-                    Arc::new(SystemClock::default()),
-                    args.max_counters,
-                ));
-                memory.spawn_sweeper(Duration::from_secs(args.sweep_seconds.max(1)));
-                info!("counters in the embedded memory store");
-                memory
-            }
-            Some(target) => {
-                info!(target = ?target, policy = ?args.on_store_failure, "counters in redis");
-                let options = RedisOptions {
-                    target,
-                    timeout: Duration::from_millis(args.redis_timeout_ms.max(1)),
-                    clock: None,
-                    batches_in_flight: usize::try_from(args.redis_batches_in_flight)
-                        .unwrap_or(divvy::store::redis::DEFAULT_BATCHES_IN_FLIGHT),
-                };
-                let (redis, connected) =
-                    RedisStore::connect(&options, Duration::from_secs(2)).await?;
-                knobs = Knobs::shared(SharedKnobs::new(redis.client()));
-                regional_client = Some(redis.client());
-                lease_client = Some(redis.client());
-                secret_client = Some(redis.client());
-                let failover =
-                    FailoverStore::new(Arc::new(redis), args.on_store_failure, args.local_share)
-                        .with_breaker(options.timeout, args.breaker_failures)
-                        .with_max_counters(args.max_counters);
-                let failover = Arc::new(if connected {
-                    failover
-                } else {
-                    failover.start_failed()
-                });
-                failover.spawn_probe();
-                failover
-            }
-        };
-        let knobs = Arc::new(knobs);
-        // Knobs set while this replica was down apply from the first request.
-        let _ = knobs.refresh().await;
-        knobs.spawn_refresh(Duration::from_millis(250));
-        let mut limiter = Limiter::with_knobs(RuleSet::new(policy.clone()), store, knobs.clone());
-        if let Some(url) = args.global_url.as_deref() {
-            let target = redis_target(Some(url))?
-                .context("--global-url names no Redis")?;
-            let options = RedisOptions {
-                target,
-                timeout: Duration::from_millis((args.global_lease_ms / 4).max(50)),
-                clock: None,
-                batches_in_flight: divvy::store::redis::DEFAULT_BATCHES_IN_FLIGHT,
-            };
-            let (global_store, connected) =
-                RedisStore::connect(&options, Duration::from_secs(2)).await?;
-            if !connected {
-                tracing::warn!("global store unreachable at startup; global limits start on conservative quotas");
-            }
-            let global = Arc::new(Global::new(
-                GlobalOptions {
-                    region: args.region.clone(),
-                    period: Duration::from_millis(args.global_lease_ms.max(100)),
-                    fallback_share: args.global_fallback_share.clamp(0.0, 1.0),
-                    floor: args.global_floor.clamp(0.0, 1.0),
-                    headroom: 0.05,
-                },
-                global_store.client(),
-                regional_client.clone(),
-            ));
-            global.spawn();
-            // Every region hashes long actor values with one key.
-            secret_client = Some(global_store.client());
-            info!(region = %args.region, holder = %global.holder(), "global limits coordinated through the global store");
-            limiter = limiter.with_global(global);
-        }
-        let limiter = Arc::new(limiter);
-        if let Some(client) = secret_client {
-            agree_on_key_secret(client).await;
-        }
-        // Governors elect one replica per rule through the counters' Redis.
-        let governors = Arc::new(Governors::new(
-            limiter.clone(),
-            lease_client,
-            args.prometheus_url.clone().filter(|u| !u.is_empty()),
-        ));
-        governors.spawn();
-        let sources = Arc::new(RuleSources::new(limiter.clone(), policy));
-        let reloader = Arc::new(Reloader::new(
-            args.config.clone(),
-            &limiter,
-            sources.clone(),
-            hash,
-        ));
-        if args.zk_enabled_for_aux_rules {
-            info!(
-                hosts = %args.zk_hosts_for_aux_rules,
-                path = %args.zk_aux_rules_path,
-                "aux rules from ZooKeeper, ahead of the policy file's"
-            );
-            zookeeper::spawn(
-                ZkOptions {
-                    hosts: args.zk_hosts_for_aux_rules.clone(),
-                    path: args.zk_aux_rules_path.clone(),
-                },
-                sources.clone(),
-            );
-        }
-        reloader.clone().spawn(!args.no_watch);
-        let grpc = TcpListener::bind(args.grpc_addr)
-            .await
-            .with_context(|| format!("cannot listen for gRPC on {}", args.grpc_addr))?;
-        let line_addr = line_addr(args.line_addr)?;
-        let line = TcpListener::bind(line_addr)
-            .await
-            .with_context(|| format!("cannot listen for the line protocol on {line_addr}"))?;
-        info!("grpc listening on {}", grpc.local_addr()?);
-        info!("line protocol listening on {}", line.local_addr()?);
-        let limits = ConnLimits {
-            max_line: args.line_max_bytes.max(1),
-            max_batch: args.line_max_batch.max(1),
-            idle_timeout: Duration::from_secs(args.line_idle_seconds.max(1)),
-            max_connections: args.line_max_connections.max(1),
-        };
-        let http_addr = http_addr(args.http_addr)?;
-        let http = TcpListener::bind(http_addr)
-            .await
-            .with_context(|| format!("cannot listen for HTTP on {http_addr}"))?;
-        info!("http listening on {}", http.local_addr()?);
-        if let (Some(host), Some(port)) = (args.statsd_host.clone(), args.statsd_port) {
-            let tcp = args
-                .statsd_use_tcp
-                .as_deref()
-                .is_some_and(|v| !v.is_empty());
-            info!(%host, port, tcp, "sending statsd metrics");
-            divvy::statsd::init(StatsdConfig {
-                host,
-                port,
-                prefix: args.statsd_prefix.clone(),
-                tcp,
-            });
-        }
-        let shutting_down = Arc::new(AtomicBool::new(false));
-        let admin = AdminState {
-            limiter: limiter.clone(),
-            status: reloader.status(),
-            shutting_down: shutting_down.clone(),
-            ready_requires_store: !args.ready_without_store,
-            admin_token: args
-                .admin_token
-                .clone()
-                .filter(|t| !t.is_empty())
-                .map(Arc::from),
-            governors,
-            deadline_margin: Duration::from_millis(args.deadline_margin_ms),
-        };
-        if admin.admin_token.is_none() {
-            info!("no --admin-token: knob changes are refused (GET /knobs still answers)");
-        }
-        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
-            let _ = rx.wait_for(|stop| *stop).await;
-        };
-        let line_task = tokio::spawn(serve_line(line, limiter.clone(), limits, stop_rx.clone()));
-        let grpc_task = tokio::spawn(divvy::server::serve_grpc(
-            grpc,
-            limiter,
-            args.rate_limit_headers,
-            !args.ready_without_store,
-            GrpcLimits {
-                max_concurrent_streams: args.grpc_max_concurrent_streams.max(1),
-                max_request_bytes: args.grpc_max_request_bytes.max(1024),
-                idle: Duration::from_secs(args.grpc_idle_seconds.max(1)),
-                keepalive: (args.grpc_keepalive_seconds > 0)
-                    .then(|| Duration::from_secs(args.grpc_keepalive_seconds)),
-                keepalive_timeout: Duration::from_secs(20),
-                deadline_margin: Duration::from_millis(args.deadline_margin_ms),
-            },
-            stopped(stop_rx.clone()),
-        ));
-        let metrics_path = args.metrics_path.clone();
-        let http_stop = stopped(stop_rx);
-        let http_task =
-            tokio::spawn(async move { serve_http(http, admin, &metrics_path, http_stop).await });
-        shutdown_signal().await;
-        // Readiness goes false; after the delay (time for load balancers to
-        // notice) the listeners close and requests in flight finish.
-        shutting_down.store(true, Ordering::Release);
-        if args.shutdown_delay_seconds > 0 {
-            info!(
-                seconds = args.shutdown_delay_seconds,
-                "not ready; still serving until the shutdown delay ends"
-            );
-            tokio::time::sleep(Duration::from_secs(args.shutdown_delay_seconds)).await;
-        }
-        let _ = stop_tx.send(true);
-        let drained = tokio::time::timeout(SHUTDOWN_TIMEOUT, async {
-            let _ = line_task.await;
-            let grpc = grpc_task.await;
-            let http = http_task.await;
-            (grpc, http)
-        })
-        .await;
-        match drained {
-            Err(_) => error!("requests still in flight after {SHUTDOWN_TIMEOUT:?}; exiting anyway"),
-            Ok((grpc, http)) => {
-                if let Ok(Err(e)) = grpc {
-                    error!("gRPC server failed: {e}");
-                    bail!("gRPC server failed: {e}");
-                }
-                if let Ok(Err(e)) = http {
-                    error!("HTTP server failed: {e}");
-                    bail!("HTTP server failed: {e}");
-                }
-            }
-        }
-        info!("shut down");
-        Ok(())
-    });
+    let served = runtime.block_on(run(args, policy, hash));
     runtime.shutdown_timeout(Duration::from_secs(1));
     served
+}
+
+/// The counter store and what shares its Redis.
+struct StoreParts {
+    store: Arc<dyn Store>,
+    knobs: Knobs,
+    /// The counters' Redis: the regional store of global limits, and where
+    /// governors elect their leader.
+    redis: Option<fred::prelude::Client>,
+    /// Where replicas agree on the key that hashes long actor values.
+    secret_client: Option<fred::prelude::Client>,
+}
+
+/// Everything built, wired and started, then served until shutdown.
+async fn run(args: ServeArgs, policy: Policy, hash: String) -> anyhow::Result<()> {
+    // Take SIGHUP over before anything slow (Redis) so an early one cannot
+    // kill the process; the reloader acts on later ones.
+    #[cfg(unix)]
+    let _ = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup());
+    let parts = build_store(&args).await?;
+    let knobs = Arc::new(parts.knobs);
+    // Knobs set while this replica was down apply from the first request.
+    let _ = knobs.refresh().await;
+    knobs.spawn_refresh(Duration::from_millis(250));
+    let limiter = Limiter::with_knobs(RuleSet::new(policy.clone()), parts.store, knobs);
+    let (limiter, secret_client) =
+        with_global(&args, limiter, parts.redis.clone(), parts.secret_client).await?;
+    let limiter = Arc::new(limiter);
+    if let Some(client) = secret_client {
+        agree_on_key_secret(client).await;
+    }
+    // Governors elect one replica per rule through the counters' Redis.
+    let governors = Arc::new(Governors::new(
+        limiter.clone(),
+        parts.redis,
+        args.prometheus_url.clone().filter(|u| !u.is_empty()),
+    ));
+    governors.spawn();
+    let reloader = start_sources(&args, &limiter, policy, hash);
+    let listeners = bind(&args).await?;
+    init_statsd(&args);
+    let admin = AdminState {
+        limiter: limiter.clone(),
+        status: reloader.status(),
+        shutting_down: Arc::new(AtomicBool::new(false)),
+        ready_requires_store: !args.ready_without_store,
+        admin_token: args
+            .admin_token
+            .clone()
+            .filter(|t| !t.is_empty())
+            .map(Arc::from),
+        governors,
+        deadline_margin: Duration::from_millis(args.deadline_margin_ms),
+    };
+    if admin.admin_token.is_none() {
+        info!("no --admin-token: knob changes are refused (GET /knobs still answers)");
+    }
+    serve_until_shutdown(&args, listeners, limiter, admin).await
+}
+
+/// The memory store, or Redis behind its failure policy (with the knobs
+/// shared through it).
+async fn build_store(args: &ServeArgs) -> anyhow::Result<StoreParts> {
+    let Some(target) = redis_target(args.redis_url.as_deref())? else {
+        let memory = Arc::new(MemoryStore::with_max_counters(
+            Arc::new(SystemClock::default()),
+            args.max_counters,
+        ));
+        memory.spawn_sweeper(Duration::from_secs(args.sweep_seconds.max(1)));
+        info!("counters in the embedded memory store");
+        return Ok(StoreParts {
+            store: memory,
+            knobs: Knobs::local(),
+            redis: None,
+            secret_client: None,
+        });
+    };
+    info!(target = ?target, policy = ?args.on_store_failure, "counters in redis");
+    let options = RedisOptions {
+        target,
+        timeout: Duration::from_millis(args.redis_timeout_ms.max(1)),
+        clock: None,
+        batches_in_flight: usize::try_from(args.redis_batches_in_flight)
+            .unwrap_or(divvy::store::redis::DEFAULT_BATCHES_IN_FLIGHT),
+    };
+    let (redis, connected) = RedisStore::connect(&options, Duration::from_secs(2)).await?;
+    let client = redis.client();
+    let failover = FailoverStore::new(Arc::new(redis), args.on_store_failure, args.local_share)
+        .with_breaker(options.timeout, args.breaker_failures)
+        .with_max_counters(args.max_counters);
+    let failover = Arc::new(if connected {
+        failover
+    } else {
+        failover.start_failed()
+    });
+    failover.spawn_probe();
+    Ok(StoreParts {
+        store: failover,
+        knobs: Knobs::shared(SharedKnobs::new(client.clone())),
+        redis: Some(client.clone()),
+        secret_client: Some(client),
+    })
+}
+
+/// With `--global-url`, the limiter counts global limits against this
+/// region's leases; the global store then holds the actor-hash key.
+async fn with_global(
+    args: &ServeArgs,
+    limiter: Limiter,
+    regional: Option<fred::prelude::Client>,
+    secret_client: Option<fred::prelude::Client>,
+) -> anyhow::Result<(Limiter, Option<fred::prelude::Client>)> {
+    let Some(url) = args.global_url.as_deref() else {
+        return Ok((limiter, secret_client));
+    };
+    let target = redis_target(Some(url))?.context("--global-url names no Redis")?;
+    let options = RedisOptions {
+        target,
+        timeout: Duration::from_millis((args.global_lease_ms / 4).max(50)),
+        clock: None,
+        batches_in_flight: divvy::store::redis::DEFAULT_BATCHES_IN_FLIGHT,
+    };
+    let (global_store, connected) = RedisStore::connect(&options, Duration::from_secs(2)).await?;
+    if !connected {
+        tracing::warn!(
+            "global store unreachable at startup; global limits start on conservative quotas"
+        );
+    }
+    let global = Arc::new(Global::new(
+        GlobalOptions {
+            region: args.region.clone(),
+            period: Duration::from_millis(args.global_lease_ms.max(100)),
+            fallback_share: args.global_fallback_share.clamp(0.0, 1.0),
+            floor: args.global_floor.clamp(0.0, 1.0),
+            headroom: 0.05,
+        },
+        global_store.client(),
+        regional,
+    ));
+    global.spawn();
+    info!(region = %args.region, holder = %global.holder(), "global limits coordinated through the global store");
+    // Every region hashes long actor values with one key.
+    Ok((limiter.with_global(global), Some(global_store.client())))
+}
+
+/// The policy file's reloader (watching it unless `--no-watch`) and the
+/// ZooKeeper aux rules, both feeding one set of rule sources.
+fn start_sources(
+    args: &ServeArgs,
+    limiter: &Arc<Limiter>,
+    policy: Policy,
+    hash: String,
+) -> Arc<Reloader> {
+    let sources = Arc::new(RuleSources::new(limiter.clone(), policy));
+    let reloader = Arc::new(Reloader::new(
+        args.config.clone(),
+        limiter,
+        sources.clone(),
+        hash,
+    ));
+    if args.zk_enabled_for_aux_rules {
+        info!(
+            hosts = %args.zk_hosts_for_aux_rules,
+            path = %args.zk_aux_rules_path,
+            "aux rules from ZooKeeper, ahead of the policy file's"
+        );
+        zookeeper::spawn(
+            ZkOptions {
+                hosts: args.zk_hosts_for_aux_rules.clone(),
+                path: args.zk_aux_rules_path.clone(),
+            },
+            sources,
+        );
+    }
+    reloader.clone().spawn(!args.no_watch);
+    reloader
+}
+
+/// The three listeners, bound.
+struct Listeners {
+    grpc: TcpListener,
+    line: TcpListener,
+    http: TcpListener,
+}
+
+/// Binds gRPC, the line protocol and HTTP, logging each address.
+async fn bind(args: &ServeArgs) -> anyhow::Result<Listeners> {
+    let grpc = TcpListener::bind(args.grpc_addr)
+        .await
+        .with_context(|| format!("cannot listen for gRPC on {}", args.grpc_addr))?;
+    let line_addr = line_addr(args.line_addr)?;
+    let line = TcpListener::bind(line_addr)
+        .await
+        .with_context(|| format!("cannot listen for the line protocol on {line_addr}"))?;
+    info!("grpc listening on {}", grpc.local_addr()?);
+    info!("line protocol listening on {}", line.local_addr()?);
+    let http_addr = http_addr(args.http_addr)?;
+    let http = TcpListener::bind(http_addr)
+        .await
+        .with_context(|| format!("cannot listen for HTTP on {http_addr}"))?;
+    info!("http listening on {}", http.local_addr()?);
+    Ok(Listeners { grpc, line, http })
+}
+
+/// With `--statsd-host` and `--statsd-port`, metrics also go to statsd.
+fn init_statsd(args: &ServeArgs) {
+    if let (Some(host), Some(port)) = (args.statsd_host.clone(), args.statsd_port) {
+        let tcp = args
+            .statsd_use_tcp
+            .as_deref()
+            .is_some_and(|v| !v.is_empty());
+        info!(%host, port, tcp, "sending statsd metrics");
+        divvy::statsd::init(StatsdConfig {
+            host,
+            port,
+            prefix: args.statsd_prefix.clone(),
+            tcp,
+        });
+    }
+}
+
+/// Serves the three protocols until a shutdown signal, then drains them.
+async fn serve_until_shutdown(
+    args: &ServeArgs,
+    listeners: Listeners,
+    limiter: Arc<Limiter>,
+    admin: AdminState,
+) -> anyhow::Result<()> {
+    let limits = ConnLimits {
+        max_line: args.line_max_bytes.max(1),
+        max_batch: args.line_max_batch.max(1),
+        idle_timeout: Duration::from_secs(args.line_idle_seconds.max(1)),
+        max_connections: args.line_max_connections.max(1),
+    };
+    let shutting_down = admin.shutting_down.clone();
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    };
+    let line_task = tokio::spawn(serve_line(
+        listeners.line,
+        limiter.clone(),
+        limits,
+        stop_rx.clone(),
+    ));
+    let grpc_task = tokio::spawn(divvy::server::serve_grpc(
+        listeners.grpc,
+        limiter,
+        args.rate_limit_headers,
+        !args.ready_without_store,
+        grpc_limits(args),
+        stopped(stop_rx.clone()),
+    ));
+    let metrics_path = args.metrics_path.clone();
+    let http_stop = stopped(stop_rx);
+    let http = listeners.http;
+    let http_task =
+        tokio::spawn(async move { serve_http(http, admin, &metrics_path, http_stop).await });
+    shutdown_signal().await;
+    // Readiness goes false; after the delay (time for load balancers to
+    // notice) the listeners close and requests in flight finish.
+    shutting_down.store(true, Ordering::Release);
+    if args.shutdown_delay_seconds > 0 {
+        info!(
+            seconds = args.shutdown_delay_seconds,
+            "not ready; still serving until the shutdown delay ends"
+        );
+        tokio::time::sleep(Duration::from_secs(args.shutdown_delay_seconds)).await;
+    }
+    let _ = stop_tx.send(true);
+    let drained = tokio::time::timeout(SHUTDOWN_TIMEOUT, async {
+        let _ = line_task.await;
+        (grpc_task.await, http_task.await)
+    })
+    .await;
+    match drained {
+        Err(_) => error!("requests still in flight after {SHUTDOWN_TIMEOUT:?}; exiting anyway"),
+        Ok((Ok(Err(e)), _)) => {
+            error!("gRPC server failed: {e}");
+            bail!("gRPC server failed: {e}");
+        }
+        Ok((_, Ok(Err(e)))) => {
+            error!("HTTP server failed: {e}");
+            bail!("HTTP server failed: {e}");
+        }
+        Ok(_) => {}
+    }
+    info!("shut down");
+    Ok(())
+}
+
+/// The gRPC server's bounds from the flags.
+fn grpc_limits(args: &ServeArgs) -> GrpcLimits {
+    GrpcLimits {
+        max_concurrent_streams: args.grpc_max_concurrent_streams.max(1),
+        max_request_bytes: args.grpc_max_request_bytes.max(1024),
+        idle: Duration::from_secs(args.grpc_idle_seconds.max(1)),
+        keepalive: (args.grpc_keepalive_seconds > 0)
+            .then(|| Duration::from_secs(args.grpc_keepalive_seconds)),
+        keepalive_timeout: Duration::from_secs(20),
+        deadline_margin: Duration::from_millis(args.deadline_margin_ms),
+    }
 }
 
 /// The metrics path must be a plain absolute path that no other admin route uses.

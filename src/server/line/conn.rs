@@ -170,64 +170,22 @@ pub async fn serve_connection<S>(
     loop {
         slots.clear();
         hits.clear();
-        while slots.len() < limits.max_batch {
-            match framer.next() {
-                Some(Frame::Line(line)) => {
-                    // Pairs go straight into the operation: no list in between.
-                    let mut operation = OperationBuilder::with_capacity(4);
-                    let decoded;
-                    let (text, plain) = match plain_text(&line) {
-                        Some(text) => (text, true),
-                        None => {
-                            decoded = lossy_text(&line);
-                            (&*decoded, false)
-                        }
-                    };
-                    match parse_text(text, plain, |k, v| operation.push(k, v)) {
-                        Ok(()) => {
-                            hits.push(Hit::one(operation.finish()));
-                            slots.push(Slot::Hit);
-                        }
-                        Err(e) => {
-                            metrics().error(e.code());
-                            slots.push(Slot::Ready(e.to_string()));
-                        }
-                    }
-                }
-                Some(Frame::TooLong) => {
-                    metrics().error("unknown");
-                    slots.push(Slot::Ready(too_long.clone()));
-                }
-                None => break,
-            }
-        }
+        fill_batch(
+            &mut framer,
+            limits.max_batch,
+            &too_long,
+            &mut slots,
+            &mut hits,
+        );
         if !slots.is_empty() {
             answer(&limiter, &slots, &hits, &mut out).await;
             last_active = Instant::now();
             // A client that stops reading its answers is idle too.
-            let write = async {
-                stream.write_all(&out).await?;
-                stream.flush().await
-            };
-            tokio::pin!(write);
-            loop {
-                tokio::select! {
-                    biased;
-                    written = &mut write => match written {
-                        Ok(()) => {
-                            // Deciding and writing are not the client's idle time.
-                            last_active = Instant::now();
-                            break;
-                        }
-                        Err(_) => return,
-                    },
-                    () = &mut timer => {
-                        if !still_active(timer.as_mut(), last_active, idle) {
-                            return;
-                        }
-                    }
-                }
+            if !write_answers(&mut stream, &out, timer.as_mut(), last_active, idle).await {
+                return;
             }
+            // Deciding and writing are not the client's idle time.
+            last_active = Instant::now();
             out.clear();
             if *shutdown.borrow() {
                 return;
@@ -256,6 +214,78 @@ pub async fn serve_connection<S>(
             () = &mut timer => {
                 if !still_active(timer.as_mut(), last_active, idle) {
                     return;
+                }
+            }
+        }
+    }
+}
+
+/// Takes up to `max_batch` framed lines off `framer`: a hit for each line
+/// that parses, an answer ready for each that does not.
+fn fill_batch(
+    framer: &mut Framer,
+    max_batch: usize,
+    too_long: &str,
+    slots: &mut Vec<Slot>,
+    hits: &mut Vec<Hit>,
+) {
+    while slots.len() < max_batch {
+        match framer.next() {
+            Some(Frame::Line(line)) => match parse_line(&line) {
+                Ok(hit) => {
+                    hits.push(hit);
+                    slots.push(Slot::Hit);
+                }
+                Err(e) => {
+                    metrics().error(e.code());
+                    slots.push(Slot::Ready(e.to_string()));
+                }
+            },
+            Some(Frame::TooLong) => {
+                metrics().error("unknown");
+                slots.push(Slot::Ready(too_long.to_owned()));
+            }
+            None => break,
+        }
+    }
+}
+
+/// One line as a hit. Pairs go straight into the operation: no list in between.
+fn parse_line(line: &[u8]) -> Result<Hit, LineError> {
+    let mut operation = OperationBuilder::with_capacity(4);
+    let decoded;
+    let (text, plain) = match plain_text(line) {
+        Some(text) => (text, true),
+        None => {
+            decoded = lossy_text(line);
+            (&*decoded, false)
+        }
+    };
+    parse_text(text, plain, |k, v| operation.push(k, v))?;
+    Ok(Hit::one(operation.finish()))
+}
+
+/// Writes `out` while keeping the idle limit (a client that reads none of
+/// its answers for `idle` is idle); false when the connection is done.
+async fn write_answers<S: AsyncWrite + Unpin>(
+    stream: &mut S,
+    out: &[u8],
+    mut timer: std::pin::Pin<&mut tokio::time::Sleep>,
+    last_active: Instant,
+    idle: Duration,
+) -> bool {
+    let write = async {
+        stream.write_all(out).await?;
+        stream.flush().await
+    };
+    tokio::pin!(write);
+    loop {
+        tokio::select! {
+            biased;
+            written = &mut write => return written.is_ok(),
+            () = &mut timer => {
+                if !still_active(timer.as_mut(), last_active, idle) {
+                    return false;
                 }
             }
         }

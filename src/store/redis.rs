@@ -353,23 +353,51 @@ impl Core {
             let g = if i > 0 && op.joint { group[i - 1] } else { i };
             group.push(g);
         }
-        // Ops on one key share a slot, so their order is kept.
-        let mut slots: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
-        for (i, op) in ops.iter().enumerate() {
-            slots
-                .entry(fred::util::redis_keyslot(op.key.as_bytes()))
-                .or_default()
-                .push(i);
+        let slots = by_slot(ops);
+        let (mut states, charged) = self.charge_slots(ops, &group, &slots, charge).await?;
+        if slots.len() < 2 {
+            return Ok(states);
         }
+        // What the request as a whole decided.
+        let mut group_ok = vec![true; ops.len()];
+        for (i, s) in states.iter().enumerate() {
+            group_ok[group[i]] &= s.allowed;
+        }
+        let blocked = charge == Charge::Denied
+            || (charge == Charge::AllOrNothing
+                && (0..ops.len()).any(|i| ops[i].decides && !group_ok[group[i]]));
+        let undo: Vec<usize> = (0..ops.len())
+            .filter(|&i| charged[i] && (blocked || !group_ok[group[i]]))
+            .collect();
+        if !undo.is_empty() {
+            let given = self.give_back(ops, &undo).await?;
+            for (&i, state) in undo.iter().zip(given) {
+                states[i] = CounterState {
+                    allowed: true,
+                    ..state
+                };
+            }
+        }
+        Ok(states)
+    }
+
+    /// One script call per slot of `slots`, in parallel (each slot's ops
+    /// regrouped by `group`): every op's state, and whether it was charged.
+    async fn charge_slots(
+        &self,
+        ops: &[CounterOp],
+        group: &[usize],
+        slots: &BTreeMap<u16, Vec<usize>>,
+        charge: Charge,
+    ) -> Result<(Vec<CounterState>, Vec<bool>), StoreError> {
         let sub: Vec<Vec<CounterOp>> = slots
             .values()
             .map(|idx| {
                 idx.iter()
                     .enumerate()
-                    .map(|(n, &i)| {
-                        let mut op = ops[i].clone();
-                        op.joint = n > 0 && group[idx[n - 1]] == group[i];
-                        op
+                    .map(|(n, &i)| CounterOp {
+                        joint: n > 0 && group[idx[n - 1]] == group[i],
+                        ..ops[i].clone()
                     })
                     .collect()
             })
@@ -386,7 +414,6 @@ impl Core {
             };
             ops.len()
         ];
-        // Whether each op was charged in its slot.
         let mut charged = vec![false; ops.len()];
         for ((idx, part), result) in slots.values().zip(&sub).zip(results) {
             let got = result?;
@@ -396,23 +423,16 @@ impl Core {
                 charged[i] = was;
             }
         }
-        if slots.len() < 2 {
-            return Ok(states);
-        }
-        // What the request as a whole decided.
-        let mut group_ok = vec![true; ops.len()];
-        for (i, s) in states.iter().enumerate() {
-            group_ok[group[i]] &= s.allowed;
-        }
-        let blocked = charge == Charge::Denied
-            || (charge == Charge::AllOrNothing
-                && (0..ops.len()).any(|i| ops[i].decides && !group_ok[group[i]]));
-        let undo: Vec<usize> = (0..ops.len())
-            .filter(|&i| charged[i] && (blocked || !group_ok[group[i]]))
-            .collect();
-        if undo.is_empty() {
-            return Ok(states);
-        }
+        Ok((states, charged))
+    }
+
+    /// Gives back the charges of `ops[undo]`, slot by slot: their states
+    /// after the refund, in `undo`'s order.
+    async fn give_back(
+        &self,
+        ops: &[CounterOp],
+        undo: &[usize],
+    ) -> Result<Vec<CounterState>, StoreError> {
         let refunds: Vec<CounterOp> = undo
             .iter()
             .map(|&i| CounterOp {
@@ -434,14 +454,7 @@ impl Core {
             };
             refunds.len()
         ];
-        let mut by_slot: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
-        for (n, op) in refunds.iter().enumerate() {
-            by_slot
-                .entry(fred::util::redis_keyslot(op.key.as_bytes()))
-                .or_default()
-                .push(n);
-        }
-        for idx in by_slot.values() {
+        for idx in by_slot(&refunds).values() {
             let part: Vec<CounterOp> = idx.iter().map(|&n| refunds[n].clone()).collect();
             let got = self
                 .eval_with(&[(part.as_slice(), Charge::Each)], true)
@@ -450,14 +463,21 @@ impl Core {
                 given[n] = state;
             }
         }
-        for (&i, state) in undo.iter().zip(given) {
-            states[i] = CounterState {
-                allowed: true,
-                ..state
-            };
-        }
-        Ok(states)
+        Ok(given)
     }
+}
+
+/// The indexes of `ops` by hash slot, in order: ops on one key share a
+/// slot, so their order is kept.
+fn by_slot(ops: &[CounterOp]) -> BTreeMap<u16, Vec<usize>> {
+    let mut slots: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
+    for (i, op) in ops.iter().enumerate() {
+        slots
+            .entry(fred::util::redis_keyslot(op.key.as_bytes()))
+            .or_default()
+            .push(i);
+    }
+    slots
 }
 
 /// One counter's answer from the script's two values: the credits left `r`

@@ -5,6 +5,7 @@
 //! adapters ([`server`]). The binary allocates through [`allocator`].
 
 pub mod allocator;
+pub mod clock;
 pub mod config;
 pub mod global;
 pub mod governor;
@@ -13,7 +14,6 @@ pub mod limiter;
 pub mod metrics;
 /// The glob matcher of rule values: a leaf that [`config`] and [`rules`] both use.
 pub mod pattern;
-pub mod reload;
 pub mod rules;
 pub mod runtime;
 pub mod server;

@@ -19,12 +19,12 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use divvy::config::Policy;
 use divvy::limiter::Limiter;
-use divvy::reload::Reloader;
 use divvy::rules::RuleSet;
+use divvy::server::admin::{serve_http, AdminState};
 use divvy::server::headers::HeaderStyle;
-use divvy::server::http::{serve_http, AdminState};
 use divvy::server::line::{serve_line, ConnLimits};
 use divvy::server::GrpcLimits;
+use divvy::sources::file::Reloader;
 use divvy::statsd::StatsdConfig;
 use divvy::store::failover::{FailoverStore, FailurePolicy};
 use divvy::store::memory::SystemClock;
@@ -265,7 +265,7 @@ fn parse_threads(text: &str) -> Result<NonZeroUsize, String> {
 /// shutdown signal.
 pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     init_logging(args.log_format);
-    let (policy, hash) = divvy::reload::load_with_hash(&args.config)?;
+    let (policy, hash) = divvy::sources::file::load_with_hash(&args.config)?;
     info!(
         rules = policy.rules.len(),
         source = %policy.source,

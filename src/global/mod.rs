@@ -40,8 +40,8 @@ use arc_swap::ArcSwap;
 use fred::prelude::Client;
 use serde_json::{json, Value};
 
+use crate::clock::now_ms;
 use crate::config::LimitSpec;
-use crate::knobs::now_ms;
 use crate::metrics::metrics;
 
 /// The renewal script.

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use fred::prelude::*;
 
 use super::{gauge_value, Demands, Global, GlobalSpec, Lease, Specs};
-use crate::knobs::now_ms;
+use crate::clock::now_ms;
 use crate::metrics::metrics;
 
 /// A spec as the regional store holds it.

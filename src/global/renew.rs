@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{gauge_value, Demands, Global, GlobalSpec, Lease, Specs, RENEW_SCRIPT};
-use crate::knobs::now_ms;
+use crate::clock::now_ms;
 use crate::metrics::metrics;
 use crate::store::redis::evalsha_or_load;
 

@@ -19,9 +19,10 @@ use tokio::time::Instant;
 use super::lease::{Holding, Lease};
 use super::pid::{Controller, Step};
 use super::prometheus::{Prometheus, ReadError};
+use crate::clock::now_ms;
 use crate::config::GovernorSpec;
 use crate::knobs::body::target;
-use crate::knobs::{now_ms, Knob};
+use crate::knobs::Knob;
 use crate::limiter::Limiter;
 use crate::metrics::metrics;
 

@@ -13,11 +13,12 @@ pub mod shared;
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwap;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
+
+use crate::clock::now_ms;
 
 use crate::config::LimitSpec;
 use crate::metrics::metrics;
@@ -104,13 +105,6 @@ pub enum KnobError {
     /// The shared store (Redis) could not take the change.
     #[error("knobs are shared through Redis, which did not answer ({0}); nothing changed")]
     Unavailable(String),
-}
-
-/// Epoch milliseconds now.
-pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// The knobs in force, shared by every request.

@@ -1,11 +1,10 @@
 //! Protocol front ends. Each parses, calls the one [`Limiter`], and formats.
 
+pub mod admin;
 pub mod deadline;
 pub mod headers;
-pub mod http;
 pub mod idle;
 pub mod json;
-pub mod knobs_api;
 pub mod line;
 pub mod rls;
 pub mod rls_envoy;

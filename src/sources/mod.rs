@@ -4,9 +4,12 @@
 //! path: the file's rules and the aux rules are combined and validated as
 //! one policy, and a combination that does not validate changes nothing.
 
+pub mod file;
 pub mod zookeeper;
 
 use std::sync::{Arc, Mutex};
+
+use sha2::{Digest, Sha256};
 
 use crate::config::schema::RawRule;
 use crate::config::validate::with_aux_rules;
@@ -115,4 +118,10 @@ fn combine(aux: &[RawRule], file: &Policy) -> Result<Policy, String> {
             problems.join("; ")
         )
     })
+}
+
+/// SHA-256 of `bytes`, in hex: what identifies a policy or aux rule set.
+pub fn content_hash(bytes: &[u8]) -> String {
+    let digest = Sha256::digest(bytes);
+    digest.iter().map(|b| format!("{b:02x}")).collect()
 }

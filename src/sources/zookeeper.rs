@@ -15,10 +15,10 @@ use std::time::Duration;
 
 use zookeeper_client as zk;
 
+use super::content_hash;
 use super::RuleSources;
 use crate::config::schema::RawRule;
 use crate::metrics::metrics;
-use crate::reload::content_hash;
 
 /// Where the aux rules are.
 #[derive(Debug, Clone)]

@@ -21,42 +21,13 @@
 use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use super::algorithm::{self, Params, State, States};
 use super::lru_table::{LruTable, MAX_SLOTS};
 use super::{Charge, CounterOp, CounterState, Store, StoreError, StoreFuture};
 
-/// A source of time, replaceable in tests.
-pub trait Clock: Send + Sync + 'static {
-    /// Time since the Unix epoch (epoch-aligned windows need wall time).
-    fn now(&self) -> Duration;
-}
-
-/// The real clock: the wall time read at start, advanced by the monotonic
-/// clock, so it never goes back when the system clock is stepped.
-#[derive(Debug)]
-pub struct SystemClock {
-    at_start: Duration,
-    start: Instant,
-}
-
-impl Default for SystemClock {
-    fn default() -> Self {
-        SystemClock {
-            at_start: SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .unwrap_or_default(),
-            start: Instant::now(),
-        }
-    }
-}
-
-impl Clock for SystemClock {
-    fn now(&self) -> Duration {
-        self.at_start + self.start.elapsed()
-    }
-}
+pub use crate::clock::{Clock, SystemClock};
 
 /// One stored counter.
 #[derive(Debug, Clone, Copy)]

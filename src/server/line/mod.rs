@@ -34,7 +34,7 @@ fn refuse(stream: tokio::net::TcpStream, peer: std::net::SocketAddr, max: usize)
         .rejected
         .with_label_values(&["connection_limit"])
         .inc();
-    let now = crate::knobs::now_ms();
+    let now = crate::clock::now_ms();
     let last = LOGGED.load(Ordering::Relaxed);
     if now >= last + 60_000 {
         LOGGED.store(now, Ordering::Relaxed);

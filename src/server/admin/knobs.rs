@@ -18,9 +18,11 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use super::http::{knob_json, limit_json, AdminState};
+use super::render::{knob_json, limit_json};
+use super::state::AdminState;
+use crate::clock::now_ms;
 use crate::knobs::body::target;
-use crate::knobs::{now_ms, KnobBody, KnobError};
+use crate::knobs::{KnobBody, KnobError};
 use crate::metrics::metrics;
 
 fn refuse(code: StatusCode, message: String) -> Response {

@@ -17,9 +17,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use notify::{RecursiveMode, Watcher};
-use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 
+use super::content_hash;
 use crate::config::{self, Policy};
 use crate::limiter::Limiter;
 use crate::metrics::metrics;
@@ -112,12 +112,6 @@ impl ReloadStatus {
             .map(|s| s.hash.clone())
             .unwrap_or_default()
     }
-}
-
-/// SHA-256 of `bytes`, in hex.
-pub fn content_hash(bytes: &[u8]) -> String {
-    let digest = Sha256::digest(bytes);
-    digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Reloads one policy file into the rule sources (which install it, with

@@ -1,24 +1,7 @@
-//! The HTTP admin API (default port 8080).
-//!
-//! - `GET /healthz`: the process is alive (200).
-//! - `GET /readyz`: 200 when rules are loaded, the counter store is in use
-//!   and the service is not shutting down; 503 with the reason otherwise.
-//! - `GET /metrics` (or `PROMETHEUS_METRICS_PATH`): Prometheus text format.
-//! - `GET /config`: the rules in force as JSON, with source file, content
-//!   hash, load time, generation, reload counts and the last reload error.
-//! - `GET /explain?key=value&...[&domain=D]`: which rule decides, which
-//!   canaries run, each counter key and its current state; consumes nothing.
-//!   `domain` names the Envoy domain (without it, a line-protocol HIT).
-//! - `POST /json`: a `RateLimitRequest` in protobuf JSON, answered as a
-//!   `RateLimitResponse` in JSON: 200 when OK, 429 when over limit, 400 with
-//!   a message for a bad body or request, 503 when the store fails.
-//! - `GET /knobs`, `PUT /knobs/{label}`, `DELETE /knobs/{label}`: live
-//!   overrides of a rule's numbers (see [`crate::knobs`]). Changes need
-//!   `Authorization: Bearer <--admin-token>`.
+//! The admin API's routes and their handlers (the knob changes are in `knobs.rs`).
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::UNIX_EPOCH;
 
 use axum::body::Bytes;
@@ -30,34 +13,14 @@ use axum::{Json, Router};
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
 
-use super::headers::HeaderStyle;
-use super::json::{format_response, parse_request};
-use crate::config::LimitSpec;
-use crate::knobs::{now_ms, Knob};
-use crate::limiter::{counter_op, knob_for, Limiter};
+use super::render::{knob_json, limit_json};
+use super::state::AdminState;
+use crate::limiter::{counter_op, knob_for};
 use crate::metrics::metrics;
-use crate::reload::ReloadStatus;
 use crate::rules::Operation;
+use crate::server::headers::HeaderStyle;
+use crate::server::json::{format_response, parse_request};
 use crate::store::Charge;
-
-/// What the admin API reads.
-#[derive(Clone)]
-pub struct AdminState {
-    /// The limiter (rules and store).
-    pub limiter: Arc<Limiter>,
-    /// Reload status of the policy file.
-    pub status: Arc<ReloadStatus>,
-    /// Set when shutdown begins: readiness turns false.
-    pub shutting_down: Arc<AtomicBool>,
-    /// Whether readiness also requires the counter store to be in use.
-    pub ready_requires_store: bool,
-    /// The token knob changes must carry; `None`: knob changes are refused.
-    pub admin_token: Option<Arc<str>>,
-    /// The policy's governors (for `GET /governors`).
-    pub governors: Arc<crate::governor::Governors>,
-    /// Kept back from a `/json` caller's timeout header to answer in time.
-    pub deadline_margin: std::time::Duration,
-}
 
 /// The admin routes; `metrics_path` is where Prometheus scrapes.
 pub fn router(state: AdminState, metrics_path: &str) -> Router {
@@ -71,10 +34,10 @@ pub fn router(state: AdminState, metrics_path: &str) -> Router {
         .route("/governors", get(governors))
         .route("/healthcheck", get(healthcheck))
         .route("/rlconfig", get(rlconfig))
-        .route("/knobs", get(super::knobs_api::list))
+        .route("/knobs", get(super::knobs::list))
         .route(
             "/knobs/{label}",
-            axum::routing::put(super::knobs_api::set).delete(super::knobs_api::delete),
+            axum::routing::put(super::knobs::set).delete(super::knobs::delete),
         )
         .route("/metrics", get(prometheus));
     if metrics_path != "/metrics" {
@@ -293,39 +256,16 @@ async fn explain(State(s): State<AdminState>, RawQuery(query): RawQuery) -> Resp
     .into_response()
 }
 
-/// A knob as the admin API shows it.
-pub(crate) fn knob_json(k: &Knob) -> Value {
-    let now = now_ms();
-    json!({
-        "set": {
-            "creditLimit": k.credit_limit,
-            "resetSeconds": k.reset_seconds,
-            "burst": k.burst,
-        },
-        "expiresInSeconds": k.expires_at_ms.map(|t| t.saturating_sub(now) as f64 / 1000.0),
-        "setBy": k.set_by,
-        "setAt": k.set_at_ms as f64 / 1000.0,
-    })
-}
-
-/// A limit as `/config` and `/explain` show it.
-pub(crate) fn limit_json(l: &LimitSpec) -> Value {
-    json!({
-        "label": l.label,
-        "creditLimit": l.credit_limit,
-        "resetSeconds": l.reset_seconds,
-        "algorithm": l.algorithm.as_str(),
-        "burst": l.burst,
-        "actorField": l.actor_field,
-        "describe": l.describe(),
-    })
-}
-
 async fn json_check(State(s): State<AdminState>, headers: HeaderMap, body: Bytes) -> Response {
-    let deadline = super::deadline::caller_timeout(|name| headers.get(name).map(|v| v.as_bytes()))
-        .map(|timeout| {
-            super::deadline::store_deadline(tokio::time::Instant::now(), timeout, s.deadline_margin)
-        });
+    let deadline =
+        crate::server::deadline::caller_timeout(|name| headers.get(name).map(|v| v.as_bytes()))
+            .map(|timeout| {
+                crate::server::deadline::store_deadline(
+                    tokio::time::Instant::now(),
+                    timeout,
+                    s.deadline_margin,
+                )
+            });
     let bad = |message: String| {
         metrics().error("invalid-argument");
         (StatusCode::BAD_REQUEST, Json(json!({"error": message}))).into_response()
@@ -335,7 +275,9 @@ async fn json_check(State(s): State<AdminState>, headers: HeaderMap, body: Bytes
         Err(e) => return bad(e),
     };
     let envoy = crate::limiter::envoy::EnvoySettings::from_env();
-    match super::rls::respond(&s.limiter, &envoy, HeaderStyle::None, request, deadline).await {
+    match crate::server::rls::respond(&s.limiter, &envoy, HeaderStyle::None, request, deadline)
+        .await
+    {
         Ok(response) => {
             let code = if response.overall_code == 2 {
                 StatusCode::TOO_MANY_REQUESTS

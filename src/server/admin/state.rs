@@ -1,0 +1,26 @@
+//! What the admin API's handlers read.
+
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use crate::limiter::Limiter;
+use crate::sources::file::ReloadStatus;
+
+/// What the admin API reads.
+#[derive(Clone)]
+pub struct AdminState {
+    /// The limiter (rules and store).
+    pub limiter: Arc<Limiter>,
+    /// Reload status of the policy file.
+    pub status: Arc<ReloadStatus>,
+    /// Set when shutdown begins: readiness turns false.
+    pub shutting_down: Arc<AtomicBool>,
+    /// Whether readiness also requires the counter store to be in use.
+    pub ready_requires_store: bool,
+    /// The token knob changes must carry; `None`: knob changes are refused.
+    pub admin_token: Option<Arc<str>>,
+    /// The policy's governors (for `GET /governors`).
+    pub governors: Arc<crate::governor::Governors>,
+    /// Kept back from a `/json` caller's timeout header to answer in time.
+    pub deadline_margin: std::time::Duration,
+}

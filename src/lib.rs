@@ -3,6 +3,7 @@
 //! One policy of ordered divvy-style rules ([`config`], [`rules`]), one core
 //! that applies it to counters ([`limiter`], [`store`]), and thin protocol
 //! adapters ([`server`]). The binary allocates through [`allocator`].
+#![warn(missing_docs)]
 
 pub mod allocator;
 pub mod clock;

@@ -28,16 +28,20 @@ pub enum FailureReason {
     Abandoned,
     /// The breaker was open: the store was not asked.
     BreakerOpen,
+    /// The store refused this call (a permanent error): decided by the
+    /// policy, but no failure of the store.
+    Refused,
 }
 
 impl FailureReason {
     /// Every reason, in the order of their discriminants.
-    pub const ALL: [FailureReason; 5] = [
+    pub const ALL: [FailureReason; 6] = [
         FailureReason::Deadline,
         FailureReason::Timeout,
         FailureReason::Connection,
         FailureReason::Abandoned,
         FailureReason::BreakerOpen,
+        FailureReason::Refused,
     ];
 
     /// The metric label.
@@ -48,6 +52,7 @@ impl FailureReason {
             FailureReason::Connection => "connection",
             FailureReason::Abandoned => "abandoned",
             FailureReason::BreakerOpen => "breaker_open",
+            FailureReason::Refused => "refused",
         }
     }
 }

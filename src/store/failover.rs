@@ -309,6 +309,11 @@ impl FailoverStore {
                 self.breaker.succeeded();
                 return states;
             }
+            Ok(Err(e)) if !e.is_transient() => {
+                // This call cannot succeed; the store is not failing.
+                tracing::debug!("counter store refused a call: {e}");
+                return self.fallback(ops, charge, FailureReason::Refused);
+            }
             Ok(Err(e @ StoreError::TimedOut(_))) => (FailureReason::Timeout, Some(e)),
             Ok(Err(e)) => (FailureReason::Connection, Some(e)),
             Err(_) => (late, None),
@@ -584,6 +589,44 @@ mod tests {
             store.probe_once().await;
             assert_eq!(store.ready(), closes, "probe taking {probe_takes:?}");
         }
+    }
+
+    /// A store that refuses every call (a permanent error).
+    struct Refusing;
+
+    impl Store for Refusing {
+        fn apply<'a>(
+            &'a self,
+            _ops: &'a [CounterOp],
+            _charge: Charge,
+        ) -> StoreFuture<'a, Result<Vec<CounterState>, StoreError>> {
+            Box::pin(std::future::ready(Err(StoreError::Refused(
+                "script error".into(),
+            ))))
+        }
+        fn peek<'a>(
+            &'a self,
+            _op: &'a CounterOp,
+        ) -> StoreFuture<'a, Result<Option<CounterState>, StoreError>> {
+            Box::pin(std::future::ready(Ok(None)))
+        }
+        fn name(&self) -> &'static str {
+            "refusing"
+        }
+    }
+
+    #[tokio::test]
+    async fn a_refused_call_is_decided_by_the_policy_and_blames_nothing() {
+        let store = FailoverStore::new(Arc::new(Refusing), FailurePolicy::Deny, 0.5)
+            .with_breaker(50 * MS, 1);
+        for _ in 0..3 {
+            let states = store.apply(&[op(10)], Charge::Each).await.unwrap();
+            assert!(!states[0].allowed);
+        }
+        assert!(store.ready(), "a permanent error opened the breaker");
+        assert!(!StoreError::Refused(String::new()).is_transient());
+        assert!(StoreError::TimedOut(String::new()).is_transient());
+        assert!(StoreError::Unavailable(String::new()).is_transient());
     }
 
     #[tokio::test]

@@ -149,14 +149,30 @@ pub struct CounterState {
 }
 
 /// A store failure; the request that hit it gets an error, never a panic.
+/// Transient failures (the first two) say the store is failing and count
+/// toward the circuit breaker; a permanent one says this call cannot
+/// succeed, whatever the store's health.
 #[derive(Debug, Clone, Error)]
 pub enum StoreError {
-    /// The backend could not be reached or answered wrongly.
+    /// The backend could not be reached, the connection was lost, or it is
+    /// failing over (transient).
     #[error("counter store unavailable: {0}")]
     Unavailable(String),
-    /// The backend did not answer within its command timeout.
+    /// The backend did not answer within its command timeout (transient).
     #[error("counter store timed out: {0}")]
     TimedOut(String),
+    /// The backend refused the call or answered it wrongly: a script error,
+    /// a malformed reply (permanent: the same call fails the same way).
+    #[error("counter store refused the call: {0}")]
+    Refused(String),
+}
+
+impl StoreError {
+    /// Whether the failure says the store is failing (and may pass), rather
+    /// than that this call cannot succeed.
+    pub fn is_transient(&self) -> bool {
+        !matches!(self, StoreError::Refused(_))
+    }
 }
 
 /// `states` when the store answered one per op of the `asked`, else the
@@ -168,7 +184,7 @@ pub fn answered_all(
     if states.len() == asked {
         Ok(states)
     } else {
-        Err(StoreError::Unavailable(format!(
+        Err(StoreError::Refused(format!(
             "store answered {} counters for {asked} asked",
             states.len()
         )))

@@ -116,6 +116,9 @@ fn server(h: &HostPort) -> Server {
 fn store_error(e: &Error) -> StoreError {
     match e.kind() {
         ErrorKind::Timeout => StoreError::TimedOut(format!("redis: {e}")),
+        ErrorKind::InvalidArgument | ErrorKind::InvalidCommand | ErrorKind::Parse => {
+            StoreError::Refused(format!("redis: {e}"))
+        }
         _ => StoreError::Unavailable(format!("redis: {e}")),
     }
 }
@@ -319,7 +322,7 @@ impl Core {
         .await
         .map_err(|e| store_error(&e))?;
         if raw.len() != count * 2 {
-            return Err(StoreError::Unavailable(format!(
+            return Err(StoreError::Refused(format!(
                 "redis: the counter script returned {} values for {} counters",
                 raw.len(),
                 count

@@ -1,17 +1,12 @@
 //! The process's allocator: mimalloc, called as C's `malloc` is wherever a
 //! plain block already has the alignment asked for.
 //!
-//! The `mimalloc` crate's allocator passes every Rust allocation to
-//! `mi_malloc_aligned`. In mimalloc 3 that takes its fast path only while
-//! the size class's page has a free block at hand; when the page's free
-//! list is empty (every few dozen allocations of a class on the request
-//! path) it falls to the generic aligned path, which for a size class that
-//! is not a power of two (24, 48, 80 ... bytes) over-allocates: the block
-//! comes from a larger class, with more work to find it. `perf` had that
-//! path at about 5% of the gRPC server's samples under paced load, and
-//! callgrind at 6% of the line path's instructions. [`MiMalloc`] calls
-//! `mi_malloc`, `mi_zalloc` and `mi_realloc` instead where their blocks are
-//! known to be aligned enough, and the aligned functions elsewhere.
+//! The `mimalloc` crate sends every allocation to `mi_malloc_aligned`,
+//! whose slow path (taken whenever a page's free list runs empty)
+//! over-allocates for size classes that are not a power of two. [`MiMalloc`]
+//! calls `mi_malloc`, `mi_zalloc` and `mi_realloc` where their blocks are
+//! aligned enough, and the aligned functions elsewhere: measured cheaper,
+//! see docs/performance.md, "The allocator".
 
 use core::alloc::{GlobalAlloc, Layout};
 use core::ffi::c_void;

@@ -13,8 +13,8 @@ static ALLOCATOR: divvy::allocator::MiMalloc = divvy::allocator::MiMalloc;
 
 /// Keeps transparent huge pages off this process: the kernel would merge
 /// the allocator's freed small pages back into resident 2 MiB pages, and
-/// memory would not go back after a flood (measured: RSS creeping up in
-/// 2-4 MB steps every 10 s once the counters were swept).
+/// memory would not go back after a flood (measured; see
+/// docs/performance.md, "Notes moved from the code").
 fn no_huge_pages() {
     #[cfg(target_os = "linux")]
     // SAFETY: prctl(PR_SET_THP_DISABLE) takes integer arguments only and
@@ -34,11 +34,10 @@ const OWN_MAPPING_BYTES: libc::c_int = 128 * 1024;
 /// unmapped when freed. Setting the threshold fixes it: by default glibc
 /// raises it up to 32 MiB as mapped blocks are freed, and the arrays a
 /// table leaves behind when it grows would then stay in its heap until the
-/// sweep trims it. Before, mimalloc's purge delay was set to 0 to get those
-/// arrays back; that purged every page freed on the request path too, and
-/// the page faults that followed cost a gRPC request about a fifth of its
-/// CPU (see the README's "Performance"). Elsewhere it does nothing: the
-/// sweep's trim is then the only way back.
+/// sweep trims it. (A purge delay of 0 in mimalloc would get them back too,
+/// but it purges every page the request path frees, and the page faults
+/// cost far more: docs/performance.md, "The allocator".) Elsewhere it does
+/// nothing: the sweep's trim is then the only way back.
 fn tables_unmapped_when_freed() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt takes two integers and only sets glibc's allocator's

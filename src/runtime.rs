@@ -5,8 +5,8 @@
 //! `taskset`), a multi-threaded runtime still hands every task between its
 //! one worker and the thread that drives the server's main future, and
 //! wakes them through its shared queues. The single-threaded scheduler
-//! runs everything on one thread: on one pinned core it took a gRPC call
-//! from 12–15 to 8–10 µs of server CPU in most runs (README "Performance").
+//! runs everything on one thread, measured cheaper per call on one pinned
+//! core (docs/performance.md, "Single-threaded runtime on one CPU").
 //! `--worker-threads` overrides the choice (1: the single-threaded
 //! scheduler; more: that many workers).
 

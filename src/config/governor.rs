@@ -3,24 +3,13 @@
 //!
 //! ```yaml
 //! governors:
-//!   - rule: reindex
-//!     query: 'max(mongo_load1)'
-//!     prometheus: http://prometheus:9090
-//!     setpoint: 2.0
-//!     every: 5s
-//!     min: 0
-//!     max: 500
-//!     kp: 3
-//!     ki: 3
-//!     kd: 0
-//!     breaker: {above: 6}
-//!     fallbackAfter: 6
+//!   - {rule: reindex, query: 'max(mongo_load1)', setpoint: 2.0, max: 500}
 //! ```
 //!
 //! Defaults: `every` 5s, `min` 0, `kp` 3, `ki` 3, `kd` 0, no breaker,
-//! `fallbackAfter` 6 intervals, `prometheus` from `--prometheus-url`.
-//! `rule`, `query`, `setpoint` and `max` are required. Governors are
-//! written in YAML or JSON policies (INI has no lists of maps).
+//! `fallbackAfter` 6 intervals, `prometheus` from `--prometheus-url` (all
+//! fields: README, "Governing a job by load"). Governors are written in
+//! YAML or JSON policies (INI has no lists of maps).
 
 use std::time::Duration;
 

@@ -1,28 +1,15 @@
-//! divvy's INI config form.
+//! divvy's INI config form (README, "Configuration reference").
 //!
 //! ```ini
 //! [method=GET path=/pantry/cookies/* ip=*]
 //! creditLimit = 3
 //! resetSeconds = 3600
 //! actorField = ip
-//! comment = '3 requests per hour for GET /pantry/cookies, by IP'
-//!
-//! [default]
-//! creditLimit = 10
-//! resetSeconds = 60
 //! ```
 //!
-//! Each section name is the rule's operation as whitespace-separated `k=v`
-//! pairs (split at the first `=`); `[default]` is the default rule and must be
-//! the last section. A section takes the keys of a YAML rule (`algorithm`
-//! and `burst` too); a rule with several limits writes them as
-//! `limits.<n>.<field> = value` (`limits.1.creditLimit = 40`), numbered
-//! from 1 in order. `charge = all-or-nothing` before the first section sets
-//! the policy's charging. Values may be wrapped in single or double quotes; an
-//! unquoted value ends at a `;` or `#` comment. Unlike the original's INI
-//! reader, dots in section names are plain characters. A small reader of our
-//! own (rather than a general INI crate) keeps those divvy rules exact and
-//! reports every error with its line number.
+//! A section name is the rule's operation (`k=v` pairs); `[default]` comes
+//! last; several limits are `limits.<n>.<field>`, from 1. A reader of our own
+//! (not an INI crate) keeps divvy's rules exact and every error's line number.
 
 use std::collections::BTreeMap;
 

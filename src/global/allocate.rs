@@ -2,15 +2,13 @@
 //! renewal, once. The renewal script (`store/lua/global_renew.lua`) mirrors
 //! it; the simulation in this module's tests runs it in virtual time.
 //!
-//! Each region reports its demand (credits per second it was asked for,
-//! allowed or not). The targets are max-min fair with demand-proportional
-//! sharing: every region with demand wants `max(demand × (1 + headroom),
-//! floor)`; regions whose demand is no more than an equal split of what is
-//! left get what they want (capped at that split), repeatedly; what is left
-//! is split among the others in proportion to what they want; capacity nobody wants goes to everyone in
-//! proportion to demand, so no share sits idle while a region could use it.
-//! A renewing region is granted `min(its target, rate − the live grants of
-//! the others)`: the sum of live grants never exceeds the rate.
+//! Targets are max-min fair with demand-proportional sharing: each region
+//! with demand (credits per second asked for) wants `max(demand × (1 +
+//! headroom), floor)`; regions whose demand is no more than an equal split
+//! of what is left get what they want (capped at it), repeatedly; the rest
+//! is split in proportion to what they want, unwanted capacity in
+//! proportion to demand. A renewing region is granted `min(its target,
+//! rate − the live grants of the others)`: live grants never exceed the rate.
 
 /// The knobs of the sharing.
 #[derive(Debug, Clone, Copy, PartialEq)]

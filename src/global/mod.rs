@@ -1,31 +1,15 @@
 //! Global limits across regions: each region decides locally against a
-//! lease (a share of the global rate and burst), and leases are renewed in
-//! the background against the global store.
+//! lease (a share of the global rate and burst), renewed in the background.
 //!
-//! - A `scope: global` limit is a token bucket counted in the region's own
-//!   store (memory or the regional Redis) at the region's leased rate and
-//!   burst ([`Global::quota`]): the request path never waits on the global
-//!   store.
-//! - Demand (credits asked for, allowed or not) is counted per counter. Every
-//!   lease period (and at the next quarter-period step when a counter's
-//!   demand, measured over half a period, moved by a fifth since it was last
-//!   reported) the region's renewer sends all its counters' demands to
-//!   the global store in one script call (`store/lua/global_renew.lua`, the
-//!   mirror of [`allocate`]) and gets back each counter's grant; the sum of
-//!   live grants never exceeds the global rate.
-//! - With a regional Redis, the replicas of a region share one lease: each
-//!   adds its demand to the regional store, one replica (chosen by a
-//!   `SET NX PX` lock that another takes over when it dies) renews, and all
-//!   read the leases back from the regional store. With the memory store,
-//!   replicas share no counters, so each replica holds a lease of its own
-//!   (as `<region>/<host:pid>`); the global sums stay exact.
-//! - When the global store fails or is slow (a timeout of a quarter of the
-//!   period), the region decides on a conservative quota: `fallback_share`
-//!   of its last lease, until a renewal succeeds.
-//!
-//! This module holds the request path's side (demand, quotas) and the
-//! renewer's loop; `renew` holds the call to the global store and what its
-//! answer becomes, `regional` the sharing of one lease among a region's replicas.
+//! - The request path never waits on the global store: a `scope: global`
+//!   limit is a token bucket in the region's own store at the leased rate
+//!   and burst ([`Global::quota`]); demand is counted per counter.
+//! - The renewer sends all demands in one script call per period (sooner
+//!   when one moved by a fifth; `store/lua/global_renew.lua` mirrors
+//!   [`allocate`]); live grants never sum above the global rate. A region's
+//!   replicas share one lease through a regional Redis (one renews, under a
+//!   `SET NX PX` lock; on the memory store each has its own). While the
+//!   global store fails, a region uses `fallback_share` of its last lease.
 
 pub mod allocate;
 mod regional;

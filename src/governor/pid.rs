@@ -1,16 +1,14 @@
 //! The governor's controller: a PID loop with anti-windup, derivative on
 //! the measurement, a circuit breaker, and a conservative answer to missing
-//! data. Pure arithmetic on an injected clock; the task that queries
-//! Prometheus and sets knobs drives it.
+//! data. Pure arithmetic on an injected clock, driven by the governor's task.
 //!
 //! Each step: `e = setpoint − measurement`; `I += ki·e·Δt` clamped to
 //! `[min, max]` (anti-windup); `d = −Δmeasurement/Δt` (no kick when the
 //! setpoint changes); `output = kp·e + I + kd·d`, clamped to `[min, max]`
 //! and rounded. `I` starts at the rule's current limit (a bumpless start).
-//! A measurement above `breaker_above` sets the output to 0 at once and `I`
-//! to `min`; the loop resumes once the measurement is back under it.
-//! Without data (`None`) the last output holds; after `fallback_after`
-//! steps without data the output falls to `min`, and recovers with the data.
+//! Above `breaker_above` the output is 0 and `I` is `min` until the
+//! measurement is back under it. Without data (`None`) the last output
+//! holds; after `fallback_after` such steps it falls to `min`.
 
 use std::time::Duration;
 

@@ -1,23 +1,15 @@
 //! Deciding a request of a domain an envoyproxy/ratelimit file defines,
 //! with that project's answers.
 //!
-//! Each descriptor reaches at most one limit ([`DomainTree::find`]), or
-//! carries its own (`limit` override). Limits named in another matched
-//! limit's `replaces` are dropped; unlimited ones answer OK with
-//! `remaining` u32::MAX. Every other limit is an epoch-aligned fixed
-//! window of `requests_per_unit` per unit, its counter keyed by the
-//! domain and the descriptor's entries (the pattern instead of the value
-//! under `share_threshold`). `shadow_mode` limits are counted but never
-//! OVER_LIMIT.
+//! Each descriptor reaches at most one limit ([`DomainTree::find`]) or
+//! carries its own override; `replaces`, `unlimited`, `shadow_mode` and
+//! `share_threshold` behave as there, and every other limit is an
+//! epoch-aligned fixed window keyed by domain and descriptor entries.
 //!
-//! `MARK`: envoyproxy/ratelimit adds every hit to its counter, over the
-//! limit or not, so once a window is over it stays over (a check of 0 hits
-//! included). Here a hit that does not fit is counted only up to one past
-//! the limit: the counter's limit is requests_per_unit + 1, a count of
-//! requests_per_unit + 1 means "over", and a hit larger than what is left
-//! takes what is left. The answers are the same; the counter never grows
-//! past the limit + 1. Under `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`
-//! nothing over the limit is counted, as there.
+//! `MARK`: envoyproxy/ratelimit counts every hit, over the limit or not;
+//! here a hit counts only up to one past the limit (the counter's limit is
+//! requests_per_unit + 1), so the answers are the same and the counter stays
+//! bounded. More: README, "Migrating from envoyproxy/ratelimit".
 
 use std::collections::HashSet;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

@@ -1,16 +1,14 @@
 //! Counter keys whose size does not depend on what clients send.
 //!
-//! An actor value longer than [`MAX_VALUE_BYTES`] (or one containing the
-//! marker [`MARK`]) is written in the counter key as its first
-//! [`PREFIX_BYTES`] bytes (cut at a character boundary, for people reading
-//! keys in explain, logs and Redis), the marker, and a keyed 128-bit
-//! SipHash-1-3 of the whole value in hex:
+//! An actor value longer than [`MAX_VALUE_BYTES`] (or containing the marker
+//! [`MARK`]) is written as its first [`PREFIX_BYTES`] bytes (cut at a
+//! character boundary, for people reading keys), the marker, and a keyed
+//! 128-bit SipHash-1-3 of the whole value in hex:
 //! `divvy:path=/x:0123456789abcdef~h5d41402abc4b2a76b9719d911017c592:10:60`.
-//! Shorter values stay as they are, so the keys of existing counters do not
-//! change. A value that contains the marker is always hashed, so no short
-//! value can spell another value's hashed form; and the hash key is secret
-//! (random at start, or agreed through Redis so every replica uses the
-//! same one), so no client can aim a value at another client's counter.
+//! Shorter values stay as they are, so existing keys do not change. A value
+//! containing the marker is always hashed, so no short value spells a hashed
+//! form; the hash key is secret (random at start, or agreed through Redis by
+//! every replica), so no client can aim a value at another's counter.
 
 use std::fmt::Write as _;
 use std::hash::Hasher;

@@ -165,12 +165,11 @@ pub struct MatchPlan {
 /// exact values), value → indices of the rules indexed under that pair.
 /// Built from the policy, then only looked up with a request's keys and
 /// values (never grown by them), so its maps need no defence against hash
-/// flooding; aHash instead of the standard SipHash, which was about 5% of a
-/// line-protocol HIT's CPU (`cargo bench --bench core -- line`). The keys
-/// are a sorted list rather than a map: a request looks up each of the
-/// index's keys among its own sorted pairs, or each of its keys among the
-/// index's, whichever are fewer, with no hashing of keys (a hash per request
-/// key was about 3% of a HIT's instructions, `benches/line_instructions.sh`).
+/// flooding: aHash, not the standard SipHash. The keys are a sorted list
+/// rather than a map: a request looks up each of the index's keys among its
+/// own sorted pairs, or each of its keys among the index's, whichever are
+/// fewer, hashing no keys. Both measured cheaper per HIT
+/// (docs/performance.md, "The line protocol path").
 type PairIndex = Vec<(String, ValueIndex)>;
 
 /// One key's part of the [`PairIndex`]: value → indices of the rules indexed under it.

@@ -6,9 +6,9 @@ use crate::pattern::short_eq;
 /// A repeated key: the last value wins.
 ///
 /// Every key and value sits in one string, found by their offsets: two
-/// allocations per request, where a `String` per key and value was seven
-/// for a typical three-pair HIT (allocation was the largest cost of the
-/// in-process line path, `cargo bench --bench core -- line`).
+/// allocations per request rather than one per key and value (allocation
+/// was the line path's largest cost; docs/performance.md, "The line
+/// protocol path").
 #[derive(Clone, Default)]
 pub struct Operation {
     /// The keys and values, each key followed by its value, in request order.
@@ -138,9 +138,9 @@ impl OperationBuilder {
         let key = |s: &Span| key_bytes(&text, s);
         // A stable sort keeps request order among equal keys. Most requests
         // have a few pairs: for up to 16, an insertion sort with its
-        // comparisons inlined (the library's sort cost about twice as much
-        // for three); beyond, the library's (no quadratic time for a request
-        // of many pairs).
+        // comparisons inlined (measured cheaper than the library's for a
+        // few); beyond, the library's (no quadratic time for a request of
+        // many pairs).
         if spans.len() <= 16 {
             for i in 1..spans.len() {
                 let next = spans[i];

@@ -2,17 +2,11 @@
 //!
 //! Built from the deciding descriptor of a request: the first denied one,
 //! else the one with the fewest credits left (always-allow descriptors never
-//! decide the headers). The window is the rule's exact window in seconds,
-//! even when it is not a whole Envoy unit, and reset times are rounded up so
-//! a client that waits as told is not denied again.
-//!
-//! - `draft`: the IETF httpapi draft's fields,
-//!   `RateLimit-Policy: "<name>";q=<limit>;w=<window>` and
-//!   `RateLimit: "<name>";r=<remaining>;t=<seconds to reset>`, where the
-//!   name is the rule's label (or `rule-<position>`).
-//! - `legacy`: `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset`.
-//! - Either adds `Retry-After: <seconds>` when the request is denied and the
-//!   window will reset (not for an always-deny rule).
+//! decide). The window is the rule's exact window in seconds, and reset
+//! times are rounded up so a client that waits as told is not denied again.
+//! `draft`: the IETF httpapi draft's `RateLimit-Policy` and `RateLimit`;
+//! `legacy`: `X-RateLimit-*`; either adds `Retry-After` on a denial that a
+//! reset will lift.
 
 use crate::limiter::{Decisions, Outcome, Reset};
 

@@ -2,17 +2,11 @@
 //!
 //! A thin adapter: [`respond`] (or [`to_hits`] alone) validates a
 //! `RateLimitRequest` and moves its descriptors into limiter hits (one per
-//! descriptor, entries as key → value, the last repeated key winning), the
-//! limiter decides, and [`to_response`] formats the answer.
-//!
-//! How a rule is reported in `current_limit`: `requests_per_unit` is the
-//! creditLimit and `unit` is SECOND, MINUTE, HOUR, DAY, WEEK, MONTH (30 days)
-//! or YEAR (365 days) when resetSeconds is exactly one of those. Any other
-//! window (say 90 s) cannot be expressed as a unit without changing the
-//! limit, so `unit` is UNKNOWN and `name` ends with the exact window
-//! (`per 90s`); `duration_until_reset` always carries the exact time left.
-//! An always-allow rule has no `current_limit` (as an unlimited descriptor in
-//! envoyproxy/ratelimit); an always-deny rule reports `requests_per_unit` 0.
+//! descriptor, the last repeated key winning), the limiter decides, and
+//! [`to_response`] formats the answer. In `current_limit`, a window that is
+//! not exactly one Envoy unit is `UNKNOWN`, with the exact window in `name`
+//! (`per 90s`); an always-allow rule has none, an always-deny rule reports
+//! `requests_per_unit` 0 (README, "Envoy's RateLimitService").
 
 use std::sync::Arc;
 use std::time::Duration;

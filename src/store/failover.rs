@@ -1,23 +1,15 @@
 //! What requests get while the shared store (Redis) is failing.
 //!
-//! [`FailoverStore`] wraps the shared store with a [`Breaker`]. While the
-//! breaker is closed every op goes to the store, and each call waits at most
-//! until the caller's deadline (less the margin) or the store's timeout,
-//! whichever comes first: a call that has not been answered by then is
-//! decided by the [`FailurePolicy`] and answered in time. A call that fails
-//! (an error, a timeout, a missed deadline, or a caller that went away
-//! while it was out) counts toward the breaker; after a few in a row it
-//! opens, and from then on requests are decided by the policy at once,
-//! without touching the store, so a dead or hung Redis costs microseconds per
-//! request. A background probe checks the store every [`PROBE_EVERY`] and
-//! closes the breaker when it answers within the time callers allow.
+//! [`FailoverStore`] wraps the shared store with a [`Breaker`]. While it is
+//! closed every op goes to the store, waiting at most until the caller's
+//! deadline (less the margin) or the store's timeout; an unanswered call is
+//! decided by the [`FailurePolicy`] in time. Failed calls count toward the
+//! breaker; once open, requests are decided by the policy at once, so a dead
+//! Redis costs microseconds per request. A probe every [`PROBE_EVERY`]
+//! closes it when the store answers within the time callers allow.
 //!
-//! - `allow`: fail open: every hit is allowed (credits shown as the full limit).
-//! - `deny`: fail closed: every hit is denied (0 credits left).
-//! - `local`: decide from the embedded memory store with a conservative share
-//!   of each limit (`--local-share`, default 0.5: at least 1 credit), per
-//!   replica, until the shared store is back. Local counters are this
-//!   replica's own and expire with their windows.
+//! Policies: `allow` (fail open), `deny` (fail closed), `local` (this
+//! replica's memory store with `--local-share` of each limit, at least 1).
 
 use std::sync::Arc;
 use std::time::Duration;

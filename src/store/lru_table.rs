@@ -1,28 +1,15 @@
 //! A compact least-recently-used table of counters, one per memory-store
 //! shard.
 //!
-//! The counters sit side by side in one `Vec` of slots (id, value and the
-//! two 32-bit links of the recency list), and a `hashbrown::HashTable` of
-//! 32-bit slot numbers finds a slot by its id. A counter costs one 64-byte
-//! slot plus 5 bytes per index bucket, against about 136 bytes for a
-//! linked-node LRU map (a separate allocation per counter plus a table of
-//! pointers). Removal moves the last slot into the hole, so the slots stay
-//! dense and [`LruTable::shrink`] can give their memory back.
-//!
-//! Ids are keyed 128-bit hashes (see the memory store): their low 64 bits
-//! are already random, so they are the index's hash as they are.
-//!
-//! Both arrays come from the system allocator (glibc's), not from the
-//! process's mimalloc, so that the arrays a table leaves behind when it
-//! grows or shrinks go back to the system whichever thread freed them:
-//! `divvy serve` has glibc map blocks of 128 KiB or more on their own
-//! (`M_MMAP_THRESHOLD`, fixed so that glibc does not raise it), which are
-//! unmapped when freed, and the memory store's sweep calls
-//! [`release_freed_arrays`] for what glibc still holds (smaller arrays, and
-//! blocks it took from its heap). mimalloc then keeps its default purge
-//! delay for everything else; purging every freed page at once (what kept
-//! those arrays from staying resident before) cost the request path page
-//! faults.
+//! Counters sit in one dense `Vec` of 64-byte slots (id, value, 32-bit
+//! recency links), found through a `hashbrown::HashTable` of 32-bit slot
+//! numbers that uses the ids' low 64 bits (already a keyed hash) as they
+//! are; removal moves the last slot into the hole, so [`LruTable::shrink`]
+//! can give memory back. Both arrays come from glibc's allocator, not
+//! mimalloc, so arrays a table leaves behind go back to the system whichever
+//! thread frees them (`divvy serve` has glibc map large blocks on their own;
+//! the sweep calls [`release_freed_arrays`] for the rest). Why, with figures:
+//! docs/performance.md, "Memory per counter" and "The allocator".
 
 use std::alloc::System;
 

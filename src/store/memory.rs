@@ -1,22 +1,15 @@
 //! The embedded in-memory store: the default, no other process needed.
 //!
-//! Counters live in a sharded hash map of our own: a mutex per shard, no
-//! global lock, many more shards than cores. A request's counters are
-//! applied under the locks of their shards, taken in shard order (so two
-//! requests never deadlock), which makes every request atomic: the limits
-//! of a rule and an all-or-nothing request are charged together or not at
-//! all. Each counter holds its algorithm's state (see [`super::algorithm`])
-//! and the time after which it no longer matters; [`MemoryStore::sweep`]
-//! (run periodically by [`MemoryStore::spawn_sweeper`]) drops those, so
-//! memory is bounded by the counters still in use, however many distinct
-//! actors come and go.
-//!
-//! Each shard keeps its counters in least-recently-used order. With a cap
-//! ([`MemoryStore::with_max_counters`], `--max-counters`) each shard holds
-//! at most its share of it; a new counter in a full shard evicts that
-//! shard's least recently used one, so a counter in steady use is never
-//! evicted while idler ones exist. Evictions are counted in
-//! `divvy_counters_evicted_total` and `divvy_rejected_total{reason="eviction"}`.
+//! Counters live in a sharded hash map of our own (a mutex per shard, many
+//! more shards than cores). A request's counters are applied under their
+//! shards' locks, taken in shard order (no deadlock), so every request is
+//! atomic. Each counter holds its algorithm's state (see
+//! [`super::algorithm`]) and an expiry; [`MemoryStore::sweep`] drops expired
+//! ones, so memory follows the counters in use. Each shard keeps
+//! least-recently-used order: under a cap ([`MemoryStore::with_max_counters`],
+//! `--max-counters`) a new counter in a full shard evicts its least recently
+//! used one (counted in `divvy_counters_evicted_total` and
+//! `divvy_rejected_total{reason="eviction"}`).
 
 use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -298,8 +291,8 @@ impl MemoryStore {
 /// `same[i]`: the index of the first op whose counter has op `i`'s id. The
 /// id is the store's identity of a key, and its low 64 bits are already a
 /// keyed hash: finding repeats by id costs no hashing, where hashing the
-/// keys again (SipHash) was about 2.5% of a pipelined line-protocol HIT
-/// (`cargo bench --bench core -- line`, 256 HITs a call).
+/// keys again measured costly (docs/performance.md, "The line protocol
+/// path").
 fn same_ids(ids: &[Id]) -> Vec<usize> {
     if ids.len() <= 16 {
         return ids

@@ -1,31 +1,15 @@
 //! The Redis store: counters shared by every replica.
 //!
-//! Every check-and-consume is one Lua script (`lua/counters.lua`, the
-//! mirror of [`super::algorithm`]) run with EVALSHA, over all the counters
-//! of a request at once, so a request is one round trip and atomic: the
-//! limits of a rule, and an all-or-nothing request, are charged together or
-//! not at all. The script reads the time from Redis `TIME`, so replicas
-//! with skewed clocks agree. On a single server (or Sentinel master), concurrent
-//! requests also share script calls: a batcher task gathers the counters of
-//! every request waiting at that moment into one EVALSHA (each request's
-//! counters contiguous and in order, so each request is still applied
-//! atomically and its counters in its own order), one call out at a time
-//! by default: requests that arrive while a call is out go in the next
-//! (with more calls out, calls may reach Redis in any order). One script call
-//! then carries many requests, which is what lets one Redis serve far more
-//! requests per second than it runs scripts. In a Cluster, the counters are grouped by hash slot (a
-//! script may only touch one slot) and the groups go out in parallel; the
-//! client pipelines them per node. A group of counters that must be charged
-//! together but lies in several slots is charged slot by slot, and the
-//! charges are given back if any slot denies (see [`RedisStore::apply`]):
-//! never more than the limits, but for that instant a concurrent request
-//! may see the credit taken. A lost script cache (Redis restarted,
-//! `SCRIPT FLUSH`) is detected by `NOSCRIPT` and the script reloaded on
-//! every node before the call is retried once.
-//!
-//! The client is [fred]: it supports single servers, Cluster and Sentinel
-//! (following failovers) natively, pipelines concurrent commands on one
-//! connection, and reconnects on its own.
+//! Every check-and-consume is one Lua script (`lua/counters.lua`, the mirror
+//! of [`super::algorithm`]) run with EVALSHA over all of a request's
+//! counters: one round trip, atomic, on Redis `TIME` so skewed replicas
+//! agree. On a single server (or Sentinel master) a batcher puts the
+//! counters of every waiting request into one call (each request contiguous,
+//! so still atomic), one call out at a time by default. In a Cluster a group
+//! split over hash slots is charged slot by slot and given back if any slot
+//! denies ([`RedisStore::apply`]): never over the limits, but a concurrent
+//! request may see the credit taken for that instant. A lost script cache
+//! (`NOSCRIPT`) reloads it on every node and retries once. Client: [fred].
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
@@ -61,13 +45,11 @@ pub struct RedisOptions {
 
 /// Batched script calls out at once by default: one. Requests that arrive
 /// while a call is out wait for it and go together in the next, so calls
-/// are larger and fewer. Measured on the load benchmark's Redis section
-/// (divvy and Redis sharing one core, 64 connections x 1 in flight):
-/// against two calls out, 29.7 instead of 16 HITs a call and less CPU per
-/// HIT on both sides; paced latency was lower too. Where Redis is far
-/// (a round trip well above the script's time), a request that arrives
-/// while a call is out waits up to one more round trip than it would with
-/// two out: `--redis-batches-in-flight 2` trades Redis CPU for that.
+/// are larger and fewer: measured at less CPU per HIT on both sides and
+/// lower paced latency than two out (docs/performance.md, "Batching Redis
+/// calls"). Where Redis is far, a request that arrives while a call is out
+/// waits up to one more round trip than with two out:
+/// `--redis-batches-in-flight 2` trades Redis CPU for that.
 pub const DEFAULT_BATCHES_IN_FLIGHT: usize = 1;
 
 /// Most batched script calls out at once that `--redis-batches-in-flight`
@@ -663,8 +645,8 @@ impl LoneCall {
 }
 
 /// Whether no key appears twice ([`hint::DISTINCT`]). (aHash, randomly
-/// keyed per process like std's SipHash, which took about 2.5% of divvy's
-/// samples here at 1 x 256 pipelined HITs on the Redis store.)
+/// keyed per process like std's SipHash but measured cheaper here;
+/// docs/performance.md, "The counter script: a lean path, hints and runs".)
 fn distinct(keys: &[&str]) -> bool {
     keys.len() < 2 || {
         let mut seen: HashSet<&str, ahash::RandomState> =
@@ -673,7 +655,7 @@ fn distinct(keys: &[&str]) -> bool {
     }
 }
 
-/// A run's head counts its length - 1 in these (see [`script_args`]).
+/// A run's head counts its length - 1 in these (see `script_args`).
 pub const RUN: i64 = 1 << 32;
 
 /// Most counters in one run (far below the 2^21 at which the head would
@@ -700,9 +682,8 @@ fn request_size_ok(counters: usize) -> Result<(), StoreError> {
 /// The script's arguments as the decimal text Redis receives them as, in
 /// one buffer: the same bytes on the wire as fred's encoding of integers,
 /// which measures each number's digits with a floating-point `log10` before
-/// converting it. About 470 instructions fewer per script call
-/// (`benches/redis_instructions.sh 1`: 40,360 → 39,887 per HIT at one HIT a
-/// call; within 0.5% at 16 and 256).
+/// converting it (measured fewer instructions per call;
+/// docs/performance.md, "The Redis store on divvy's side").
 fn decimal_args(args: &[i64]) -> Vec<Value> {
     // Room for the longest (`-9223372036854775808`): every number is split
     // off the one allocation.
@@ -717,7 +698,7 @@ fn decimal_args(args: &[i64]) -> Vec<Value> {
 }
 
 /// Adds a counter of shape and flags `x` (shape * 128 + flags) and `cost` to
-/// the script's runs (`[head, cost]`, see [`script_args`]): to the last run
+/// the script's runs (`[head, cost]`, see `script_args`): to the last run
 /// when it is alike and not full, else as a run of its own.
 pub fn push_run(runs: &mut Vec<[i64; 2]>, x: i64, cost: i64) {
     match runs.last_mut() {

@@ -197,9 +197,9 @@ pub async fn serve_connection<S>(
             return;
         }
         // The read first: a connection with bytes waiting polls neither the
-        // shutdown signal's future nor the timer (a poll of the signal's
-        // future cost about 80 instructions, a look at its value a few); a
-        // connection with nothing to read waits on all three. What was read
+        // shutdown signal's future nor the timer (polling the signal's
+        // future costs far more than looking at its value); a connection
+        // with nothing to read waits on all three. What was read
         // as shutdown came is not answered, as when the signal came first.
         tokio::select! {
             biased;

@@ -1,23 +1,15 @@
 //! The arithmetic of every counting algorithm, once.
 //!
-//! Each algorithm is a pure function from (the counter's stored state, the
-//! time now, the op) to a [`Verdict`]: whether the op's credits are
-//! available, what the answer says, and the state to store if the op is
-//! charged. The memory store runs these functions under its shard locks; the
-//! Redis script (`lua/counters.lua`) mirrors them line for line, and a
-//! property test runs random sequences through both stores and compares the
-//! answers.
+//! Each algorithm is a pure function from (stored state, time now, op) to a
+//! [`Verdict`]: whether the credits are available, the answer, and the state
+//! to store if charged. The memory store runs these under its shard locks;
+//! the Redis script (`lua/counters.lua`) mirrors them line for line (a
+//! property test compares the two). Time is whole epoch milliseconds, and
+//! the validator keeps every number below 2^53, so Lua's doubles are exact.
 //!
-//! Time is whole milliseconds since the Unix epoch (the epoch-aligned
-//! windows need wall time). All arithmetic is on integers that the config
-//! validator keeps below 2^53, so a Lua number (a double) holds every value
-//! exactly and both stores compute the same answers.
-//!
-//! [`apply_request`] applies the counters of one request: ops are grouped
-//! (all the limits of one rule form a group: a hit is allowed only if every
-//! limit of the group allows it, and then every one is charged), and a
-//! request may be all-or-nothing (if any deciding group is denied, nothing
-//! at all is charged).
+//! [`apply_request`] applies one request: a rule's limits form a group
+//! (allowed only if every limit allows, then all charged), and an
+//! all-or-nothing request charges nothing if any deciding group is denied.
 
 pub mod fixed;
 pub mod sliding;

@@ -125,10 +125,12 @@ mod stats;
 
 use std::time::Duration;
 
+use tokio::runtime::Runtime;
+
 use crate::procs::baseline::{serve_baseline, BASELINE_GRPC, BASELINE_LINE};
-use crate::procs::placement::{place, PLACEMENT};
+use crate::procs::placement::{place, Placement, PLACEMENT};
 use crate::procs::redis::start_redis;
-use crate::sections::algorithms::{algorithms_section, ROUNDS};
+use crate::sections::algorithms::algorithms_sections;
 use crate::sections::compare::{compare_section, COMPARE_ENV};
 use crate::sections::global::global_section;
 use crate::sections::grpc::grpc_section;
@@ -157,22 +159,57 @@ const SECTIONS: [&str; 9] = [
     "memory",
 ];
 
-fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    let value = |flag: &str| args.iter().skip_while(|a| *a != flag).nth(1).cloned();
-    // This program started again as a baseline server (see `BaselineProc`).
-    for flag in [BASELINE_GRPC, BASELINE_LINE] {
-        if let Some(port) = value(flag) {
-            serve_baseline(flag, &port);
+/// What the command line asks for.
+struct Options {
+    /// `--seconds` (default 4): the length of each measured run ...
+    seconds: f64,
+    /// ... as a duration.
+    run: Duration,
+    /// The sections `--only` names (`--redis-only`: `redis`); all if `None`.
+    only: Option<Vec<String>>,
+    /// The older build of the compare section ([`COMPARE_ENV`]).
+    before: Option<String>,
+    /// The command that ran this, as the report quotes it.
+    command: String,
+}
+
+impl Options {
+    /// Reads the options, stopping at once on an unknown section or a
+    /// compare section without its older build.
+    fn parse(args: &[String]) -> Options {
+        let seconds: f64 = flag_value(args, "--seconds")
+            .and_then(|s| s.parse().ok())
+            .filter(|s: &f64| *s > 0.0)
+            .unwrap_or(4.0);
+        let only = only_sections(args);
+        let before = compare_build(&only);
+        Options {
+            seconds,
+            run: Duration::from_secs_f64(seconds),
+            only,
+            before,
+            command: command_line(args),
         }
     }
-    let seconds: f64 = value("--seconds")
-        .and_then(|s| s.parse().ok())
-        .filter(|s: &f64| *s > 0.0)
-        .unwrap_or(4.0);
-    let run = Duration::from_secs_f64(seconds);
-    // `--only A,B` runs those sections; `--redis-only` is `--only redis`.
-    let only: Option<Vec<String>> = value("--only")
+
+    /// Whether `section` runs (`--only memory` is `grpc` and `line`).
+    fn wants(&self, section: &str) -> bool {
+        self.only.as_ref().is_none_or(|o| {
+            o.iter().any(|s| {
+                s == section || (s == "memory" && (section == "grpc" || section == "line"))
+            })
+        })
+    }
+}
+
+/// The argument after `flag`, if any.
+fn flag_value(args: &[String], flag: &str) -> Option<String> {
+    args.iter().skip_while(|a| *a != flag).nth(1).cloned()
+}
+
+/// `--only A,B` runs those sections; `--redis-only` is `--only redis`.
+fn only_sections(args: &[String]) -> Option<Vec<String>> {
+    let only: Option<Vec<String>> = flag_value(args, "--only")
         .map(|o| o.split(',').map(|s| s.trim().to_owned()).collect())
         .or_else(|| {
             args.iter()
@@ -185,7 +222,11 @@ fn main() {
             "--only takes some of {SECTIONS:?} (comma-separated), found `{o}`"
         );
     }
-    // The compare section's older build, checked before anything runs.
+    only
+}
+
+/// The compare section's older build, checked before anything runs.
+fn compare_build(only: &Option<Vec<String>>) -> Option<String> {
     let before = std::env::var(COMPARE_ENV).ok();
     match &before {
         None => assert!(
@@ -197,28 +238,30 @@ fn main() {
             "{COMPARE_ENV}={path}: no such file"
         ),
     }
-    let wants = |section: &str| {
-        only.as_ref().is_none_or(|o| {
-            o.iter().any(|s| {
-                s == section || (s == "memory" && (section == "grpc" || section == "line"))
-            })
-        })
-    };
+    before
+}
+
+/// The command as the user would type it (`--bench`, cargo's, left out).
+fn command_line(args: &[String]) -> String {
     let user: Vec<&str> = args[1..]
         .iter()
         .map(String::as_str)
         .filter(|a| *a != "--bench")
         .collect();
-    let command = if user.is_empty() {
+    if user.is_empty() {
         String::from("cargo bench --bench load")
     } else {
         format!("cargo bench --bench load -- {}", user.join(" "))
-    };
-    let placed = PLACEMENT.get_or_init(place);
-    let pinned = placed.load.is_some();
-    println!("# divvy load benchmark: {command}");
+    }
+}
+
+/// The report's first lines: the command, the run length, the placement and
+/// the load average.
+fn print_header(options: &Options, placed: &Placement) {
+    println!("# divvy load benchmark: {}", options.command);
     println!(
-        "{seconds} s per run; {}; load average at start {}",
+        "{} s per run; {}; load average at start {}",
+        options.seconds,
         placed.note,
         std::fs::read_to_string("/proc/loadavg")
             .unwrap_or_default()
@@ -227,58 +270,69 @@ fn main() {
             .collect::<Vec<_>>()
             .join(" ")
     );
-    // The load generator: one worker on its one CPU (plus the thread that
-    // blocks on each run), two when unpinned.
-    let rt = tokio::runtime::Builder::new_multi_thread()
+}
+
+/// The load generator: one worker on its one CPU (plus the thread that
+/// blocks on each run), two when unpinned.
+fn load_runtime(pinned: bool) -> Runtime {
+    tokio::runtime::Builder::new_multi_thread()
         .worker_threads(if pinned { 1 } else { 2 })
         .enable_all()
         .build()
-        .expect("runtime");
-    let mut summary = Summary::default();
-    if wants("grpc") {
-        grpc_section(&rt, run, &mut summary);
+        .expect("runtime")
+}
+
+/// Every section `options` wants, in order; the Redis section's
+/// redis-server serves the algorithms section too.
+fn run_sections(rt: &Runtime, options: &Options, summary: &mut Summary) {
+    let run = options.run;
+    if options.wants("grpc") {
+        grpc_section(rt, run, summary);
     }
-    if wants("line") {
-        line_section(&rt, run, &mut summary);
+    if options.wants("line") {
+        line_section(rt, run, summary);
     }
     let mut redis = None;
-    if wants("redis") {
+    if options.wants("redis") {
         let redis = redis.get_or_insert_with(start_redis);
-        redis_section(&rt, redis, run, &mut summary);
+        redis_section(rt, redis, run, summary);
     }
-    if wants("redis-far") {
-        redis_far_section(&rt, run, &mut summary);
+    if options.wants("redis-far") {
+        redis_far_section(rt, run, summary);
     }
-    if wants("algorithms") {
+    if options.wants("algorithms") {
         let redis = redis.get_or_insert_with(start_redis);
-        let url = format!("redis://127.0.0.1:{}", redis.port);
-        println!(
-            "\n## algorithms: line, 64 conns x 1 in flight, one actor per conn, nothing denied \
-             (req/s = HIT/s);\n  {seconds} s per rule in {ROUNDS} interleaved rounds, one divvy per rule"
-        );
-        algorithms_section(&rt, "memory store", &[], None, run, &mut summary);
-        algorithms_section(
-            &rt,
-            "redis store",
-            &["--redis-url", &url],
-            Some(redis.child.id()),
-            run,
-            &mut summary,
-        );
+        algorithms_sections(rt, redis, options.seconds, run, summary);
     }
     drop(redis);
-    if wants("memory-per-counter") {
-        memory_per_counter_section(&rt, &mut summary);
+    if options.wants("memory-per-counter") {
+        memory_per_counter_section(rt, summary);
     }
-    if wants("global") {
-        global_section(&rt, run, &mut summary);
+    if options.wants("global") {
+        global_section(rt, run, summary);
     }
-    if wants("compare") {
+    if options.wants("compare") {
         // (Named in `--only` without the variable, the run stopped at the start.)
-        match &before {
-            Some(before) => compare_section(&rt, before, run, &mut summary),
+        match &options.before {
+            Some(before) => compare_section(rt, before, run, summary),
             None => println!("\n## compare: skipped ({COMPARE_ENV} is not set)"),
         }
     }
-    summary.print(&command, seconds);
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    // This program started again as a baseline server (see `BaselineProc`).
+    for flag in [BASELINE_GRPC, BASELINE_LINE] {
+        if let Some(port) = flag_value(&args, flag) {
+            serve_baseline(flag, &port);
+        }
+    }
+    let options = Options::parse(&args);
+    let placed = PLACEMENT.get_or_init(place);
+    print_header(&options, placed);
+    let rt = load_runtime(placed.load.is_some());
+    let mut summary = Summary::default();
+    run_sections(&rt, &options, &mut summary);
+    summary.print(&options.command, options.seconds);
 }

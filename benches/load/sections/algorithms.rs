@@ -7,6 +7,7 @@ use tokio::runtime::Runtime;
 
 use crate::generators::line::line_concurrent_with;
 use crate::procs::divvy::{start_divvy_with, Divvy};
+use crate::procs::redis::RedisProc;
 use crate::stats::format::{dur_ratio, print_row, ratio, ratio_opt, thousands, us};
 use crate::stats::summary::Summary;
 use crate::stats::tally::{measure, Tally};
@@ -60,6 +61,31 @@ pub fn actor_line(conn: u64, _i: u64) -> String {
         conn / 256,
         conn % 256
     )
+}
+
+/// The algorithms section on both stores: the memory store, then the
+/// Redis store on `redis`; `seconds` is `--seconds` as given.
+pub fn algorithms_sections(
+    rt: &Runtime,
+    redis: &RedisProc,
+    seconds: f64,
+    run: Duration,
+    summary: &mut Summary,
+) {
+    let url = format!("redis://127.0.0.1:{}", redis.port);
+    println!(
+        "\n## algorithms: line, 64 conns x 1 in flight, one actor per conn, nothing denied \
+         (req/s = HIT/s);\n  {seconds} s per rule in {ROUNDS} interleaved rounds, one divvy per rule"
+    );
+    algorithms_section(rt, "memory store", &[], None, run, summary);
+    algorithms_section(
+        rt,
+        "redis store",
+        &["--redis-url", &url],
+        Some(redis.child.id()),
+        run,
+        summary,
+    );
 }
 
 /// Each rule of [`ALGORITHM_RULES`] on one store (`extra`: divvy's store

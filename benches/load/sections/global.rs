@@ -11,7 +11,7 @@ use crate::delay_proxy::DelayProxy;
 use crate::generators::line::{keep_alive, line_paced};
 use crate::procs::divvy::{http_get, start_divvy_with, Divvy};
 use crate::procs::placement::{any_cpu_command, placement, unpin_thread};
-use crate::procs::redis::start_redis_with;
+use crate::procs::redis::{start_redis_with, RedisProc};
 use crate::procs::usage::cpu_time;
 use crate::stats::figures::Figures;
 use crate::stats::format::{dur_ratio, pcts, ratio, us};
@@ -77,6 +77,50 @@ pub fn print_global_row(name: &str, f: &mut Figures, note: &str) {
 /// each way; see the file's documentation.
 pub fn global_section(rt: &Runtime, run: Duration, summary: &mut Summary) {
     println!("\n## global: a scope: global token bucket vs the same bucket local to the region");
+    let setup = start_servers();
+    print_load(run);
+    let servers = [
+        ("baseline (local limit)", &setup.baseline),
+        ("global (scope: global)", &setup.global),
+    ];
+    let stop = Arc::new(AtomicBool::new(false));
+    let keep: Vec<_> = servers
+        .iter()
+        .map(|(_, divvy)| keep_alive(rt, divvy.line, GLOBAL_KEEP_ALIVE, stop.clone()))
+        .collect();
+    rt.block_on(async {
+        for (_, divvy) in &servers {
+            line_paced(divvy.line, GLOBAL_WARMUP, GLOBAL_RATE, GLOBAL_CONNS).await;
+        }
+    });
+    println!("  after warm-up, {}", lease_summary(&setup.global));
+    let totals = run_rounds(rt, &servers, &setup.regional, run);
+    stop.store(true, Ordering::Relaxed);
+    for ((name, _), k) in servers.iter().zip(keep) {
+        let (sent, bad, first) = rt.block_on(k).expect("keep-alive");
+        if bad > 0 {
+            println!(
+                "  keep-alive of {name}: {bad} of {sent} answers not OK true (first: {})",
+                first.unwrap_or_default()
+            );
+        }
+    }
+    report(&servers, totals, summary);
+    println!("  after the runs, {}", lease_summary(&setup.global));
+}
+
+/// The global section's processes, dropped (stopped) in this order.
+struct Setup {
+    global: Divvy,
+    baseline: Divvy,
+    _proxy: DelayProxy,
+    regional: RedisProc,
+    _global_redis: RedisProc,
+}
+
+/// Starts the global store behind its proxy, the regional redis-server and
+/// both divvy servers, and prints the topology and the placement.
+fn start_servers() -> Setup {
     // The redis-servers run on any CPU (not pinned with the servers).
     let global_redis = start_redis_with(any_cpu_command("redis-server"));
     let regional = start_redis_with(any_cpu_command("redis-server"));
@@ -111,6 +155,17 @@ pub fn global_section(rt: &Runtime, run: Duration, summary: &mut Summary) {
         "  placement: {} (the proxy runs in this process, its threads unpinned); redis-servers unpinned",
         placement().note
     );
+    Setup {
+        global,
+        baseline,
+        _proxy: proxy,
+        regional,
+        _global_redis: global_redis,
+    }
+}
+
+/// The load line of the section's header.
+fn print_load(run: Duration) {
     println!(
         "  load: line protocol HIT site=partner1, {GLOBAL_RATE:.0} req/s paced over {GLOBAL_CONNS} conns \
          (1 in flight each), {:.0} s per run, {GLOBAL_ROUNDS} rounds each, interleaved; \
@@ -119,79 +174,92 @@ pub fn global_section(rt: &Runtime, run: Duration, summary: &mut Summary) {
         run.as_secs_f64(),
         GLOBAL_WARMUP.as_secs_f64()
     );
-    let servers = [
-        ("baseline (local limit)", &baseline),
-        ("global (scope: global)", &global),
-    ];
-    let mut totals: [Option<Figures>; 2] = [None, None];
-    let mut cpu_totals = [(Duration::ZERO, Duration::ZERO); 2];
-    let stop = Arc::new(AtomicBool::new(false));
-    let keep: Vec<_> = servers
-        .iter()
-        .map(|(_, divvy)| keep_alive(rt, divvy.line, GLOBAL_KEEP_ALIVE, stop.clone()))
-        .collect();
-    rt.block_on(async {
-        for (_, divvy) in &servers {
-            line_paced(divvy.line, GLOBAL_WARMUP, GLOBAL_RATE, GLOBAL_CONNS).await;
-        }
-    });
-    println!("  after warm-up, {}", lease_summary(&global));
+}
+
+/// One server's figures over every round, and the CPU time divvy and the
+/// regional redis-server spent on them (runs with both readings only).
+#[derive(Default)]
+struct Total {
+    f: Option<Figures>,
+    divvy_cpu: Duration,
+    redis_cpu: Duration,
+}
+
+/// [`GLOBAL_ROUNDS`] rounds of paced load, each server in turn, a row per
+/// run; the totals in the order of `servers`.
+fn run_rounds(
+    rt: &Runtime,
+    servers: &[(&str, &Divvy); 2],
+    regional: &RedisProc,
+    run: Duration,
+) -> [Total; 2] {
+    let mut totals: [Total; 2] = Default::default();
     for round in 0..GLOBAL_ROUNDS as usize {
         for k in 0..servers.len() {
             // Each round starts with the other server.
             let k = (round + k) % servers.len();
             let (name, divvy) = servers[k];
-            let before = (cpu_time(divvy.child.id()), cpu_time(regional.child.id()));
-            let mut f = rt.block_on(line_paced(divvy.line, run, GLOBAL_RATE, GLOBAL_CONNS));
-            let after = (cpu_time(divvy.child.id()), cpu_time(regional.child.id()));
-            let per_request = |b: Option<Duration>, a: Option<Duration>| match (b, a) {
-                (Some(b), Some(a)) => Some(a.saturating_sub(b)),
-                _ => None,
-            };
-            let (d, r) = (
-                per_request(before.0, after.0),
-                per_request(before.1, after.1),
-            );
-            let n = f.requests.max(1) as f64;
-            let note = match (d, r) {
-                (Some(d), Some(r)) => {
-                    cpu_totals[k].0 += d;
-                    cpu_totals[k].1 += r;
-                    format!(
-                        "cpu/req divvy {:.1} µs, redis {:.1} µs",
-                        d.as_secs_f64() * 1e6 / n,
-                        r.as_secs_f64() * 1e6 / n
-                    )
-                }
-                _ => String::from("(no /proc cpu times)"),
-            };
+            let (mut f, note) = one_run(rt, divvy, regional, run, &mut totals[k]);
             print_global_row(&format!("  round {}: {name}", round + 1), &mut f, &note);
-            totals[k] = Some(match totals[k].take() {
+            totals[k].f = Some(match totals[k].f.take() {
                 None => f,
                 Some(sum) => sum.add(f),
             });
         }
     }
-    stop.store(true, Ordering::Relaxed);
-    for ((name, _), k) in servers.iter().zip(keep) {
-        let (sent, bad, first) = rt.block_on(k).expect("keep-alive");
-        if bad > 0 {
-            println!(
-                "  keep-alive of {name}: {bad} of {sent} answers not OK true (first: {})",
-                first.unwrap_or_default()
-            );
+    totals
+}
+
+/// One paced run on `divvy`: its figures and a note of the CPU time per
+/// request of divvy and of the `regional` redis-server, that CPU time
+/// added to `total`.
+fn one_run(
+    rt: &Runtime,
+    divvy: &Divvy,
+    regional: &RedisProc,
+    run: Duration,
+    total: &mut Total,
+) -> (Figures, String) {
+    let before = (cpu_time(divvy.child.id()), cpu_time(regional.child.id()));
+    let f = rt.block_on(line_paced(divvy.line, run, GLOBAL_RATE, GLOBAL_CONNS));
+    let after = (cpu_time(divvy.child.id()), cpu_time(regional.child.id()));
+    let per_request = |b: Option<Duration>, a: Option<Duration>| match (b, a) {
+        (Some(b), Some(a)) => Some(a.saturating_sub(b)),
+        _ => None,
+    };
+    let (d, r) = (
+        per_request(before.0, after.0),
+        per_request(before.1, after.1),
+    );
+    let n = f.requests.max(1) as f64;
+    let note = match (d, r) {
+        (Some(d), Some(r)) => {
+            total.divvy_cpu += d;
+            total.redis_cpu += r;
+            format!(
+                "cpu/req divvy {:.1} µs, redis {:.1} µs",
+                d.as_secs_f64() * 1e6 / n,
+                r.as_secs_f64() * 1e6 / n
+            )
         }
-    }
+        _ => String::from("(no /proc cpu times)"),
+    };
+    (f, note)
+}
+
+/// The rows of all rounds, the global / baseline ratios and the summary's
+/// rows.
+fn report(servers: &[(&str, &Divvy); 2], totals: [Total; 2], summary: &mut Summary) {
     println!("  all rounds:");
     let mut rows = Vec::new();
-    for (k, f) in totals.into_iter().enumerate() {
-        let mut f = f.expect("at least one round");
+    for (k, total) in totals.into_iter().enumerate() {
+        let mut f = total.f.expect("at least one round");
         let n = f.requests.max(1) as f64;
-        let cpu = cpu_totals[k].0.as_secs_f64() * 1e6 / n;
+        let cpu = total.divvy_cpu.as_secs_f64() * 1e6 / n;
         let note = format!(
             "{} requests, cpu/req divvy {cpu:.1} µs, redis {:.1} µs",
             f.requests,
-            cpu_totals[k].1.as_secs_f64() * 1e6 / n
+            total.redis_cpu.as_secs_f64() * 1e6 / n
         );
         print_global_row(&format!("  {}", servers[k].0), &mut f, &note);
         rows.push(([f.pct(0.50), f.pct(0.99), f.pct(0.999)], pcts(&mut f), cpu));
@@ -221,5 +289,4 @@ pub fn global_section(rt: &Runtime, run: Duration, summary: &mut Summary) {
         us(Some(b.2)),
         ratio(g.2, b.2),
     );
-    println!("  after the runs, {}", lease_summary(&global));
 }

@@ -93,7 +93,7 @@ pub fn algorithms_sections(
 /// one divvy per rule, line protocol, 64 connections x 1 in flight, `run` in
 /// all per rule, interleaved in [`ROUNDS`] rounds. Ratios are to `window`;
 /// a second divvy with the window rule shows the noise floor.
-pub fn algorithms_section(
+fn algorithms_section(
     rt: &Runtime,
     store: &str,
     extra: &[&str],
@@ -105,6 +105,19 @@ pub fn algorithms_section(
         .into_iter()
         .chain([("window, 2nd divvy", ALGORITHM_RULES[0].1)])
         .collect();
+    let tallies = measure_rules(rt, &rules, extra, redis, run);
+    report(store, &rules, tallies, summary);
+}
+
+/// One divvy per rule of `rules` (started with `extra`), warmed up, then
+/// measured `run` in all per rule over [`ROUNDS`] rounds; a tally per rule.
+fn measure_rules(
+    rt: &Runtime,
+    rules: &[(&str, &str)],
+    extra: &[&str],
+    redis: Option<u32>,
+    run: Duration,
+) -> Vec<Tally> {
     let servers: Vec<Divvy> = rules
         .iter()
         .map(|(_, rule)| start_divvy_with(&algorithm_policy(rule), extra))
@@ -133,8 +146,15 @@ pub fn algorithms_section(
         }
     }
     drop(servers);
-    // HIT/s and CPU µs per HIT (divvy's, then Redis's on the Redis store).
-    let cell = |t: &Tally| match t.cpu_us(1) {
+    tallies
+        .into_iter()
+        .map(|t| t.expect("at least one round"))
+        .collect()
+}
+
+/// HIT/s and CPU µs per HIT (divvy's, then Redis's on the Redis store).
+fn cell(t: &Tally) -> String {
+    match t.cpu_us(1) {
         Some(r) => format!(
             "{} HIT/s, {} + redis {}",
             thousands(t.rate()),
@@ -142,10 +162,14 @@ pub fn algorithms_section(
             us(Some(r))
         ),
         None => format!("{} HIT/s, {}", thousands(t.rate()), us(t.cpu_us(0))),
-    };
+    }
+}
+
+/// A row per rule on `store`, the first (`window`) the baseline of the
+/// others' ratios and summary rows.
+fn report(store: &str, rules: &[(&str, &str)], tallies: Vec<Tally>, summary: &mut Summary) {
     let mut window: Option<(f64, Duration, Option<f64>, String)> = None;
-    for ((name, _), t) in rules.iter().zip(tallies) {
-        let mut t = t.expect("at least one round");
+    for ((name, _), mut t) in rules.iter().zip(tallies) {
         let (rate, p99, cpu) = (t.rate(), t.f.pct(0.99), t.cpu_us(0));
         let Some((w, w99, wcpu, wcell)) = &window else {
             let note = format!("(baseline); {}", t.cpu_note("HIT"));

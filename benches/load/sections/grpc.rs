@@ -2,6 +2,7 @@
 //! tonic server against divvy, maximum throughput and paced latency.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::runtime::Runtime;
@@ -69,6 +70,29 @@ pub fn grpc_max_pair(
 /// throughput and paced latency.
 pub fn grpc_section(rt: &Runtime, run: Duration, summary: &mut Summary) {
     let generator = GrpcGenerator::pick();
+    print_header(generator);
+    let base = BaselineProc::start(BASELINE_GRPC);
+    let divvy = start_divvy();
+    let targets = [
+        Target {
+            addr: base.addr,
+            pids: vec![("server", base.pid())],
+        },
+        Target {
+            addr: divvy.grpc,
+            pids: vec![("server", divvy.pid())],
+        },
+    ];
+    let max = max_rows(rt, generator, &targets, run, summary);
+    let bodies = paced_bodies();
+    for share in GRPC_PACED {
+        paced_rows(rt, &targets, (share, max * share), run, &bodies, summary);
+    }
+    grpc_all_ok(rt, &targets);
+}
+
+/// The section's header: the generators and the loads.
+fn print_header(generator: GrpcGenerator) {
     let paced = format!(
         "this program's h2 client (the `h2` crate, no tonic), a thread keeping the schedule \
          to {:?} over {PACED_ACTORS} actors, latency from each call's scheduled send",
@@ -82,19 +106,18 @@ pub fn grpc_section(rt: &Runtime, run: Duration, summary: &mut Summary) {
         generator.describe(),
         GRPC_PACED.map(|p| format!("{:.0}%", p * 100.0))
     );
-    let base = BaselineProc::start(BASELINE_GRPC);
-    let divvy = start_divvy();
-    let targets = [
-        Target {
-            addr: base.addr,
-            pids: vec![("server", base.pid())],
-        },
-        Target {
-            addr: divvy.grpc,
-            pids: vec![("server", divvy.pid())],
-        },
-    ];
-    let [mut b, mut d] = grpc_max_pair(rt, generator, &targets, run);
+}
+
+/// The maximum on the do-nothing server and divvy (`targets`): their rows,
+/// the ratios and the summary's rows; the do-nothing server's maximum.
+fn max_rows(
+    rt: &Runtime,
+    generator: GrpcGenerator,
+    targets: &[Target; 2],
+    run: Duration,
+    summary: &mut Summary,
+) -> f64 {
+    let [mut b, mut d] = grpc_max_pair(rt, generator, targets, run);
     let name = format!("max, {GRPC_CHANNELS} x {GRPC_STREAMS} in flight");
     let note = b.cpu_note("req");
     print_row(&format!("do-nothing: {name}"), &mut b.f, "req/s", &note);
@@ -106,50 +129,58 @@ pub fn grpc_section(rt: &Runtime, run: Duration, summary: &mut Summary) {
         ratio_opt(d.cpu_us(0), b.cpu_us(0))
     );
     summarize_max(summary, "grpc", "", &d, &b);
-    let max = b.rate();
-    let bodies = paced_bodies();
-    for share in GRPC_PACED {
-        let rate = max * share;
-        let [mut b, mut d] = abba(rt, [&targets[0], &targets[1]], run, |addr, run| {
-            grpc_paced(addr, run, rate, GRPC_CHANNELS, bodies.clone())
-        });
-        let label = format!("paced {:.0}% ({rate:.0}/s)", share * 100.0);
-        for (who, t) in [("do-nothing", &mut b), ("divvy", &mut d)] {
-            let note = format!(
-                "send lag p50 {:.1?} p99 {:.1?}; {}{}",
-                t.f.lag_pct(0.5),
-                t.f.lag_pct(0.99),
-                if t.f.lost > 0 {
-                    format!("{} calls unanswered; ", t.f.lost)
-                } else {
-                    String::new()
-                },
-                t.cpu_note("req")
-            );
-            print_row(&format!("{who}: {label}"), &mut t.f, "req/s", &note);
-        }
-        println!(
-            "  divvy / do-nothing at {:.0}%: p50 / p99 / p99.9 {}, server cpu/req {}",
-            share * 100.0,
-            pct_ratios(&mut d.f, &mut b.f),
-            ratio_opt(d.cpu_us(0), b.cpu_us(0))
+    b.rate()
+}
+
+/// Paced load at `rate` calls/s (`share` of the do-nothing maximum) on both
+/// `targets`, ABBA: each one's row with the generator's send lag, the
+/// ratios and the summary's row. `bodies` are [`paced_bodies`].
+fn paced_rows(
+    rt: &Runtime,
+    targets: &[Target; 2],
+    (share, rate): (f64, f64),
+    run: Duration,
+    bodies: &Arc<Vec<bytes::Bytes>>,
+    summary: &mut Summary,
+) {
+    let [mut b, mut d] = abba(rt, [&targets[0], &targets[1]], run, |addr, run| {
+        grpc_paced(addr, run, rate, GRPC_CHANNELS, bodies.clone())
+    });
+    let label = format!("paced {:.0}% ({rate:.0}/s)", share * 100.0);
+    for (who, t) in [("do-nothing", &mut b), ("divvy", &mut d)] {
+        let note = format!(
+            "send lag p50 {:.1?} p99 {:.1?}; {}{}",
+            t.f.lag_pct(0.5),
+            t.f.lag_pct(0.99),
+            if t.f.lost > 0 {
+                format!("{} calls unanswered; ", t.f.lost)
+            } else {
+                String::new()
+            },
+            t.cpu_note("req")
         );
-        let behind = behind_schedule(&mut b, &mut d);
-        if !behind.is_empty() {
-            println!("  {}", behind.trim_start_matches("; "));
-        }
-        summary.row(
-            "grpc",
-            &format!(
-                "p50 / p99 / p99.9 paced at {:.0}% of do-nothing max ({rate:.0}/s){behind}",
-                share * 100.0
-            ),
-            pcts(&mut d.f),
-            pcts(&mut b.f),
-            pct_ratios(&mut d.f, &mut b.f),
-        );
+        print_row(&format!("{who}: {label}"), &mut t.f, "req/s", &note);
     }
-    grpc_all_ok(rt, &targets);
+    println!(
+        "  divvy / do-nothing at {:.0}%: p50 / p99 / p99.9 {}, server cpu/req {}",
+        share * 100.0,
+        pct_ratios(&mut d.f, &mut b.f),
+        ratio_opt(d.cpu_us(0), b.cpu_us(0))
+    );
+    let behind = behind_schedule(&mut b, &mut d);
+    if !behind.is_empty() {
+        println!("  {}", behind.trim_start_matches("; "));
+    }
+    summary.row(
+        "grpc",
+        &format!(
+            "p50 / p99 / p99.9 paced at {:.0}% of do-nothing max ({rate:.0}/s){behind}",
+            share * 100.0
+        ),
+        pcts(&mut d.f),
+        pcts(&mut b.f),
+        pct_ratios(&mut d.f, &mut b.f),
+    );
 }
 
 /// A note for a paced pair of runs in which the generator could not keep its

@@ -12,7 +12,7 @@ use crate::procs::redis::{redis_benchmark_evalsha, script_calls, RedisProc};
 use crate::sections::line::{line_pairs, LINE_LOADS};
 use crate::stats::format::{dur_ratio, pct_ratios, print_row, ratio, ratio_opt, thousands, us};
 use crate::stats::summary::Summary;
-use crate::stats::tally::{abba, Target};
+use crate::stats::tally::{abba, Tally, Target};
 
 /// The Redis store next to the memory store, and redis-benchmark's own
 /// EVALSHA figure on the same redis-server, in the same run.
@@ -23,6 +23,41 @@ pub fn redis_section(rt: &Runtime, redis: &RedisProc, run: Duration, summary: &m
     let url = format!("redis://127.0.0.1:{}", redis.port);
     let memory = start_divvy();
     let shared = start_divvy_with(POLICY, &["--redis-url", &url]);
+    evalsha_rows(redis, run, summary);
+    let targets = [
+        Target {
+            addr: memory.line,
+            pids: vec![("divvy", memory.pid())],
+        },
+        Target {
+            addr: shared.line,
+            pids: vec![("divvy", shared.pid()), ("redis", redis.child.id())],
+        },
+    ];
+    let redis_max = line_rows(rt, redis, &targets, run, summary);
+    // Latency at a paced load, where batching trades a wait for the call in
+    // flight against CPU: the Redis store's own maximum sets the rates.
+    let Some(max) = redis_max else { return };
+    paced_pair(
+        rt,
+        &targets,
+        ["memory store", "redis store"],
+        (max, run),
+        "redis",
+        |share, rate| {
+            format!(
+                "{} conns paced at {share:.0}% of the Redis store's maximum ({rate:.0}/s) (baseline: memory store)",
+                LINE_LOADS[0].1
+            )
+        },
+        summary,
+    );
+}
+
+/// redis-benchmark's EVALSHA of divvy's script on `redis`: calls/s and
+/// Redis's CPU per call at 64 clients (1 and 16 pipelined), then its CPU
+/// per counter at 32 counters a call.
+fn evalsha_rows(redis: &RedisProc, run: Duration, summary: &mut Summary) {
     let requests = ((run.as_secs_f64() * 60_000.0) as u64).max(10_000);
     for (clients, pipeline) in [(64, 1), (64, 16)] {
         let (rate, cpu) = redis_benchmark_evalsha(redis, clients, pipeline, requests, 1);
@@ -57,19 +92,20 @@ pub fn redis_section(rt: &Runtime, redis: &RedisProc, run: Duration, summary: &m
         String::from("–"),
         String::from("–"),
     );
-    let targets = [
-        Target {
-            addr: memory.line,
-            pids: vec![("divvy", memory.pid())],
-        },
-        Target {
-            addr: shared.line,
-            pids: vec![("divvy", shared.pid()), ("redis", redis.child.id())],
-        },
-    ];
-    // Every line load, as the line section runs them.
+}
+
+/// Every line load, as the line section runs them, on the memory store
+/// and the Redis store (`targets`), with the HITs each script call
+/// carried; the Redis store's HIT/s at the first load (64 x 1).
+fn line_rows(
+    rt: &Runtime,
+    redis: &RedisProc,
+    targets: &[Target; 2],
+    run: Duration,
+    summary: &mut Summary,
+) -> Option<f64> {
     let loads = LINE_LOADS;
-    let pairs = line_pairs(rt, &targets, ["memory store", "redis store"], run, &loads);
+    let pairs = line_pairs(rt, targets, ["memory store", "redis store"], run, &loads);
     let mut calls_before = script_calls(redis.port);
     let mut redis_max = None;
     for (name, [mut m, mut r]) in pairs {
@@ -87,56 +123,42 @@ pub fn redis_section(rt: &Runtime, redis: &RedisProc, run: Duration, summary: &m
         calls_before = calls;
         let per_call = per_call.map_or_else(|| String::from("n/a"), |v| format!("{v:.1}"));
         println!("  redis store: {name}: {per_call} HITs per script call");
-        println!(
-            "  redis / memory store: HIT/s {}, p99 {}, divvy cpu/HIT {}, divvy + redis cpu/HIT {}",
-            ratio(r.rate(), m.rate()),
-            dur_ratio(r.f.pct(0.99), m.f.pct(0.99)),
-            ratio_opt(r.cpu_us(0), m.cpu_us(0)),
-            ratio_opt(
-                r.cpu_us(0).zip(r.cpu_us(1)).map(|(a, b)| a + b),
-                m.cpu_us(0)
-            )
-        );
-        summary.rate_and_latency(
-            "redis",
-            &format!("{name} (baseline: memory store)"),
-            &mut r,
-            &mut m,
-        );
-        summary.row(
-            "redis",
-            &format!("HITs per script call (the batch), {name}"),
-            per_call,
-            String::from("–"),
-            String::from("–"),
-        );
-        summary.row(
-            "redis",
-            &format!("CPU µs/HIT divvy + Redis, {name} (baseline: memory store)"),
-            format!("{} + {}", us(r.cpu_us(0)), us(r.cpu_us(1))),
-            us(m.cpu_us(0)),
-            ratio_opt(
-                r.cpu_us(0).zip(r.cpu_us(1)).map(|(a, b)| a + b),
-                m.cpu_us(0),
-            ),
-        );
+        store_rows(name, per_call, &mut m, &mut r, summary);
     }
-    // Latency at a paced load, where batching trades a wait for the call in
-    // flight against CPU: the Redis store's own maximum sets the rates.
-    let Some(max) = redis_max else { return };
-    paced_pair(
-        rt,
-        &targets,
-        ["memory store", "redis store"],
-        (max, run),
+    redis_max
+}
+
+/// The Redis store (`r`) against the memory store (`m`) at the line load
+/// `name`: the ratios, and the summary's rows (`per_call`: HITs per script
+/// call).
+fn store_rows(name: &str, per_call: String, m: &mut Tally, r: &mut Tally, summary: &mut Summary) {
+    println!(
+        "  redis / memory store: HIT/s {}, p99 {}, divvy cpu/HIT {}, divvy + redis cpu/HIT {}",
+        ratio(r.rate(), m.rate()),
+        dur_ratio(r.f.pct(0.99), m.f.pct(0.99)),
+        ratio_opt(r.cpu_us(0), m.cpu_us(0)),
+        ratio_opt(
+            r.cpu_us(0).zip(r.cpu_us(1)).map(|(a, b)| a + b),
+            m.cpu_us(0)
+        )
+    );
+    summary.rate_and_latency("redis", &format!("{name} (baseline: memory store)"), r, m);
+    summary.row(
         "redis",
-        |share, rate| {
-            format!(
-                "{} conns paced at {share:.0}% of the Redis store's maximum ({rate:.0}/s) (baseline: memory store)",
-                LINE_LOADS[0].1
-            )
-        },
-        summary,
+        &format!("HITs per script call (the batch), {name}"),
+        per_call,
+        String::from("–"),
+        String::from("–"),
+    );
+    summary.row(
+        "redis",
+        &format!("CPU µs/HIT divvy + Redis, {name} (baseline: memory store)"),
+        format!("{} + {}", us(r.cpu_us(0)), us(r.cpu_us(1))),
+        us(m.cpu_us(0)),
+        ratio_opt(
+            r.cpu_us(0).zip(r.cpu_us(1)).map(|(a, b)| a + b),
+            m.cpu_us(0),
+        ),
     );
 }
 

@@ -76,25 +76,37 @@ pub async fn h2_call(
         data.extend_from_slice(&chunk);
     }
     let trailers = answer.trailers().await.map_err(|e| e.to_string())?;
-    // grpc-status comes in the trailers, or in the headers of a
-    // trailers-only answer.
+    grpc_status_ok(&head.headers, trailers.as_ref())?;
+    decode_answer(&data)
+}
+
+/// `Ok` if the answer's grpc-status is 0 (OK): it comes in the `trailers`,
+/// or in the `headers` of a trailers-only answer. Else the status and
+/// grpc-message.
+fn grpc_status_ok(
+    headers: &http::HeaderMap,
+    trailers: Option<&http::HeaderMap>,
+) -> Result<(), String> {
     let status = trailers
-        .as_ref()
         .and_then(|t| t.get("grpc-status"))
-        .or_else(|| head.headers.get("grpc-status"))
+        .or_else(|| headers.get("grpc-status"))
         .map(|v| v.as_bytes().to_vec());
     if status.as_deref() != Some(b"0") {
         let message = trailers
-            .as_ref()
             .and_then(|t| t.get("grpc-message"))
-            .or_else(|| head.headers.get("grpc-message"))
+            .or_else(|| headers.get("grpc-message"))
             .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
         return Err(format!(
             "grpc-status {:?}, grpc-message {message:?}",
             status.map(|s| String::from_utf8_lossy(&s).into_owned())
         ));
     }
-    // One uncompressed message: flag 0, then its big-endian length.
+    Ok(())
+}
+
+/// The `overall_code` of the answer whose body is `data`: one
+/// uncompressed message, flag 0, then its big-endian length.
+fn decode_answer(data: &[u8]) -> Result<i32, String> {
     let (frame, message) = data
         .split_at_checked(5)
         .ok_or("answer shorter than its frame header")?;
@@ -146,28 +158,9 @@ pub async fn grpc_paced(
     }
     let uri: http::Uri = grpc_url(addr).parse().expect("uri");
     let total = (run.as_secs_f64() * rate) as u64;
-    let interval = 1.0 / rate;
     let start = Instant::now() + Duration::from_millis(20);
-    let due = move |i: u64| start + Duration::from_secs_f64(interval * i as f64);
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Vec<(u64, Instant)>>();
-    let pacer = std::thread::spawn(move || {
-        let mut i = 0;
-        while i < total {
-            let now = Instant::now();
-            if due(i) > now + PACE_QUANTUM {
-                std::thread::sleep(due(i) - now - PACE_QUANTUM);
-            }
-            let until = Instant::now() + PACE_QUANTUM;
-            let mut batch = Vec::new();
-            while i < total && due(i) <= until {
-                batch.push((i, due(i)));
-                i += 1;
-            }
-            if tx.send(batch).is_err() {
-                return;
-            }
-        }
-    });
+    let pacer = spawn_pacer(start, 1.0 / rate, total, tx);
     let mut calls = Vec::with_capacity(total as usize);
     while let Some(batch) = rx.recv().await {
         for (i, due) in batch {
@@ -184,7 +177,45 @@ pub async fn grpc_paced(
         }
     }
     pacer.join().expect("pacer");
-    let grace = start + run + Duration::from_secs(5);
+    collect_calls(calls, start + run + Duration::from_secs(5), run).await
+}
+
+/// A call of the paced generator: its latency, its send lag, its answer.
+type PacedCall = tokio::task::JoinHandle<(Duration, Duration, Result<i32, String>)>;
+
+/// The thread that keeps the paced generator's schedule: calls `0..total`,
+/// call `i` due `interval * i` seconds after `start`, sent to `tx` in
+/// batches of every call due within [`PACE_QUANTUM`] of waking.
+fn spawn_pacer(
+    start: Instant,
+    interval: f64,
+    total: u64,
+    tx: tokio::sync::mpsc::UnboundedSender<Vec<(u64, Instant)>>,
+) -> std::thread::JoinHandle<()> {
+    let due = move |i: u64| start + Duration::from_secs_f64(interval * i as f64);
+    std::thread::spawn(move || {
+        let mut i = 0;
+        while i < total {
+            let now = Instant::now();
+            if due(i) > now + PACE_QUANTUM {
+                std::thread::sleep(due(i) - now - PACE_QUANTUM);
+            }
+            let until = Instant::now() + PACE_QUANTUM;
+            let mut batch = Vec::new();
+            while i < total && due(i) <= until {
+                batch.push((i, due(i)));
+                i += 1;
+            }
+            if tx.send(batch).is_err() {
+                return;
+            }
+        }
+    })
+}
+
+/// The figures of a paced run of length `run`: every call answered OK by
+/// `grace`, and those still unanswered then `lost` (aborted).
+async fn collect_calls(calls: Vec<PacedCall>, grace: Instant, run: Duration) -> Figures {
     let mut f = Figures {
         elapsed: run,
         ..Figures::default()

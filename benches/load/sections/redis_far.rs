@@ -6,9 +6,9 @@ use std::time::Duration;
 use tokio::runtime::Runtime;
 
 use crate::delay_proxy::DelayProxy;
-use crate::procs::divvy::{start_divvy_with, POLICY};
+use crate::procs::divvy::{start_divvy_with, Divvy, POLICY};
 use crate::procs::placement::{any_cpu_command, unpin_thread};
-use crate::procs::redis::start_redis_with;
+use crate::procs::redis::{start_redis_with, RedisProc};
 use crate::sections::line::{line_pairs, LINE_LOADS};
 use crate::sections::redis::paced_pair;
 use crate::stats::format::{pct_ratios, ratio};
@@ -32,6 +32,49 @@ pub fn redis_far_section(rt: &Runtime, run: Duration, summary: &mut Summary) {
          --redis-batches-in-flight 1 (the default) vs {REDIS_FAR_IN_FLIGHT}",
         REDIS_FAR_DELAY.as_micros()
     );
+    let setup = start_servers();
+    let redis = setup.redis.child.id();
+    let targets = [
+        Target {
+            addr: setup.one.line,
+            pids: vec![("divvy", setup.one.pid()), ("redis", redis)],
+        },
+        Target {
+            addr: setup.more.line,
+            pids: vec![("divvy", setup.more.pid()), ("redis", redis)],
+        },
+    ];
+    let more_label = format!("{REDIS_FAR_IN_FLIGHT} calls out");
+    let Some(max) = max_rows(rt, &targets, &more_label, run, summary) else {
+        return;
+    };
+    paced_pair(
+        rt,
+        &targets,
+        ["1 call out", &more_label],
+        (max, run),
+        "redis-far",
+        |share, rate| {
+            format!(
+                "{} conns paced at {share:.0}% of the default's maximum ({rate:.0}/s), {more_label} (baseline: 1)",
+                LINE_LOADS[0].1
+            )
+        },
+        summary,
+    );
+}
+
+/// The section's processes, dropped (stopped) in this order.
+struct Setup {
+    more: Divvy,
+    one: Divvy,
+    _proxy: DelayProxy,
+    redis: RedisProc,
+}
+
+/// Starts the redis-server behind its delaying proxy and both divvy
+/// servers on it, and prints the topology.
+fn start_servers() -> Setup {
     let redis = start_redis_with(any_cpu_command("redis-server"));
     let proxy = DelayProxy::start(redis.port, REDIS_FAR_DELAY, unpin_thread);
     println!(
@@ -51,21 +94,26 @@ pub fn redis_far_section(rt: &Runtime, run: Duration, summary: &mut Summary) {
             REDIS_FAR_IN_FLIGHT,
         ],
     );
-    let targets = [
-        Target {
-            addr: one.line,
-            pids: vec![("divvy", one.pid()), ("redis", redis.child.id())],
-        },
-        Target {
-            addr: more.line,
-            pids: vec![("divvy", more.pid()), ("redis", redis.child.id())],
-        },
-    ];
-    let more_label = format!("{REDIS_FAR_IN_FLIGHT} calls out");
+    Setup {
+        more,
+        one,
+        _proxy: proxy,
+        redis,
+    }
+}
+
+/// [`LINE_LOADS`]' 64 x 1 on both `targets` (one call out, then
+/// `more_label`): rows, ratios and summary rows; the default's HIT/s.
+fn max_rows(
+    rt: &Runtime,
+    targets: &[Target; 2],
+    more_label: &str,
+    run: Duration,
+    summary: &mut Summary,
+) -> Option<f64> {
     let loads = [LINE_LOADS[0]];
     let mut max = None;
-    for (name, [mut a, mut b]) in line_pairs(rt, &targets, ["1 call out", &more_label], run, &loads)
-    {
+    for (name, [mut a, mut b]) in line_pairs(rt, targets, ["1 call out", more_label], run, &loads) {
         max = Some(a.rate());
         println!(
             "  {more_label} / 1: {name}: HIT/s {}, p50 / p99 / p99.9 {}",
@@ -79,19 +127,5 @@ pub fn redis_far_section(rt: &Runtime, run: Duration, summary: &mut Summary) {
             &mut a,
         );
     }
-    let Some(max) = max else { return };
-    paced_pair(
-        rt,
-        &targets,
-        ["1 call out", &more_label],
-        (max, run),
-        "redis-far",
-        |share, rate| {
-            format!(
-                "{} conns paced at {share:.0}% of the default's maximum ({rate:.0}/s), {more_label} (baseline: 1)",
-                LINE_LOADS[0].1
-            )
-        },
-        summary,
-    );
+    max
 }

@@ -2,6 +2,7 @@
 //! and its per-call latency log.
 
 use std::net::SocketAddr;
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -46,6 +47,19 @@ pub async fn h2load_grpc(addr: SocketAddr, run: Duration, clients: u64, streams:
         "h2load failed:\n{text}{}",
         String::from_utf8_lossy(&output.stderr)
     );
+    let succeeded = succeeded_calls(&text);
+    let latencies = logged_latencies(&log, succeeded);
+    Figures {
+        requests: succeeded,
+        elapsed: run,
+        latencies,
+        ..Figures::default()
+    }
+}
+
+/// The calls h2load's output `text` says succeeded; none may have failed
+/// or errored.
+fn succeeded_calls(text: &str) -> u64 {
     // "requests: 137039 total, 137039 started, 137039 done, 137039 succeeded, 0 failed, 0 errored, 0 timeout"
     let counts = text
         .lines()
@@ -61,8 +75,14 @@ pub async fn h2load_grpc(addr: SocketAddr, run: Duration, clients: u64, streams:
     let (succeeded, failed, errored) = (count(" succeeded"), count(" failed"), count(" errored"));
     // Calls still in flight when the run ends are counted nowhere.
     assert!(failed == 0 && errored == 0, "h2load: {counts}\n{text}");
-    let mut latencies = Vec::with_capacity(succeeded as usize);
-    for row in std::fs::read_to_string(&log).expect("h2load log").lines() {
+    succeeded
+}
+
+/// The latency of every call with a 2xx status in h2load's per-call `log`
+/// (tab-separated: start, status, microseconds); room for `calls`.
+fn logged_latencies(log: &Path, calls: u64) -> Vec<Duration> {
+    let mut latencies = Vec::with_capacity(calls as usize);
+    for row in std::fs::read_to_string(log).expect("h2load log").lines() {
         let mut cols = row.split('\t');
         let (_, status, micros) = (cols.next(), cols.next(), cols.next());
         if status.is_some_and(|s| s.starts_with('2')) {
@@ -71,10 +91,5 @@ pub async fn h2load_grpc(addr: SocketAddr, run: Duration, clients: u64, streams:
             }
         }
     }
-    Figures {
-        requests: succeeded,
-        elapsed: run,
-        latencies,
-        ..Figures::default()
-    }
+    latencies
 }

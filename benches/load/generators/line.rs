@@ -8,7 +8,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader as TokioBufReader};
+use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::TcpStream;
+use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::Semaphore;
 
 use crate::stats::figures::Figures;
@@ -41,48 +43,17 @@ pub fn counter_line(n: u64) -> String {
 /// they run out or `deadline` passes. Whatever fits in the window goes out in
 /// one write; latency is from that write to reading the answer, which must
 /// be `OK true`.
-pub async fn pipelined<I>(
-    addr: SocketAddr,
-    deadline: Instant,
-    window: usize,
-    mut lines: I,
-) -> Figures
+pub async fn pipelined<I>(addr: SocketAddr, deadline: Instant, window: usize, lines: I) -> Figures
 where
     I: Iterator<Item = String> + Send + 'static,
 {
     let stream = TcpStream::connect(addr).await.expect("connect");
     stream.set_nodelay(true).expect("nodelay");
-    let (rd, mut wr) = stream.into_split();
+    let (rd, wr) = stream.into_split();
     let permits = Arc::new(Semaphore::new(window));
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Instant>();
-    let p = permits.clone();
     let start = Instant::now();
-    let writer = tokio::spawn(async move {
-        let mut batch = String::new();
-        'send: while Instant::now() < deadline {
-            p.acquire().await.expect("semaphore").forget();
-            batch.clear();
-            let Some(first) = lines.next() else { break };
-            batch.push_str(&first);
-            let mut n = 1;
-            while let Ok(permit) = p.try_acquire() {
-                let Some(line) = lines.next() else { break };
-                permit.forget();
-                batch.push_str(&line);
-                n += 1;
-            }
-            let sent = Instant::now();
-            if wr.write_all(batch.as_bytes()).await.is_err() {
-                break;
-            }
-            for _ in 0..n {
-                if tx.send(sent).is_err() {
-                    break 'send;
-                }
-            }
-        }
-        // Dropping `tx` ends the reader after the last answer.
-    });
+    let writer = tokio::spawn(send_batches(wr, lines, permits.clone(), tx, deadline));
     let mut reader = TokioBufReader::new(rd);
     let mut line = String::new();
     let mut latencies = Vec::new();
@@ -101,6 +72,44 @@ where
         elapsed: start.elapsed(),
         latencies,
         ..Figures::default()
+    }
+}
+
+/// The writing half of [`pipelined`]: takes a permit per line, writes
+/// every line whose permit is at hand in one batch, and sends each line's
+/// write time to `tx`, until `lines` run out or `deadline` passes.
+/// Dropping `tx` at the end ends the reader after the last answer.
+async fn send_batches<I>(
+    mut wr: OwnedWriteHalf,
+    mut lines: I,
+    permits: Arc<Semaphore>,
+    tx: UnboundedSender<Instant>,
+    deadline: Instant,
+) where
+    I: Iterator<Item = String>,
+{
+    let mut batch = String::new();
+    'send: while Instant::now() < deadline {
+        permits.acquire().await.expect("semaphore").forget();
+        batch.clear();
+        let Some(first) = lines.next() else { break };
+        batch.push_str(&first);
+        let mut n = 1;
+        while let Ok(permit) = permits.try_acquire() {
+            let Some(line) = lines.next() else { break };
+            permit.forget();
+            batch.push_str(&line);
+            n += 1;
+        }
+        let sent = Instant::now();
+        if wr.write_all(batch.as_bytes()).await.is_err() {
+            break;
+        }
+        for _ in 0..n {
+            if tx.send(sent).is_err() {
+                break 'send;
+            }
+        }
     }
 }
 

@@ -299,7 +299,7 @@ fn explain_consumes_nothing_and_config_shows_the_rules() {
 #[test]
 fn readiness_follows_the_store_and_the_metrics_path_is_configurable() {
     // A Redis URL nothing answers on: the failure policy decides, readiness is false.
-    let port = common::redis::free_port();
+    let port = common::free_port();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("policy.yaml");
     std::fs::write(&path, POLICY).unwrap();
@@ -364,7 +364,7 @@ fn grpc_health(server: &Server, service: &str) -> i32 {
 
 #[test]
 fn ready_without_store_keeps_readiness_while_the_policy_answers() {
-    let port = common::redis::free_port();
+    let port = common::free_port();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("policy.yaml");
     std::fs::write(&path, POLICY).unwrap();

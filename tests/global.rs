@@ -667,13 +667,10 @@ impl Checks {
     }
 }
 
-/// The value of the first metric line starting with `name` (with its labels).
+/// The value of the sample `name` (with its labels), if exported.
 fn metric(server: &Server, name: &str) -> Option<f64> {
     let (_, text) = server.http("GET", "/metrics", "");
-    text.lines()
-        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
+    common::parse_metrics(&text).get(name).copied()
 }
 
 // The tests -----------------------------------------------------------------

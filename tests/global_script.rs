@@ -8,28 +8,18 @@ mod common;
 use common::redis::Redis;
 use divvy::global::allocate::{grant, others_waiting, targets, Sharing};
 use divvy::global::RENEW_SCRIPT;
-
-/// xorshift64*.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-}
+use proptest::prelude::Rng;
 
 #[test]
 fn the_script_grants_what_the_arithmetic_says() {
     let redis = Redis::start();
     let sha = redis.cli(&["SCRIPT", "LOAD", RENEW_SCRIPT]);
-    let mut rng = Rng(42);
+    let mut rng = common::seeded_rng(42);
     let life = 3000u64;
     for case in 0..40 {
         let key = format!("divvy:global:{{g}}:case{case}");
-        let rate = 50.0 + (rng.next() % 500) as f64;
-        let regions = 2 + (rng.next() % 5) as usize;
+        let rate = 50.0 + (rng.next_u64() % 500) as f64;
+        let regions = 2 + (rng.next_u64() % 5) as usize;
         let sharing = Sharing {
             rate,
             floor: 0.01,
@@ -39,11 +29,11 @@ fn the_script_grants_what_the_arithmetic_says() {
         let mut entries: Vec<Option<(f64, f64, u64)>> = vec![None; regions];
         let mut now = 1_700_000_000_000u64;
         for _ in 0..30 {
-            now += rng.next() % 2000;
-            let r = (rng.next() % regions as u64) as usize;
-            let demand = match rng.next() % 4 {
+            now += rng.next_u64() % 2000;
+            let r = (rng.next_u64() % regions as u64) as usize;
+            let demand = match rng.next_u64() % 4 {
                 0 => 0.0,
-                _ => (rng.next() % 2000) as f64 / 3.0,
+                _ => (rng.next_u64() % 2000) as f64 / 3.0,
             };
             let out = redis.cli(&[
                 "EVALSHA",

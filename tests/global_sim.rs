@@ -9,11 +9,14 @@
 //! any 10 s window) and under-admission (admitted below the rate in windows
 //! whose demand exceeds it), and asserts the bounds the README quotes.
 
+mod common;
+
 use std::collections::VecDeque;
 
 use divvy::global::allocate::{demand_moved, grant, targets, Sharing};
 use divvy::store::algorithm::{step, Params, State};
 use divvy::store::Algorithm;
+use proptest::prelude::RngExt;
 
 const REGIONS: usize = 12;
 const RATE: f64 = 1000.0; // credits per second, worldwide
@@ -21,20 +24,6 @@ const BURST: u64 = 1000;
 const PERIOD_MS: u64 = 2000;
 const RTT_MS: u64 = 80;
 const HOUR_MS: u64 = 3_600_000;
-
-/// xorshift64*: deterministic, no dependency.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
 
 struct Region {
     weight: f64,
@@ -63,7 +52,7 @@ struct Region {
 
 #[test]
 fn twelve_regions_one_hour_of_skewed_bursty_demand() {
-    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    let mut rng = common::seeded_rng(0x9E37_79B9_7F4A_7C15);
     let harmonic: f64 = (1..=REGIONS).map(|r| 1.0 / r as f64).sum();
     let mut regions: Vec<Region> = (0..REGIONS)
         .map(|r| Region {
@@ -96,7 +85,7 @@ fn twelve_regions_one_hour_of_skewed_bursty_demand() {
         for reg in regions.iter_mut() {
             if ms >= reg.next_phase_ms {
                 // Bursty: quiet, normal or bursting phases of 5–60 s.
-                let u = rng.unit();
+                let u = rng.random::<f64>();
                 reg.phase = if u < 0.3 {
                     0.1
                 } else if u < 0.8 {
@@ -104,7 +93,7 @@ fn twelve_regions_one_hour_of_skewed_bursty_demand() {
                 } else {
                     4.0
                 };
-                reg.next_phase_ms = ms + 5_000 + (rng.unit() * 55_000.0) as u64;
+                reg.next_phase_ms = ms + 5_000 + (rng.random::<f64>() * 55_000.0) as u64;
             }
             if let Some((at, lease)) = reg.pending {
                 if now >= at {
@@ -115,7 +104,7 @@ fn twelve_regions_one_hour_of_skewed_bursty_demand() {
             // Offered: 1.5× the global rate in all, skewed by weight and phase.
             let per_ms = 1.5 * RATE * reg.weight * reg.phase / 1000.0;
             let mut n = per_ms.floor() as u64;
-            if rng.unit() < per_ms.fract() {
+            if rng.random::<f64>() < per_ms.fract() {
                 n += 1;
             }
             let (rate, burst) = reg.lease;

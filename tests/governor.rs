@@ -63,7 +63,7 @@
 
 mod common;
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
@@ -300,30 +300,6 @@ impl Drop for Plant {
 
 // --------------------------------------------------------------- Prometheus
 
-/// A free loopback port below the kernel's ephemeral range, so that it is
-/// not taken meanwhile by the local end of one of the tests' many short
-/// connections when Prometheus binds it again after a restart.
-fn stable_port() -> u16 {
-    use std::hash::BuildHasher;
-    let low: u16 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|r| r.split_whitespace().next()?.parse().ok())
-        .unwrap_or(32768);
-    let (from, to) = if low > 12_000 {
-        (10_000, low)
-    } else {
-        (61_000, 65_000)
-    };
-    for i in 0..1000u32 {
-        let r = std::collections::hash_map::RandomState::new().hash_one(i);
-        let port = from + (r % u64::from(to - from)) as u16;
-        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return port;
-        }
-    }
-    panic!("no free port in {from}..{to}");
-}
-
 /// A Prometheus process on 127.0.0.1 scraping the plant every second;
 /// killed on drop.
 struct Prometheus {
@@ -352,7 +328,7 @@ impl Prometheus {
         .expect("prometheus.yml");
         let mut p = Prometheus {
             child: None,
-            port: stable_port(),
+            port: common::stable_port(),
             dir,
         };
         p.launch();
@@ -497,22 +473,9 @@ fn governor(http: SocketAddr) -> (Value, String) {
     (g, v["replica"].as_str().unwrap_or_default().to_owned())
 }
 
-/// Every sample of `/metrics`: `name{labels}` → value.
-fn metrics(http: SocketAddr) -> BTreeMap<String, f64> {
-    let (status, body) = common::http_request(http, "GET", "/metrics", "", None);
-    assert_eq!(status, 200);
-    body.lines()
-        .filter(|l| !l.starts_with('#') && !l.is_empty())
-        .filter_map(|l| {
-            let (k, v) = l.rsplit_once(' ')?;
-            Some((k.to_owned(), v.parse().ok()?))
-        })
-        .collect()
-}
-
 /// A governor metric of `reindex`.
 fn gauge(http: SocketAddr, name: &str) -> Option<f64> {
-    metrics(http)
+    common::metric_samples_at(http)
         .get(&format!("{name}{{rule=\"{RULE}\"}}"))
         .copied()
 }
@@ -729,7 +692,7 @@ fn settles_breaks_and_survives_prometheus_outage() {
     );
     assert!(g["missing"].as_u64().is_some_and(|m| m >= 3), "{g}");
     assert_eq!(g["output"].as_u64(), Some(MIN), "{g}");
-    let errors: f64 = metrics(http)
+    let errors: f64 = common::metric_samples_at(http)
         .iter()
         .filter(|(k, _)| {
             k.starts_with("divvy_governor_queries_total{")

@@ -54,6 +54,7 @@ use common::{desc, parse_ok, request, Server};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use futures_util::stream::{FuturesUnordered, StreamExt};
+use proptest::prelude::Rng;
 use tonic::transport::Channel;
 
 /// One rule per actor (`ip`) on `path=/x`; `/short` has 5-second windows.
@@ -820,16 +821,11 @@ fn line_connection_limit() {
     assert_eq!(parse_ok(&served), (true, 999, 3600));
 }
 
-/// Deterministic pseudo-random bytes (xorshift64*).
-fn noise(len: usize, mut seed: u64) -> Vec<u8> {
-    (0..len)
-        .map(|_| {
-            seed ^= seed >> 12;
-            seed ^= seed << 25;
-            seed ^= seed >> 27;
-            (seed.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 56) as u8
-        })
-        .collect()
+/// Deterministic pseudo-random bytes.
+fn noise(len: usize, seed: u64) -> Vec<u8> {
+    let mut bytes = vec![0u8; len];
+    common::seeded_rng(seed).fill_bytes(&mut bytes);
+    bytes
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -438,7 +438,7 @@ fn redis_paused_under_load_then_resumed() {
 
 #[test]
 fn a_dead_redis_at_startup_does_not_stop_the_service() {
-    let port = common::redis::free_port();
+    let port = common::free_port();
     let url = format!("redis://127.0.0.1:{port}");
     let server = serve(Some(&url), &["--on-store-failure", "deny"]);
     let mut c = Conn::open(&server);

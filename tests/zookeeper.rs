@@ -56,31 +56,6 @@ const FILE_LABELS: [&str; 3] = ["file-a", "file-b", "file-default"];
 
 // ---------------------------------------------------------------- ZooKeeper
 
-/// A free loopback port below the kernel's ephemeral range. ZooKeeper may
-/// bind it seconds after it was picked (and again after a restart), and a
-/// port in the ephemeral range could meanwhile be the local port of one of
-/// the many short connections the tests make, which makes its bind fail.
-fn zk_port() -> u16 {
-    use std::hash::BuildHasher;
-    let low: u16 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|r| r.split_whitespace().next()?.parse().ok())
-        .unwrap_or(32768);
-    let (from, to) = if low > 12_000 {
-        (10_000, low)
-    } else {
-        (61_000, 65_000)
-    };
-    for i in 0..1000u32 {
-        let r = std::collections::hash_map::RandomState::new().hash_one(i);
-        let port = from + (r % u64::from(to - from)) as u16;
-        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return port;
-        }
-    }
-    panic!("no free port in {from}..{to}");
-}
-
 /// A ZooKeeper server process on 127.0.0.1; killed on drop.
 struct ZooKeeper {
     child: Option<Child>,
@@ -91,7 +66,7 @@ struct ZooKeeper {
 impl ZooKeeper {
     /// Starts one on a free port.
     fn start() -> ZooKeeper {
-        let mut z = ZooKeeper::configure(zk_port());
+        let mut z = ZooKeeper::configure(common::stable_port());
         z.launch();
         z
     }
@@ -372,14 +347,10 @@ fn marker(server: &Server, pairs: &str) -> u64 {
 
 /// A metric's value (a series without labels).
 fn metric(server: &Server, name: &str) -> f64 {
-    let (status, body) = server.http("GET", "/metrics", "");
-    assert_eq!(status, 200);
-    body.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+    *server
+        .metric_samples()
+        .get(name)
         .unwrap_or_else(|| panic!("no {name} in /metrics"))
-        .trim()
-        .parse()
-        .expect("metric value")
 }
 
 fn wait_metric(server: &Server, name: &str, want: f64, within: Duration) -> Instant {
@@ -788,7 +759,7 @@ fn node_deleted_and_created_again() {
 fn several_hosts_one_of_them_down() {
     let zk = ZooKeeper::start();
     zk.set(NODE, &aux(&[("aux-one", &[("k", "a"), ("user", "u1")], 3)]));
-    let dead = format!("127.0.0.1:{}", zk_port());
+    let dead = format!("127.0.0.1:{}", common::stable_port());
     let d = serve_env(FILE_POLICY, &format!("{dead},{}", zk.hosts()));
     let s = &d.server;
     wait_labels(s, &with_file(&["aux-one"]), Duration::from_secs(15));
@@ -912,7 +883,7 @@ fn zookeeper_down_keeps_the_last_good_rules_and_back_up_applies_changes() {
 /// comes up with the node, its rules apply.
 #[test]
 fn started_while_zookeeper_is_down() {
-    let mut zk = ZooKeeper::configure(zk_port());
+    let mut zk = ZooKeeper::configure(common::stable_port());
     let d = serve_env(FILE_POLICY, &zk.hosts());
     let s = &d.server;
     assert_eq!(ready(s), 200);

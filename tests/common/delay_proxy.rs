@@ -22,23 +22,8 @@ impl DelayProxy {
     /// of its forwarding threads runs `on_thread` first (the benchmark moves
     /// them off its load generator's CPU).
     pub fn start(upstream: u16, delay: Duration, on_thread: fn()) -> DelayProxy {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind proxy");
-        let port = listener.local_addr().expect("proxy address").port();
-        std::thread::spawn(move || {
-            for client in listener.incoming() {
-                let Ok(client) = client else { continue };
-                let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)) else {
-                    let _ = client.shutdown(Shutdown::Both);
-                    continue;
-                };
-                let _ = client.set_nodelay(true);
-                let _ = server.set_nodelay(true);
-                let (Ok(c2), Ok(s2)) = (client.try_clone(), server.try_clone()) else {
-                    continue;
-                };
-                pipe(client, s2, delay, on_thread);
-                pipe(server, c2, delay, on_thread);
-            }
+        let port = accept(upstream, move |from, to, _| {
+            pipe(from, to, delay, on_thread)
         });
         DelayProxy { port }
     }
@@ -67,6 +52,32 @@ impl DelayProxy {
         times.sort();
         times[times.len() / 2]
     }
+}
+
+/// Listens on a free loopback port (returned) and connects each client to
+/// `127.0.0.1:upstream` (closing the client at once when it refuses); hands
+/// `forward` each direction, `(from, to, replies)`: client → upstream, then
+/// upstream → client (`replies`).
+pub fn accept(upstream: u16, forward: impl Fn(TcpStream, TcpStream, bool) + Send + 'static) -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind proxy");
+    let port = listener.local_addr().expect("proxy address").port();
+    std::thread::spawn(move || {
+        for client in listener.incoming() {
+            let Ok(client) = client else { continue };
+            let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)) else {
+                let _ = client.shutdown(Shutdown::Both);
+                continue;
+            };
+            let _ = client.set_nodelay(true);
+            let _ = server.set_nodelay(true);
+            let (Ok(c2), Ok(s2)) = (client.try_clone(), server.try_clone()) else {
+                continue;
+            };
+            forward(client, s2, false);
+            forward(server, c2, true);
+        }
+    });
+    port
 }
 
 /// Forwards `from` → `to`, each chunk `delay` after it was read.

@@ -4,7 +4,7 @@
 //! deliver it), or delay every reply.
 
 use std::io::{Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream};
+use std::net::{Shutdown, TcpStream};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -30,25 +30,10 @@ pub struct FaultProxy {
 impl FaultProxy {
     /// Starts passing bytes to `upstream`.
     pub fn start(upstream: u16) -> FaultProxy {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind proxy");
-        let port = listener.local_addr().expect("proxy address").port();
         let fault = Arc::new(Mutex::new(Fault::None));
         let shared = fault.clone();
-        std::thread::spawn(move || {
-            for client in listener.incoming() {
-                let Ok(client) = client else { continue };
-                let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)) else {
-                    let _ = client.shutdown(Shutdown::Both);
-                    continue;
-                };
-                let _ = client.set_nodelay(true);
-                let _ = server.set_nodelay(true);
-                let (Ok(c2), Ok(s2)) = (client.try_clone(), server.try_clone()) else {
-                    continue;
-                };
-                pipe(client, s2, shared.clone(), false);
-                pipe(server, c2, shared.clone(), true);
-            }
+        let port = super::delay_proxy::accept(upstream, move |from, to, replies| {
+            pipe(from, to, shared.clone(), replies)
         });
         FaultProxy { port, fault }
     }

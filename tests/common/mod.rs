@@ -7,8 +7,9 @@ pub mod envoy;
 pub mod fault_proxy;
 pub mod redis;
 
+use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
+use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
@@ -18,6 +19,7 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descri
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use proptest::test_runner::{RngAlgorithm, TestRng};
 use tonic::transport::Channel;
 
 /// Path of the binary under test.
@@ -134,16 +136,8 @@ impl Server {
     }
 
     /// Every sample of `/metrics`: `name{labels}` → value.
-    pub fn metric_samples(&self) -> std::collections::BTreeMap<String, f64> {
-        let (status, body) = self.http("GET", "/metrics", "");
-        assert_eq!(status, 200);
-        body.lines()
-            .filter(|l| !l.starts_with('#') && !l.is_empty())
-            .filter_map(|l| {
-                let (k, v) = l.rsplit_once(' ')?;
-                Some((k.to_owned(), v.parse().ok()?))
-            })
-            .collect()
+    pub fn metric_samples(&self) -> BTreeMap<String, f64> {
+        metric_samples_at(self.http)
     }
 
     /// The process id.
@@ -260,4 +254,65 @@ pub fn assert_has(haystack: &str, needles: &[&str]) {
     for n in needles {
         assert!(haystack.contains(n), "expected {n:?} in:\n{haystack}");
     }
+}
+
+/// Every sample of the `/metrics` of the admin API at `http` (asserting a
+/// 200): `name{labels}` → value.
+pub fn metric_samples_at(http: SocketAddr) -> BTreeMap<String, f64> {
+    let (status, body) = http_request(http, "GET", "/metrics", "", None);
+    assert_eq!(status, 200);
+    parse_metrics(&body)
+}
+
+/// Every sample of a Prometheus text exposition: `name{labels}` → value
+/// (comments, blank lines and unparsable values are skipped).
+pub fn parse_metrics(text: &str) -> BTreeMap<String, f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .filter_map(|l| {
+            let (k, v) = l.rsplit_once(' ')?;
+            Some((k.to_owned(), v.parse().ok()?))
+        })
+        .collect()
+}
+
+/// A free loopback port (bound, then released).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+/// A free loopback port below the kernel's ephemeral range, for a process
+/// that binds it seconds after it was picked (and again after a restart):
+/// a port in the ephemeral range could meanwhile be the local port of one
+/// of the many short connections the tests make, which makes its bind fail.
+pub fn stable_port() -> u16 {
+    use std::hash::BuildHasher;
+    let low: u16 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32768);
+    let (from, to) = if low > 12_000 {
+        (10_000, low)
+    } else {
+        (61_000, 65_000)
+    };
+    for i in 0..1000u32 {
+        let r = std::collections::hash_map::RandomState::new().hash_one(i);
+        let port = from + (r % u64::from(to - from)) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port in {from}..{to}");
+}
+
+/// proptest's ChaCha RNG seeded with `seed`: the same sequence on every
+/// run and machine (use `proptest::prelude::RngCore` / `RngExt` on it).
+pub fn seeded_rng(seed: u64) -> TestRng {
+    let mut bytes = [0u8; 32];
+    bytes[..8].copy_from_slice(&seed.to_le_bytes());
+    TestRng::from_seed(RngAlgorithm::ChaCha, &bytes)
 }

@@ -1,18 +1,11 @@
 //! Real `redis-server` processes on free loopback ports, started and killed
 //! by the tests (never a Redis that happens to run on the machine).
 
-use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// A free loopback port (bound, then released).
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
-}
+use super::free_port;
 
 /// Runs `redis-cli -p port args...` and returns its output.
 pub fn cli(port: u16, args: &[&str]) -> String {

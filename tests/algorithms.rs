@@ -2,10 +2,11 @@
 //! divvy's `window`), rules with several `limits`, and `charge:
 //! all-or-nothing`, against the real binary.
 //!
-//! Every scenario is one function taking a [`Backend`]; the `#[test]`
-//! functions call it once per backend: the embedded memory store, a real
-//! `redis-server`, and (for most scenarios) a Redis Cluster of three masters,
-//! all started by the test on free loopback ports.
+//! Every scenario is one function taking a [`Backend`]; `per_backend!`
+//! makes its `#[test]` functions (`scenario::memory`, `::redis`,
+//! `::cluster`), which call it once per backend: the embedded memory store,
+//! a real `redis-server`, and (for most scenarios) a Redis Cluster of three
+//! masters, all started by the test on free loopback ports.
 //!
 //! Exact counts use one-hour windows (and step past an hour boundary that is
 //! only seconds away, see [`clear_of_window_end`]); refill scenarios sleep
@@ -98,6 +99,47 @@ impl Store {
             ),
         }
     }
+}
+
+/// The tests of each scenario, one per backend: the entry `#[test] fn name =
+/// scenario(args) on memory, redis, cluster;` is a module `name` whose test
+/// `memory` calls `scenario(Backend::Memory, args)`, and so on.
+macro_rules! per_backend {
+    (@backend memory) => {
+        super::Backend::Memory
+    };
+    (@backend redis) => {
+        super::Backend::Redis
+    };
+    (@backend cluster) => {
+        super::Backend::Cluster
+    };
+    (@call $scenario:ident $backend:ident ($($arg:expr),*)) => {
+        super::$scenario(per_backend!(@backend $backend) $(, $arg)*)
+    };
+    () => {};
+    (#[$test:meta] fn $name:ident = $scenario:ident $args:tt on $($backend:ident),+; $($rest:tt)*) => {
+        mod $name {
+            $(
+                #[$test]
+                fn $backend() {
+                    per_backend!(@call $scenario $backend $args);
+                }
+            )+
+        }
+        per_backend!($($rest)*);
+    };
+    (#[$test:meta] async fn $name:ident = $scenario:ident $args:tt on $($backend:ident),+; $($rest:tt)*) => {
+        mod $name {
+            $(
+                #[$test]
+                async fn $backend() {
+                    per_backend!(@call $scenario $backend $args).await;
+                }
+            )+
+        }
+        per_backend!($($rest)*);
+    };
 }
 
 /// `divvy_store_errors_total` of `server`.
@@ -264,21 +306,6 @@ fn bucket_over_the_line_protocol(backend: Backend) {
     assert_no_store_errors(&[&server]);
 }
 
-#[test]
-fn bucket_line_protocol_memory() {
-    bucket_over_the_line_protocol(Backend::Memory);
-}
-
-#[test]
-fn bucket_line_protocol_redis() {
-    bucket_over_the_line_protocol(Backend::Redis);
-}
-
-#[test]
-fn bucket_line_protocol_cluster() {
-    bucket_over_the_line_protocol(Backend::Cluster);
-}
-
 const ROUNDING_POLICY: &str = r#"
 overrides:
   - operation: {k: fixed}
@@ -349,16 +376,6 @@ fn line_rounding(backend: Backend) {
     }
     assert_eq!(done, (true, true), "{backend:?}: no attempt ran in time");
     assert_no_store_errors(&[&server]);
-}
-
-#[test]
-fn line_rounding_memory() {
-    line_rounding(Backend::Memory);
-}
-
-#[test]
-fn line_rounding_redis() {
-    line_rounding(Backend::Redis);
 }
 
 // ---------------------------------------------------------------------------
@@ -526,21 +543,6 @@ async fn exact_sequences(backend: Backend) {
     assert_no_store_errors(&[&server]);
 }
 
-#[tokio::test]
-async fn exact_sequences_memory() {
-    exact_sequences(Backend::Memory).await;
-}
-
-#[tokio::test]
-async fn exact_sequences_redis() {
-    exact_sequences(Backend::Redis).await;
-}
-
-#[tokio::test]
-async fn exact_sequences_cluster() {
-    exact_sequences(Backend::Cluster).await;
-}
-
 // ---------------------------------------------------------------------------
 // 3. Refill after real sleeps
 // ---------------------------------------------------------------------------
@@ -650,16 +652,6 @@ fn refill(backend: Backend) {
     assert_no_store_errors(&[&server]);
 }
 
-#[test]
-fn refill_memory() {
-    refill(Backend::Memory);
-}
-
-#[test]
-fn refill_redis() {
-    refill(Backend::Redis);
-}
-
 // ---------------------------------------------------------------------------
 // 4. One bucket shared by two replicas, hammered concurrently
 // ---------------------------------------------------------------------------
@@ -737,21 +729,6 @@ async fn shared_bucket(backend: Backend) {
     );
     let refs: Vec<&Server> = replicas.iter().collect();
     assert_no_store_errors(&refs);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn shared_bucket_memory() {
-    shared_bucket(Backend::Memory).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn shared_bucket_two_replicas_redis() {
-    shared_bucket(Backend::Redis).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn shared_bucket_two_replicas_cluster() {
-    shared_bucket(Backend::Cluster).await;
 }
 
 // ---------------------------------------------------------------------------
@@ -998,39 +975,6 @@ async fn multi_limit(backend: Backend, algorithm: &str) {
     assert_no_store_errors(&[&server]);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn multi_limit_fixed_memory() {
-    multi_limit(Backend::Memory, "fixed").await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn multi_limit_fixed_redis() {
-    multi_limit(Backend::Redis, "fixed").await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn multi_limit_fixed_cluster() {
-    multi_limit(Backend::Cluster, "fixed").await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn multi_limit_token_bucket_memory() {
-    multi_limit(Backend::Memory, "token_bucket").await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn multi_limit_token_bucket_redis() {
-    multi_limit(Backend::Redis, "token_bucket").await;
-}
-
-/// Scenario 7: the limits' counters in different slots (on different
-/// nodes): never over either limit, and a denied hit leaves the other
-/// limit's credit intact once it is given back.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn multi_limit_token_bucket_cluster_across_slots() {
-    multi_limit(Backend::Cluster, "token_bucket").await;
-}
-
 const WINDOW_AND_CUSTOMER_POLICY: &str = r#"
 overrides:
   - operation: {path: "/api/*"}
@@ -1092,21 +1036,6 @@ async fn denied_hit_opens_no_window(backend: Backend) {
     assert_no_store_errors(&[&server]);
 }
 
-#[tokio::test]
-async fn denied_hit_opens_no_window_memory() {
-    denied_hit_opens_no_window(Backend::Memory).await;
-}
-
-#[tokio::test]
-async fn denied_hit_opens_no_window_redis() {
-    denied_hit_opens_no_window(Backend::Redis).await;
-}
-
-#[tokio::test]
-async fn denied_hit_opens_no_window_cluster() {
-    denied_hit_opens_no_window(Backend::Cluster).await;
-}
-
 /// The brief's example: Close's API limits, token buckets per key and per
 /// customer.
 const CLOSE_POLICY: &str = r#"
@@ -1150,21 +1079,6 @@ fn close_example(backend: Backend) {
         "{backend:?}: the customer got {k1} + {k2} + {k3} in {t3:.3} s"
     );
     assert_no_store_errors(&[&server]);
-}
-
-#[test]
-fn close_example_memory() {
-    close_example(Backend::Memory);
-}
-
-#[test]
-fn close_example_redis() {
-    close_example(Backend::Redis);
-}
-
-#[test]
-fn close_example_cluster() {
-    close_example(Backend::Cluster);
 }
 
 // ---------------------------------------------------------------------------
@@ -1285,34 +1199,46 @@ async fn charging(backend: Backend, all_or_nothing: bool) {
     assert_no_store_errors(&[&server]);
 }
 
-#[tokio::test]
-async fn all_or_nothing_memory() {
-    charging(Backend::Memory, true).await;
-}
+// ---------------------------------------------------------------------------
+// The tests: each scenario on each backend
+// ---------------------------------------------------------------------------
 
-#[tokio::test]
-async fn all_or_nothing_redis() {
-    charging(Backend::Redis, true).await;
-}
+per_backend! {
+    #[test]
+    fn bucket_line_protocol = bucket_over_the_line_protocol() on memory, redis, cluster;
 
-#[tokio::test]
-async fn all_or_nothing_cluster() {
-    charging(Backend::Cluster, true).await;
-}
+    #[test]
+    fn line_rounding = line_rounding() on memory, redis;
 
-#[tokio::test]
-async fn charge_each_memory() {
-    charging(Backend::Memory, false).await;
-}
+    #[tokio::test]
+    async fn exact_sequences = exact_sequences() on memory, redis, cluster;
 
-#[tokio::test]
-async fn charge_each_redis() {
-    charging(Backend::Redis, false).await;
-}
+    #[test]
+    fn refill = refill() on memory, redis;
 
-#[tokio::test]
-async fn charge_each_cluster() {
-    charging(Backend::Cluster, false).await;
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn shared_bucket = shared_bucket() on memory, redis, cluster;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn multi_limit_fixed = multi_limit("fixed") on memory, redis, cluster;
+
+    // On the cluster, scenario 7: the limits' counters in different slots (on
+    // different nodes): never over either limit, and a denied hit leaves the
+    // other limit's credit intact once it is given back.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn multi_limit_token_bucket = multi_limit("token_bucket") on memory, redis, cluster;
+
+    #[tokio::test]
+    async fn denied_hit_opens_no_window = denied_hit_opens_no_window() on memory, redis, cluster;
+
+    #[test]
+    fn close_example = close_example() on memory, redis, cluster;
+
+    #[tokio::test]
+    async fn all_or_nothing = charging(true) on memory, redis, cluster;
+
+    #[tokio::test]
+    async fn charge_each = charging(false) on memory, redis, cluster;
 }
 
 // ---------------------------------------------------------------------------

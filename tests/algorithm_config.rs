@@ -22,119 +22,84 @@ fn yaml(rules: &str) -> String {
     format!("overrides:\n{rules}default: {{creditLimit: 1, resetSeconds: 60}}\n")
 }
 
+/// Asserts that the YAML policy with `rules` is refused with every one of
+/// `messages`.
+fn refused(rules: &str, messages: &[&str]) {
+    assert_has(&errors(&yaml(rules), Format::Yaml), messages);
+}
+
 #[test]
 fn algorithm_and_burst_are_checked() {
-    let e = errors(
-        &yaml("  - operation: {a: b}\n    label: x\n    creditLimit: 3\n    resetSeconds: 1\n    algorithm: leaky\n"),
-        Format::Yaml,
-    );
-    assert_has(
-        &e,
+    refused(
+        "  - operation: {a: b}\n    label: x\n    creditLimit: 3\n    resetSeconds: 1\n    algorithm: leaky\n",
         &[
             "policy.test: rule #1 (label x): algorithm must be one of window, fixed, sliding, token_bucket; found `leaky`",
         ],
     );
-    let e = errors(
-        &yaml("  - operation: {a: b}\n    creditLimit: 3\n    resetSeconds: 1\n    algorithm: fixed\n    burst: 5\n"),
-        Format::Yaml,
-    );
-    assert_has(
-        &e,
-        &["rule #1 (a=b): burst applies only to algorithm token_bucket (this limit's algorithm is fixed)"],
+    refused(
+        "  - operation: {a: b}\n    creditLimit: 3\n    resetSeconds: 1\n    algorithm: fixed\n    burst: 5\n",
+        &[
+            "rule #1 (a=b): burst applies only to algorithm token_bucket (this limit's algorithm is fixed)",
+        ],
     );
     // burst without an algorithm: the default window takes no burst either.
-    let e = errors(
-        &yaml("  - operation: {a: b}\n    creditLimit: 3\n    resetSeconds: 1\n    burst: 5\n"),
-        Format::Yaml,
+    refused(
+        "  - operation: {a: b}\n    creditLimit: 3\n    resetSeconds: 1\n    burst: 5\n",
+        &["burst applies only to algorithm token_bucket"],
     );
-    assert_has(&e, &["burst applies only to algorithm token_bucket"]);
     for bad in ["0", "-1", "1.5", "many"] {
-        let e = errors(
-            &yaml(&format!("  - operation: {{a: b}}\n    creditLimit: 3\n    resetSeconds: 1\n    algorithm: token_bucket\n    burst: {bad}\n")),
-            Format::Yaml,
-        );
-        assert_has(
-            &e,
+        refused(
+            &format!("  - operation: {{a: b}}\n    creditLimit: 3\n    resetSeconds: 1\n    algorithm: token_bucket\n    burst: {bad}\n"),
             &["rule #1 (a=b): burst must be an integer of at least 1"],
         );
     }
     // Products the scripts could not count exactly are refused.
-    let e = errors(
-        &yaml("  - operation: {a: b}\n    creditLimit: 1000000000000\n    resetSeconds: 1d\n    algorithm: sliding\n"),
-        Format::Yaml,
-    );
-    assert_has(
-        &e,
+    refused(
+        "  - operation: {a: b}\n    creditLimit: 1000000000000\n    resetSeconds: 1d\n    algorithm: sliding\n",
         &["creditLimit × resetSeconds is too large for the sliding algorithm"],
     );
 }
 
 #[test]
 fn limits_are_checked_with_their_index() {
-    let e = errors(
-        &yaml("  - operation: {a: b}\n    label: api\n    limits: []\n"),
-        Format::Yaml,
+    refused(
+        "  - operation: {a: b}\n    label: api\n    limits: []\n",
+        &["policy.test: rule #1 (label api): `limits` is empty"],
     );
-    assert_has(&e, &["policy.test: rule #1 (label api): `limits` is empty"]);
-    let e = errors(
-        &yaml("  - operation: {a: b}\n    creditLimit: 3\n    resetSeconds: 1\n    limits:\n      - {creditLimit: 1, resetSeconds: 1}\n"),
-        Format::Yaml,
-    );
-    assert_has(
-        &e,
+    refused(
+        "  - operation: {a: b}\n    creditLimit: 3\n    resetSeconds: 1\n    limits:\n      - {creditLimit: 1, resetSeconds: 1}\n",
         &[
             "rule #1 (a=b): `creditLimit` cannot stand beside `limits`",
             "rule #1 (a=b): `resetSeconds` cannot stand beside `limits`",
         ],
     );
-    let e = errors(
-        &yaml("  - operation: {a: b}\n    actorField: ip\n    limits:\n      - {creditLimit: 1, resetSeconds: 1}\n"),
-        Format::Yaml,
-    );
-    assert_has(
-        &e,
+    refused(
+        "  - operation: {a: b}\n    actorField: ip\n    limits:\n      - {creditLimit: 1, resetSeconds: 1}\n",
         &["`actorField` cannot stand beside `limits`; set it on each limit"],
     );
-    let e = errors(
-        &yaml("  - operation: {a: b}\n    limits:\n      - {creditLimit: 1, resetSeconds: 1}\n      - {creditLimit: 2, resetSeconds: 1, algorithm: nope}\n      - {resetSeconds: 1, algorithm: token_bucket, burst: 0}\n"),
-        Format::Yaml,
-    );
-    assert_has(
-        &e,
+    refused(
+        "  - operation: {a: b}\n    limits:\n      - {creditLimit: 1, resetSeconds: 1}\n      - {creditLimit: 2, resetSeconds: 1, algorithm: nope}\n      - {resetSeconds: 1, algorithm: token_bucket, burst: 0}\n",
         &[
             "rule #1 (a=b): limits[1].algorithm must be one of window, fixed, sliding, token_bucket; found `nope`",
             "rule #1 (a=b): limits[2].creditLimit is required",
             "rule #1 (a=b): limits[2].burst must be an integer of at least 1",
         ],
     );
-    let e = errors(
-        &yaml("  - operation: {a: b}\n    limits:\n      - {creditLimit: 1, resetSeconds: 1, actorField: k}\n      - {creditLimit: 1, resetSeconds: 1, actorField: k}\n"),
-        Format::Yaml,
+    refused(
+        "  - operation: {a: b}\n    limits:\n      - {creditLimit: 1, resetSeconds: 1, actorField: k}\n      - {creditLimit: 1, resetSeconds: 1, actorField: k}\n",
+        &["limits[1] counts exactly what limits[0] counts"],
     );
-    assert_has(&e, &["limits[1] counts exactly what limits[0] counts"]);
     // Limit labels share the rules' label namespace.
-    let e = errors(
-        &yaml("  - operation: {a: b}\n    label: api\n    limits:\n      - {creditLimit: 1, resetSeconds: 1, label: api}\n"),
-        Format::Yaml,
-    );
-    assert_has(
-        &e,
+    refused(
+        "  - operation: {a: b}\n    label: api\n    limits:\n      - {creditLimit: 1, resetSeconds: 1, label: api}\n",
         &["label api is already used by another label of this rule"],
     );
-    let e = errors(
-        &yaml("  - operation: {a: b}\n    label: one\n    creditLimit: 1\n    resetSeconds: 1\n  - operation: {a: c}\n    limits:\n      - {creditLimit: 1, resetSeconds: 1, label: one}\n"),
-        Format::Yaml,
-    );
-    assert_has(
-        &e,
+    refused(
+        "  - operation: {a: b}\n    label: one\n    creditLimit: 1\n    resetSeconds: 1\n  - operation: {a: c}\n    limits:\n      - {creditLimit: 1, resetSeconds: 1, label: one}\n",
         &["rule #2 (a=c): label one is already used by rule #1 (label one)"],
     );
-    let e = errors(
-        &yaml("  - operation: {a: b}\n    limits:\n      - {creditLimit: 1, resetSeconds: 1, label: \"bad label\"}\n"),
-        Format::Yaml,
-    );
-    assert_has(
-        &e,
+    refused(
+        "  - operation: {a: b}\n    limits:\n      - {creditLimit: 1, resetSeconds: 1, label: \"bad label\"}\n",
         &["limits[0].label `bad label` must be 1 to 255 characters"],
     );
     // Unknown fields in a limit are errors with their path.

@@ -7,8 +7,10 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descri
 use envoy_types::pb::envoy::r#type::v3::RateLimitUnit;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use envoy_types::pb::google::protobuf::UInt64Value;
+use tonic::transport::Channel;
 use tonic::Code as GrpcCode;
 
 const POLICY: &str = r#"
@@ -70,6 +72,14 @@ default:
   resetSeconds: 1h
 "#;
 
+/// Sends one descriptor with `entries` in domain `test`.
+async fn ask_test(
+    client: &mut RateLimitServiceClient<Channel>,
+    entries: &[(&str, &str)],
+) -> RateLimitResponse {
+    common::ask(client, request("test", vec![desc(entries)])).await
+}
+
 fn codes(r: &RateLimitResponse) -> Vec<(i32, u32)> {
     r.statuses
         .iter()
@@ -86,11 +96,7 @@ async fn counts_to_the_limit_and_past_it() {
     let mut client = server.client().await;
     let mut seen = Vec::new();
     for _ in 0..5 {
-        let r = common::ask(
-            &mut client,
-            request("test", vec![desc(&[("key", "counted")])]),
-        )
-        .await;
+        let r = ask_test(&mut client, &[("key", "counted")]).await;
         seen.push((r.overall_code, codes(&r)[0]));
         let s = &r.statuses[0];
         let limit = s.current_limit.as_ref().unwrap();
@@ -121,11 +127,7 @@ async fn per_actor_counters() {
     let hit = |user: &'static str| {
         let mut c = client.clone();
         async move {
-            let r = common::ask(
-                &mut c,
-                request("test", vec![desc(&[("key", "per-user"), ("user", user)])]),
-            )
-            .await;
+            let r = ask_test(&mut c, &[("key", "per-user"), ("user", user)]).await;
             codes(&r)[0]
         }
     };
@@ -134,11 +136,7 @@ async fn per_actor_counters() {
     assert_eq!(hit("alice").await, (OVER, 0));
     assert_eq!(hit("bob").await, (OK, 1));
     // Without the user entry, the per-user rule does not match: the default decides.
-    let r = common::ask(
-        &mut client,
-        request("test", vec![desc(&[("key", "per-user")])]),
-    )
-    .await;
+    let r = ask_test(&mut client, &[("key", "per-user")]).await;
     assert_eq!(
         r.statuses[0].current_limit.as_ref().unwrap().name,
         "fallback"
@@ -150,11 +148,7 @@ async fn canary_consumes_but_never_decides() {
     let server = Server::with_policy(POLICY, "yaml");
     let mut client = server.client().await;
     for i in 0..3u32 {
-        let r = common::ask(
-            &mut client,
-            request("test", vec![desc(&[("key", "canary")])]),
-        )
-        .await;
+        let r = ask_test(&mut client, &[("key", "canary")]).await;
         // The canary (1 per hour) is exhausted after the first hit, yet the
         // decider (100 per hour) keeps allowing and is the one reported.
         assert_eq!(codes(&r), vec![(OK, 99 - i)]);
@@ -170,16 +164,12 @@ async fn always_allow_and_always_deny() {
     let server = Server::with_policy(POLICY, "yaml");
     let mut client = server.client().await;
     for _ in 0..10 {
-        let r = common::ask(&mut client, request("test", vec![desc(&[("key", "free")])])).await;
+        let r = ask_test(&mut client, &[("key", "free")]).await;
         assert_eq!(codes(&r), vec![(OK, 5)]);
         assert!(r.statuses[0].current_limit.is_none());
         assert!(r.statuses[0].duration_until_reset.is_none());
     }
-    let r = common::ask(
-        &mut client,
-        request("test", vec![desc(&[("key", "blocked")])]),
-    )
-    .await;
+    let r = ask_test(&mut client, &[("key", "blocked")]).await;
     assert_eq!(r.overall_code, OVER);
     assert_eq!(codes(&r), vec![(OVER, 0)]);
     assert_eq!(
@@ -288,7 +278,7 @@ async fn domains_select_rules_and_unknown_domains_fall_to_the_default() {
 async fn odd_windows_and_overrides() {
     let server = Server::with_policy(POLICY, "yaml");
     let mut client = server.client().await;
-    let r = common::ask(&mut client, request("test", vec![desc(&[("key", "odd")])])).await;
+    let r = ask_test(&mut client, &[("key", "odd")]).await;
     let limit = r.statuses[0].current_limit.clone().unwrap();
     assert_eq!(limit.unit, Unit::Unknown as i32);
     assert_eq!(limit.name, "odd-window per 90s");
@@ -307,11 +297,7 @@ async fn odd_windows_and_overrides() {
         (limit.requests_per_unit, limit.unit),
         (1, Unit::Minute as i32)
     );
-    let r = common::ask(
-        &mut client,
-        request("test", vec![desc(&[("key", "counted")])]),
-    )
-    .await;
+    let r = ask_test(&mut client, &[("key", "counted")]).await;
     assert_eq!(codes(&r), vec![(OK, 2)]);
     // An override with no unit is refused.
     d.limit = Some(RateLimitOverride {
@@ -331,9 +317,7 @@ async fn window_resets_after_reset_seconds() {
     let client = server.client().await;
     let send = || {
         let mut c = client.clone();
-        async move {
-            codes(&common::ask(&mut c, request("test", vec![desc(&[("key", "short")])])).await)[0]
-        }
+        async move { codes(&ask_test(&mut c, &[("key", "short")]).await)[0] }
     };
     assert_eq!(send().await, (OK, 0));
     assert_eq!(send().await, (OVER, 0));
@@ -363,11 +347,7 @@ async fn invalid_arguments() {
         assert!(err.message().contains(needle), "{:?}", err.message());
     }
     // Nothing was charged by the refused requests.
-    let r = common::ask(
-        &mut client,
-        request("test", vec![desc(&[("key", "counted")])]),
-    )
-    .await;
+    let r = ask_test(&mut client, &[("key", "counted")]).await;
     assert_eq!(codes(&r), vec![(OK, 2)]);
 }
 
@@ -462,11 +442,7 @@ async fn rate_limit_headers_draft_and_legacy() {
     // Without the flag, no headers.
     let server = Server::with_policy(POLICY, "yaml");
     let mut client = server.client().await;
-    let r = common::ask(
-        &mut client,
-        request("test", vec![desc(&[("key", "counted")])]),
-    )
-    .await;
+    let r = ask_test(&mut client, &[("key", "counted")]).await;
     assert!(r.response_headers_to_add.is_empty());
 }
 
@@ -516,12 +492,9 @@ async fn serves_on_one_worker_thread_or_several() {
             for _ in 0..6 {
                 let mut client = client.clone();
                 calls.push(tokio::spawn(async move {
-                    common::ask(
-                        &mut client,
-                        request("test", vec![desc(&[("key", "counted")])]),
-                    )
-                    .await
-                    .overall_code
+                    ask_test(&mut client, &[("key", "counted")])
+                        .await
+                        .overall_code
                 }));
             }
         }

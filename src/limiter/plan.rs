@@ -80,7 +80,7 @@ impl Planner<'_> {
                 o.remaining = limit.credit_limit;
                 o.reset = Reset::Unlimited;
             } else {
-                let op = CounterOp {
+                let mut op = CounterOp {
                     cost: hit.cost,
                     refund: hit.refund,
                     // Not the rule's first counted limit.
@@ -88,7 +88,10 @@ impl Planner<'_> {
                     decides,
                     ..counter_op(compiled, &hit.operation, &own[i], limit)
                 };
-                let op = self.leased(op, limit, hit.cost, &mut o);
+                if let (true, Some(global)) = (limit.global, self.global) {
+                    lease(global, &mut op, limit, hit.cost);
+                    o.global = true;
+                }
                 self.ops.push(op);
             }
             outcomes.push(o);
@@ -99,29 +102,18 @@ impl Planner<'_> {
             ops: first..self.ops.len(),
         }
     }
+}
 
-    /// A global limit counts in the region's store at the region's lease,
-    /// in thousandths of a credit per window; any other `op` is unchanged.
-    fn leased(
-        &self,
-        mut op: CounterOp,
-        limit: &LimitSpec,
-        cost: u64,
-        o: &mut LimitOutcome,
-    ) -> CounterOp {
-        let (true, Some(global)) = (limit.global, self.global) else {
-            return op;
-        };
-        op.key.push_str(":global");
-        let (rate, burst) = global.quota(&op.key, limit, cost);
-        let window = limit.reset_seconds.max(1);
-        let per_window_milli = rate * window as f64 * 1000.0;
-        op.limit = (per_window_milli.floor() as u64).max(1);
-        op.window = Duration::from_secs(window.saturating_mul(1000));
-        op.burst = burst;
-        o.global = true;
-        op
-    }
+/// A global limit counts in the region's store at the region's lease, in
+/// thousandths of a credit per window.
+fn lease(global: &Global, op: &mut CounterOp, limit: &LimitSpec, cost: u64) {
+    op.key.push_str(":global");
+    let (rate, burst) = global.quota(&op.key, limit, cost);
+    let window = limit.reset_seconds.max(1);
+    let per_window_milli = rate * window as f64 * 1000.0;
+    op.limit = (per_window_milli.floor() as u64).max(1);
+    op.window = Duration::from_secs(window.saturating_mul(1000));
+    op.burst = burst;
 }
 
 /// A limit's outcome before the store answers; `finish` pairs the outcomes

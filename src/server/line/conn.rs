@@ -231,11 +231,8 @@ fn fill_batch(
 ) {
     while slots.len() < max_batch {
         match framer.next() {
-            Some(Frame::Line(line)) => match parse_line(&line) {
-                Ok(hit) => {
-                    hits.push(hit);
-                    slots.push(Slot::Hit);
-                }
+            Some(Frame::Line(line)) => match parse_line(&line, hits) {
+                Ok(()) => slots.push(Slot::Hit),
                 Err(e) => {
                     metrics().error(e.code());
                     slots.push(Slot::Ready(e.to_string()));
@@ -250,8 +247,9 @@ fn fill_batch(
     }
 }
 
-/// One line as a hit. Pairs go straight into the operation: no list in between.
-fn parse_line(line: &[u8]) -> Result<Hit, LineError> {
+/// One line as a hit, pushed on `hits`. Pairs go straight into the
+/// operation: no list in between.
+fn parse_line(line: &[u8], hits: &mut Vec<Hit>) -> Result<(), LineError> {
     let mut operation = OperationBuilder::with_capacity(4);
     let decoded;
     let (text, plain) = match plain_text(line) {
@@ -262,7 +260,8 @@ fn parse_line(line: &[u8]) -> Result<Hit, LineError> {
         }
     };
     parse_text(text, plain, |k, v| operation.push(k, v))?;
-    Ok(Hit::one(operation.finish()))
+    hits.push(Hit::one(operation.finish()));
+    Ok(())
 }
 
 /// Writes `out` while keeping the idle limit (a client that reads none of

@@ -222,6 +222,7 @@ pub async fn serve_connection<S>(
 
 /// Takes up to `max_batch` framed lines off `framer`: a hit for each line
 /// that parses, an answer ready for each that does not.
+#[inline]
 fn fill_batch(
     framer: &mut Framer,
     max_batch: usize,
@@ -249,6 +250,7 @@ fn fill_batch(
 
 /// One line as a hit, pushed on `hits`. Pairs go straight into the
 /// operation: no list in between.
+#[inline]
 fn parse_line(line: &[u8], hits: &mut Vec<Hit>) -> Result<(), LineError> {
     let mut operation = OperationBuilder::with_capacity(4);
     let decoded;

@@ -28,22 +28,6 @@ pub struct Metrics {
     pub errors: IntCounterVec,
     /// `divvy_decisions_total{domain,rule_label,code}`: deciding-rule outcomes; domain is the rule's domain pattern.
     pub decisions: IntCounterVec,
-    /// `divvy_store_errors_total`: failed store calls.
-    pub store_errors: IntCounter,
-    /// `divvy_store_duration_seconds`: time of one store call (all counters of a request).
-    pub store_duration: Histogram,
-    /// `divvy_failure_policy_activations_total{policy}`: times the circuit breaker opened.
-    pub failure_activations: IntCounterVec,
-    /// `divvy_failure_policy_decisions_total{policy,reason}`: counters decided by the
-    /// failure policy; reason deadline, timeout, connection or breaker_open.
-    pub failure_decisions: IntCounterVec,
-    /// `divvy_store_failures_total{reason}`: store calls counted toward the breaker;
-    /// reason deadline, timeout, connection or abandoned.
-    pub store_failures: IntCounterVec,
-    /// `divvy_store_breaker_state`: 0 closed, 1 open, 2 half-open.
-    pub store_breaker_state: IntGauge,
-    /// `divvy_store_ready`: 1 while the configured store is in use, 0 while a failure policy stands in.
-    pub store_ready: IntGauge,
     /// `divvy_reloads_total{result}`: policy reloads, success or failure.
     pub reloads: IntCounterVec,
     /// `divvy_rules_generation`: generation of the rules in force.
@@ -63,41 +47,19 @@ pub struct Metrics {
     pub aux_rules_refused: IntCounter,
     /// `divvy_aux_rules_source_up`: 1 while the aux rules' source (ZooKeeper) answers.
     pub aux_rules_source_up: IntGauge,
-    /// `divvy_global_lease_rate{limit}`: this region's leased rate (credits/s) of a global limit.
-    pub global_lease: GaugeVec,
-    /// `divvy_global_demand_rate{limit}`: this region's measured demand (credits/s) of a global limit.
-    pub global_demand: GaugeVec,
-    /// `divvy_global_admitted_total{limit}`: hits a global limit allowed in this process.
-    pub global_admitted: IntCounterVec,
-    /// `divvy_global_fallback`: 1 while the global store fails and conservative quotas decide.
-    pub global_fallback: IntGauge,
-    /// `divvy_global_renewals_total{result}`: lease renewals, ok or failed.
-    pub global_renewals: IntCounterVec,
-    /// `divvy_global_alive_timestamp_seconds`: last step of the lease task.
-    pub global_alive: IntGauge,
-    /// `divvy_governor_measurement{rule}`: the last load a governor read (absent before the first).
-    pub governor_measurement: GaugeVec,
-    /// `divvy_governor_output{rule}`: the creditLimit a governor last set.
-    pub governor_output: GaugeVec,
-    /// `divvy_governor_setpoint{rule}`: the load a governor holds.
-    pub governor_setpoint: GaugeVec,
-    /// `divvy_governor_breaker_open{rule}`: 1 while a governor's breaker is open.
-    pub governor_breaker_open: GaugeVec,
-    /// `divvy_governor_leader{rule}`: 1 while this replica holds the governor's lease (it governs), 0 while idle.
-    pub governor_leader: GaugeVec,
     /// `divvy_ratelimit_stats_total{key,stat}`: envoyproxy/ratelimit's
     /// per-descriptor stats (`stat`: total_hits, over_limit, near_limit,
     /// within_limit, shadow_mode; `key`: `<domain>.<key_value path>`).
     pub envoy_stats: IntCounterVec,
     envoy_keys: std::sync::RwLock<std::collections::HashSet<String>>,
-    /// `divvy_counters`: live counters in the memory store (as of its last sweep).
-    pub counters: IntGauge,
-    /// `divvy_counters_evicted_total`: counters the memory store evicted to stay under `--max-counters`.
-    pub counters_evicted: IntCounter,
     /// `divvy_rejected_total{reason}`: requests, connections and counters refused to keep work and memory bounded.
     pub rejected: IntCounterVec,
-    /// `divvy_governor_queries_total{rule,result}`: Prometheus queries by result (ok, error, empty, stale, nan).
-    pub governor_queries: IntCounterVec,
+    /// The counter store, its circuit breaker and failure policy.
+    pub store: StoreMetrics,
+    /// Leases of global limits.
+    pub global: GlobalMetrics,
+    /// Governors.
+    pub governor: GovernorMetrics,
 }
 
 /// A rule's counters, looked up once when the rule set is compiled (a
@@ -182,15 +144,223 @@ fn histogram(registry: &Registry, name: &str, help: &str) -> Histogram {
     h
 }
 
-impl Metrics {
-    fn new() -> Metrics {
-        let r = Registry::new();
-        let store_ready = gauge(
-            &r,
+/// The counter store, its circuit breaker and failure policy.
+pub struct StoreMetrics {
+    /// `divvy_counters`: live counters in the memory store (as of its last sweep).
+    pub counters: IntGauge,
+    /// `divvy_counters_evicted_total`: counters the memory store evicted to stay under `--max-counters`.
+    pub counters_evicted: IntCounter,
+    /// `divvy_store_errors_total`: failed store calls.
+    pub errors: IntCounter,
+    /// `divvy_store_duration_seconds`: time of one store call (all counters of a request).
+    pub duration: Histogram,
+    /// `divvy_failure_policy_activations_total{policy}`: times the circuit breaker opened.
+    pub failure_activations: IntCounterVec,
+    /// `divvy_failure_policy_decisions_total{policy,reason}`: counters decided by the
+    /// failure policy; reason deadline, timeout, connection or breaker_open.
+    pub failure_decisions: IntCounterVec,
+    /// `divvy_store_failures_total{reason}`: store calls counted toward the breaker;
+    /// reason deadline, timeout, connection or abandoned.
+    pub failures: IntCounterVec,
+    /// `divvy_store_breaker_state`: 0 closed, 1 open, 2 half-open.
+    pub breaker_state: IntGauge,
+    /// `divvy_store_ready`: 1 while the configured store is in use, 0 while a failure policy stands in.
+    pub ready: IntGauge,
+}
+
+/// Leases of global limits.
+pub struct GlobalMetrics {
+    /// `divvy_global_lease_rate{limit}`: this region's leased rate (credits/s) of a global limit.
+    pub lease: GaugeVec,
+    /// `divvy_global_demand_rate{limit}`: this region's measured demand (credits/s) of a global limit.
+    pub demand: GaugeVec,
+    /// `divvy_global_admitted_total{limit}`: hits a global limit allowed in this process.
+    pub admitted: IntCounterVec,
+    /// `divvy_global_fallback`: 1 while the global store fails and conservative quotas decide.
+    pub fallback: IntGauge,
+    /// `divvy_global_renewals_total{result}`: lease renewals, ok or failed.
+    pub renewals: IntCounterVec,
+    /// `divvy_global_alive_timestamp_seconds`: last step of the lease task.
+    pub alive: IntGauge,
+}
+
+/// Governors.
+pub struct GovernorMetrics {
+    /// `divvy_governor_measurement{rule}`: the last load a governor read (absent before the first).
+    pub measurement: GaugeVec,
+    /// `divvy_governor_output{rule}`: the creditLimit a governor last set.
+    pub output: GaugeVec,
+    /// `divvy_governor_setpoint{rule}`: the load a governor holds.
+    pub setpoint: GaugeVec,
+    /// `divvy_governor_breaker_open{rule}`: 1 while a governor's breaker is open.
+    pub breaker_open: GaugeVec,
+    /// `divvy_governor_leader{rule}`: 1 while this replica holds the governor's lease (it governs), 0 while idle.
+    pub leader: GaugeVec,
+    /// `divvy_governor_queries_total{rule,result}`: Prometheus queries by result (ok, error, empty, stale, nan).
+    pub queries: IntCounterVec,
+}
+
+impl StoreMetrics {
+    fn new(r: &Registry) -> StoreMetrics {
+        let ready = gauge(
+            r,
             "divvy_store_ready",
             "1 while the configured counter store is in use, 0 while a failure policy decides",
         );
-        store_ready.set(1);
+        ready.set(1);
+        StoreMetrics {
+            counters: gauge(
+                r,
+                "divvy_counters",
+                "Live counters in the memory store (as of its last sweep)",
+            ),
+            counters_evicted: {
+                let c = IntCounter::new(
+                    "divvy_counters_evicted_total",
+                    "Counters the memory store evicted (least recently used first) to stay under --max-counters",
+                )
+                .expect("static metric definition");
+                r.register(Box::new(c.clone())).expect("unique metric name");
+                c
+            },
+            errors: {
+                let c = IntCounter::new("divvy_store_errors_total", "Failed counter store calls")
+                    .expect("static metric definition");
+                r.register(Box::new(c.clone())).expect("unique metric name");
+                c
+            },
+            duration: histogram(
+                r,
+                "divvy_store_duration_seconds",
+                "Time of one counter store call",
+            ),
+            failure_activations: counter_vec(
+                r,
+                "divvy_failure_policy_activations_total",
+                "Times the store circuit breaker opened",
+                &["policy"],
+            ),
+            failure_decisions: counter_vec(
+                r,
+                "divvy_failure_policy_decisions_total",
+                "Counters decided by the failure policy, by policy and reason",
+                &["policy", "reason"],
+            ),
+            failures: counter_vec(
+                r,
+                "divvy_store_failures_total",
+                "Counter store calls that failed, timed out, missed the caller's deadline or were abandoned",
+                &["reason"],
+            ),
+            breaker_state: gauge(
+                r,
+                "divvy_store_breaker_state",
+                "The counter store's circuit breaker: 0 closed, 1 open, 2 half-open",
+            ),
+            ready,
+        }
+    }
+}
+
+impl GlobalMetrics {
+    fn new(r: &Registry) -> GlobalMetrics {
+        GlobalMetrics {
+            lease: {
+                let g = GaugeVec::new(
+                    Opts::new(
+                        "divvy_global_lease_rate",
+                        "This region's leased rate of a global limit (credits per second)",
+                    ),
+                    &["limit"],
+                )
+                .expect("static metric definition");
+                r.register(Box::new(g.clone())).expect("unique metric name");
+                g
+            },
+            demand: {
+                let g = GaugeVec::new(
+                    Opts::new(
+                        "divvy_global_demand_rate",
+                        "This region's demand on a global limit (credits per second)",
+                    ),
+                    &["limit"],
+                )
+                .expect("static metric definition");
+                r.register(Box::new(g.clone())).expect("unique metric name");
+                g
+            },
+            admitted: counter_vec(
+                r,
+                "divvy_global_admitted_total",
+                "Hits a global limit allowed in this process",
+                &["limit"],
+            ),
+            fallback: gauge(
+                r,
+                "divvy_global_fallback",
+                "1 while the global store fails and conservative quotas decide",
+            ),
+            renewals: counter_vec(
+                r,
+                "divvy_global_renewals_total",
+                "Lease renewals against the global store by result",
+                &["result"],
+            ),
+            alive: gauge(
+                r,
+                "divvy_global_alive_timestamp_seconds",
+                "Unix time of the last step of the global lease task",
+            ),
+        }
+    }
+}
+
+impl GovernorMetrics {
+    fn new(r: &Registry) -> GovernorMetrics {
+        GovernorMetrics {
+            measurement: gauge_vec(
+                r,
+                "divvy_governor_measurement",
+                "The last load a governor read from Prometheus",
+                &["rule"],
+            ),
+            output: gauge_vec(
+                r,
+                "divvy_governor_output",
+                "The creditLimit a governor last set",
+                &["rule"],
+            ),
+            setpoint: gauge_vec(
+                r,
+                "divvy_governor_setpoint",
+                "The load a governor holds",
+                &["rule"],
+            ),
+            breaker_open: gauge_vec(
+                r,
+                "divvy_governor_breaker_open",
+                "1 while a governor's circuit breaker is open",
+                &["rule"],
+            ),
+            leader: gauge_vec(
+                r,
+                "divvy_governor_leader",
+                "1 while this replica holds a governor's lease and governs; 0 while it is idle",
+                &["rule"],
+            ),
+            queries: counter_vec(
+                r,
+                "divvy_governor_queries_total",
+                "A governor's Prometheus queries by result (ok, error, empty, stale, nan)",
+                &["rule", "result"],
+            ),
+        }
+    }
+}
+
+impl Metrics {
+    fn new() -> Metrics {
+        let r = Registry::new();
         Metrics {
             hits: counter_vec(
                 &r,
@@ -220,41 +390,6 @@ impl Metrics {
                 "Decisions by rule domain, rule label and code",
                 &["domain", "rule_label", "code"],
             ),
-            store_errors: {
-                let c = IntCounter::new("divvy_store_errors_total", "Failed counter store calls")
-                    .expect("static metric definition");
-                r.register(Box::new(c.clone())).expect("unique metric name");
-                c
-            },
-            store_duration: histogram(
-                &r,
-                "divvy_store_duration_seconds",
-                "Time of one counter store call",
-            ),
-            failure_activations: counter_vec(
-                &r,
-                "divvy_failure_policy_activations_total",
-                "Times the store circuit breaker opened",
-                &["policy"],
-            ),
-            failure_decisions: counter_vec(
-                &r,
-                "divvy_failure_policy_decisions_total",
-                "Counters decided by the failure policy, by policy and reason",
-                &["policy", "reason"],
-            ),
-            store_failures: counter_vec(
-                &r,
-                "divvy_store_failures_total",
-                "Counter store calls that failed, timed out, missed the caller's deadline or were abandoned",
-                &["reason"],
-            ),
-            store_breaker_state: gauge(
-                &r,
-                "divvy_store_breaker_state",
-                "The counter store's circuit breaker: 0 closed, 1 open, 2 half-open",
-            ),
-            store_ready,
             reloads: counter_vec(
                 &r,
                 "divvy_reloads_total",
@@ -294,76 +429,6 @@ impl Metrics {
                 "divvy_aux_rules_source_up",
                 "1 while the aux rules' source (ZooKeeper) answers",
             ),
-            global_lease: {
-                let g = GaugeVec::new(
-                    Opts::new("divvy_global_lease_rate", "This region's leased rate of a global limit (credits per second)"),
-                    &["limit"],
-                )
-                .expect("static metric definition");
-                r.register(Box::new(g.clone())).expect("unique metric name");
-                g
-            },
-            global_demand: {
-                let g = GaugeVec::new(
-                    Opts::new("divvy_global_demand_rate", "This region's demand on a global limit (credits per second)"),
-                    &["limit"],
-                )
-                .expect("static metric definition");
-                r.register(Box::new(g.clone())).expect("unique metric name");
-                g
-            },
-            global_admitted: counter_vec(
-                &r,
-                "divvy_global_admitted_total",
-                "Hits a global limit allowed in this process",
-                &["limit"],
-            ),
-            global_fallback: gauge(
-                &r,
-                "divvy_global_fallback",
-                "1 while the global store fails and conservative quotas decide",
-            ),
-            global_renewals: counter_vec(
-                &r,
-                "divvy_global_renewals_total",
-                "Lease renewals against the global store by result",
-                &["result"],
-            ),
-            global_alive: gauge(
-                &r,
-                "divvy_global_alive_timestamp_seconds",
-                "Unix time of the last step of the global lease task",
-            ),
-            governor_measurement: gauge_vec(
-                &r,
-                "divvy_governor_measurement",
-                "The last load a governor read from Prometheus",
-                &["rule"],
-            ),
-            governor_output: gauge_vec(
-                &r,
-                "divvy_governor_output",
-                "The creditLimit a governor last set",
-                &["rule"],
-            ),
-            governor_setpoint: gauge_vec(
-                &r,
-                "divvy_governor_setpoint",
-                "The load a governor holds",
-                &["rule"],
-            ),
-            governor_breaker_open: gauge_vec(
-                &r,
-                "divvy_governor_breaker_open",
-                "1 while a governor's circuit breaker is open",
-                &["rule"],
-            ),
-            governor_leader: gauge_vec(
-                &r,
-                "divvy_governor_leader",
-                "1 while this replica holds a governor's lease and governs; 0 while it is idle",
-                &["rule"],
-            ),
             envoy_stats: counter_vec(
                 &r,
                 "divvy_ratelimit_stats_total",
@@ -371,20 +436,6 @@ impl Metrics {
                 &["key", "stat"],
             ),
             envoy_keys: std::sync::RwLock::new(std::collections::HashSet::new()),
-            counters: gauge(
-                &r,
-                "divvy_counters",
-                "Live counters in the memory store (as of its last sweep)",
-            ),
-            counters_evicted: {
-                let c = IntCounter::new(
-                    "divvy_counters_evicted_total",
-                    "Counters the memory store evicted (least recently used first) to stay under --max-counters",
-                )
-                .expect("static metric definition");
-                r.register(Box::new(c.clone())).expect("unique metric name");
-                c
-            },
             rejected: {
                 let c = counter_vec(
                     &r,
@@ -397,12 +448,9 @@ impl Metrics {
                 }
                 c
             },
-            governor_queries: counter_vec(
-                &r,
-                "divvy_governor_queries_total",
-                "A governor's Prometheus queries by result (ok, error, empty, stale, nan)",
-                &["rule", "result"],
-            ),
+            store: StoreMetrics::new(&r),
+            global: GlobalMetrics::new(&r),
+            governor: GovernorMetrics::new(&r),
             registry: r,
         }
     }

@@ -263,7 +263,8 @@ impl Global {
                     renewals = renewals.saturating_add(1);
                 }
                 metrics()
-                    .global_alive
+                    .global
+                    .alive
                     .set(i64::try_from(now_ms() / 1000).unwrap_or(0));
                 let woken = g.wake.notified();
                 tokio::select! {

@@ -213,13 +213,14 @@ impl Global {
             .values()
             .any(|l| l.fallback || l.expires_at_ms <= now);
         self.fallback.store(fallback, Ordering::Release);
-        metrics().global_fallback.set(i64::from(fallback));
+        metrics().global.fallback.set(i64::from(fallback));
         {
             let counters = self.counters.lock().unwrap_or_else(|e| e.into_inner());
             for (k, l) in &leases {
                 if let Some(c) = counters.get(k) {
                     metrics()
-                        .global_lease
+                        .global
+                        .lease
                         .with_label_values(&[&c.label])
                         .set(gauge_value(l.rate));
                 }

@@ -161,10 +161,12 @@ impl Global {
             views.insert(k.clone(), grant.view.clone());
             let demand = demands.get(k).copied().unwrap_or(0.0);
             let m = metrics();
-            m.global_lease
+            m.global
+                .lease
                 .with_label_values(&[&spec.label])
                 .set(gauge_value(grant.rate));
-            m.global_demand
+            m.global
+                .demand
                 .with_label_values(&[&spec.label])
                 .set(gauge_value(demand));
         }
@@ -176,8 +178,8 @@ impl Global {
         if self.fallback.swap(false, Ordering::AcqRel) {
             tracing::info!("global store answers again; leases in force");
         }
-        metrics().global_fallback.set(0);
-        metrics().global_renewals.with_label_values(&["ok"]).inc();
+        metrics().global.fallback.set(0);
+        metrics().global.renewals.with_label_values(&["ok"]).inc();
         *self.last_good.lock().unwrap_or_else(|e| e.into_inner()) = leases.clone();
         self.view.store(Arc::new(views.clone()));
         if let Some(regional) = &self.regional {
@@ -191,13 +193,14 @@ impl Global {
     /// last lease (or of its floor, before the first one) until a renewal succeeds.
     async fn fall_back(&self, sent: &[(&String, &GlobalSpec)], why: &RenewError) {
         metrics()
-            .global_renewals
+            .global
+            .renewals
             .with_label_values(&["failed"])
             .inc();
         if !self.fallback.swap(true, Ordering::AcqRel) {
             tracing::warn!("global store failed ({why}); deciding on conservative quotas");
         }
-        metrics().global_fallback.set(1);
+        metrics().global.fallback.set(1);
         let share = self.options.fallback_share;
         let last = self
             .last_good

@@ -239,7 +239,8 @@ impl Governors {
             }
             let reading = source.read(&spec.query, timeout, stale_after).await;
             metrics()
-                .governor_queries
+                .governor
+                .queries
                 .with_label_values(&[
                     label.as_str(),
                     reading.as_ref().map_or_else(ReadError::kind, |_| "ok"),
@@ -261,10 +262,11 @@ impl Governors {
     fn open_source(&self, spec: &GovernorSpec, url: &str) -> Option<Prometheus> {
         let label = spec.rule.as_str();
         let m = metrics();
-        m.governor_setpoint
+        m.governor
+            .setpoint
             .with_label_values(&[label])
             .set(spec.tuning.setpoint);
-        m.governor_leader.with_label_values(&[label]).set(0.0);
+        m.governor.leader.with_label_values(&[label]).set(0.0);
         match Prometheus::new(url) {
             Ok(p) => Some(p),
             Err(e) => {
@@ -290,7 +292,7 @@ impl Governors {
         controller: &mut Option<Controller>,
     ) -> bool {
         let label = spec.rule.as_str();
-        let leader = &metrics().governor_leader;
+        let leader = &metrics().governor.leader;
         let (holder, error) = match lease.hold(spec.every * 2).await {
             Ok(Holding::Mine) => {
                 leader.with_label_values(&[label]).set(1.0);
@@ -395,12 +397,14 @@ impl Governors {
 fn publish(label: &str, reading: &Result<f64, ReadError>, step: &Step) {
     let m = metrics();
     if let Ok(v) = reading {
-        m.governor_measurement.with_label_values(&[label]).set(*v);
+        m.governor.measurement.with_label_values(&[label]).set(*v);
     }
-    m.governor_output
+    m.governor
+        .output
         .with_label_values(&[label])
         .set(step.output as f64);
-    m.governor_breaker_open
+    m.governor
+        .breaker_open
         .with_label_values(&[label])
         .set(if step.breaker_open { 1.0 } else { 0.0 });
 }
@@ -408,11 +412,11 @@ fn publish(label: &str, reading: &Result<f64, ReadError>, step: &Step) {
 fn forget_metrics(label: &str) {
     let m = metrics();
     for g in [
-        &m.governor_measurement,
-        &m.governor_output,
-        &m.governor_setpoint,
-        &m.governor_breaker_open,
-        &m.governor_leader,
+        &m.governor.measurement,
+        &m.governor.output,
+        &m.governor.setpoint,
+        &m.governor.breaker_open,
+        &m.governor.leader,
     ] {
         let _ = g.remove_label_values(&[label]);
     }

@@ -399,7 +399,7 @@ impl Limiter {
                 .store()
                 .apply_by(&ops, charge(&slots, settings), deadline)
                 .await;
-            let states = applied.inspect_err(|_| metrics().store_errors.inc())?;
+            let states = applied.inspect_err(|_| metrics().store.errors.inc())?;
             crate::store::answered_all(states, ops.len())?
         };
         let marks = match settings.all_or_nothing {

@@ -375,9 +375,10 @@ impl Limiter {
         let store_started = Instant::now();
         let applied = self.store.apply_by(ops, charge, deadline).await;
         metrics()
-            .store_duration
+            .store
+            .duration
             .observe(store_started.elapsed().as_secs_f64());
-        let states = applied.inspect_err(|_| metrics().store_errors.inc())?;
+        let states = applied.inspect_err(|_| metrics().store.errors.inc())?;
         crate::store::answered_all(states, ops.len())
     }
 
@@ -401,7 +402,8 @@ impl Limiter {
                 let spec = &rules.rule(p.rule).spec;
                 let label = spec.limits.get(o.limit).and_then(|s| s.label.as_deref());
                 metrics()
-                    .global_admitted
+                    .global
+                    .admitted
                     .with_label_values(&[label.unwrap_or("")])
                     .inc();
             }

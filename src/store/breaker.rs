@@ -140,9 +140,10 @@ impl Breaker {
 
     /// A store call failed; true when this failure opened the breaker.
     pub fn failed(&self, reason: FailureReason) -> bool {
-        metrics().store_errors.inc();
+        metrics().store.errors.inc();
         metrics()
-            .store_failures
+            .store
+            .failures
             .with_label_values(&[reason.as_str()])
             .inc();
         // "In a row" is approximate under concurrency: a success racing a
@@ -200,9 +201,10 @@ impl Breaker {
 
 /// Shows `state` in the metrics.
 fn publish(state: BreakerState) {
-    metrics().store_breaker_state.set(state as i64);
+    metrics().store.breaker_state.set(state as i64);
     metrics()
-        .store_ready
+        .store
+        .ready
         .set(i64::from(state == BreakerState::Closed));
 }
 

@@ -112,7 +112,8 @@ impl FailoverStore {
             0.5
         };
         metrics()
-            .store_breaker_state
+            .store
+            .breaker_state
             .set(BreakerState::Closed as i64);
         FailoverStore {
             primary,
@@ -123,6 +124,7 @@ impl FailoverStore {
             wait: Duration::from_millis(100),
             decided: FailureReason::ALL.map(|r| {
                 metrics()
+                    .store
                     .failure_decisions
                     .with_label_values(&[policy.as_str(), r.as_str()])
             }),
@@ -195,6 +197,7 @@ impl FailoverStore {
     pub fn start_failed(self) -> FailoverStore {
         self.breaker.open();
         metrics()
+            .store
             .failure_activations
             .with_label_values(&[self.policy.as_str()])
             .inc();
@@ -210,6 +213,7 @@ impl FailoverStore {
     fn failed(&self, reason: FailureReason, error: Option<&StoreError>) {
         if self.breaker.failed(reason) {
             metrics()
+                .store
                 .failure_activations
                 .with_label_values(&[self.policy.as_str()])
                 .inc();

@@ -140,7 +140,7 @@ impl MemoryStore {
     fn note_eviction(&self, now: u64) {
         let total = self.evicted.fetch_add(1, Ordering::Relaxed) + 1;
         let m = crate::metrics::metrics();
-        m.counters_evicted.inc();
+        m.store.counters_evicted.inc();
         m.rejected.with_label_values(&["eviction"]).inc();
         // At most one log line a minute.
         let last = self.evict_logged.load(Ordering::Relaxed);
@@ -215,6 +215,7 @@ impl MemoryStore {
                 let dropped = tokio::task::spawn_blocking(move || {
                     let n = store.sweep();
                     crate::metrics::metrics()
+                        .store
                         .counters
                         .set(i64::try_from(store.len()).unwrap_or(i64::MAX));
                     n

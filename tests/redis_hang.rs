@@ -260,6 +260,18 @@ async fn answered_before_the_deadline() {
     let m = service.metric_samples();
     let key = "divvy_failure_policy_decisions_total{policy=\"local\",reason=\"deadline\"}";
     assert_eq!(m.get(key).copied(), Some(2.0), "{m:?}");
+    // POST /json with Envoy's timeout header: the same, at the HTTP port.
+    let started = Instant::now();
+    let status = json_with_timeout(service.http, 200);
+    let took = started.elapsed();
+    println!("/json to a hung Redis answered in {took:?}");
+    assert_eq!(status, 200);
+    assert!(
+        took >= Duration::from_millis(180) && took < Duration::from_millis(200),
+        "{took:?}"
+    );
+    let m = service.metric_samples();
+    assert_eq!(m.get(key).copied(), Some(3.0), "{m:?}");
     redis.resume();
 }
 
@@ -277,34 +289,54 @@ fn a_redis_stopped_with_sigstop_never_costs_an_envoy_request() {
     assert_recovers(&mut rig, Instant::now(), &redis, "stopped");
 }
 
-#[test]
-fn a_black_hole_in_front_of_redis_never_costs_an_envoy_request() {
+/// A proxy in front of Redis turns `fault` on for 4 s: decided from 1 s
+/// on, the breaker open, then back on Redis once it is lifted.
+fn through_a_faulty_proxy(fault: Fault, tag: &str) {
     let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let redis = Redis::start();
     let proxy = FaultProxy::start(redis.port);
     let mut rig = Rig::start(&proxy.url());
     assert_counting(&rig, &redis);
-    proxy.set(Fault::BlackHole);
-    let seen = rig.sample(Duration::from_secs(4), "hole");
+    proxy.set(fault);
+    let seen = rig.sample(Duration::from_secs(4), tag);
     assert_decided(&seen);
     assert_open(&rig, "deadline");
     proxy.set(Fault::None);
-    assert_recovers(&mut rig, Instant::now(), &redis, "hole");
+    assert_recovers(&mut rig, Instant::now(), &redis, tag);
 }
 
 #[test]
+fn a_black_hole_in_front_of_redis_never_costs_an_envoy_request() {
+    through_a_faulty_proxy(Fault::BlackHole, "hole");
+}
+
+/// Redis answers, too late for Envoy's 20 ms: the probe must not close the
+/// breaker while it is that slow (`assert_open` after 4 s).
+#[test]
 fn a_redis_50_ms_slow_is_decided_locally_until_it_is_fast_again() {
-    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let redis = Redis::start();
-    let proxy = FaultProxy::start(redis.port);
-    let mut rig = Rig::start(&proxy.url());
-    assert_counting(&rig, &redis);
-    proxy.set(Fault::SlowReplies(Duration::from_millis(50)));
-    let seen = rig.sample(Duration::from_secs(4), "slow");
-    assert_decided(&seen);
-    // Redis answers, too late for Envoy's 20 ms: the probe must not close
-    // the breaker while it is that slow.
-    assert_open(&rig, "deadline");
-    proxy.set(Fault::None);
-    assert_recovers(&mut rig, Instant::now(), &redis, "slow");
+    through_a_faulty_proxy(Fault::SlowReplies(Duration::from_millis(50)), "slow");
+}
+
+/// `POST /json` of one descriptor with `x-envoy-expected-rq-timeout-ms`:
+/// the answer's status.
+fn json_with_timeout(http: std::net::SocketAddr, timeout_ms: u64) -> u16 {
+    use std::io::{Read, Write};
+    let body =
+        r#"{"domain":"ratelimit","descriptors":[{"entries":[{"key":"PATH","value":"/json/1"}]}]}"#;
+    let mut s = std::net::TcpStream::connect(http).expect("connect http");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "POST /json HTTP/1.1\r\nHost: divvy\r\nx-envoy-expected-rq-timeout-ms: {timeout_ms}\r\n\
+         content-type: application/json\r\ncontent-length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).unwrap();
+    answer
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("no status in {answer:?}"))
 }

@@ -56,6 +56,21 @@ pub enum EnvoyUnit {
 }
 
 impl EnvoyUnit {
+    /// The unit exactly `seconds` long, if any.
+    pub fn of_seconds(seconds: u64) -> Option<EnvoyUnit> {
+        [
+            EnvoyUnit::Second,
+            EnvoyUnit::Minute,
+            EnvoyUnit::Hour,
+            EnvoyUnit::Day,
+            EnvoyUnit::Week,
+            EnvoyUnit::Month,
+            EnvoyUnit::Year,
+        ]
+        .into_iter()
+        .find(|u| u.seconds() == seconds)
+    }
+
     /// The unit named `name` (any case), as envoyproxy/ratelimit reads it.
     pub fn parse(name: &str) -> Option<EnvoyUnit> {
         Some(match name.to_ascii_uppercase().as_str() {

@@ -14,7 +14,7 @@
 use std::collections::HashSet;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use super::Limiter;
+use super::{Descriptor, Limiter};
 use crate::config::envoy_ratelimit::EnvoyUnit;
 use crate::metrics::metrics;
 use crate::rules::bounded;
@@ -78,19 +78,6 @@ impl EnvoySettings {
             dynamic_metadata: env_bool("RESPONSE_DYNAMIC_METADATA"),
         }
     }
-}
-
-/// One descriptor of the request.
-#[derive(Debug, Clone)]
-pub struct EnvoyDescriptor {
-    /// Its entries in order.
-    pub entries: Vec<(String, String)>,
-    /// Hits to add (at least 1 from Envoy; 0 checks).
-    pub cost: u64,
-    /// Its own limit (requests per unit, unit), replacing the file's.
-    pub limit_override: Option<(u32, EnvoyUnit)>,
-    /// `is_negative_hits`: give `cost` back instead of taking it.
-    pub refund: bool,
 }
 
 /// The limit a descriptor was decided by.
@@ -202,16 +189,11 @@ enum Slot {
 
 /// The limit descriptor `d` reached in `tree`, if any; the names it
 /// `replaces` are added to `replacing`.
-fn find(tree: &DomainTree, d: &EnvoyDescriptor, replacing: &mut HashSet<String>) -> Option<Found> {
-    if let Some((rpu, unit)) = d.limit_override {
+fn find(tree: &DomainTree, d: &Descriptor, replacing: &mut HashSet<String>) -> Option<Found> {
+    if let Some((rpu, unit)) = d.envoy_override() {
         return Some(override_found(tree.domain(), d, rpu, unit));
     }
-    let entries: Vec<(&str, &str)> = d
-        .entries
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
-    let m = tree.find(&entries)?;
+    let m = tree.find(&d.entries)?;
     let limit = m.node.limit.clone()?;
     replacing.extend(limit.replaces.iter().cloned());
     Some(Found {
@@ -230,9 +212,9 @@ fn find(tree: &DomainTree, d: &EnvoyDescriptor, replacing: &mut HashSet<String>)
 }
 
 /// A descriptor's own limit: its entries are the counter's path.
-fn override_found(domain: &str, d: &EnvoyDescriptor, rpu: u32, unit: EnvoyUnit) -> Found {
+fn override_found(domain: &str, d: &Descriptor, rpu: u32, unit: EnvoyUnit) -> Found {
     let mut stats_key = domain.to_owned();
-    for (k, v) in &d.entries {
+    for &(k, v) in &d.entries {
         stats_key.push('.');
         bounded::push_value(&mut stats_key, k);
         if !v.is_empty() {
@@ -246,7 +228,11 @@ fn override_found(domain: &str, d: &EnvoyDescriptor, rpu: u32, unit: EnvoyUnit) 
             unit,
             name: String::new(),
         },
-        path: d.entries.clone(),
+        path: d
+            .entries
+            .iter()
+            .map(|&(k, v)| (k.to_owned(), v.to_owned()))
+            .collect(),
         stats_key,
         shadow: false,
         quota: false,
@@ -258,7 +244,7 @@ fn override_found(domain: &str, d: &EnvoyDescriptor, rpu: u32, unit: EnvoyUnit) 
 /// What `found` comes to for `d`, with its op (if counted) appended to `ops`.
 fn slot(
     domain: &str,
-    d: &EnvoyDescriptor,
+    d: &Descriptor,
     found: Option<Found>,
     replacing: &HashSet<String>,
     settings: &EnvoySettings,
@@ -373,10 +359,10 @@ fn status(p: Planned, states: &[CounterState], settings: &EnvoySettings) -> Envo
 
 impl Limiter {
     /// Decides `descriptors` of `tree`'s domain (see the module doc).
-    pub async fn check_envoy(
+    pub(super) async fn check_envoy(
         &self,
         tree: &DomainTree,
-        descriptors: &[EnvoyDescriptor],
+        descriptors: &[Descriptor<'_>],
         settings: &EnvoySettings,
         deadline: Option<tokio::time::Instant>,
     ) -> Result<Vec<EnvoyStatus>, StoreError> {

@@ -5,8 +5,11 @@
 //! counter the request touches to the store in a single call, and returns a
 //! [`Decision`] per descriptor. Protocol adapters only translate in and out.
 
+mod domain;
 pub mod envoy;
 mod plan;
+
+pub use domain::{Descriptor, Verdict};
 
 pub use plan::{counter_op, knob_for};
 use plan::{Planner, Prepared};
@@ -20,7 +23,7 @@ use crate::metrics::{metrics, HitStatus};
 
 use crate::global::Global;
 use crate::knobs::Knobs;
-use crate::rules::{Operation, RuleSet};
+use crate::rules::{Operation, Rule, RuleSet};
 use crate::store::{Algorithm, Charge, CounterOp, CounterState, Store, StoreError};
 
 /// A limit that replaces the deciding rule's own (Envoy's `RateLimitOverride`).
@@ -183,10 +186,18 @@ pub struct Decision {
 /// The answers for a request, with the rule set they were decided by.
 #[derive(Debug)]
 pub struct Decisions {
-    /// The rule set in force when the request was decided.
-    pub rules: Arc<RuleSet>,
+    /// The rule set in force when the request was decided (a reload in
+    /// between does not change the names an answer reports).
+    rules: Arc<RuleSet>,
     /// One decision per descriptor, in request order.
     pub items: Vec<Decision>,
+}
+
+impl Decisions {
+    /// The rule `outcome` was decided by (its name and spec, for the answer).
+    pub fn rule(&self, outcome: &Outcome) -> &Rule {
+        self.rules.rule(outcome.rule)
+    }
 }
 
 /// The rate limiter: the current rule set, the knobs in force, the region's
@@ -254,7 +265,7 @@ impl Limiter {
     ///
     /// `domain` is the Envoy domain, or `None` for a line-protocol HIT.
     pub async fn check(&self, domain: Option<&str>, hits: &[Hit]) -> Result<Decisions, StoreError> {
-        self.decide(domain, hits, false, None).await
+        self.decide(self.rules(), domain, hits, false, None).await
     }
 
     /// [`Limiter::check`] for a caller that must be answered by a deadline:
@@ -266,7 +277,8 @@ impl Limiter {
         hits: &[Hit],
         deadline: Option<tokio::time::Instant>,
     ) -> Result<Decisions, StoreError> {
-        self.decide(domain, hits, false, deadline).await
+        self.decide(self.rules(), domain, hits, false, deadline)
+            .await
     }
 
     /// Decides several independent requests of one descriptor each (a line
@@ -277,18 +289,18 @@ impl Limiter {
         domain: Option<&str>,
         hits: &[Hit],
     ) -> Result<Decisions, StoreError> {
-        self.decide(domain, hits, true, None).await
+        self.decide(self.rules(), domain, hits, true, None).await
     }
 
     async fn decide(
         &self,
+        rules: Arc<RuleSet>,
         domain: Option<&str>,
         hits: &[Hit],
         independent: bool,
         deadline: Option<tokio::time::Instant>,
     ) -> Result<Decisions, StoreError> {
         let started = Instant::now();
-        let rules = self.rules.load_full();
         let RequestPlan {
             mut ops,
             prepared,

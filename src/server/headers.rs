@@ -68,7 +68,7 @@ pub fn rate_limit_headers(style: HeaderStyle, decisions: &Decisions) -> Vec<(Str
     match style {
         HeaderStyle::None => {}
         HeaderStyle::Draft => {
-            let spec = &decisions.rules.rule(o.rule).spec;
+            let spec = &decisions.rule(o).spec;
             let name = spec.label.clone().unwrap_or_else(|| {
                 let kind = if spec.aux { "aux-rule" } else { "rule" };
                 format!("{kind}-{}", spec.position)

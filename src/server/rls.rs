@@ -26,9 +26,9 @@ use tonic::{Request, Response, Status};
 use super::headers::{rate_limit_headers, HeaderStyle};
 use super::rls_envoy;
 use crate::limiter::envoy::EnvoySettings;
-use crate::limiter::{Decisions, Hit, LimitOverride, Limiter, Outcome, Reset};
+use crate::limiter::{Decisions, Descriptor, Hit, LimitOverride, Limiter, Outcome, Reset, Verdict};
 use crate::metrics::metrics;
-use crate::rules::{Operation, Rule};
+use crate::rules::Rule;
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 
 pub use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
@@ -90,13 +90,12 @@ impl RateLimitService for RlsService {
     }
 }
 
-/// Decides `request` and shapes the answer: by the envoyproxy/ratelimit
-/// file that defines its domain, else by the divvy rules (or "no limit"
-/// when there are none). Shared by gRPC and `POST /json`. The request is
-/// validated whole first; the divvy rules' path then builds each hit's
-/// operation from the descriptor's entries (one string for them all). The
-/// store is waited for until `deadline` at most; then the failure policy
-/// decides.
+/// Decides `request` and shapes the answer: the limiter picks the engine
+/// (the envoyproxy/ratelimit file that defines the domain, else the divvy
+/// rules, else "no limit"); this adapter only translates in and out.
+/// Shared by gRPC and `POST /json`. The request is validated whole first.
+/// The store is waited for until `deadline` at most; then the failure
+/// policy decides.
 pub async fn respond(
     limiter: &Limiter,
     envoy: &EnvoySettings,
@@ -105,41 +104,30 @@ pub async fn respond(
     deadline: Option<Instant>,
 ) -> Result<RateLimitResponse, Status> {
     let terms = validate(&request).inspect_err(|_| metrics().error("invalid-argument"))?;
-    let unavailable = |e: crate::store::StoreError| {
-        metrics().error("unavailable");
-        Status::unavailable(e.to_string())
-    };
-    let rules = limiter.rules();
-    if let Some(tree) = rules.envoy_domain(&request.domain) {
-        let costs: Vec<u64> = terms.iter().map(|t| t.cost).collect();
-        let descriptors = rls_envoy::descriptors(&request, &costs)
-            .inspect_err(|_| metrics().error("invalid-argument"))?;
-        let statuses = limiter
-            .check_envoy(tree, &descriptors, envoy, deadline)
-            .await
-            .map_err(unavailable)?;
-        return Ok(rls_envoy::response(&request, &statuses, envoy));
-    }
-    if !rules.has_divvy_rules() {
-        return Ok(rls_envoy::no_limit(&request));
-    }
-    drop(rules);
-    let domain = request.domain;
-    let hits = into_hits(request.descriptors, terms);
-    let decisions = limiter
-        .check_until(Some(&domain), &hits, deadline)
+    let descriptors = descriptors(&request.descriptors, terms);
+    let verdict = limiter
+        .should_rate_limit(&request.domain, &descriptors, envoy, deadline)
         .await
-        .map_err(unavailable)?;
-    let mut response = to_response(&decisions);
-    response.response_headers_to_add = rate_limit_headers(headers, &decisions)
-        .into_iter()
-        .map(|(key, value)| HeaderValue {
-            key,
-            value,
-            ..Default::default()
-        })
-        .collect();
-    Ok(response)
+        .map_err(|e| {
+            metrics().error("unavailable");
+            Status::unavailable(e.to_string())
+        })?;
+    Ok(match verdict {
+        Verdict::Envoy(statuses) => rls_envoy::response(&request, &statuses, envoy),
+        Verdict::NoRules => rls_envoy::no_limit(&request),
+        Verdict::Divvy(decisions) => {
+            let mut response = to_response(&decisions);
+            response.response_headers_to_add = rate_limit_headers(headers, &decisions)
+                .into_iter()
+                .map(|(key, value)| HeaderValue {
+                    key,
+                    value,
+                    ..Default::default()
+                })
+                .collect();
+            response
+        }
+    })
 }
 
 /// Validates a request and turns its descriptors into hits (what
@@ -147,7 +135,10 @@ pub async fn respond(
 /// `respond`).
 pub fn to_hits(request: RateLimitRequest) -> Result<Vec<Hit>, Status> {
     let terms = validate(&request)?;
-    Ok(into_hits(request.descriptors, terms))
+    Ok(descriptors(&request.descriptors, terms)
+        .iter()
+        .map(Descriptor::hit)
+        .collect())
 }
 
 /// What a valid descriptor asks besides its entries.
@@ -190,14 +181,17 @@ fn validate(request: &RateLimitRequest) -> Result<Vec<Terms>, Status> {
         .collect()
 }
 
-/// Validated descriptors as hits (each descriptor's keys and values copied
-/// into its operation's one string).
-fn into_hits(descriptors: Vec<RateLimitDescriptor>, terms: Vec<Terms>) -> Vec<Hit> {
+/// Validated descriptors in the limiter's shape, borrowing their entries.
+fn descriptors(descriptors: &[RateLimitDescriptor], terms: Vec<Terms>) -> Vec<Descriptor<'_>> {
     descriptors
-        .into_iter()
+        .iter()
         .zip(terms)
-        .map(|(d, t)| Hit {
-            operation: Operation::from_pairs(d.entries.into_iter().map(|e| (e.key, e.value))),
+        .map(|(d, t)| Descriptor {
+            entries: d
+                .entries
+                .iter()
+                .map(|e| (e.key.as_str(), e.value.as_str()))
+                .collect(),
             cost: t.cost,
             refund: t.refund,
             limit_override: t.limit_override,
@@ -280,7 +274,7 @@ pub fn to_response(decisions: &Decisions) -> RateLimitResponse {
     let statuses: Vec<DescriptorStatus> = decisions
         .items
         .iter()
-        .map(|d| status(decisions.rules.rule(d.decider.rule), &d.decider))
+        .map(|d| status(decisions.rule(&d.decider), &d.decider))
         .collect();
     let over = statuses.iter().any(|s| s.code == Code::OverLimit as i32);
     RateLimitResponse {

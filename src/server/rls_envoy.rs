@@ -12,57 +12,9 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::{value::Kind, ListValue, Struct, Value};
-use tonic::Status;
 
 use crate::config::envoy_ratelimit::EnvoyUnit;
-use crate::limiter::envoy::{EnvoyDescriptor, EnvoySettings, EnvoyStatus};
-
-/// The request's descriptors for the envoyproxy/ratelimit path; `costs`
-/// are the hits each takes (request and descriptor `hits_addend`, as the
-/// divvy path reads them).
-pub fn descriptors(
-    request: &RateLimitRequest,
-    costs: &[u64],
-) -> Result<Vec<EnvoyDescriptor>, Status> {
-    request
-        .descriptors
-        .iter()
-        .zip(costs)
-        .enumerate()
-        .map(|(i, (d, &cost))| {
-            let limit_override = match &d.limit {
-                None => None,
-                Some(o) => {
-                    let unit =
-                        match RateLimitUnit::try_from(o.unit).unwrap_or(RateLimitUnit::Unknown) {
-                            RateLimitUnit::Second => EnvoyUnit::Second,
-                            RateLimitUnit::Minute => EnvoyUnit::Minute,
-                            RateLimitUnit::Hour => EnvoyUnit::Hour,
-                            RateLimitUnit::Day => EnvoyUnit::Day,
-                            RateLimitUnit::Month => EnvoyUnit::Month,
-                            RateLimitUnit::Year => EnvoyUnit::Year,
-                            RateLimitUnit::Unknown => {
-                                return Err(Status::invalid_argument(format!(
-                                    "descriptor {i}: limit override needs a known unit"
-                                )))
-                            }
-                        };
-                    Some((o.requests_per_unit, unit))
-                }
-            };
-            Ok(EnvoyDescriptor {
-                entries: d
-                    .entries
-                    .iter()
-                    .map(|e| (e.key.clone(), e.value.clone()))
-                    .collect(),
-                cost,
-                limit_override,
-                refund: d.is_negative_hits,
-            })
-        })
-        .collect()
-}
+use crate::limiter::envoy::{EnvoySettings, EnvoyStatus};
 
 fn unit_of(u: EnvoyUnit) -> Unit {
     match u {

@@ -1,13 +1,13 @@
 //! The renewal script (`store/lua/global_renew.lua`) against the arithmetic
-//! it mirrors (`divvy::global::allocate`), on a real redis-server: random
+//! it mirrors (`divvy::quota`), on a real redis-server: random
 //! sequences of renewals by several regions, each grant (and whether
 //! another region waits for share) compared.
 
 mod common;
 
 use common::redis::Redis;
-use divvy::global::allocate::{grant, others_waiting, targets, Sharing};
 use divvy::global::RENEW_SCRIPT;
+use divvy::quota::{grant, others_waiting, targets, Sharing};
 use proptest::prelude::Rng;
 
 #[test]

@@ -4,7 +4,7 @@
 //! and burst; every lease period (sooner when its demand moved, as the
 //! service does) each region renews against a simulated
 //! global store with the same arithmetic as the renewal script
-//! (`divvy::global::allocate`), its answer arriving one round trip (80 ms)
+//! (`divvy::quota`), its answer arriving one round trip (80 ms)
 //! later. It reports over-admission (admitted above rate × 10 s + burst in
 //! any 10 s window) and under-admission (admitted below the rate in windows
 //! whose demand exceeds it), and asserts the bounds the README quotes.
@@ -13,7 +13,7 @@ mod common;
 
 use std::collections::VecDeque;
 
-use divvy::global::allocate::{demand_moved, grant, targets, Sharing};
+use divvy::quota::{demand_moved, grant, targets, Sharing};
 use divvy::store::algorithm::{step, Params, State};
 use divvy::store::Algorithm;
 use proptest::prelude::RngExt;

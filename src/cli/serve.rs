@@ -19,13 +19,13 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use divvy::config::Policy;
 use divvy::limiter::Limiter;
+use divvy::observe::statsd::StatsdConfig;
 use divvy::rules::RuleSet;
 use divvy::server::admin::{serve_http, AdminState};
 use divvy::server::headers::HeaderStyle;
 use divvy::server::line::{serve_line, ConnLimits};
 use divvy::server::GrpcLimits;
 use divvy::sources::file::Reloader;
-use divvy::statsd::StatsdConfig;
 use divvy::store::failover::{FailoverStore, FailurePolicy};
 use divvy::store::memory::SystemClock;
 use divvy::store::redis::{RedisOptions, RedisStore};
@@ -495,7 +495,7 @@ fn init_statsd(args: &ServeArgs) {
             .as_deref()
             .is_some_and(|v| !v.is_empty());
         info!(%host, port, tcp, "sending statsd metrics");
-        divvy::statsd::init(StatsdConfig {
+        divvy::observe::statsd::init(StatsdConfig {
             host,
             port,
             prefix: args.statsd_prefix.clone(),

@@ -6,12 +6,11 @@
 //!   and burst ([`Global::quota`]); demand is counted per counter.
 //! - The renewer sends all demands in one script call per period (sooner
 //!   when one moved by a fifth; `store/lua/global_renew.lua` mirrors
-//!   [`allocate`]); live grants never sum above the global rate. A region's
+//!   [`crate::quota`]); live grants never sum above the global rate. A region's
 //!   replicas share one lease through a regional Redis (one renews, under a
 //!   `SET NX PX` lock; on the memory store each has its own). While the
 //!   global store fails, a region uses `fallback_share` of its last lease.
 
-pub mod allocate;
 mod regional;
 mod renew;
 
@@ -26,7 +25,7 @@ use serde_json::{json, Value};
 
 use crate::clock::now_ms;
 use crate::config::LimitSpec;
-use crate::metrics::metrics;
+use crate::observe::metrics::metrics;
 
 /// The renewal script.
 pub const RENEW_SCRIPT: &str = include_str!("../store/lua/global_renew.lua");
@@ -329,7 +328,7 @@ impl Global {
     }
 
     /// Whether some counter's demand moved since the last renewal reported
-    /// it (`allocate::demand_moved`), or has demand and was never reported:
+    /// it (`crate::quota::demand_moved`), or has demand and was never reported:
     /// renew now, at this quarter-period step, not a period later. Never
     /// while the global store fails: a failed renewal reports nothing, and
     /// the retries keep their own pace (a period, or a quarter while short).
@@ -346,7 +345,7 @@ impl Global {
             };
             match reported.get(k) {
                 Some(&r) => {
-                    allocate::demand_moved(r, d, spec.rate * self.options.floor, window_secs)
+                    crate::quota::demand_moved(r, d, spec.rate * self.options.floor, window_secs)
                 }
                 None => d > 0.0,
             }

@@ -14,7 +14,7 @@ use fred::prelude::*;
 
 use super::{gauge_value, Demands, Global, GlobalSpec, Lease, Specs};
 use crate::clock::now_ms;
-use crate::metrics::metrics;
+use crate::observe::metrics::metrics;
 
 /// A spec as the regional store holds it.
 fn encode_spec(spec: &GlobalSpec) -> String {

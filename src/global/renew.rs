@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use super::{gauge_value, Demands, Global, GlobalSpec, Lease, Specs, RENEW_SCRIPT};
 use crate::clock::now_ms;
-use crate::metrics::metrics;
+use crate::observe::metrics::metrics;
 use crate::store::redis::evalsha_or_load;
 
 /// Why a renewal gave no leases: the region falls back to conservative quotas.

@@ -24,7 +24,7 @@ use crate::config::GovernorSpec;
 use crate::knobs::body::target;
 use crate::knobs::Knob;
 use crate::limiter::Limiter;
-use crate::metrics::metrics;
+use crate::observe::metrics::metrics;
 
 /// What `/governors` shows for one governor.
 #[derive(Debug, Clone, Serialize, Default)]

@@ -21,7 +21,7 @@ use thiserror::Error;
 use crate::clock::now_ms;
 
 use crate::config::LimitSpec;
-use crate::metrics::metrics;
+use crate::observe::metrics::metrics;
 use crate::store::Algorithm;
 pub use body::KnobBody;
 

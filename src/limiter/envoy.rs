@@ -16,7 +16,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::{Descriptor, Limiter};
 use crate::config::envoy_ratelimit::EnvoyUnit;
-use crate::metrics::metrics;
+use crate::observe::metrics::metrics;
 use crate::rules::bounded;
 use crate::rules::descriptor_tree::DomainTree;
 use crate::store::{Algorithm, Charge, CounterOp, CounterState, StoreError};

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 
-use crate::metrics::{metrics, HitStatus};
+use crate::observe::metrics::{metrics, HitStatus};
 
 use crate::global::Global;
 use crate::knobs::Knobs;

@@ -33,7 +33,7 @@ pub struct Rule {
     /// (`:<creditLimit>:<resetSeconds>[:<algorithm>]`).
     key_suffixes: Vec<String>,
     /// Its metrics, looked up once.
-    pub counters: crate::metrics::RuleCounters,
+    pub counters: crate::observe::metrics::RuleCounters,
     /// See [`Rule::name`].
     name: String,
 }
@@ -55,8 +55,10 @@ impl Rule {
             .iter()
             .map(|limit| key_suffix(&spec, limit))
             .collect();
-        let counters =
-            crate::metrics::RuleCounters::new(spec.label.as_deref(), spec.domain.as_deref());
+        let counters = crate::observe::metrics::RuleCounters::new(
+            spec.label.as_deref(),
+            spec.domain.as_deref(),
+        );
         let name = spec.label.clone().unwrap_or_else(|| spec.to_string());
         Rule {
             spec,

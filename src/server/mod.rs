@@ -129,7 +129,7 @@ pub async fn serve_grpc(
 /// the service, and answer `OUT_OF_RANGE` in a trailers-only response.
 fn count_too_large<B>(response: ::http::Response<B>) -> ::http::Response<B> {
     if response.headers().get("grpc-status").map(|v| v.as_bytes()) == Some(b"11") {
-        crate::metrics::metrics()
+        crate::observe::metrics::metrics()
             .rejected
             .with_label_values(&["request_too_large"])
             .inc();

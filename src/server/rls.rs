@@ -27,7 +27,7 @@ use super::headers::{rate_limit_headers, HeaderStyle};
 use super::rls_envoy;
 use crate::limiter::envoy::EnvoySettings;
 use crate::limiter::{Decisions, Descriptor, Hit, LimitOverride, Limiter, Outcome, Reset, Verdict};
-use crate::metrics::metrics;
+use crate::observe::metrics::metrics;
 use crate::rules::Rule;
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 

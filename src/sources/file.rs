@@ -22,7 +22,7 @@ use tokio::sync::mpsc;
 use super::content_hash;
 use crate::config::{self, Policy};
 use crate::limiter::Limiter;
-use crate::metrics::metrics;
+use crate::observe::metrics::metrics;
 use crate::sources::RuleSources;
 
 /// Quiet time after the last file event before reloading.

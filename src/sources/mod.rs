@@ -15,7 +15,7 @@ use crate::config::schema::RawRule;
 use crate::config::validate::with_aux_rules;
 use crate::config::Policy;
 use crate::limiter::Limiter;
-use crate::metrics::metrics;
+use crate::observe::metrics::metrics;
 use crate::rules::RuleSet;
 
 /// The rules of every source, and the limiter they are installed in.

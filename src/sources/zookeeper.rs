@@ -18,7 +18,7 @@ use zookeeper_client as zk;
 use super::content_hash;
 use super::RuleSources;
 use crate::config::schema::RawRule;
-use crate::metrics::metrics;
+use crate::observe::metrics::metrics;
 
 /// Where the aux rules are.
 #[derive(Debug, Clone)]

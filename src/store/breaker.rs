@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::metrics::metrics;
+use crate::observe::metrics::metrics;
 
 /// Why a store call failed, or why the failure policy decided a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

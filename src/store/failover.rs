@@ -17,7 +17,7 @@ use std::time::Duration;
 use prometheus::IntCounter;
 use tokio::time::Instant;
 
-use crate::metrics::metrics;
+use crate::observe::metrics::metrics;
 
 use super::breaker::{
     wait_until, Breaker, BreakerState, FailureReason, DEFAULT_THRESHOLD, MIN_BUDGET,

@@ -139,7 +139,7 @@ impl MemoryStore {
 
     fn note_eviction(&self, now: u64) {
         let total = self.evicted.fetch_add(1, Ordering::Relaxed) + 1;
-        let m = crate::metrics::metrics();
+        let m = crate::observe::metrics::metrics();
         m.store.counters_evicted.inc();
         m.rejected.with_label_values(&["eviction"]).inc();
         // At most one log line a minute.
@@ -214,7 +214,7 @@ impl MemoryStore {
                 // Sweeping walks every shard: keep it off the async workers.
                 let dropped = tokio::task::spawn_blocking(move || {
                     let n = store.sweep();
-                    crate::metrics::metrics()
+                    crate::observe::metrics::metrics()
                         .store
                         .counters
                         .set(i64::try_from(store.len()).unwrap_or(i64::MAX));

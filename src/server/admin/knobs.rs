@@ -23,7 +23,7 @@ use super::state::AdminState;
 use crate::clock::now_ms;
 use crate::knobs::body::target;
 use crate::knobs::{KnobBody, KnobError};
-use crate::metrics::metrics;
+use crate::observe::metrics::metrics;
 
 fn refuse(code: StatusCode, message: String) -> Response {
     metrics().knob_changes.with_label_values(&["refused"]).inc();

@@ -16,7 +16,7 @@ use tokio::net::TcpListener;
 use super::render::{knob_json, limit_json};
 use super::state::AdminState;
 use crate::limiter::{counter_op, knob_for};
-use crate::metrics::metrics;
+use crate::observe::metrics::metrics;
 use crate::rules::Operation;
 use crate::server::headers::HeaderStyle;
 use crate::server::json::{format_response, parse_request};

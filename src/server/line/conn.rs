@@ -18,7 +18,7 @@ use tokio::time::Instant;
 
 use super::parse::{parse_text, plain_text, LineError};
 use crate::limiter::{Hit, Limiter, Reset};
-use crate::metrics::metrics;
+use crate::observe::metrics::metrics;
 use crate::rules::OperationBuilder;
 use crate::store::Algorithm;
 

@@ -30,7 +30,7 @@ fn refuse(stream: tokio::net::TcpStream, peer: std::net::SocketAddr, max: usize)
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     static REFUSING: AtomicUsize = AtomicUsize::new(0);
     static LOGGED: AtomicU64 = AtomicU64::new(0);
-    crate::metrics::metrics()
+    crate::observe::metrics::metrics()
         .rejected
         .with_label_values(&["connection_limit"])
         .inc();

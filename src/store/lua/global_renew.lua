@@ -1,5 +1,5 @@
 -- One region's lease renewal for all its global counters, atomically, on
--- the global store: the mirror of src/global/allocate.rs.
+-- the global store: the mirror of src/quota/mod.rs.
 -- KEYS[i]: a global counter's hash (field = region, value =
 --   "<demand/s> <grant/s> <expires ms>").
 -- ARGV[1] region, ARGV[2] lease lifetime ms, ARGV[3] floor (fraction of the

@@ -13,7 +13,7 @@ use prometheus::{
     Registry, TextEncoder,
 };
 
-use crate::statsd;
+use crate::observe::statsd;
 
 /// Every metric the service exports.
 pub struct Metrics {

@@ -1,6 +1,7 @@
-//! How a global rate is shared among regions: the arithmetic of a lease
-//! renewal, once. The renewal script (`store/lua/global_renew.lua`) mirrors
-//! it; the simulation in this module's tests runs it in virtual time.
+//! How a limit is shared fairly among claimants (regions of a global quota;
+//! the arithmetic of a lease renewal, once). The renewal script
+//! (`store/lua/global_renew.lua`) mirrors it; the simulation in this
+//! module's tests runs it in virtual time.
 //!
 //! Targets are max-min fair with demand-proportional sharing: each region
 //! with demand (credits per second asked for) wants `max(demand × (1 +

@@ -6,6 +6,7 @@ use divvy::global::{Global, GlobalOptions};
 use divvy::governor::Governors;
 use divvy::knobs::shared::SharedKnobs;
 use divvy::knobs::Knobs;
+use divvy::sources::xds::{self, XdsOptions, XdsTls};
 use divvy::sources::zookeeper::{self, ZkOptions};
 use divvy::sources::RuleSources;
 use std::io::IsTerminal;
@@ -224,6 +225,54 @@ pub struct ServeArgs {
     /// The smallest share of a global limit a region with demand gets (a fraction of the limit).
     #[arg(long, env = "DIVVY_GLOBAL_FLOOR", default_value_t = 0.01)]
     global_floor: f64,
+    #[command(flatten)]
+    xds: XdsArgs,
+}
+
+/// envoyproxy/ratelimit domains from an xDS control plane (Envoy Gateway's).
+#[derive(clap::Args, Clone)]
+pub struct XdsArgs {
+    /// The control plane's address (`host:port` or a URL): an ADS stream of
+    /// `RateLimitConfig` resources, added to the policy file's domains.
+    #[arg(long, env = "DIVVY_XDS_SERVER")]
+    pub xds_server: Option<String>,
+    /// The node id this service gives the control plane.
+    #[arg(long, env = "DIVVY_XDS_NODE_ID", default_value = "divvy")]
+    pub xds_node_id: String,
+    /// PEM CA bundle for the control plane's certificate (turns TLS on).
+    #[arg(long, env = "DIVVY_XDS_TLS_CA")]
+    pub xds_tls_ca: Option<PathBuf>,
+    /// PEM client certificate for mutual TLS to the control plane (turns TLS on).
+    #[arg(long, env = "DIVVY_XDS_TLS_CERT", requires = "xds_tls_key")]
+    pub xds_tls_cert: Option<PathBuf>,
+    /// PEM private key of --xds-tls-cert.
+    #[arg(long, env = "DIVVY_XDS_TLS_KEY", requires = "xds_tls_cert")]
+    pub xds_tls_key: Option<PathBuf>,
+    /// The name the control plane's certificate must carry (default: its host).
+    #[arg(long, env = "DIVVY_XDS_TLS_SAN")]
+    pub xds_tls_san: Option<String>,
+}
+
+impl XdsArgs {
+    /// The client's options, when a control plane is set.
+    pub fn options(&self) -> Option<XdsOptions> {
+        let server = self.xds_server.clone()?;
+        let tls_on = self.xds_tls_ca.is_some() || self.xds_tls_cert.is_some();
+        Some(XdsOptions {
+            server,
+            node_id: self.xds_node_id.clone(),
+            node_metadata: Vec::new(),
+            headers: Vec::new(),
+            tls: tls_on.then(|| XdsTls {
+                ca: self.xds_tls_ca.clone(),
+                cert: self.xds_tls_cert.clone(),
+                key: self.xds_tls_key.clone(),
+                san: self.xds_tls_san.clone(),
+            }),
+            backoff_initial: Duration::from_millis(500),
+            backoff_max: Duration::from_secs(30),
+        })
+    }
 }
 
 /// How logs are written.
@@ -454,8 +503,12 @@ fn start_sources(
                 hosts: args.zk_hosts_for_aux_rules.clone(),
                 path: args.zk_aux_rules_path.clone(),
             },
-            sources,
+            sources.clone(),
         );
+    }
+    if let Some(options) = args.xds.options() {
+        info!(server = %options.server, node = %options.node_id, "envoyproxy/ratelimit domains over xDS");
+        xds::spawn(options, sources);
     }
     reloader.clone().spawn(!args.no_watch);
     reloader

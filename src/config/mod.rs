@@ -13,6 +13,7 @@
 
 pub mod duration;
 pub mod envoy_ratelimit;
+pub mod envoy_xds;
 pub mod governor;
 pub mod ini;
 pub mod model;

@@ -47,6 +47,11 @@ pub struct Metrics {
     pub aux_rules_refused: IntCounter,
     /// `divvy_aux_rules_source_up`: 1 while the aux rules' source (ZooKeeper) answers.
     pub aux_rules_source_up: IntGauge,
+    /// `divvy_xds_updates_total{result}`: xDS updates `accepted` (ACKed) and
+    /// `rejected` (NACKed, the previous set kept).
+    pub xds_updates: IntCounterVec,
+    /// `divvy_xds_stream_up`: 1 while the xDS stream to the control plane is open.
+    pub xds_stream_up: IntGauge,
     /// `divvy_ratelimit_stats_total{key,stat}`: envoyproxy/ratelimit's
     /// per-descriptor stats (`stat`: total_hits, over_limit, near_limit,
     /// within_limit, shadow_mode; `key`: `<domain>.<key_value path>`).
@@ -428,6 +433,17 @@ impl Metrics {
                 &r,
                 "divvy_aux_rules_source_up",
                 "1 while the aux rules' source (ZooKeeper) answers",
+            ),
+            xds_updates: counter_vec(
+                &r,
+                "divvy_xds_updates_total",
+                "xDS updates of rate-limit configuration: accepted (ACKed) or rejected (NACKed; the previous set stays)",
+                &["result"],
+            ),
+            xds_stream_up: gauge(
+                &r,
+                "divvy_xds_stream_up",
+                "1 while the xDS stream to the control plane is open",
             ),
             envoy_stats: counter_vec(
                 &r,

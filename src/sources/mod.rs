@@ -1,16 +1,19 @@
-//! Where rules come from: the policy file, and extra ("aux") rules from
-//! other sources placed ahead of the file's, as foxpass's divvy fork read
-//! them from ZooKeeper ([`zookeeper`]). Every source feeds the same install
-//! path: the file's rules and the aux rules are combined and validated as
-//! one policy, and a combination that does not validate changes nothing.
+//! Where rules come from: the policy file ([`file`]), extra ("aux") rules
+//! placed ahead of the file's, as foxpass's divvy fork read them from
+//! ZooKeeper ([`zookeeper`]), and envoyproxy/ratelimit domains from an xDS
+//! control plane ([`xds`]). Every source feeds the same install path: the
+//! sources are combined and validated as one policy, and a combination that
+//! does not validate changes nothing.
 
 pub mod file;
+pub mod xds;
 pub mod zookeeper;
 
 use std::sync::{Arc, Mutex};
 
 use sha2::{Digest, Sha256};
 
+use crate::config::envoy_ratelimit::EnvoyConfig;
 use crate::config::schema::RawRule;
 use crate::config::validate::with_aux_rules;
 use crate::config::Policy;
@@ -27,6 +30,8 @@ pub struct RuleSources {
 struct State {
     file: Policy,
     aux: Vec<RawRule>,
+    /// envoyproxy/ratelimit domains from xDS, added to the file's.
+    xds: Vec<Arc<EnvoyConfig>>,
     /// The latest aux rules when they were refused (they did not fit the
     /// file): tried again with each new file.
     refused: Option<Vec<RawRule>>,
@@ -40,6 +45,7 @@ impl RuleSources {
             state: Mutex::new(State {
                 file: policy,
                 aux: Vec::new(),
+                xds: Vec::new(),
                 refused: None,
             }),
         }
@@ -58,7 +64,7 @@ impl RuleSources {
     pub fn install_file(&self, policy: Policy) -> Result<usize, String> {
         let mut state = self.lock();
         if let Some(latest) = state.refused.take() {
-            match combine(&latest, &policy) {
+            match combine(&latest, &policy, &state.xds) {
                 Ok(combined) => {
                     let n = combined.rules.len();
                     self.limiter.install(RuleSet::new(combined));
@@ -74,7 +80,7 @@ impl RuleSources {
                 Err(_) => state.refused = Some(latest),
             }
         }
-        let combined = combine(&state.aux, &policy)?;
+        let combined = combine(&state.aux, &policy, &state.xds)?;
         let n = combined.rules.len();
         self.limiter.install(RuleSet::new(combined));
         state.file = policy;
@@ -85,7 +91,7 @@ impl RuleSources {
     /// rules, or why nothing changed (the previous aux rules stay).
     pub fn install_aux(&self, aux: Vec<RawRule>) -> Result<usize, String> {
         let mut state = self.lock();
-        let combined = match combine(&aux, &state.file) {
+        let combined = match combine(&aux, &state.file, &state.xds) {
             Ok(c) => c,
             Err(e) => {
                 state.refused = Some(aux);
@@ -101,23 +107,48 @@ impl RuleSources {
     }
 }
 
+impl RuleSources {
+    /// Installs the domains an xDS control plane sent (its whole state: they
+    /// replace the previous update's); returns the number of domains, or why
+    /// nothing changed (a domain the file also defines, or defined twice).
+    pub fn install_xds(&self, domains: Vec<Arc<EnvoyConfig>>) -> Result<usize, String> {
+        let mut state = self.lock();
+        let combined = combine(&state.aux, &state.file, &domains)?;
+        let n = domains.len();
+        self.limiter.install(RuleSet::new(combined));
+        state.xds = domains;
+        Ok(n)
+    }
+}
+
 fn set_aux_gauge(n: usize) {
     metrics()
         .aux_rules
         .set(i64::try_from(n).unwrap_or(i64::MAX));
 }
 
-fn combine(aux: &[RawRule], file: &Policy) -> Result<Policy, String> {
-    if aux.is_empty() {
-        return Ok(file.clone());
+fn combine(aux: &[RawRule], file: &Policy, xds: &[Arc<EnvoyConfig>]) -> Result<Policy, String> {
+    let mut combined = if aux.is_empty() {
+        file.clone()
+    } else {
+        with_aux_rules(aux, file).map_err(|problems| {
+            format!(
+                "aux rules ahead of {}: {}",
+                file.source,
+                problems.join("; ")
+            )
+        })?
+    };
+    for domain in xds {
+        if let Some(first) = combined.envoy.iter().find(|c| c.domain == domain.domain) {
+            return Err(format!(
+                "duplicate domain '{}' in {} (already defined by {})",
+                domain.domain, domain.file, first.file
+            ));
+        }
+        combined.envoy.push(Arc::clone(domain));
     }
-    with_aux_rules(aux, file).map_err(|problems| {
-        format!(
-            "aux rules ahead of {}: {}",
-            file.source,
-            problems.join("; ")
-        )
-    })
+    Ok(combined)
 }
 
 /// SHA-256 of `bytes`, in hex: what identifies a policy or aux rule set.

@@ -6,6 +6,7 @@ pub mod delay_proxy;
 pub mod envoy;
 pub mod fault_proxy;
 pub mod redis;
+pub mod xds;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};

@@ -2,4 +2,5 @@
 
 pub mod inspect;
 pub mod knob;
+pub mod ratelimit;
 pub mod serve;

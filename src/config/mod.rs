@@ -217,21 +217,32 @@ pub fn load_source(path: &Path, files: &[SourceFile]) -> Result<Policy, ConfigEr
     }
     let mut policy = match policy {
         Some(p) => p,
-        None => {
-            let mut p = parse_str(
-                "default: {creditLimit: 1, resetSeconds: 0}\n",
-                Format::Yaml,
-                &path.display().to_string(),
-            )?;
-            p.divvy_rules = false;
-            p
-        }
+        None => stand_in(&path.display().to_string())?,
     };
     if path.is_dir() {
         policy.source = path.display().to_string();
     }
     policy.envoy = envoy;
     Ok(policy)
+}
+
+/// A policy of no divvy rules (its one rule allows everything and is never
+/// reported), from `source`.
+fn stand_in(source: &str) -> Result<Policy, ConfigError> {
+    let mut p = parse_str(
+        "default: {creditLimit: 1, resetSeconds: 0}\n",
+        Format::Yaml,
+        source,
+    )?;
+    p.divvy_rules = false;
+    Ok(p)
+}
+
+/// The policy in force before any source gave one (`divvy serve` without
+/// `--config`, configured over xDS only): no rules, no domains, and an
+/// empty source, which marks it as no configuration at all.
+pub fn no_policy() -> Result<Policy, ConfigError> {
+    stand_in("")
 }
 
 /// Reads, parses and validates a policy file or directory.

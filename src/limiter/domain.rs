@@ -56,6 +56,8 @@ pub enum Verdict {
     Envoy(Vec<EnvoyStatus>),
     /// No file defines the domain and no divvy rules are loaded: no limit.
     NoRules,
+    /// No configuration was loaded at all (no policy file, no xDS update yet).
+    NoConfig,
 }
 
 impl Limiter {
@@ -76,6 +78,9 @@ impl Limiter {
             return Ok(Verdict::Envoy(statuses));
         }
         if !rules.has_divvy_rules() {
+            if rules.source().is_empty() {
+                return Ok(Verdict::NoConfig);
+            }
             return Ok(Verdict::NoRules);
         }
         let hits: Vec<Hit> = descriptors.iter().map(Descriptor::hit).collect();

@@ -39,6 +39,10 @@ pub struct EnvoySettings {
     /// `RESPONSE_DYNAMIC_METADATA`: the response carries the request and
     /// the metadata of the descriptors that passed.
     pub dynamic_metadata: bool,
+    /// Before any configuration is loaded, ShouldRateLimit is an error
+    /// ("no rate limit configuration loaded"), as in envoyproxy/ratelimit;
+    /// otherwise every descriptor gets "no limit".
+    pub error_without_config: bool,
 }
 
 fn env_bool(name: &str) -> bool {
@@ -76,6 +80,7 @@ impl EnvoySettings {
                 ]
             }),
             dynamic_metadata: env_bool("RESPONSE_DYNAMIC_METADATA"),
+            error_without_config: false,
         }
     }
 }

@@ -471,6 +471,11 @@ impl Metrics {
         }
     }
 
+    /// Every metric family, as collected now.
+    pub fn gather(&self) -> Vec<prometheus::proto::MetricFamily> {
+        self.registry.gather()
+    }
+
     /// The Prometheus text exposition of every metric.
     pub fn render(&self) -> String {
         let mut out = Vec::new();

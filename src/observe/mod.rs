@@ -2,4 +2,5 @@
 //! mirror of divvy's own names.
 
 pub mod metrics;
+pub mod ratelimit_names;
 pub mod statsd;

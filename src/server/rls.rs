@@ -60,6 +60,13 @@ impl RlsService {
         }
     }
 
+    /// Answers with envoyproxy/ratelimit's error while no configuration is
+    /// loaded (`ratelimit` mode), instead of "no limit".
+    pub fn error_without_config(mut self) -> RlsService {
+        self.envoy.error_without_config = true;
+        self
+    }
+
     /// Keeps `margin` of each caller's timeout to decide and answer.
     pub fn with_deadline_margin(mut self, margin: Duration) -> RlsService {
         self.margin = margin;
@@ -115,6 +122,11 @@ pub async fn respond(
     Ok(match verdict {
         Verdict::Envoy(statuses) => rls_envoy::response(&request, &statuses, envoy),
         Verdict::NoRules => rls_envoy::no_limit(&request),
+        Verdict::NoConfig if envoy.error_without_config => {
+            metrics().error("service-error");
+            return Err(Status::unknown("no rate limit configuration loaded"));
+        }
+        Verdict::NoConfig => rls_envoy::no_limit(&request),
         Verdict::Divvy(decisions) => {
             let mut response = to_response(&decisions);
             response.response_headers_to_add = rate_limit_headers(headers, &decisions)

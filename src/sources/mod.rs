@@ -32,6 +32,8 @@ struct State {
     aux: Vec<RawRule>,
     /// envoyproxy/ratelimit domains from xDS, added to the file's.
     xds: Vec<Arc<EnvoyConfig>>,
+    /// Whether an xDS update was ever installed.
+    xds_loaded: bool,
     /// The latest aux rules when they were refused (they did not fit the
     /// file): tried again with each new file.
     refused: Option<Vec<RawRule>>,
@@ -46,6 +48,7 @@ impl RuleSources {
                 file: policy,
                 aux: Vec::new(),
                 xds: Vec::new(),
+                xds_loaded: false,
                 refused: None,
             }),
         }
@@ -64,7 +67,7 @@ impl RuleSources {
     pub fn install_file(&self, policy: Policy) -> Result<usize, String> {
         let mut state = self.lock();
         if let Some(latest) = state.refused.take() {
-            match combine(&latest, &policy, &state.xds) {
+            match combine(&latest, &policy, &state.xds, state.xds_loaded) {
                 Ok(combined) => {
                     let n = combined.rules.len();
                     self.limiter.install(RuleSet::new(combined));
@@ -80,7 +83,7 @@ impl RuleSources {
                 Err(_) => state.refused = Some(latest),
             }
         }
-        let combined = combine(&state.aux, &policy, &state.xds)?;
+        let combined = combine(&state.aux, &policy, &state.xds, state.xds_loaded)?;
         let n = combined.rules.len();
         self.limiter.install(RuleSet::new(combined));
         state.file = policy;
@@ -91,7 +94,7 @@ impl RuleSources {
     /// rules, or why nothing changed (the previous aux rules stay).
     pub fn install_aux(&self, aux: Vec<RawRule>) -> Result<usize, String> {
         let mut state = self.lock();
-        let combined = match combine(&aux, &state.file, &state.xds) {
+        let combined = match combine(&aux, &state.file, &state.xds, state.xds_loaded) {
             Ok(c) => c,
             Err(e) => {
                 state.refused = Some(aux);
@@ -113,10 +116,11 @@ impl RuleSources {
     /// nothing changed (a domain the file also defines, or defined twice).
     pub fn install_xds(&self, domains: Vec<Arc<EnvoyConfig>>) -> Result<usize, String> {
         let mut state = self.lock();
-        let combined = combine(&state.aux, &state.file, &domains)?;
+        let combined = combine(&state.aux, &state.file, &domains, true)?;
         let n = domains.len();
         self.limiter.install(RuleSet::new(combined));
         state.xds = domains;
+        state.xds_loaded = true;
         Ok(n)
     }
 }
@@ -127,7 +131,15 @@ fn set_aux_gauge(n: usize) {
         .set(i64::try_from(n).unwrap_or(i64::MAX));
 }
 
-fn combine(aux: &[RawRule], file: &Policy, xds: &[Arc<EnvoyConfig>]) -> Result<Policy, String> {
+/// The file's policy with the aux rules ahead and the xDS domains added; a
+/// policy without a source (no file) takes `xds` as its source once an xDS
+/// update was installed (`xds_loaded`): it is then configured.
+fn combine(
+    aux: &[RawRule],
+    file: &Policy,
+    xds: &[Arc<EnvoyConfig>],
+    xds_loaded: bool,
+) -> Result<Policy, String> {
     let mut combined = if aux.is_empty() {
         file.clone()
     } else {
@@ -147,6 +159,9 @@ fn combine(aux: &[RawRule], file: &Policy, xds: &[Arc<EnvoyConfig>]) -> Result<P
             ));
         }
         combined.envoy.push(Arc::clone(domain));
+    }
+    if combined.source.is_empty() && xds_loaded {
+        combined.source = "xds".to_owned();
     }
     Ok(combined)
 }

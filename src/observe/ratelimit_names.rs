@@ -1,0 +1,165 @@
+//! envoyproxy/ratelimit's Prometheus names, as its default statsd-exporter
+//! mapping (and Envoy Gateway's) turns its stats into series: the
+//! per-descriptor stats as `ratelimit_service_rate_limit_<stat>{domain,
+//! key1[, key2]}`, service errors, config loads and calls. Rendered at
+//! scrape time from divvy's own counters, so nothing is counted twice and
+//! the cardinality is the drop-in's (at most `MAX_STATS_KEYS` keys).
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+use prometheus::core::Collector;
+
+use super::metrics::metrics;
+
+/// The exposition in Prometheus' text format.
+pub fn render() -> String {
+    let mut out = String::new();
+    descriptor_stats(&mut out);
+    counter(
+        &mut out,
+        "ratelimit_service_config_load_success",
+        "Configurations loaded after start (file reloads and xDS updates)",
+        label_sum("divvy_reloads_total", "result", "success")
+            + label_sum("divvy_xds_updates_total", "result", "accepted"),
+    );
+    counter(
+        &mut out,
+        "ratelimit_service_config_load_error",
+        "Configurations refused (files and xDS updates)",
+        label_sum("divvy_reloads_total", "result", "failure")
+            + label_sum("divvy_xds_updates_total", "result", "rejected"),
+    );
+    let errors = samples("divvy_errors_total", "code");
+    let _ = writeln!(
+        out,
+        "# TYPE ratelimit_service_should_rate_limit_error counter"
+    );
+    for (code, n) in errors {
+        let err_type = match code.as_str() {
+            "unavailable" => "redis_error",
+            _ => "service_error",
+        };
+        let _ = writeln!(
+            out,
+            "ratelimit_service_should_rate_limit_error{{err_type=\"{err_type}\"}} {n}"
+        );
+    }
+    out
+}
+
+/// `divvy_ratelimit_stats_total{key, stat}` with `key` split into domain,
+/// key1 and key2 (the mapping's first three dot-separated parts).
+fn descriptor_stats(out: &mut String) {
+    let mut by_stat: BTreeMap<String, Vec<(Vec<(String, String)>, f64)>> = BTreeMap::new();
+    for family in metrics().envoy_stats.collect() {
+        for m in family.get_metric() {
+            let label = |name: &str| {
+                m.get_label()
+                    .iter()
+                    .find(|l| l.name() == name)
+                    .map(|l| l.value().to_owned())
+                    .unwrap_or_default()
+            };
+            let (key, stat) = (label("key"), label("stat"));
+            let parts: Vec<&str> = key.splitn(4, '.').collect();
+            let mut labels = vec![("domain".to_owned(), parts[0].to_owned())];
+            for (name, part) in ["key1", "key2"].iter().zip(parts.iter().skip(1)) {
+                labels.push(((*name).to_owned(), (*part).to_owned()));
+            }
+            by_stat
+                .entry(stat)
+                .or_default()
+                .push((labels, m.get_counter().get_value()));
+        }
+    }
+    for (stat, series) in by_stat {
+        let name = format!("ratelimit_service_rate_limit_{stat}");
+        let _ = writeln!(out, "# TYPE {name} counter");
+        for (labels, value) in series {
+            let labels: Vec<String> = labels
+                .iter()
+                .map(|(k, v)| format!("{k}=\"{}\"", escape(v)))
+                .collect();
+            let _ = writeln!(out, "{name}{{{}}} {value}", labels.join(","));
+        }
+    }
+}
+
+fn counter(out: &mut String, name: &str, help: &str, value: f64) {
+    let _ = writeln!(
+        out,
+        "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}"
+    );
+}
+
+/// Every sample of divvy's counter `family`, by the value of `label`.
+fn samples(family: &str, label: &str) -> Vec<(String, f64)> {
+    metrics()
+        .gather()
+        .into_iter()
+        .filter(|f| f.name() == family)
+        .flat_map(|f| {
+            f.get_metric()
+                .iter()
+                .map(|m| {
+                    let value = m
+                        .get_label()
+                        .iter()
+                        .find(|l| l.name() == label)
+                        .map(|l| l.value().to_owned())
+                        .unwrap_or_default();
+                    (value, m.get_counter().get_value())
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+fn label_sum(family: &str, label: &str, value: &str) -> f64 {
+    samples(family, label)
+        .into_iter()
+        .filter(|(v, _)| v == value)
+        .map(|(_, n)| n)
+        .sum()
+}
+
+fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_split_into_domain_key1_and_key2() {
+        let m = metrics();
+        for (key, stat) in [
+            (
+                "rn-eg.generic_key_route-a.remote_address_10.0.0.1",
+                "over_limit",
+            ),
+            ("rn-eg.header_x", "total_hits"),
+        ] {
+            m.envoy_stats.with_label_values(&[key, stat]).inc_by(2);
+        }
+        let text = render();
+        assert!(
+            text.contains("ratelimit_service_rate_limit_over_limit{domain=\"rn-eg\",key1=\"generic_key_route-a\",key2=\"remote_address_10\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "ratelimit_service_rate_limit_total_hits{domain=\"rn-eg\",key1=\"header_x\"} 2"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("ratelimit_service_config_load_success "),
+            "{text}"
+        );
+    }
+}

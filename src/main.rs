@@ -82,6 +82,9 @@ enum Command {
         #[arg(value_name = "KEY=VALUE")]
         pairs: Vec<String>,
     },
+    /// Run as envoyproxy/ratelimit's process, configured by its environment
+    /// variables with its defaults (what `/bin/ratelimit` does).
+    Ratelimit,
     /// Change a running server's knobs (live overrides of a rule's limits); the token comes from DIVVY_ADMIN_TOKEN.
     Knob {
         /// The server's admin API.
@@ -97,7 +100,38 @@ enum Command {
     },
 }
 
+/// Whether the process was started under the name `ratelimit`
+/// (envoyproxy/ratelimit's `/bin/ratelimit`).
+fn started_as_ratelimit() -> bool {
+    std::env::args_os()
+        .next()
+        .map(PathBuf::from)
+        .and_then(|p| p.file_name().map(|n| n == "ratelimit"))
+        .unwrap_or(false)
+}
+
+/// `ratelimit` mode: envoyproxy/ratelimit's environment as `serve` arguments.
+fn ratelimit() -> anyhow::Result<()> {
+    let env: cli::ratelimit::Env = std::env::vars().collect();
+    let (args, mode) = cli::ratelimit::serve_args(&env)?;
+    // divvy's own names for settings the environment gives there would
+    // otherwise be read as well: statsd only as USE_STATSD says.
+    if !args.iter().any(|a| a == "--statsd-host") {
+        std::env::remove_var("STATSD_HOST");
+    }
+    let parsed = Cli::try_parse_from(std::iter::once("ratelimit".to_owned()).chain(args))?;
+    let Command::Serve(serve) = parsed.command else {
+        anyhow::bail!("the ratelimit environment did not give serve arguments");
+    };
+    no_huge_pages();
+    tables_unmapped_when_freed();
+    cli::serve::serve(serve.with_ratelimit_mode(mode))
+}
+
 fn main() -> ExitCode {
+    if started_as_ratelimit() {
+        return exit(ratelimit());
+    }
     let parsed = Cli::parse();
     let result = match parsed.command {
         Command::Serve(args) => {
@@ -111,8 +145,13 @@ fn main() -> ExitCode {
             domain,
             pairs,
         } => cli::inspect::explain(&file, domain.as_deref(), &pairs),
+        Command::Ratelimit => ratelimit(),
         Command::Knob { admin_url, command } => cli::knob::run(command, &admin_url),
     };
+    exit(result)
+}
+
+fn exit(result: anyhow::Result<()>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -76,6 +76,8 @@ pub struct RatelimitMode {
     pub prometheus: Option<(String, String)>,
     /// `LOG_LEVEL`, as a tracing filter.
     pub log_level: String,
+    /// The variables of [`IGNORED`] that are set (logged at start).
+    pub ignored: Vec<String>,
 }
 
 /// The environment, looked up by name.
@@ -143,6 +145,14 @@ pub fn serve_args(env: &Env) -> Result<(Vec<String>, RatelimitMode), Unsupported
     grpc_tls_args(env, &mut args)?;
     redis_args(env, &mut args)?;
     statsd_args(env, &mut args)?;
+    let metrics_path = get(env, "PROMETHEUS_PATH", "/metrics");
+    if !metrics_path.starts_with('/') || metrics_path.len() < 2 {
+        return Err(unsupported(
+            "PROMETHEUS_PATH",
+            metrics_path,
+            "a path such as /metrics",
+        ));
+    }
     let mode = RatelimitMode {
         error_without_config: true,
         force_start: flag(env, "FORCE_START_WITHOUT_INITIAL_CONFIG", false)?,
@@ -154,9 +164,14 @@ pub fn serve_args(env: &Env) -> Result<(Vec<String>, RatelimitMode), Unsupported
             } else {
                 a.to_owned()
             };
-            (a, get(env, "PROMETHEUS_PATH", "/metrics").to_owned())
+            (a, metrics_path.to_owned())
         }),
         log_level: get(env, "LOG_LEVEL", "WARN").to_ascii_lowercase(),
+        ignored: IGNORED
+            .iter()
+            .filter(|v| env.contains_key(**v))
+            .map(ToString::to_string)
+            .collect(),
     };
     Ok((args, mode))
 }

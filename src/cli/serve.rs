@@ -7,6 +7,8 @@ use divvy::governor::Governors;
 use divvy::knobs::shared::SharedKnobs;
 use divvy::knobs::Knobs;
 use divvy::sources::xds::{self, XdsOptions, XdsTls};
+
+use super::ratelimit::RatelimitMode;
 use divvy::sources::zookeeper::{self, ZkOptions};
 use divvy::sources::RuleSources;
 use std::io::IsTerminal;
@@ -37,9 +39,10 @@ use tracing::{error, info};
 
 #[derive(clap::Args)]
 pub struct ServeArgs {
-    /// The policy file (.yaml, .yml, .json or .ini).
-    #[arg(long, env = "DIVVY_CONFIG")]
-    config: PathBuf,
+    /// The policy file or directory (.yaml, .yml, .json or .ini files);
+    /// optional with --xds-server (then the control plane's domains alone).
+    #[arg(long, env = "DIVVY_CONFIG", required_unless_present = "xds_server")]
+    config: Option<PathBuf>,
     /// Worker threads of the async runtime; default one per CPU the process
     /// may use (affinity and cgroup quota). With one, divvy runs on tokio's
     /// single-threaded scheduler.
@@ -227,6 +230,17 @@ pub struct ServeArgs {
     global_floor: f64,
     #[command(flatten)]
     xds: XdsArgs,
+    /// envoyproxy/ratelimit's behaviour, when started as `ratelimit`.
+    #[arg(skip)]
+    ratelimit: Option<RatelimitMode>,
+}
+
+impl ServeArgs {
+    /// These arguments with `ratelimit` mode's behaviour on.
+    pub fn with_ratelimit_mode(mut self, mode: RatelimitMode) -> ServeArgs {
+        self.ratelimit = Some(mode);
+        self
+    }
 }
 
 /// envoyproxy/ratelimit domains from an xDS control plane (Envoy Gateway's).
@@ -251,6 +265,35 @@ pub struct XdsArgs {
     /// The name the control plane's certificate must carry (default: its host).
     #[arg(long, env = "DIVVY_XDS_TLS_SAN")]
     pub xds_tls_san: Option<String>,
+    /// Node metadata for the control plane, `key=value[,key=value...]`.
+    #[arg(long, env = "DIVVY_XDS_NODE_METADATA", default_value = "")]
+    pub xds_node_metadata: String,
+    /// Extra headers on the xDS stream, `key:value[,key:value...]`.
+    #[arg(long, env = "DIVVY_XDS_HEADERS", default_value = "")]
+    pub xds_headers: String,
+    /// First wait before reconnecting to the control plane (`500ms`, `10s`).
+    #[arg(long, env = "DIVVY_XDS_BACKOFF_INITIAL", default_value = "500ms", value_parser = parse_wait)]
+    pub xds_backoff_initial: Duration,
+    /// Longest wait before reconnecting to the control plane.
+    #[arg(long, env = "DIVVY_XDS_BACKOFF_MAX", default_value = "30s", value_parser = parse_wait)]
+    pub xds_backoff_max: Duration,
+}
+
+/// A wait such as `500ms`, `10s` or `1m`.
+fn parse_wait(text: &str) -> Result<Duration, String> {
+    divvy::config::duration::parse_millis(text)
+        .filter(|&ms| ms > 0)
+        .map(Duration::from_millis)
+        .ok_or_else(|| format!("`{text}` is not a wait such as 500ms, 10s or 1m"))
+}
+
+/// `k=v,k2=v2` (or with `sep` `:`) as pairs; items without `sep` are skipped,
+/// as envoyproxy/ratelimit skips them.
+fn pairs(text: &str, sep: char) -> Vec<(String, String)> {
+    text.split(',')
+        .filter_map(|item| item.split_once(sep))
+        .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
+        .collect()
 }
 
 impl XdsArgs {
@@ -261,16 +304,16 @@ impl XdsArgs {
         Some(XdsOptions {
             server,
             node_id: self.xds_node_id.clone(),
-            node_metadata: Vec::new(),
-            headers: Vec::new(),
+            node_metadata: pairs(&self.xds_node_metadata, '='),
+            headers: pairs(&self.xds_headers, ':'),
             tls: tls_on.then(|| XdsTls {
                 ca: self.xds_tls_ca.clone(),
                 cert: self.xds_tls_cert.clone(),
                 key: self.xds_tls_key.clone(),
                 san: self.xds_tls_san.clone(),
             }),
-            backoff_initial: Duration::from_millis(500),
-            backoff_max: Duration::from_secs(30),
+            backoff_initial: self.xds_backoff_initial,
+            backoff_max: self.xds_backoff_max.max(self.xds_backoff_initial),
         })
     }
 }
@@ -287,10 +330,19 @@ enum LogFormat {
 /// How long shutdown waits for requests in flight.
 const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(15);
 
-fn init_logging(format: LogFormat) {
+fn init_logging(format: LogFormat, level: Option<&str>) {
+    // `ratelimit` mode's LOG_LEVEL, in logrus' names.
+    let default = match level {
+        None => "info",
+        Some("panic" | "fatal" | "error") => "error",
+        Some("warn" | "warning") => "warn",
+        Some("debug") => "debug",
+        Some("trace") => "trace",
+        Some(_) => "info",
+    };
     let filter = tracing_subscriber::EnvFilter::try_from_env("DIVVY_LOG")
         .or_else(|_| tracing_subscriber::EnvFilter::try_from_default_env())
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
@@ -313,8 +365,15 @@ fn parse_threads(text: &str) -> Result<NonZeroUsize, String> {
 /// `divvy serve`: loads the policy, builds the runtime and serves until a
 /// shutdown signal.
 pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    init_logging(args.log_format);
-    let (policy, hash) = divvy::sources::file::load_with_hash(&args.config)?;
+    let level = args.ratelimit.as_ref().map(|m| m.log_level.as_str());
+    init_logging(args.log_format, level);
+    let (policy, hash) = match &args.config {
+        Some(path) => divvy::sources::file::load_with_hash(path)?,
+        None => (divvy::config::no_policy()?, String::new()),
+    };
+    if let Some(mode) = args.ratelimit.as_ref().filter(|m| !m.ignored.is_empty()) {
+        info!(variables = ?mode.ignored, "envoyproxy/ratelimit settings accepted and ignored");
+    }
     info!(
         rules = policy.rules.len(),
         source = %policy.source,
@@ -371,7 +430,11 @@ async fn run(args: ServeArgs, policy: Policy, hash: String) -> anyhow::Result<()
     ));
     governors.spawn();
     let reloader = start_sources(&args, &limiter, policy, hash);
+    wait_for_xds(&args, &limiter).await;
     let listeners = bind(&args).await?;
+    if let Some((addr, path)) = args.ratelimit.as_ref().and_then(|m| m.prometheus.clone()) {
+        divvy::server::admin::spawn_ratelimit_metrics(&addr, &path).await?;
+    }
     init_statsd(&args);
     let admin = AdminState {
         limiter: limiter.clone(),
@@ -385,6 +448,10 @@ async fn run(args: ServeArgs, policy: Policy, hash: String) -> anyhow::Result<()
             .map(Arc::from),
         governors,
         deadline_margin: Duration::from_millis(args.deadline_margin_ms),
+        healthy_needs_config: args
+            .ratelimit
+            .as_ref()
+            .is_some_and(|m| m.healthy_needs_config),
     };
     if admin.admin_token.is_none() {
         info!("no --admin-token: knob changes are refused (GET /knobs still answers)");
@@ -514,6 +581,21 @@ fn start_sources(
     reloader
 }
 
+/// In `ratelimit` mode with xDS and without `FORCE_START_WITHOUT_INITIAL_CONFIG`,
+/// nothing is served until the control plane's first configuration is in
+/// force, as envoyproxy/ratelimit does.
+async fn wait_for_xds(args: &ServeArgs, limiter: &Limiter) {
+    let waits =
+        args.xds.xds_server.is_some() && args.ratelimit.as_ref().is_some_and(|m| !m.force_start);
+    if !waits || !limiter.rules().source().is_empty() {
+        return;
+    }
+    info!("waiting for the first configuration from the xDS control plane");
+    while limiter.rules().source().is_empty() {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// The three listeners, bound.
 struct Listeners {
     grpc: TcpListener,
@@ -637,6 +719,10 @@ fn grpc_limits(args: &ServeArgs) -> GrpcLimits {
             .then(|| Duration::from_secs(args.grpc_keepalive_seconds)),
         keepalive_timeout: Duration::from_secs(20),
         deadline_margin: Duration::from_millis(args.deadline_margin_ms),
+        error_without_config: args
+            .ratelimit
+            .as_ref()
+            .is_some_and(|m| m.error_without_config),
     }
 }
 

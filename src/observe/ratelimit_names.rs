@@ -48,10 +48,13 @@ pub fn render() -> String {
     out
 }
 
+/// One series: its labels in order, and its value.
+type Sample = (Vec<(String, String)>, f64);
+
 /// `divvy_ratelimit_stats_total{key, stat}` with `key` split into domain,
 /// key1 and key2 (the mapping's first three dot-separated parts).
 fn descriptor_stats(out: &mut String) {
-    let mut by_stat: BTreeMap<String, Vec<(Vec<(String, String)>, f64)>> = BTreeMap::new();
+    let mut by_stat: BTreeMap<String, Vec<Sample>> = BTreeMap::new();
     for family in metrics().envoy_stats.collect() {
         for m in family.get_metric() {
             let label = |name: &str| {

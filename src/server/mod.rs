@@ -40,6 +40,9 @@ pub struct GrpcLimits {
     /// Kept back from a caller's timeout (`grpc-timeout`) to decide and
     /// answer: the store is waited for until the timeout less this.
     pub deadline_margin: Duration,
+    /// Answer with envoyproxy/ratelimit's error while no configuration is
+    /// loaded, instead of "no limit" (`ratelimit` mode).
+    pub error_without_config: bool,
 }
 
 impl Default for GrpcLimits {
@@ -51,6 +54,7 @@ impl Default for GrpcLimits {
             keepalive: None,
             keepalive_timeout: Duration::from_secs(20),
             deadline_margin: deadline::DEFAULT_MARGIN,
+            error_without_config: false,
         }
     }
 }
@@ -94,7 +98,11 @@ pub async fn serve_grpc(
             }
         }
     });
-    let service = RlsService::new(limiter, headers).with_deadline_margin(limits.deadline_margin);
+    let mut service =
+        RlsService::new(limiter, headers).with_deadline_margin(limits.deadline_margin);
+    if limits.error_without_config {
+        service = service.error_without_config();
+    }
     let service =
         RateLimitServiceServer::new(service).max_decoding_message_size(limits.max_request_bytes);
     let idle = limits.idle;

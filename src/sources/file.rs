@@ -117,7 +117,8 @@ impl ReloadStatus {
 /// Reloads one policy file into the rule sources (which install it, with
 /// any aux rules, in the limiter).
 pub struct Reloader {
-    path: PathBuf,
+    /// The policy file or directory; `None` when rules come from xDS alone.
+    path: Option<PathBuf>,
     sources: Arc<RuleSources>,
     status: Arc<ReloadStatus>,
 }
@@ -135,7 +136,7 @@ impl Reloader {
     /// A reloader for the rules already in `limiter`, loaded from `path`
     /// whose content hashed to `hash` (generation 1), installing through `sources`.
     pub fn new(
-        path: PathBuf,
+        path: Option<PathBuf>,
         limiter: &Limiter,
         sources: Arc<RuleSources>,
         hash: String,
@@ -157,7 +158,9 @@ impl Reloader {
     /// Reads, validates and installs the file now (on a blocking thread).
     /// Content identical to the rules in force is not even parsed.
     pub async fn reload(&self) -> Result<Reloaded, String> {
-        let path = self.path.clone();
+        let Some(path) = self.path.clone() else {
+            return Ok(Reloaded::Unchanged);
+        };
         let current = self.status.current_hash();
         let loaded = tokio::task::spawn_blocking(move || load_if_changed(&path, &current)).await;
         let outcome = match loaded {
@@ -198,13 +201,16 @@ impl Reloader {
     /// is reported; SIGHUP still works.
     pub fn spawn(self: Arc<Self>, watch: bool) -> tokio::task::JoinHandle<()> {
         let (tx, mut rx) = mpsc::channel::<()>(64);
+        let Some(path) = self.path.clone() else {
+            return tokio::spawn(async {});
+        };
         let watcher = if watch {
-            match watch_dir(&self.path, tx.clone()) {
+            match watch_dir(&path, tx.clone()) {
                 Ok(w) => Some(w),
                 Err(e) => {
                     tracing::error!(
                         "cannot watch {} for changes ({e}); reload with SIGHUP",
-                        self.path.display()
+                        path.display()
                     );
                     None
                 }

@@ -67,7 +67,8 @@ impl Server {
 
     /// Serves the policy at `path` with extra arguments and environment variables.
     pub fn start_env(path: &Path, extra: &[&str], envs: &[(&str, &str)]) -> Server {
-        let mut child = Command::new(binary())
+        let mut command = Command::new(binary());
+        command
             .arg("serve")
             .arg("--config")
             .arg(path)
@@ -75,7 +76,14 @@ impl Server {
             .args(["--http-addr", "127.0.0.1:0"])
             .args(extra)
             .env("DIVVY_LOG", "info")
-            .envs(envs.iter().copied())
+            .envs(envs.iter().copied());
+        Server::spawn(command)
+    }
+
+    /// Runs `command` (the binary, with its arguments and environment) and
+    /// waits for it to report its three addresses.
+    pub fn spawn(mut command: Command) -> Server {
+        let mut child = command
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

@@ -14,3 +14,24 @@ pub mod state;
 
 pub use routes::{router, serve_http};
 pub use state::AdminState;
+
+/// Serves envoyproxy/ratelimit's Prometheus names
+/// ([`crate::observe::ratelimit_names`]) at `path` on `addr` (its
+/// `PROMETHEUS_ADDR` and `PROMETHEUS_PATH`), in the background.
+pub async fn spawn_ratelimit_metrics(addr: &str, path: &str) -> std::io::Result<()> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    tracing::info!(
+        "envoyproxy/ratelimit metrics listening on {}{path}",
+        listener.local_addr()?
+    );
+    let app = axum::Router::new().route(
+        path,
+        axum::routing::get(|| async { crate::observe::ratelimit_names::render() }),
+    );
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::error!("envoyproxy/ratelimit metrics listener failed: {e}");
+        }
+    });
+    Ok(())
+}

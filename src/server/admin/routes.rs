@@ -308,7 +308,8 @@ async fn governors(State(s): State<AdminState>) -> Json<Value> {
 /// `GET /healthcheck` (envoyproxy/ratelimit's): 200 `OK` while ready, 500 otherwise.
 async fn healthcheck(State(s): State<AdminState>) -> Response {
     let ready = !s.shutting_down.load(Ordering::Acquire)
-        && (!s.ready_requires_store || s.limiter.store().ready());
+        && (!s.ready_requires_store || s.limiter.store().ready())
+        && (!s.healthy_needs_config || !s.limiter.rules().source().is_empty());
     if ready {
         "OK".into_response()
     } else {

@@ -23,4 +23,7 @@ pub struct AdminState {
     pub governors: Arc<crate::governor::Governors>,
     /// Kept back from a `/json` caller's timeout header to answer in time.
     pub deadline_margin: std::time::Duration,
+    /// `/healthcheck` fails until a configuration is loaded (envoyproxy/ratelimit's
+    /// `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`).
+    pub healthy_needs_config: bool,
 }

@@ -1,0 +1,147 @@
+//! `ratelimit` mode: the binary started as envoyproxy/ratelimit's
+//! `/bin/ratelimit`, configured by that project's environment only, here
+//! as Envoy Gateway starts it (xDS from a control plane, memory store,
+//! Prometheus names on their own port).
+
+mod common;
+
+use std::net::SocketAddr;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::xds::ControlPlane;
+use common::{desc, free_port, http_request, request, Server};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::ratelimit::config::ratelimit::v3::{
+    RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,
+};
+
+/// The binary under the name `ratelimit`, as the image holds it.
+fn as_ratelimit(dir: &std::path::Path) -> Command {
+    let link = dir.join("ratelimit");
+    std::os::unix::fs::symlink(common::binary(), &link).expect("symlink");
+    let mut command = Command::new(link);
+    command.env_clear();
+    command
+}
+
+fn gateway_config() -> RateLimitConfig {
+    RateLimitConfig {
+        name: "default/eg/http".to_owned(),
+        domain: "default/eg/http".to_owned(),
+        descriptors: vec![RateLimitDescriptor {
+            key: "default/ratelimit-all-ips/rule/0/match/0".to_owned(),
+            value: "default/ratelimit-all-ips/rule/0/match/0".to_owned(),
+            descriptors: vec![RateLimitDescriptor {
+                key: "masked_remote_address".to_owned(),
+                value: "0.0.0.0/0".to_owned(),
+                rate_limit: Some(RateLimitPolicy {
+                    unit: RateLimitUnit::Hour as i32,
+                    requests_per_unit: 2,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }],
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn started_as_ratelimit_with_envoy_gateways_environment() {
+    let dir = tempfile::tempdir().unwrap();
+    let xds_port = free_port();
+    let prometheus = format!("127.0.0.1:{}", free_port());
+    let mut command = as_ratelimit(dir.path());
+    command.envs([
+        ("RUNTIME_ROOT", "/data"),
+        ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+        ("RUNTIME_IGNOREDOTFILES", "true"),
+        ("RUNTIME_WATCH_ROOT", "false"),
+        ("LOG_LEVEL", "info"),
+        ("USE_STATSD", "false"),
+        ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+        (
+            "CONFIG_GRPC_XDS_SERVER_URL",
+            &format!("127.0.0.1:{xds_port}"),
+        ),
+        ("CONFIG_GRPC_XDS_NODE_ID", "envoy-ratelimit"),
+        ("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "200ms"),
+        ("XDS_CLIENT_BACKOFF_MAX_INTERVAL", "400ms"),
+        ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
+        ("USE_PROMETHEUS", "true"),
+        ("PROMETHEUS_ADDR", &prometheus),
+        ("GRPC_HOST", "127.0.0.1"),
+        ("GRPC_PORT", "0"),
+        ("HOST", "127.0.0.1"),
+        ("PORT", "0"),
+    ]);
+    let server = Server::spawn(command);
+    let mut client = server.client().await;
+    let domain = "default/eg/http";
+    let ask = || {
+        let mut d = desc(&[
+            (
+                "default/ratelimit-all-ips/rule/0/match/0",
+                "default/ratelimit-all-ips/rule/0/match/0",
+            ),
+            ("masked_remote_address", "0.0.0.0/0"),
+        ]);
+        d.hits_addend = None;
+        request(domain, vec![d])
+    };
+
+    // Before any configuration: envoyproxy/ratelimit's error.
+    let err = client
+        .should_rate_limit(ask())
+        .await
+        .expect_err("no config yet");
+    assert_eq!(err.code(), tonic::Code::Unknown);
+    assert_eq!(err.message(), "no rate limit configuration loaded");
+
+    // The control plane comes up: its configuration applies.
+    let addr: SocketAddr = format!("127.0.0.1:{xds_port}").parse().unwrap();
+    let _plane = ControlPlane::start(addr, ("1".to_owned(), vec![gateway_config()])).await;
+    let start = Instant::now();
+    let first = loop {
+        match client.should_rate_limit(ask()).await {
+            Ok(r) => break r.into_inner(),
+            Err(_) if start.elapsed() < Duration::from_secs(10) => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("no configuration after 10 s: {e}"),
+        }
+    };
+    let second = client.should_rate_limit(ask()).await.unwrap().into_inner();
+    let third = client.should_rate_limit(ask()).await.unwrap().into_inner();
+    let codes = [first.overall_code, second.overall_code, third.overall_code];
+    let (ok, over) = (Code::Ok as i32, Code::OverLimit as i32);
+    assert_eq!(codes, [ok, ok, over]);
+    assert_eq!(server.http("GET", "/healthcheck", "").0, 200);
+
+    // envoyproxy/ratelimit's metric names on PROMETHEUS_ADDR.
+    let (status, text) = http_request(prometheus.parse().unwrap(), "GET", "/metrics", "", None);
+    assert_eq!(status, 200);
+    let key1 = "default/ratelimit-all-ips/rule/0/match/0_default/ratelimit-all-ips/rule/0/match/0";
+    let line = format!(
+        "ratelimit_service_rate_limit_over_limit{{domain=\"{domain}\",key1=\"{key1}\",key2=\"masked_remote_address_0\"}} 1"
+    );
+    assert!(text.contains(&line), "{line} not in:\n{text}");
+    assert!(
+        text.contains("ratelimit_service_config_load_success 1"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_setting_divvy_cannot_honour_stops_the_start_naming_its_variable() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut command = as_ratelimit(dir.path());
+    let out = command
+        .env("BACKEND_TYPE", "memcache")
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("BACKEND_TYPE=memcache"), "{stderr}");
+}

@@ -112,6 +112,16 @@ async fn xds_updates_apply_bad_ones_are_nacked_and_the_last_set_outlives_the_con
     );
     assert!(took < Duration::from_secs(1), "the update took {took:?}");
     assert_eq!(codes(&mut client, "route-b", 2).await, [OK, OVER]);
+    // Where the domain came from, on the admin API.
+    let (_, config) = server.http("GET", "/config", "");
+    let config: serde_json::Value = serde_json::from_str(&config).unwrap();
+    assert_eq!(config["domains"][0]["source"], "xds:eg@v2", "{config}");
+    let (_, rlconfig) = server.http("GET", "/rlconfig", "");
+    assert!(rlconfig.contains("# eg from xds:eg@v2\n"), "{rlconfig}");
+    assert!(
+        rlconfig.contains("eg.generic_key_route-b: unit=HOUR requests_per_unit=1"),
+        "{rlconfig}"
+    );
     let ack = reply(&plane, |r| r.version_info == "v2").await;
     assert!(ack.error_detail.is_none(), "v2 is ACKed");
 

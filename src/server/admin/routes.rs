@@ -168,6 +168,11 @@ async fn config(State(s): State<AdminState>) -> Json<Value> {
             _ => "each",
         },
         "rules": list,
+        "domains": rules
+            .envoy_domains()
+            .iter()
+            .map(|t| json!({"domain": t.domain(), "source": t.config.file}))
+            .collect::<Vec<_>>(),
     }))
 }
 
@@ -324,6 +329,8 @@ async fn rlconfig(State(s): State<AdminState>) -> String {
     let rules = s.limiter.rules();
     let mut out = String::new();
     for tree in rules.envoy_domains() {
+        // Where it came from: a file, or `xds:<resource>@<version>`.
+        out.push_str(&format!("# {} from {}\n", tree.domain(), tree.config.file));
         out.push_str(&tree.dump());
     }
     if rules.has_divvy_rules() {

@@ -124,7 +124,7 @@ async fn started_as_ratelimit_with_envoy_gateways_environment() {
     assert_eq!(status, 200);
     let key1 = "default/ratelimit-all-ips/rule/0/match/0_default/ratelimit-all-ips/rule/0/match/0";
     let line = format!(
-        "ratelimit_service_rate_limit_over_limit{{domain=\"{domain}\",key1=\"{key1}\",key2=\"masked_remote_address_0\"}} 1"
+        "ratelimit_service_rate_limit_over_limit{{domain=\"{domain}\",key1=\"{key1}\",key2=\"masked_remote_address_0_0_0_0/0\"}} 1"
     );
     assert!(text.contains(&line), "{line} not in:\n{text}");
     assert!(

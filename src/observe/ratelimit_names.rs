@@ -64,7 +64,7 @@ fn descriptor_stats(out: &mut String) {
                     .map(|l| l.value().to_owned())
                     .unwrap_or_default()
             };
-            let (key, stat) = (label("key"), label("stat"));
+            let (key, stat) = (sanitize(&label("key")), label("stat"));
             let parts: Vec<&str> = key.splitn(4, '.').collect();
             let mut labels = vec![("domain".to_owned(), parts[0].to_owned())];
             for (name, part) in ["key1", "key2"].iter().zip(parts.iter().skip(1)) {
@@ -87,6 +87,52 @@ fn descriptor_stats(out: &mut String) {
             let _ = writeln!(out, "{name}{{{}}} {value}", labels.join(","));
         }
     }
+}
+
+/// envoyproxy/ratelimit's stat-name sanitising: `:` and `|` become `_`, and
+/// so do the dots of each IPv4 address (so `10.0.0.1` stays one part).
+fn sanitize(key: &str) -> String {
+    let key = key.replace([':', '|'], "_");
+    let bytes = key.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match ipv4_at(bytes, i) {
+            Some(end) => {
+                out.extend(
+                    bytes[i..end]
+                        .iter()
+                        .map(|&b| if b == b'.' { b'_' } else { b }),
+                );
+                i = end;
+            }
+            None => {
+                out.push(bytes[i]);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).unwrap_or(key)
+}
+
+/// The end of `\d{1,3}(\.\d{1,3}){3}` starting at `i`, each run of digits
+/// taken as long as it can be (as Go's regexp takes it).
+fn ipv4_at(b: &[u8], i: usize) -> Option<usize> {
+    fn digits(b: &[u8], mut i: usize) -> Option<usize> {
+        let start = i;
+        while i < b.len() && i - start < 3 && b[i].is_ascii_digit() {
+            i += 1;
+        }
+        (i > start).then_some(i)
+    }
+    let mut end = digits(b, i)?;
+    for _ in 0..3 {
+        if b.get(end) != Some(&b'.') {
+            return None;
+        }
+        end = digits(b, end + 1)?;
+    }
+    Some(end)
 }
 
 fn counter(out: &mut String, name: &str, help: &str, value: f64) {
@@ -151,7 +197,7 @@ mod tests {
         }
         let text = render();
         assert!(
-            text.contains("ratelimit_service_rate_limit_over_limit{domain=\"rn-eg\",key1=\"generic_key_route-a\",key2=\"remote_address_10\"} 2"),
+            text.contains("ratelimit_service_rate_limit_over_limit{domain=\"rn-eg\",key1=\"generic_key_route-a\",key2=\"remote_address_10_0_0_1\"} 2"),
             "{text}"
         );
         assert!(
@@ -164,5 +210,16 @@ mod tests {
             text.contains("ratelimit_service_config_load_success "),
             "{text}"
         );
+    }
+
+    #[test]
+    fn addresses_keep_their_place_as_envoyproxy_ratelimit_writes_them() {
+        assert_eq!(
+            sanitize("eg.masked_remote_address_0.0.0.0/0"),
+            "eg.masked_remote_address_0_0_0_0/0"
+        );
+        assert_eq!(sanitize("d.k_a:b|c.v1.2"), "d.k_a_b_c.v1.2");
+        assert_eq!(sanitize("x.192.0.2.0/24.y"), "x.192_0_2_0/24.y");
+        assert_eq!(sanitize("x.1234.5.6.7"), "x.1234_5_6_7");
     }
 }

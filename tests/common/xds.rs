@@ -19,7 +19,16 @@ use prost::Message;
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::Stream;
+use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 use tonic::{Request, Response, Status, Streaming};
+
+/// The control plane's TLS: its certificate, and its clients' CA.
+pub struct Tls {
+    /// Its certificate and key.
+    pub cert: super::pki::Pair,
+    /// PEM CA its clients' certificates must chain to.
+    pub client_ca: String,
+}
 
 /// The resource type divvy subscribes to.
 pub const TYPE: &str = "type.googleapis.com/ratelimit.config.ratelimit.v3.RateLimitConfig";
@@ -140,6 +149,16 @@ pub struct ControlPlane {
 impl ControlPlane {
     /// Serves `snapshot` on `addr` (port 0: a free one).
     pub async fn start(addr: SocketAddr, snapshot: Snapshot) -> ControlPlane {
+        ControlPlane::serve(addr, snapshot, None).await
+    }
+
+    /// [`ControlPlane::start`] over mutual TLS: its certificate, and the CA
+    /// its clients' certificates must chain to.
+    pub async fn start_tls(addr: SocketAddr, snapshot: Snapshot, tls: Tls) -> ControlPlane {
+        ControlPlane::serve(addr, snapshot, Some(tls)).await
+    }
+
+    async fn serve(addr: SocketAddr, snapshot: Snapshot, tls: Option<Tls>) -> ControlPlane {
         let listener = tokio::net::TcpListener::bind(addr).await.expect("bind");
         let addr = listener.local_addr().expect("address");
         let ads = Ads {
@@ -149,8 +168,15 @@ impl ControlPlane {
         };
         let service = AggregatedDiscoveryServiceServer::new(ads.clone());
         let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        let mut builder = tonic::transport::Server::builder();
+        if let Some(tls) = tls {
+            let config = ServerTlsConfig::new()
+                .identity(Identity::from_pem(&tls.cert.cert, &tls.cert.key))
+                .client_ca_root(Certificate::from_pem(&tls.client_ca));
+            builder = builder.tls_config(config).expect("TLS config");
+        }
         let task = tokio::spawn(async move {
-            let _ = tonic::transport::Server::builder()
+            let _ = builder
                 .add_service(service)
                 .serve_with_incoming(incoming)
                 .await;

@@ -228,6 +228,14 @@ pub struct ServeArgs {
     /// The smallest share of a global limit a region with demand gets (a fraction of the limit).
     #[arg(long, env = "DIVVY_GLOBAL_FLOOR", default_value_t = 0.01)]
     global_floor: f64,
+    /// `assignment_time_to_live` of the Rate Limit Quota Service's
+    /// assignments (`15s`, `1m`); renewed as reports arrive and every half TTL.
+    #[arg(long, env = "DIVVY_RLQS_ASSIGNMENT_TTL", default_value = "15s", value_parser = parse_wait)]
+    rlqs_assignment_ttl: Duration,
+    /// Most buckets one Rate Limit Quota Service stream may report; reports
+    /// of more are ignored (`divvy_rejected_total{reason="rlqs_too_many_buckets"}`).
+    #[arg(long, env = "DIVVY_RLQS_MAX_BUCKETS_PER_STREAM", default_value_t = 1000)]
+    rlqs_max_buckets_per_stream: usize,
     #[command(flatten)]
     xds: XdsArgs,
     /// envoyproxy/ratelimit's behaviour, when started as `ratelimit`.
@@ -436,6 +444,14 @@ async fn run(args: ServeArgs, policy: Policy, hash: String) -> anyhow::Result<()
         divvy::server::admin::spawn_ratelimit_metrics(&addr, &path).await?;
     }
     init_statsd(&args);
+    let rlqs = Arc::new(divvy::server::rlqs::Hub::new(
+        limiter.clone(),
+        divvy::server::rlqs::RlqsSettings {
+            assignment_ttl: args.rlqs_assignment_ttl.max(Duration::from_secs(1)),
+            max_buckets_per_stream: args.rlqs_max_buckets_per_stream.max(1),
+        },
+        Arc::new(divvy::clock::SystemClock::default()),
+    ));
     let admin = AdminState {
         limiter: limiter.clone(),
         status: reloader.status(),
@@ -452,6 +468,7 @@ async fn run(args: ServeArgs, policy: Policy, hash: String) -> anyhow::Result<()
             .ratelimit
             .as_ref()
             .is_some_and(|m| m.healthy_needs_config),
+        rlqs,
     };
     if admin.admin_token.is_none() {
         info!("no --admin-token: knob changes are refused (GET /knobs still answers)");
@@ -663,12 +680,14 @@ async fn serve_until_shutdown(
         limits,
         stop_rx.clone(),
     ));
+    divvy::server::rlqs::spawn(admin.rlqs.clone(), stopped(stop_rx.clone()));
     let grpc_task = tokio::spawn(divvy::server::serve_grpc(
         listeners.grpc,
         limiter,
         args.rate_limit_headers,
         !args.ready_without_store,
         grpc_limits(args),
+        admin.rlqs.clone(),
         stopped(stop_rx.clone()),
     ));
     let metrics_path = args.metrics_path.clone();

@@ -5,10 +5,12 @@
 //! counter the request touches to the store in a single call, and returns a
 //! [`Decision`] per descriptor. Protocol adapters only translate in and out.
 
+mod bucket;
 mod domain;
 pub mod envoy;
 mod plan;
 
+pub use bucket::{BucketLimit, BucketRate};
 pub use domain::{Descriptor, Verdict};
 
 pub use plan::{counter_op, knob_for};

@@ -65,6 +65,8 @@ pub struct Metrics {
     pub global: GlobalMetrics,
     /// Governors.
     pub governor: GovernorMetrics,
+    /// Envoy's Rate Limit Quota Service.
+    pub rlqs: RlqsMetrics,
 }
 
 /// A rule's counters, looked up once when the rule set is compiled (a
@@ -104,13 +106,16 @@ pub const MAX_STATS_KEYS: usize = 10_000;
 /// a line over `--line-max-bytes`, a gRPC request with too many
 /// descriptors or entries, a line connection over `--line-max-connections`,
 /// a counter evicted by `--max-counters`, a gRPC request over
-/// `--grpc-max-request-bytes`.
-pub const REJECT_REASONS: [&str; 5] = [
+/// `--grpc-max-request-bytes`, an RLQS bucket over
+/// `--rlqs-max-buckets-per-stream`, an RLQS bucket id over its bounds.
+pub const REJECT_REASONS: [&str; 7] = [
     "line_too_long",
     "too_many_descriptors",
     "connection_limit",
     "eviction",
     "request_too_large",
+    "rlqs_too_many_buckets",
+    "rlqs_bucket_id_too_large",
 ];
 
 fn gauge_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> GaugeVec {
@@ -187,6 +192,46 @@ pub struct GlobalMetrics {
     pub renewals: IntCounterVec,
     /// `divvy_global_alive_timestamp_seconds`: last step of the lease task.
     pub alive: IntGauge,
+}
+
+/// Envoy's Rate Limit Quota Service.
+pub struct RlqsMetrics {
+    /// `divvy_rlqs_streams`: open RLQS streams.
+    pub streams: IntGauge,
+    /// `divvy_rlqs_buckets`: buckets of every open RLQS stream.
+    pub buckets: IntGauge,
+    /// `divvy_rlqs_reported_total{rule,outcome}`: requests Envoy reported as allowed or denied, by deciding rule.
+    pub reported: IntCounterVec,
+    /// `divvy_rlqs_assignments_total{kind}`: actions sent: token_bucket, allow_all, deny_all, abandon.
+    pub assignments: IntCounterVec,
+    /// `divvy_rlqs_allocated_timestamp_seconds`: last run of the RLQS allocation task.
+    pub allocated: IntGauge,
+}
+
+impl RlqsMetrics {
+    fn new(r: &Registry) -> RlqsMetrics {
+        RlqsMetrics {
+            streams: gauge(r, "divvy_rlqs_streams", "Open RLQS streams"),
+            buckets: gauge(r, "divvy_rlqs_buckets", "Buckets of every open RLQS stream"),
+            reported: counter_vec(
+                r,
+                "divvy_rlqs_reported_total",
+                "Requests Envoy's rate_limit_quota filter reported, by deciding rule and outcome (allowed, denied)",
+                &["rule", "outcome"],
+            ),
+            assignments: counter_vec(
+                r,
+                "divvy_rlqs_assignments_total",
+                "RLQS bucket actions sent, by kind (token_bucket, allow_all, deny_all, abandon)",
+                &["kind"],
+            ),
+            allocated: gauge(
+                r,
+                "divvy_rlqs_allocated_timestamp_seconds",
+                "Last run of the RLQS allocation task (epoch seconds)",
+            ),
+        }
+    }
 }
 
 /// Governors.
@@ -467,6 +512,7 @@ impl Metrics {
             store: StoreMetrics::new(&r),
             global: GlobalMetrics::new(&r),
             governor: GovernorMetrics::new(&r),
+            rlqs: RlqsMetrics::new(&r),
             registry: r,
         }
     }

@@ -6,6 +6,7 @@ pub mod headers;
 pub mod idle;
 pub mod json;
 pub mod line;
+pub mod rlqs;
 pub mod rls;
 pub mod rls_envoy;
 
@@ -60,13 +61,15 @@ impl Default for GrpcLimits {
 }
 
 /// Serves Envoy's RateLimitService (with rate-limit headers in `headers`
-/// style) and grpc.health.v1 on `listener` until `shutdown` completes.
+/// style), its Rate Limit Quota Service (streams registered in `rlqs`) and
+/// grpc.health.v1 on `listener` until `shutdown` completes.
 pub async fn serve_grpc(
     listener: TcpListener,
     limiter: Arc<Limiter>,
     headers: HeaderStyle,
     ready_requires_store: bool,
     limits: GrpcLimits,
+    rlqs: Arc<rlqs::Hub>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
     let (health, health_service) = tonic_health::server::health_reporter();
@@ -128,6 +131,7 @@ pub async fn serve_grpc(
         .layer(tower::util::MapResponseLayer::new(count_too_large))
         .add_service(health_service)
         .add_service(service)
+        .add_service(rlqs::service(rlqs, limits.max_request_bytes))
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await
 }

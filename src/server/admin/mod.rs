@@ -9,6 +9,7 @@
 
 pub mod knobs;
 pub mod render;
+pub mod rlqs;
 pub mod routes;
 pub mod state;
 

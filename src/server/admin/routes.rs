@@ -32,6 +32,7 @@ pub fn router(state: AdminState, metrics_path: &str) -> Router {
         .route("/json", post(json_check))
         .route("/global", get(global))
         .route("/governors", get(governors))
+        .route("/rlqs", get(super::rlqs::list))
         .route("/healthcheck", get(healthcheck))
         .route("/rlconfig", get(rlconfig))
         .route("/knobs", get(super::knobs::list))

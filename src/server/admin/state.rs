@@ -26,4 +26,6 @@ pub struct AdminState {
     /// `/healthcheck` fails until a configuration is loaded (envoyproxy/ratelimit's
     /// `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`).
     pub healthy_needs_config: bool,
+    /// The RLQS streams (for `GET /rlqs`).
+    pub rlqs: Arc<crate::server::rlqs::Hub>,
 }

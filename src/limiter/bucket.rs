@@ -180,7 +180,6 @@ overrides:
     algorithm: token_bucket
     burst: 40
   - operation: {team: "*"}
-    actorField: team
     limits:
       - {creditLimit: 600, resetSeconds: 60, label: team-minute, actorField: team}
       - {creditLimit: 1000, resetSeconds: 3600, algorithm: sliding, actorField: team}
@@ -238,5 +237,29 @@ default: {creditLimit: 5, resetSeconds: 0}
             l.bucket_limit("d", &[("user", "a")]),
             BucketLimit::DenyAll { .. }
         ));
+    }
+
+    #[test]
+    fn an_envoyproxy_ratelimit_tree_decides_its_domain() {
+        let yaml = "domain: edge\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 120}\n  - key: zero\n    rate_limit: {unit: second, requests_per_unit: 0}\n  - key: free\n    rate_limit: {unlimited: true}\n";
+        let mut policy = crate::config::no_policy().unwrap();
+        policy.envoy = vec![Arc::new(
+            crate::config::envoy_ratelimit::parse("edge.yaml", yaml).unwrap(),
+        )];
+        let l = Limiter::new(RuleSet::new(policy), Arc::new(MemoryStore::new()));
+        let BucketLimit::Rates { rates, .. } = l.bucket_limit("edge", &[("user", "a")]) else {
+            panic!("the user limit");
+        };
+        assert_eq!((rates[0].rate, rates[0].burst), (2.0, 120));
+        assert!(matches!(
+            l.bucket_limit("edge", &[("zero", "x")]),
+            BucketLimit::DenyAll { .. }
+        ));
+        assert!(matches!(
+            l.bucket_limit("edge", &[("free", "x")]),
+            BucketLimit::AllowAll { .. }
+        ));
+        assert_eq!(l.bucket_limit("edge", &[("other", "x")]), BucketLimit::NoLimit);
+        assert_eq!(l.bucket_limit("elsewhere", &[("user", "a")]), BucketLimit::NoLimit);
     }
 }

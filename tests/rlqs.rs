@@ -86,8 +86,15 @@ fn fetch(port: u16, headers: &[(&str, &str)]) -> Option<envoy::Answer> {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(20))).ok()?;
-    let extra: String = headers.iter().map(|(k, v)| format!("{k}: {v}\r\n")).collect();
-    write!(s, "GET / HTTP/1.1\r\nHost: example\r\n{extra}Connection: close\r\n\r\n").ok()?;
+    let extra: String = headers
+        .iter()
+        .map(|(k, v)| format!("{k}: {v}\r\n"))
+        .collect();
+    write!(
+        s,
+        "GET / HTTP/1.1\r\nHost: example\r\n{extra}Connection: close\r\n\r\n"
+    )
+    .ok()?;
     let mut raw = Vec::new();
     let mut chunk = [0u8; 4096];
     loop {
@@ -101,7 +108,9 @@ fn fetch(port: u16, headers: &[(&str, &str)]) -> Option<envoy::Answer> {
                 .filter_map(|l| l.split_once(':'))
                 .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
                 .collect();
-            let length: usize = header(&headers, "content-length").and_then(|v| v.parse().ok()).unwrap_or(0);
+            let length: usize = header(&headers, "content-length")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
             if body.len() >= length {
                 return Some((status, headers, body.to_owned()));
             }
@@ -161,11 +170,21 @@ fn two_envoys_share_a_users_limit_and_follow_knobs_and_blanket_rules() {
     let a1 = drive(p1, &[("x-user", "a")], 30.0, run, go.clone());
     let a2 = drive(p2, &[("x-user", "a")], 30.0, run, go.clone());
     let b1 = drive(p1, &[("x-user", "b")], 30.0, run, go);
-    let (a1, a2, b1) = (a1.join().unwrap().1, a2.join().unwrap().1, b1.join().unwrap().1);
+    let (a1, a2, b1) = (
+        a1.join().unwrap().1,
+        a2.join().unwrap().1,
+        b1.join().unwrap().1,
+    );
     let (n1, n2) = (ok_between(&a1, 10.0, 20.0), ok_between(&a2, 10.0, 20.0));
     println!("user a from 10 s to 20 s: {n1} 200s through Envoy 1, {n2} through Envoy 2");
     within_limit("user a, two Envoys", n1 + n2, 20.0, 10.0, 20.0);
-    within_limit("user b, one Envoy", ok_between(&b1, 10.0, 20.0), 20.0, 10.0, 20.0);
+    within_limit(
+        "user b, one Envoy",
+        ok_between(&b1, 10.0, 20.0),
+        20.0,
+        10.0,
+        20.0,
+    );
     let denied = a1.iter().find(|(_, s, _)| *s == 429).expect("a 429");
     assert_eq!(denied.2, "over quota\n");
     let view = rlqs(&server);
@@ -235,7 +254,10 @@ fn stop_knob_denies_on_both_envoys_and_its_removal_resumes(server: &Server, p1: 
     for (name, c) in [("Envoy 1", c1), ("Envoy 2", c2)] {
         let (_, sent) = c.join().unwrap();
         let before = sent.iter().filter(|(t, _, _)| *t < stopped);
-        assert!(before.clone().all(|(_, s, _)| *s == 200), "{name}: {sent:?}");
+        assert!(
+            before.clone().all(|(_, s, _)| *s == 200),
+            "{name}: {sent:?}"
+        );
         let first_denied = sent
             .iter()
             .find(|(t, s, _)| *t >= stopped && *s == 429)
@@ -354,7 +376,10 @@ async fn a_hostile_stream_of_100000_bucket_ids_stays_within_the_bucket_bound() {
     println!("100000 bucket ids reported: {held} held, {refused} refused; divvy {rss}");
     assert_eq!(held, 500);
     assert_eq!(refused, 99_500.0);
-    assert_eq!(server.metric_samples().get("divvy_rlqs_buckets"), Some(&500.0));
+    assert_eq!(
+        server.metric_samples().get("divvy_rlqs_buckets"),
+        Some(&500.0)
+    );
     drop(tx);
     let actions = reader.await.expect("reader");
     println!("{actions} bucket actions received");

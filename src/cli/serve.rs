@@ -234,7 +234,11 @@ pub struct ServeArgs {
     rlqs_assignment_ttl: Duration,
     /// Most buckets one Rate Limit Quota Service stream may report; reports
     /// of more are ignored (`divvy_rejected_total{reason="rlqs_too_many_buckets"}`).
-    #[arg(long, env = "DIVVY_RLQS_MAX_BUCKETS_PER_STREAM", default_value_t = 1000)]
+    #[arg(
+        long,
+        env = "DIVVY_RLQS_MAX_BUCKETS_PER_STREAM",
+        default_value_t = 1000
+    )]
     rlqs_max_buckets_per_stream: usize,
     #[command(flatten)]
     xds: XdsArgs,

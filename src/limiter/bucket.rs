@@ -216,7 +216,10 @@ default: {creditLimit: 5, resetSeconds: 0}
         let BucketLimit::Rates { rates: rb, .. } = b else {
             panic!("per-user rule");
         };
-        assert_ne!(rates[0].key, rb[0].key, "each user has a counter of its own");
+        assert_ne!(
+            rates[0].key, rb[0].key,
+            "each user has a counter of its own"
+        );
         // A window is the token bucket of the same average rate, its limit as burst.
         let BucketLimit::Rates { rates, .. } = l.bucket_limit("d", &[("team", "t")]) else {
             panic!("team rule");
@@ -259,7 +262,13 @@ default: {creditLimit: 5, resetSeconds: 0}
             l.bucket_limit("edge", &[("free", "x")]),
             BucketLimit::AllowAll { .. }
         ));
-        assert_eq!(l.bucket_limit("edge", &[("other", "x")]), BucketLimit::NoLimit);
-        assert_eq!(l.bucket_limit("elsewhere", &[("user", "a")]), BucketLimit::NoLimit);
+        assert_eq!(
+            l.bucket_limit("edge", &[("other", "x")]),
+            BucketLimit::NoLimit
+        );
+        assert_eq!(
+            l.bucket_limit("elsewhere", &[("user", "a")]),
+            BucketLimit::NoLimit
+        );
     }
 }

@@ -45,7 +45,9 @@ fn bucket_json(key: &[(String, String)], b: &Bucket, now: std::time::Duration) -
         .map(|(k, v)| (k.clone(), Value::from(v.as_str())))
         .collect();
     let limits: Vec<String> = match &b.limit {
-        Some(BucketLimit::Rates { rates, .. }) => rates.iter().map(|r| r.describe.clone()).collect(),
+        Some(BucketLimit::Rates { rates, .. }) => {
+            rates.iter().map(|r| r.describe.clone()).collect()
+        }
         Some(BucketLimit::DenyAll { .. }) => vec!["always deny".to_owned()],
         Some(BucketLimit::AllowAll { .. }) => vec!["always allow".to_owned()],
         Some(BucketLimit::NoLimit) | None => Vec::new(),

@@ -202,7 +202,10 @@ mod tests {
     #[test]
     fn new_streams_split_the_rate_and_measured_demand_moves_it() {
         let s = allocate(20.0, &[claim(None, 0.0), claim(None, 0.0)]);
-        assert!((s[0] - 10.0).abs() < 1e-9 && (s[1] - 10.0).abs() < 1e-9, "{s:?}");
+        assert!(
+            (s[0] - 10.0).abs() < 1e-9 && (s[1] - 10.0).abs() < 1e-9,
+            "{s:?}"
+        );
         // Equal demand measured a little apart: the shares stay put.
         let s2 = allocate(20.0, &[claim(Some(30.4), s[0]), claim(Some(29.6), s[1])]);
         assert_eq!(s2, s);

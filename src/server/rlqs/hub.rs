@@ -152,7 +152,9 @@ impl Hub {
     pub fn close_all(&self) {
         let mut s = self.lock();
         for stream in s.streams.values() {
-            let _ = stream.tx.try_send(Err(tonic::Status::unavailable("divvy is shutting down")));
+            let _ = stream
+                .tx
+                .try_send(Err(tonic::Status::unavailable("divvy is shutting down")));
         }
         s.streams.clear();
         gauges(&s);
@@ -163,7 +165,13 @@ impl Hub {
     pub fn report(&self, id: u64, reports: RateLimitQuotaUsageReports) -> Result<(), RlqsError> {
         let now = self.now();
         let mut s = self.lock();
-        let reported = take_reports(&mut s, id, reports, now, self.settings.max_buckets_per_stream)?;
+        let reported = take_reports(
+            &mut s,
+            id,
+            reports,
+            now,
+            self.settings.max_buckets_per_stream,
+        )?;
         let mut changes = self.recompute_locked(&mut s, now);
         let renew = changes.entry(id).or_default();
         if let Some(stream) = s.streams.get_mut(&id) {
@@ -358,7 +366,9 @@ fn take_reports(
             .time_elapsed
             .map(|d| d.seconds as f64 + f64::from(d.nanos) / 1e9)
             .unwrap_or(0.0);
-        let count = usage.num_requests_allowed.saturating_add(usage.num_requests_denied);
+        let count = usage
+            .num_requests_allowed
+            .saturating_add(usage.num_requests_denied);
         let fresh = !stream.buckets.contains_key(&key);
         if fresh && stream.buckets.len() >= max_buckets {
             metrics()

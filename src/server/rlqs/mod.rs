@@ -151,8 +151,12 @@ impl RateLimitQuotaService for RlqsService {
 }
 
 /// The service for `hub`, with the gRPC server's message-size limit.
-pub fn service(hub: Arc<Hub>, max_request_bytes: usize) -> RateLimitQuotaServiceServer<RlqsService> {
-    RateLimitQuotaServiceServer::new(RlqsService::new(hub)).max_decoding_message_size(max_request_bytes)
+pub fn service(
+    hub: Arc<Hub>,
+    max_request_bytes: usize,
+) -> RateLimitQuotaServiceServer<RlqsService> {
+    RateLimitQuotaServiceServer::new(RlqsService::new(hub))
+        .max_decoding_message_size(max_request_bytes)
 }
 
 /// Starts the one task that recomputes every second, and at once when the
@@ -174,7 +178,10 @@ pub fn spawn(hub: Arc<Hub>, shutdown: impl Future<Output = ()> + Send + 'static)
                 seen = now_seen;
                 last = tokio::time::Instant::now();
                 hub.tick();
-                metrics().rlqs.allocated.set(crate::clock::now_ms() as i64 / 1000);
+                metrics()
+                    .rlqs
+                    .allocated
+                    .set(crate::clock::now_ms() as i64 / 1000);
             }
         }
         hub.close_all();

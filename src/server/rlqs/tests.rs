@@ -120,7 +120,11 @@ fn report(hub: &Hub, id: u64, usages: Vec<BucketQuotaUsage>) -> Result<(), RlqsE
 /// "deny" or "abandon".
 #[derive(Debug, Clone, PartialEq)]
 enum Told {
-    Rate { per_second: f64, burst: u32, ttl: i64 },
+    Rate {
+        per_second: f64,
+        burst: u32,
+        ttl: i64,
+    },
     Allow,
     Deny,
     Abandon,

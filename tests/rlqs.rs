@@ -200,6 +200,7 @@ fn two_envoys_share_a_users_limit_and_follow_knobs_and_blanket_rules() {
     let b = buckets(&view, "user", "b");
     assert_eq!(b[0]["assignment"]["perSecond"], 20.0, "{view:#}");
 
+    demand_shifts_to_the_second_envoy(p1, p2);
     stop_knob_denies_on_both_envoys_and_its_removal_resumes(&server, p1, p2);
     blanket_rules(&server, p1);
     let m = server.metric_samples();
@@ -218,7 +219,33 @@ fn two_envoys_share_a_users_limit_and_follow_knobs_and_blanket_rules() {
         let key = format!("divvy_rlqs_assignments_total{{kind=\"{kind}\"}}");
         assert!(m.get(&key).copied().unwrap_or(0.0) > 0.0, "{key}: {m:?}");
     }
+    // SIGTERM with both Envoys' streams open: the streams are ended, so
+    // the server drains and exits without waiting out its drain timeout.
+    let mut server = server;
+    let started = Instant::now();
+    assert!(server.terminate().success());
+    let log: Vec<String> = server.log.try_iter().collect();
+    println!("divvy exited {:?} after SIGTERM", started.elapsed());
+    assert!(
+        !log.iter().any(|l| l.contains("still in flight")),
+        "{log:#?}"
+    );
     drop((e1, e2));
+}
+
+/// User a's demand shifts to 5/s through Envoy 1 and 50/s through Envoy 2:
+/// after two of Envoy's reports (10 s), Envoy 2 admits at least 13/s and
+/// the total stays within the limit.
+fn demand_shifts_to_the_second_envoy(p1: u16, p2: u16) {
+    let run = Duration::from_secs(15);
+    let go = Arc::new(Barrier::new(2));
+    let a1 = drive(p1, &[("x-user", "a")], 5.0, run, go.clone());
+    let a2 = drive(p2, &[("x-user", "a")], 50.0, run, go);
+    let (a1, a2) = (a1.join().unwrap().1, a2.join().unwrap().1);
+    let (n1, n2) = (ok_between(&a1, 10.0, 15.0), ok_between(&a2, 10.0, 15.0));
+    println!("user a at 5/s and 50/s, from 10 s to 15 s: {n1} 200s through Envoy 1, {n2} through Envoy 2");
+    assert!(n2 >= 13 * 5, "Envoy 2 admitted {n2} in 5 s");
+    assert!(n1 + n2 <= 20 * 5 + 20, "{n1} + {n2} in 5 s");
 }
 
 /// User c at 4/s through each Envoy (well under its share): the stop knob

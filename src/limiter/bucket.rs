@@ -120,11 +120,13 @@ fn tree_limit(
     let Some(m) = tree.find(entries) else {
         return BucketLimit::NoLimit;
     };
-    let Some(limit) = m.node.limit else {
+    let Some(limit) = m.node.limit.clone() else {
         return BucketLimit::NoLimit;
     };
+    // The node as written, not the stats key (which may carry request
+    // values): the name is a metric label.
     let rule = if limit.name.is_empty() {
-        m.stats_key.clone()
+        format!("{}.{}", tree.domain(), m.node.composite())
     } else {
         limit.name.clone()
     };
@@ -254,6 +256,7 @@ default: {creditLimit: 5, resetSeconds: 0}
             panic!("the user limit");
         };
         assert_eq!((rates[0].rate, rates[0].burst), (2.0, 120));
+        assert_eq!(l.bucket_limit("edge", &[("user", "a")]).rule(), "edge.user");
         assert!(matches!(
             l.bucket_limit("edge", &[("zero", "x")]),
             BucketLimit::DenyAll { .. }

@@ -8,6 +8,7 @@
 //! share demand.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -74,6 +75,8 @@ pub struct Hub {
     settings: RlqsSettings,
     clock: Arc<dyn Clock>,
     state: Mutex<Streams>,
+    /// A report came since the last recompute.
+    dirty: AtomicBool,
 }
 
 /// A bucket's claim on one limit counter: where it is and what it wants.
@@ -97,6 +100,7 @@ impl Hub {
             settings,
             clock,
             state: Mutex::new(Streams::default()),
+            dirty: AtomicBool::new(false),
         }
     }
 
@@ -160,8 +164,11 @@ impl Hub {
         gauges(&s);
     }
 
-    /// Takes one reports message of stream `id`, recomputes, pushes what
-    /// changed, and answers the reported buckets (renewing their TTL).
+    /// Takes one reports message of stream `id`: counts it, answers the
+    /// reported buckets that hold an assignment with it (renewing its
+    /// TTL), and leaves new buckets and new demand to the next recompute,
+    /// which the allocation task runs within a tenth of a second
+    /// ([`Hub::take_dirty`]): a burst of reports costs one recompute.
     pub fn report(&self, id: u64, reports: RateLimitQuotaUsageReports) -> Result<(), RlqsError> {
         let now = self.now();
         let mut s = self.lock();
@@ -172,13 +179,16 @@ impl Hub {
             now,
             self.settings.max_buckets_per_stream,
         )?;
-        let mut changes = self.recompute_locked(&mut s, now);
-        let renew = changes.entry(id).or_default();
+        let mut renew = Vec::new();
         if let Some(stream) = s.streams.get_mut(&id) {
+            let domain = stream.domain.clone().unwrap_or_default();
             for key in &reported {
                 let Some(b) = stream.buckets.get_mut(key) else {
                     continue;
                 };
+                if b.limit.is_none() {
+                    b.limit = Some(self.limiter.bucket_limit(&domain, &entries(key)));
+                }
                 count_reported(b);
                 if let Some((a, _)) = b.sent {
                     if !renew.iter().any(|(k, _)| k == key) {
@@ -188,12 +198,23 @@ impl Hub {
                 }
             }
         }
+        self.dirty.store(true, Ordering::Release);
+        let mut changes = Changes::new();
+        if !renew.is_empty() {
+            changes.insert(id, renew);
+        }
         self.send(&mut s, changes);
         Ok(())
     }
 
+    /// Whether a report came since the last call: a recompute is due.
+    pub fn take_dirty(&self) -> bool {
+        self.dirty.swap(false, Ordering::AcqRel)
+    }
+
     /// Recomputes every assignment and pushes those that changed (and
-    /// renewals of those half-way to expiry).
+    /// renewals of those half-way to expiry). Nothing here waits: the
+    /// lock is held for the limiter's lookups and queued sends only.
     pub fn tick(&self) {
         let now = self.now();
         let mut s = self.lock();
@@ -212,9 +233,7 @@ impl Hub {
                 continue;
             };
             stream.buckets.retain(|key, b| {
-                let entries: Vec<(&str, &str)> =
-                    key.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-                let limit = self.limiter.bucket_limit(&domain, &entries);
+                let limit = self.limiter.bucket_limit(&domain, &entries(key));
                 let gone = now.saturating_sub(b.reported_at) > idle
                     || (limit == BucketLimit::NoLimit
                         && b.limit.as_ref().is_some_and(|l| *l != BucketLimit::NoLimit));
@@ -290,6 +309,11 @@ impl Hub {
 
 /// Per stream, (bucket, assignment or abandon) to send.
 type Changes = BTreeMap<u64, Vec<(BucketKey, Option<Assignment>)>>;
+
+/// A bucket id's pairs as a descriptor's entries.
+fn entries(key: &BucketKey) -> Vec<(&str, &str)> {
+    key.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect()
+}
 
 fn bucket_mut<'a>(s: &'a mut Streams, stream: u64, key: &BucketKey) -> Option<&'a mut Bucket> {
     s.streams.get_mut(&stream)?.buckets.get_mut(key)

@@ -159,8 +159,9 @@ pub fn service(
         .max_decoding_message_size(max_request_bytes)
 }
 
-/// Starts the one task that recomputes every second, and at once when the
-/// rules or the knobs change, and pushes what changed; when `shutdown`
+/// Starts the one task that recomputes every second, and within a tenth
+/// of a second of a report or a change of the rules or the knobs, and
+/// pushes what changed; when `shutdown`
 /// completes it ends every stream and stops.
 /// `divvy_rlqs_allocated_timestamp_seconds` says it is alive.
 pub fn spawn(hub: Arc<Hub>, shutdown: impl Future<Output = ()> + Send + 'static) {
@@ -174,7 +175,8 @@ pub fn spawn(hub: Arc<Hub>, shutdown: impl Future<Output = ()> + Send + 'static)
                 () = tokio::time::sleep(Duration::from_millis(100)) => {}
             }
             let now_seen = Seen::of(&hub);
-            if now_seen != seen || last.elapsed() >= Duration::from_secs(1) {
+            let reported = hub.take_dirty();
+            if reported || now_seen != seen || last.elapsed() >= Duration::from_secs(1) {
                 seen = now_seen;
                 last = tokio::time::Instant::now();
                 hub.tick();

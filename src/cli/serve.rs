@@ -20,6 +20,7 @@ use anyhow::{bail, Context};
 use divvy::config::Policy;
 use divvy::limiter::Limiter;
 use divvy::rules::RuleSet;
+use divvy::server::admin::auth::Tokens;
 use divvy::server::admin::{serve_http, AdminState};
 use divvy::server::headers::HeaderStyle;
 use divvy::server::line::{serve_line, ConnLimits};
@@ -187,6 +188,12 @@ pub struct ServeArgs {
     /// `Authorization: Bearer <token>`; without it, knob changes are refused.
     #[arg(long, env = "DIVVY_ADMIN_TOKEN", hide_env_values = true)]
     admin_token: Option<String>,
+    /// With it, every admin endpoint but /healthz, /readyz, /healthcheck and
+    /// the metrics path needs `Authorization: Bearer <token>` with this token
+    /// or the admin token; this one can not change knobs. Without it, reads
+    /// are open.
+    #[arg(long, env = "DIVVY_ADMIN_READ_TOKEN", hide_env_values = true)]
+    admin_read_token: Option<String>,
     /// The Prometheus that governors query when the policy names none
     /// (`http://host:port`).
     #[arg(long, env = "PROMETHEUS_URL")]
@@ -329,18 +336,31 @@ async fn run(args: ServeArgs, policy: Policy, hash: String) -> anyhow::Result<()
         status: reloader.status(),
         shutting_down: Arc::new(AtomicBool::new(false)),
         ready_requires_store: !args.ready_without_store,
-        admin_token: args
-            .admin_token
-            .clone()
-            .filter(|t| !t.is_empty())
-            .map(Arc::from),
+        tokens: admin_tokens(&args)?,
         governors,
         deadline_margin: Duration::from_millis(args.deadline_margin_ms),
     };
-    if admin.admin_token.is_none() {
+    if admin.tokens.admin.is_none() {
         info!("no --admin-token: knob changes are refused (GET /knobs still answers)");
     }
+    if admin.tokens.read.is_some() {
+        info!("--admin-read-token: admin reads need a token (health, readiness and metrics stay open)");
+    }
     serve_until_shutdown(&args, listeners, limiter, admin).await
+}
+
+/// The admin and read tokens (empty means unset); the same text for both
+/// would give the read token write rights, so it is refused.
+fn admin_tokens(args: &ServeArgs) -> anyhow::Result<Tokens> {
+    let token = |t: &Option<String>| t.clone().filter(|t| !t.is_empty()).map(Arc::from);
+    let tokens = Tokens {
+        admin: token(&args.admin_token),
+        read: token(&args.admin_read_token),
+    };
+    if tokens.admin.is_some() && tokens.admin == tokens.read {
+        bail!("--admin-read-token must differ from --admin-token (the read token must not change knobs)");
+    }
+    Ok(tokens)
 }
 
 /// The memory store, or Redis behind its failure policy (with the knobs
@@ -595,10 +615,24 @@ fn validate_metrics_path(path: &str) -> anyhow::Result<()> {
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"/-_.".contains(&b))
         && !path.contains("//");
-    let taken = ["/healthz", "/readyz", "/config", "/explain", "/json"].contains(&path);
-    if !plain || taken {
+    // Every other admin route: the metrics path is answered without a
+    // token, so it must not shadow one that needs a token.
+    let taken = [
+        "/healthz",
+        "/readyz",
+        "/config",
+        "/explain",
+        "/json",
+        "/global",
+        "/governors",
+        "/healthcheck",
+        "/rlconfig",
+        "/knobs",
+    ];
+    if !plain || taken.contains(&path) || path.starts_with("/knobs/") {
         bail!(
-            "the metrics path `{path}` must be an absolute path of letters, digits, `-`, `_`, `.` and `/`, other than /healthz, /readyz, /config, /explain and /json"
+            "the metrics path `{path}` must be an absolute path of letters, digits, `-`, `_`, `.` and `/`, other than the admin API's routes ({})",
+            taken.join(", ")
         );
     }
     Ok(())

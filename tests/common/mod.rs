@@ -2,6 +2,7 @@
 //! loopback ports and talk to it.
 #![allow(dead_code)]
 
+pub mod certs;
 pub mod delay_proxy;
 pub mod envoy;
 pub mod fault_proxy;

@@ -5,12 +5,19 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use super::certs::{Certs, Pair};
 use super::free_port;
 
 /// Runs `redis-cli -p port args...` and returns its output.
 pub fn cli(port: u16, args: &[&str]) -> String {
+    cli_tls(port, &[], args)
+}
+
+/// Runs `redis-cli` with `tls` options (none: plain) and returns its output.
+fn cli_tls(port: u16, tls: &[String], args: &[&str]) -> String {
     let out = Command::new("redis-cli")
         .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(tls)
         .args(args)
         .output()
         .expect("redis-cli must be installed (tests/run-all.sh installs it)");
@@ -23,6 +30,8 @@ pub struct Redis {
     /// Its port.
     pub port: u16,
     args: Vec<String>,
+    /// redis-cli's TLS options; empty for a plain server.
+    tls_cli: Vec<String>,
     dir: PathBuf,
     _tmp: tempfile::TempDir,
 }
@@ -63,7 +72,61 @@ impl Redis {
             child: None,
             port,
             args,
+            tls_cli: Vec::new(),
             dir,
+            _tmp: tmp,
+        };
+        r.spawn();
+        r
+    }
+
+    /// A TLS-only server (`--port 0`) presenting `server`, verifying client
+    /// certificates against `certs.ca`; `auth_clients`: whether clients
+    /// must present one. Its own `cli` connects with `certs.client`.
+    pub fn start_tls(certs: &Certs, server: &Pair, auth_clients: bool) -> Redis {
+        let port = free_port();
+        let path = |p: &std::path::Path| p.display().to_string();
+        let extra = [
+            "--port".to_owned(),
+            "0".to_owned(),
+            "--tls-port".to_owned(),
+            port.to_string(),
+            "--tls-cert-file".to_owned(),
+            path(&server.cert),
+            "--tls-key-file".to_owned(),
+            path(&server.key),
+            "--tls-ca-cert-file".to_owned(),
+            path(&certs.ca),
+            "--tls-auth-clients".to_owned(),
+            if auth_clients { "yes" } else { "no" }.to_owned(),
+        ];
+        let tmp = tempfile::tempdir().expect("temp dir");
+        let mut args: Vec<String> = vec![
+            "--bind".into(),
+            "127.0.0.1".into(),
+            "--save".into(),
+            String::new(),
+            "--appendonly".into(),
+            "no".into(),
+            "--dir".into(),
+            tmp.path().display().to_string(),
+        ];
+        args.extend(extra);
+        let tls_cli = vec![
+            "--tls".to_owned(),
+            "--cacert".to_owned(),
+            path(&certs.ca),
+            "--cert".to_owned(),
+            path(&certs.client.cert),
+            "--key".to_owned(),
+            path(&certs.client.key),
+        ];
+        let mut r = Redis {
+            child: None,
+            port,
+            args,
+            tls_cli,
+            dir: tmp.path().to_path_buf(),
             _tmp: tmp,
         };
         r.spawn();
@@ -91,6 +154,7 @@ impl Redis {
             child: None,
             port,
             args: vec![conf.display().to_string(), "--sentinel".into()],
+            tls_cli: Vec::new(),
             dir: tmp.path().to_path_buf(),
             _tmp: tmp,
         };
@@ -108,7 +172,7 @@ impl Redis {
             .expect("redis-server must be installed (tests/run-all.sh installs it)");
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(20);
-        while cli(self.port, &["PING"]) != "PONG" {
+        while self.cli(&["PING"]) != "PONG" {
             assert!(
                 Instant::now() < deadline,
                 "redis on port {} did not start",
@@ -157,9 +221,9 @@ impl Redis {
         self.signal("-CONT");
     }
 
-    /// `redis-cli` against this server.
+    /// `redis-cli` against this server (over TLS for a TLS server).
     pub fn cli(&self, args: &[&str]) -> String {
-        cli(self.port, args)
+        cli_tls(self.port, &self.tls_cli, args)
     }
 }
 

@@ -12,7 +12,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::certs::Certs;
-use common::redis::Redis;
+use common::redis::{Cluster, Redis};
 use common::{assert_has, Server};
 
 const POLICY: &str = r#"
@@ -117,6 +117,66 @@ fn counters_work_over_rediss_for_the_counters_and_the_global_store() {
         "the global store did not connect over TLS:\n{startup}"
     );
     assert!(startup.contains("global limits coordinated"), "{startup}");
+}
+
+#[test]
+fn counters_work_over_tls_on_a_cluster() {
+    let certs = Certs::generate();
+    let cluster = Cluster::start_tls(3, &certs);
+    let url = cluster
+        .url()
+        .replacen("redis+cluster://", "rediss+cluster://", 1);
+    let server = Server::with_policy_args(
+        POLICY,
+        "yaml",
+        &[
+            "--redis-url",
+            &url,
+            "--redis-tls-ca",
+            path(&certs.ca),
+            "--on-store-failure",
+            "deny",
+        ],
+    );
+    let mut c = Conn::open(&server);
+    let actors: Vec<String> = (0..20).map(|i| format!("actor{i}")).collect();
+    for actor in &actors {
+        assert_eq!(c.hit(&format!("HIT k=ten who={actor}")), (true, 9));
+    }
+    // Each counter is on exactly one master, and they are spread.
+    let mut holders = std::collections::BTreeSet::new();
+    for actor in &actors {
+        let on: Vec<usize> = (0..cluster.nodes.len())
+            .filter(|&i| cluster.nodes[i].cli(&["GET", &key(actor)]) == "9")
+            .collect();
+        assert_eq!(on.len(), 1, "{actor} on nodes {on:?}");
+        holders.insert(on[0]);
+    }
+    assert!(holders.len() >= 2, "counters on nodes {holders:?}");
+}
+
+#[test]
+fn counters_work_over_tls_through_sentinel() {
+    let certs = Certs::generate();
+    let master = Redis::start_tls(&certs, &certs.server, false);
+    let sentinel = Redis::sentinel_tls(master.port, "tlsmaster", &certs);
+    let url = format!("rediss+sentinel://127.0.0.1:{}/tlsmaster", sentinel.port);
+    let server = Server::with_policy_args(
+        POLICY,
+        "yaml",
+        &[
+            "--redis-url",
+            &url,
+            "--redis-tls-ca",
+            path(&certs.ca),
+            "--on-store-failure",
+            "deny",
+        ],
+    );
+    let mut c = Conn::open(&server);
+    assert_eq!(c.hit("HIT k=ten who=s"), (true, 9));
+    assert_eq!(c.hit("HIT k=ten who=s"), (true, 8));
+    assert_eq!(master.cli(&["GET", &key("s")]), "8");
 }
 
 #[test]

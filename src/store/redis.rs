@@ -126,41 +126,7 @@ impl RedisStore {
         startup_wait: Duration,
     ) -> Result<(RedisStore, bool), StoreError> {
         let t = &options.target;
-        let server_config = match &t.topology {
-            Topology::Single { server: s, .. } => ServerConfig::Centralized { server: server(s) },
-            Topology::Cluster { seeds } => ServerConfig::Clustered {
-                hosts: seeds.iter().map(server).collect(),
-                policy: ClusterDiscoveryPolicy::default(),
-            },
-            Topology::Sentinel { sentinels, master } => ServerConfig::Sentinel {
-                hosts: sentinels.iter().map(server).collect(),
-                service_name: master.clone(),
-            },
-        };
-        let tls = if t.tls {
-            let config = match &options.tls {
-                Some(config) => ClientConfig::clone(config),
-                None => RedisTls::default()
-                    .client_config()
-                    .map_err(|e| StoreError::Unavailable(e.to_string()))?,
-            };
-            Some(TlsConnector::from(config).into())
-        } else {
-            None
-        };
-        let config = Config {
-            server: server_config,
-            username: t.username.clone(),
-            password: t.password.clone(),
-            database: match &t.topology {
-                Topology::Single { db, .. } => *db,
-                _ => None,
-            },
-            // Keep trying when Redis is down at startup too.
-            fail_fast: false,
-            tls,
-            ..Config::default()
-        };
+        let config = fred_config(options)?;
         let timeout = options.timeout;
         let client = Builder::from_config(config)
             .with_performance_config(|p| {
@@ -198,6 +164,46 @@ impl RedisStore {
         ) && store.probe().await.is_ok();
         Ok((store, connected))
     }
+}
+
+/// The client's configuration: topology, credentials and TLS.
+fn fred_config(options: &RedisOptions) -> Result<Config, StoreError> {
+    let t = &options.target;
+    let server_config = match &t.topology {
+        Topology::Single { server: s, .. } => ServerConfig::Centralized { server: server(s) },
+        Topology::Cluster { seeds } => ServerConfig::Clustered {
+            hosts: seeds.iter().map(server).collect(),
+            policy: ClusterDiscoveryPolicy::default(),
+        },
+        Topology::Sentinel { sentinels, master } => ServerConfig::Sentinel {
+            hosts: sentinels.iter().map(server).collect(),
+            service_name: master.clone(),
+        },
+    };
+    let tls = if t.tls {
+        let config = match &options.tls {
+            Some(config) => ClientConfig::clone(config),
+            None => RedisTls::default()
+                .client_config()
+                .map_err(|e| StoreError::Unavailable(e.to_string()))?,
+        };
+        Some(TlsConnector::from(config).into())
+    } else {
+        None
+    };
+    Ok(Config {
+        server: server_config,
+        username: t.username.clone(),
+        password: t.password.clone(),
+        database: match &t.topology {
+            Topology::Single { db, .. } => *db,
+            _ => None,
+        },
+        // Keep trying when Redis is down at startup too.
+        fail_fast: false,
+        tls,
+        ..Config::default()
+    })
 }
 
 /// The target as logs name it: its first address.

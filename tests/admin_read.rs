@@ -217,3 +217,39 @@ fn a_read_token_equal_to_the_admin_token_is_refused_at_startup() {
     );
     assert!(!stderr.contains(ADMIN), "{stderr}");
 }
+
+/// `divvy knob <args>` against `server` with `env`: (success, stdout, stderr).
+fn knob_cli(server: &Server, args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
+    let out = std::process::Command::new(common::binary())
+        .arg("knob")
+        .args(args)
+        .args(["--admin-url", &format!("http://{}", server.http)])
+        .env_remove("DIVVY_ADMIN_TOKEN")
+        .env_remove("DIVVY_ADMIN_READ_TOKEN")
+        .env_remove("DIVVY_ADMIN_URL")
+        .envs(env.iter().copied())
+        .output()
+        .expect("run divvy knob");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn knob_list_sends_the_read_token_and_set_needs_the_admin_token() {
+    let server = serve_with_read_token();
+    let (ok, _, err) = knob_cli(&server, &["list"], &[]);
+    assert!(!ok && err.contains("401"), "{err}");
+    let (ok, out, err) = knob_cli(&server, &["list"], &[("DIVVY_ADMIN_READ_TOKEN", READ)]);
+    assert!(ok, "{err}");
+    assert!(out.contains("\"knobs\""), "{out}");
+    let set = ["set", "win", "creditLimit=1"];
+    let (ok, _, err) = knob_cli(&server, &set, &[("DIVVY_ADMIN_READ_TOKEN", READ)]);
+    assert!(!ok && err.contains("401"), "{err}");
+    let (ok, _, err) = knob_cli(&server, &set, &[("DIVVY_ADMIN_TOKEN", ADMIN)]);
+    assert!(ok, "{err}");
+    let (ok, out, err) = knob_cli(&server, &["list"], &[("DIVVY_ADMIN_TOKEN", ADMIN)]);
+    assert!(ok && out.contains("\"win\""), "{out}{err}");
+}

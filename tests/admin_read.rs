@@ -174,6 +174,13 @@ fn without_a_read_token_reads_stay_open() {
         Some(READ),
     );
     assert_eq!(put.status, 401, "{}", put.body);
+    assert!(
+        put.head
+            .to_ascii_lowercase()
+            .contains("\r\nwww-authenticate: bearer"),
+        "{}",
+        put.head
+    );
 }
 
 #[test]

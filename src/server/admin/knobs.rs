@@ -12,7 +12,7 @@ use std::net::SocketAddr;
 
 use axum::body::Bytes;
 use axum::extract::{ConnectInfo, Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
@@ -27,7 +27,14 @@ use crate::metrics::metrics;
 
 fn refuse(code: StatusCode, message: String) -> Response {
     metrics().knob_changes.with_label_values(&["refused"]).inc();
-    (code, Json(json!({"error": message}))).into_response()
+    let mut response = (code, Json(json!({"error": message}))).into_response();
+    if code == StatusCode::UNAUTHORIZED {
+        response.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            header::HeaderValue::from_static("Bearer"),
+        );
+    }
+    response
 }
 
 /// `None` when the caller may change knobs, else the refusal.

@@ -24,6 +24,8 @@ fn chart_lints_renders_and_validates() {
     for set in [
         "defaults",
         "redis-with-secret",
+        "admin-tokens-from-secret",
+        "admin-token-only",
         "autoscaling-and-servicemonitor",
     ] {
         assert!(text.contains(&format!("ok: {set}:")), "{text}");

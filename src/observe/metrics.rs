@@ -36,6 +36,9 @@ pub struct Metrics {
     pub rules: IntGauge,
     /// `divvy_knob_changes_total{action}`: knobs set, deleted, expired, and refused changes.
     pub knob_changes: IntCounterVec,
+    /// `divvy_admin_auth_failures_total{reason}`: admin requests refused for
+    /// their token (missing, wrong, read_only: the read token on a change).
+    pub admin_auth_failures: IntCounterVec,
     /// `divvy_knobs`: knobs in force.
     pub knobs: IntGauge,
     /// `divvy_knobs_refreshed_timestamp_seconds`: last successful run of the knob refresh task
@@ -112,6 +115,10 @@ pub const REJECT_REASONS: [&str; 5] = [
     "eviction",
     "request_too_large",
 ];
+
+/// The reasons of `divvy_admin_auth_failures_total`: no bearer token, a
+/// token that is neither admin nor read token, the read token on a change.
+pub const AUTH_FAILURE_REASONS: [&str; 3] = ["missing", "wrong", "read_only"];
 
 fn gauge_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> GaugeVec {
     let g = GaugeVec::new(Opts::new(name, help), labels).expect("static metric definition");
@@ -413,6 +420,18 @@ impl Metrics {
                 "Knob changes by action: set, delete, expire, refused",
                 &["action"],
             ),
+            admin_auth_failures: {
+                let c = counter_vec(
+                    &r,
+                    "divvy_admin_auth_failures_total",
+                    "Admin API requests refused for their token, by reason: missing, wrong, read_only (the read token on a knob change)",
+                    &["reason"],
+                );
+                for reason in AUTH_FAILURE_REASONS {
+                    c.with_label_values(&[reason]);
+                }
+                c
+            },
             knobs: gauge(&r, "divvy_knobs", "Knobs in force"),
             knobs_refreshed: gauge(
                 &r,

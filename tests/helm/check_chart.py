@@ -34,6 +34,12 @@ VALUE_SETS = {
         "rateLimitHeaders": "draft",
         "extraEnv": [{"name": "STATSD_HOST", "value": "statsd.monitoring"}, {"name": "STATSD_PORT", "value": "8125"}],
     },
+    "admin-tokens-from-secret": {
+        "admin": {"existingSecret": "divvy-admin", "tokenKey": "write", "readTokenKey": "read"},
+    },
+    "admin-token-only": {
+        "admin": {"existingSecret": "divvy-admin", "readTokenKey": ""},
+    },
     "autoscaling-and-servicemonitor": {
         "autoscaling": {"enabled": True, "minReplicas": 3, "maxReplicas": 12, "targetCPUUtilizationPercentage": 60},
         "serviceMonitor": {"enabled": True, "interval": "15s", "labels": {"release": "prometheus"}},
@@ -102,6 +108,17 @@ def main():
         if ports != {"grpc": 8081, "divvy": 8321, "http": 8080}:
             fail(f"{name}: service ports {ports}")
         args = container["args"]
+        env = {e["name"]: e for e in container["env"]}
+        refs = {k: env[k]["valueFrom"]["secretKeyRef"] for k in ("DIVVY_ADMIN_TOKEN", "DIVVY_ADMIN_READ_TOKEN") if k in env}
+        want_refs = {
+            "admin-tokens-from-secret": {
+                "DIVVY_ADMIN_TOKEN": {"name": "divvy-admin", "key": "write"},
+                "DIVVY_ADMIN_READ_TOKEN": {"name": "divvy-admin", "key": "read"},
+            },
+            "admin-token-only": {"DIVVY_ADMIN_TOKEN": {"name": "divvy-admin", "key": "admin-token"}},
+        }.get(name, {})
+        if refs != want_refs:
+            fail(f"{name}: admin token references {refs}, expected {want_refs}")
         if name == "defaults":
             if "ConfigMap" not in kinds or "divvy.yaml" not in kinds["ConfigMap"]["data"]:
                 fail("defaults: the inline rules ConfigMap is missing")

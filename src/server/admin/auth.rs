@@ -21,7 +21,7 @@ use serde_json::json;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use crate::metrics::metrics;
+use crate::observe::metrics::metrics;
 
 /// Paths answered without a token even when a read token is set (the
 /// metrics path is added by [`Gate::new`]).
@@ -85,7 +85,7 @@ fn same(given: &str, token: &str) -> bool {
     bool::from(digest(given).ct_eq(&digest(token)))
 }
 
-/// Counts one refusal by reason (one of [`crate::metrics::AUTH_FAILURE_REASONS`]).
+/// Counts one refusal by reason (one of [`crate::observe::metrics::AUTH_FAILURE_REASONS`]).
 pub fn count_failure(reason: &str) {
     metrics()
         .admin_auth_failures

@@ -3,3 +3,4 @@
 pub mod inspect;
 pub mod knob;
 pub mod serve;
+pub mod tls;

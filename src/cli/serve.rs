@@ -20,9 +20,10 @@ use anyhow::{bail, Context};
 use divvy::config::Policy;
 use divvy::limiter::Limiter;
 use divvy::rules::RuleSet;
-use divvy::server::admin::{serve_http, AdminState};
+use divvy::server::admin::{serve_http, serve_https, AdminState};
 use divvy::server::headers::HeaderStyle;
 use divvy::server::line::{serve_line, ConnLimits};
+use divvy::server::tls::{Port, ServerTls, TlsFiles};
 use divvy::server::GrpcLimits;
 use divvy::sources::file::Reloader;
 use divvy::statsd::StatsdConfig;
@@ -33,6 +34,8 @@ use divvy::store::redis_url::{parse_redis_url, RedisTarget};
 use divvy::store::{MemoryStore, Store};
 use tokio::net::TcpListener;
 use tracing::{error, info};
+
+use super::tls::TlsArgs;
 
 #[derive(clap::Args)]
 pub struct ServeArgs {
@@ -224,6 +227,8 @@ pub struct ServeArgs {
     /// The smallest share of a global limit a region with demand gets (a fraction of the limit).
     #[arg(long, env = "DIVVY_GLOBAL_FLOOR", default_value_t = 0.01)]
     global_floor: f64,
+    #[command(flatten)]
+    tls: super::tls::TlsArgs,
 }
 
 /// How logs are written.
@@ -461,11 +466,13 @@ fn start_sources(
     reloader
 }
 
-/// The three listeners, bound.
+/// The three listeners, bound, and the TLS of the gRPC and admin ports.
 struct Listeners {
     grpc: TcpListener,
     line: TcpListener,
     http: TcpListener,
+    grpc_tls: Option<ServerTls>,
+    http_tls: Option<ServerTls>,
 }
 
 /// Binds gRPC, the line protocol and HTTP, logging each address.
@@ -484,7 +491,34 @@ async fn bind(args: &ServeArgs) -> anyhow::Result<Listeners> {
         .await
         .with_context(|| format!("cannot listen for HTTP on {http_addr}"))?;
     info!("http listening on {}", http.local_addr()?);
-    Ok(Listeners { grpc, line, http })
+    let (grpc_tls, http_tls) = start_tls(&args.tls)?;
+    Ok(Listeners {
+        grpc,
+        line,
+        http,
+        grpc_tls,
+        http_tls,
+    })
+}
+
+/// Loads the TLS files of the gRPC and admin ports (a bad file stops the
+/// start with its name) and starts watching them.
+fn start_tls(args: &TlsArgs) -> anyhow::Result<(Option<ServerTls>, Option<ServerTls>)> {
+    let env = |name: &str| std::env::var(name).ok();
+    let start = |files: Option<TlsFiles>, port: Port| -> anyhow::Result<Option<ServerTls>> {
+        let Some(files) = files else {
+            return Ok(None);
+        };
+        let mtls = files.client_ca.is_some();
+        let tls = ServerTls::start(files, port)
+            .with_context(|| format!("cannot serve TLS on the {} port", port.label()))?;
+        info!(port = port.label(), client_certificates = mtls, "TLS on");
+        Ok(Some(tls))
+    };
+    Ok((
+        start(args.grpc(&env)?, Port::Grpc)?,
+        start(args.http()?, Port::Http)?,
+    ))
 }
 
 /// With `--statsd-host` and `--statsd-port`, metrics also go to statsd.
@@ -534,13 +568,18 @@ async fn serve_until_shutdown(
         args.rate_limit_headers,
         !args.ready_without_store,
         grpc_limits(args),
+        listeners.grpc_tls,
         stopped(stop_rx.clone()),
     ));
     let metrics_path = args.metrics_path.clone();
     let http_stop = stopped(stop_rx);
-    let http = listeners.http;
-    let http_task =
-        tokio::spawn(async move { serve_http(http, admin, &metrics_path, http_stop).await });
+    let (http, http_tls) = (listeners.http, listeners.http_tls);
+    let http_task = tokio::spawn(async move {
+        match http_tls {
+            None => serve_http(http, admin, &metrics_path, http_stop).await,
+            Some(tls) => serve_https(http, tls, admin, &metrics_path, http_stop).await,
+        }
+    });
     shutdown_signal().await;
     // Readiness goes false; after the delay (time for load balancers to
     // notice) the listeners close and requests in flight finish.

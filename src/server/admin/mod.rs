@@ -12,5 +12,5 @@ pub mod render;
 pub mod routes;
 pub mod state;
 
-pub use routes::{router, serve_http};
+pub use routes::{router, serve_http, serve_https};
 pub use state::AdminState;

@@ -5,6 +5,7 @@
 pub mod delay_proxy;
 pub mod envoy;
 pub mod fault_proxy;
+pub mod pki;
 pub mod redis;
 
 use std::collections::BTreeMap;

@@ -158,3 +158,96 @@ fn pair(
         }),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(vars: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
+        move |name| {
+            vars.iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| (*v).to_owned())
+        }
+    }
+
+    const RATELIMIT: &[(&str, &str)] = &[
+        ("GRPC_SERVER_USE_TLS", "true"),
+        ("GRPC_SERVER_TLS_CERT", "/tls/cert.pem"),
+        ("GRPC_SERVER_TLS_KEY", "/tls/key.pem"),
+        ("GRPC_SERVER_TLS_CA_CERT", "/tls/gateway-ca.pem"),
+        ("GRPC_CLIENT_TLS_SAN", "envoy.example"),
+    ];
+
+    #[test]
+    fn envoyproxy_ratelimit_variables_are_fallbacks_when_use_tls_is_true() {
+        let files = TlsArgs::default().grpc(&env(RATELIMIT)).unwrap().unwrap();
+        assert_eq!(files.cert, PathBuf::from("/tls/cert.pem"));
+        assert_eq!(files.key, PathBuf::from("/tls/key.pem"));
+        assert_eq!(files.client_ca, Some(PathBuf::from("/tls/gateway-ca.pem")));
+        assert_eq!(files.client_san.as_deref(), Some("envoy.example"));
+
+        // GRPC_CLIENT_TLS_CACERT comes before Envoy Gateway's name; a flag before both.
+        let both: &'static [(&str, &str)] = &[
+            ("GRPC_SERVER_USE_TLS", "1"),
+            ("GRPC_SERVER_TLS_CERT", "/c"),
+            ("GRPC_SERVER_TLS_KEY", "/k"),
+            ("GRPC_CLIENT_TLS_CACERT", "/ratelimit-ca"),
+            ("GRPC_SERVER_TLS_CA_CERT", "/gateway-ca"),
+        ];
+        let files = TlsArgs::default().grpc(&env(both)).unwrap().unwrap();
+        assert_eq!(files.client_ca, Some(PathBuf::from("/ratelimit-ca")));
+        let args = TlsArgs {
+            grpc_tls_cert: Some("/flag".into()),
+            ..TlsArgs::default()
+        };
+        let files = args.grpc(&env(both)).unwrap().unwrap();
+        assert_eq!(files.cert, PathBuf::from("/flag"));
+    }
+
+    #[test]
+    fn without_use_tls_the_variables_are_ignored() {
+        let off: &'static [(&str, &str)] = &[
+            ("GRPC_SERVER_USE_TLS", "false"),
+            ("GRPC_SERVER_TLS_CERT", "/c"),
+            ("GRPC_SERVER_TLS_KEY", "/k"),
+        ];
+        assert_eq!(TlsArgs::default().grpc(&env(off)), Ok(None));
+        assert_eq!(TlsArgs::default().grpc(&env(&RATELIMIT[1..])), Ok(None));
+    }
+
+    #[test]
+    fn incomplete_settings_are_errors() {
+        let no_key: &'static [(&str, &str)] = &[
+            ("GRPC_SERVER_USE_TLS", "true"),
+            ("GRPC_SERVER_TLS_CERT", "/c"),
+        ];
+        assert!(matches!(
+            TlsArgs::default().grpc(&env(no_key)),
+            Err(TlsArgsError::Incomplete { .. })
+        ));
+        let args = TlsArgs {
+            grpc_tls_client_ca: Some("/ca".into()),
+            ..TlsArgs::default()
+        };
+        assert!(matches!(
+            args.grpc(&env(&[])),
+            Err(TlsArgsError::Needs { .. })
+        ));
+        let args = TlsArgs {
+            grpc_tls_cert: Some("/c".into()),
+            grpc_tls_key: Some("/k".into()),
+            grpc_tls_client_san: Some("envoy".into()),
+            ..TlsArgs::default()
+        };
+        assert!(matches!(
+            args.grpc(&env(&[])),
+            Err(TlsArgsError::Needs { .. })
+        ));
+        let args = TlsArgs {
+            http_tls_key: Some("/k".into()),
+            ..TlsArgs::default()
+        };
+        assert!(matches!(args.http(), Err(TlsArgsError::Incomplete { .. })));
+    }
+}

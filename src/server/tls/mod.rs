@@ -13,6 +13,8 @@
 
 mod accept;
 mod load;
+#[cfg(test)]
+mod tests;
 mod verify;
 mod watch;
 

@@ -22,7 +22,7 @@ use crate::metrics::metrics;
 pub const POLL: Duration = Duration::from_secs(2);
 
 /// What the watcher knows between polls.
-struct State {
+pub(super) struct State {
     files: TlsFiles,
     port: Port,
     /// The contents in force, or last refused.
@@ -44,14 +44,7 @@ pub fn spawn(
     settled: u64,
     not_after: i64,
 ) -> tokio::task::JoinHandle<()> {
-    let mut state = State {
-        files,
-        port,
-        settled,
-        pending: None,
-        not_after,
-        unreadable: false,
-    };
+    let mut state = State::new(files, port, settled, not_after);
     tokio::spawn(async move {
         loop {
             tokio::time::sleep(POLL).await;
@@ -71,8 +64,21 @@ pub fn spawn(
 }
 
 impl State {
+    /// The state after loading contents `settled` with a certificate
+    /// valid until `not_after`.
+    pub(super) fn new(files: TlsFiles, port: Port, settled: u64, not_after: i64) -> State {
+        State {
+            files,
+            port,
+            settled,
+            pending: None,
+            not_after,
+            unreadable: false,
+        }
+    }
+
     /// One poll: reloads when changed contents have settled.
-    fn poll(&mut self, current: &ArcSwap<ServerConfig>) {
+    pub(super) fn poll(&mut self, current: &ArcSwap<ServerConfig>) {
         let label = self.port.label();
         let seen = match fingerprint(&self.files) {
             Ok(seen) => seen,

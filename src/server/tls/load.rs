@@ -19,7 +19,7 @@ pub struct Loaded {
     pub config: Arc<ServerConfig>,
     /// The served certificate's notAfter, in Unix seconds.
     pub not_after: i64,
-    /// A hash of the files' contents ([`fingerprint`]).
+    /// A hash of the files' contents, to tell when they change.
     pub fingerprint: u64,
 }
 

@@ -25,15 +25,16 @@ use arc_swap::ArcSwap;
 use rustls::ServerConfig;
 
 pub use accept::{incoming, TlsConn, TlsListener};
-pub use load::{fingerprint, load, Loaded};
+pub use load::{load, Loaded};
 pub use verify::SanVerifier;
 pub use watch::POLL;
 
 /// How long a client may take to complete its TLS handshake.
 pub const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// Most TLS handshakes in progress at once on one port; a connection over
-/// it is closed at once, so slow or silent clients cannot pile up tasks.
+/// Most TLS handshakes in progress at once on one port; a connection
+/// accepted beyond them is closed at once (and counted), so slow or silent
+/// clients cannot pile up tasks.
 pub const MAX_HANDSHAKES: usize = 4096;
 
 /// The files (and client requirements) of one port's TLS.
@@ -126,8 +127,7 @@ pub struct ServerTls {
 
 impl ServerTls {
     /// Loads `files` for `port` and starts watching them (changed files are
-    /// in force within [`watch::POLL`] twice); an error names the file at
-    /// fault. The watch task ends once every copy of the result is dropped.
+    /// in force within two [`POLL`]s); an error names the file at fault. The watch task ends once every copy of the result is dropped.
     /// Must be called within a tokio runtime.
     pub fn start(files: TlsFiles, port: Port) -> Result<ServerTls, TlsError> {
         let loaded = load(&files, port)?;

@@ -51,9 +51,20 @@ pub fn spawn(
             let Some(current) = current.upgrade() else {
                 return;
             };
-            // Reading files blocks; a few kilobytes every few seconds is
-            // cheaper on a worker than a hop to the blocking pool.
-            state.poll(&current);
+            // The files may sit on a slow or hung filesystem: they are read
+            // off the workers. A hung read stops the checked timestamp.
+            let polled = tokio::task::spawn_blocking(move || {
+                state.poll(&current);
+                state
+            })
+            .await;
+            state = match polled {
+                Ok(state) => state,
+                Err(e) => {
+                    warn!(port = port.label(), "TLS file watch stopped: {e}");
+                    return;
+                }
+            };
             let m = &metrics().tls;
             m.set_expiry(port.label(), state.not_after);
             m.checked

@@ -227,8 +227,9 @@ pub struct ServeArgs {
     /// The smallest share of a global limit a region with demand gets (a fraction of the limit).
     #[arg(long, env = "DIVVY_GLOBAL_FLOOR", default_value_t = 0.01)]
     global_floor: f64,
+    /// TLS on the gRPC and admin ports.
     #[command(flatten)]
-    tls: super::tls::TlsArgs,
+    tls: TlsArgs,
 }
 
 /// How logs are written.

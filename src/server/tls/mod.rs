@@ -136,6 +136,9 @@ impl ServerTls {
         // Exported from the start, so a first refusal shows as a rise.
         m.reload_errors.with_label_values(&[port.label()]);
         m.reloads.with_label_values(&[port.label()]);
+        m.checked
+            .with_label_values(&[port.label()])
+            .set(watch::unix_now() as f64);
         let tls = ServerTls {
             current: Arc::new(ArcSwap::new(loaded.config)),
             port,

@@ -142,7 +142,8 @@ impl State {
     }
 }
 
-fn unix_now() -> u64 {
+/// Seconds since the Unix epoch.
+pub(super) fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())

@@ -20,7 +20,8 @@ pub struct TlsArgs {
     #[arg(long, env = "DIVVY_GRPC_TLS_CLIENT_CA")]
     grpc_tls_client_ca: Option<PathBuf>,
     /// With --grpc-tls-client-ca, the client certificate must carry this
-    /// subject alternative name (DNS or URI). Fallback: GRPC_CLIENT_TLS_SAN.
+    /// subject alternative name (a DNS name, wildcards allowed; an IP address;
+    /// or a URI such as a SPIFFE id). Fallback: GRPC_CLIENT_TLS_SAN.
     #[arg(long, env = "DIVVY_GRPC_TLS_CLIENT_SAN")]
     grpc_tls_client_san: Option<String>,
     /// Serve the admin API over TLS (HTTPS) with this certificate chain

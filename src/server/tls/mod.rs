@@ -48,7 +48,7 @@ pub struct TlsFiles {
     /// these CAs (PEM).
     pub client_ca: Option<PathBuf>,
     /// With it (and `client_ca`), the client certificate must carry this
-    /// subject alternative name, as a DNS name or a URI.
+    /// subject alternative name (DNS, IP or URI).
     pub client_san: Option<String>,
 }
 

@@ -94,6 +94,15 @@ fn the_san_check_takes_dns_without_case_and_uris_exactly() {
     assert!(!has_san(&der, "SPIFFE://cluster.local/ns/a/sa/envoy"));
     assert!(!has_san(&der, "other.example"));
     assert!(!has_san(b"not der", "envoy.example"));
+
+    let ip = SanType::IpAddress("10.0.0.7".parse().unwrap());
+    let (cert, _) = pair(vec![dns("*.ratelimit.svc"), ip], 2);
+    let der = rustls::pki_types::CertificateDer::from_pem_slice(cert.as_bytes()).unwrap();
+    assert!(has_san(&der, "envoy.ratelimit.svc"));
+    assert!(!has_san(&der, "a.envoy.ratelimit.svc"));
+    assert!(!has_san(&der, "ratelimit.svc"));
+    assert!(has_san(&der, "10.0.0.7"));
+    assert!(!has_san(&der, "10.0.0.8"));
 }
 
 #[test]

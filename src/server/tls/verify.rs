@@ -2,6 +2,7 @@
 //! also requires a given subject alternative name (envoyproxy/ratelimit's
 //! `GRPC_CLIENT_TLS_SAN`).
 
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use rustls::client::danger::HandshakeSignatureValid;
@@ -25,8 +26,9 @@ impl SanVerifier {
     }
 }
 
-/// Whether the DER certificate `cert` names `san` as a DNS name (compared
-/// without case, as DNS is) or as a URI (compared exactly).
+/// Whether the DER certificate `cert` names `san`: as a DNS name (without
+/// case; a `*.` wildcard covers one label, as Go's check in
+/// envoyproxy/ratelimit allows), as an IP address, or as a URI (exactly).
 pub fn has_san(cert: &[u8], san: &str) -> bool {
     let Ok((_, parsed)) = x509_parser::parse_x509_certificate(cert) else {
         return false;
@@ -34,11 +36,33 @@ pub fn has_san(cert: &[u8], san: &str) -> bool {
     let Ok(Some(names)) = parsed.subject_alternative_name() else {
         return false;
     };
+    let ip = san.parse::<IpAddr>().ok();
     names.value.general_names.iter().any(|name| match name {
-        GeneralName::DNSName(dns) => dns.eq_ignore_ascii_case(san),
+        GeneralName::DNSName(dns) => dns_matches(dns, san),
         GeneralName::URI(uri) => *uri == san,
+        GeneralName::IPAddress(octets) => ip.is_some_and(|ip| ip_octets(ip) == *octets),
         _ => false,
     })
+}
+
+/// A DNS SAN `pattern` (maybe `*.suffix`) against the required name `host`.
+fn dns_matches(pattern: &str, host: &str) -> bool {
+    if pattern.eq_ignore_ascii_case(host) {
+        return true;
+    }
+    match (pattern.strip_prefix("*."), host.split_once('.')) {
+        (Some(suffix), Some((first, rest))) => {
+            !first.is_empty() && rest.eq_ignore_ascii_case(suffix)
+        }
+        _ => false,
+    }
+}
+
+fn ip_octets(ip: IpAddr) -> Vec<u8> {
+    match ip {
+        IpAddr::V4(v4) => v4.octets().to_vec(),
+        IpAddr::V6(v6) => v6.octets().to_vec(),
+    }
 }
 
 impl ClientCertVerifier for SanVerifier {

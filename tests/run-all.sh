@@ -118,4 +118,4 @@ cargo test --locked --lib --bins --tests
 # background tasks of reloads, aux rules and knobs.
 log "cargo test, servers on one worker thread (DIVVY_WORKER_THREADS=1)"
 DIVVY_WORKER_THREADS=1 cargo test --locked --test hostile --test line --test grpc --test authority --test redis \
-  --test knobs --test reload --test zookeeper --test admin
+  --test knobs --test reload --test zookeeper --test admin --test tls

@@ -25,9 +25,10 @@ use divvy::limiter::Limiter;
 use divvy::observe::statsd::StatsdConfig;
 use divvy::rules::RuleSet;
 use divvy::server::admin::auth::Tokens;
-use divvy::server::admin::{serve_http, AdminState};
+use divvy::server::admin::{serve_http, serve_https, AdminState};
 use divvy::server::headers::HeaderStyle;
 use divvy::server::line::{serve_line, ConnLimits};
+use divvy::server::tls::{Port, ServerTls, TlsFiles};
 use divvy::server::GrpcLimits;
 use divvy::sources::file::Reloader;
 use divvy::store::failover::{FailoverStore, FailurePolicy};
@@ -39,6 +40,8 @@ use divvy::store::{MemoryStore, Store};
 use rustls::ClientConfig;
 use tokio::net::TcpListener;
 use tracing::{error, info};
+
+use super::tls::TlsArgs;
 
 #[derive(clap::Args)]
 pub struct ServeArgs {
@@ -261,6 +264,9 @@ pub struct ServeArgs {
     /// envoyproxy/ratelimit's behaviour, when started as `ratelimit`.
     #[arg(skip)]
     ratelimit: Option<RatelimitMode>,
+    /// TLS on the gRPC and admin ports.
+    #[command(flatten)]
+    tls: TlsArgs,
 }
 
 impl ServeArgs {
@@ -644,11 +650,13 @@ async fn wait_for_xds(args: &ServeArgs, limiter: &Limiter) {
     }
 }
 
-/// The three listeners, bound.
+/// The three listeners, bound, and the TLS of the gRPC and admin ports.
 struct Listeners {
     grpc: TcpListener,
     line: TcpListener,
     http: TcpListener,
+    grpc_tls: Option<ServerTls>,
+    http_tls: Option<ServerTls>,
 }
 
 /// Binds gRPC, the line protocol and HTTP, logging each address.
@@ -667,7 +675,34 @@ async fn bind(args: &ServeArgs) -> anyhow::Result<Listeners> {
         .await
         .with_context(|| format!("cannot listen for HTTP on {http_addr}"))?;
     info!("http listening on {}", http.local_addr()?);
-    Ok(Listeners { grpc, line, http })
+    let (grpc_tls, http_tls) = start_tls(&args.tls)?;
+    Ok(Listeners {
+        grpc,
+        line,
+        http,
+        grpc_tls,
+        http_tls,
+    })
+}
+
+/// Loads the TLS files of the gRPC and admin ports (a bad file stops the
+/// start with its name) and starts watching them.
+fn start_tls(args: &TlsArgs) -> anyhow::Result<(Option<ServerTls>, Option<ServerTls>)> {
+    let env = |name: &str| std::env::var(name).ok();
+    let start = |files: Option<TlsFiles>, port: Port| -> anyhow::Result<Option<ServerTls>> {
+        let Some(files) = files else {
+            return Ok(None);
+        };
+        let mtls = files.client_ca.is_some();
+        let tls = ServerTls::start(files, port)
+            .with_context(|| format!("cannot serve TLS on the {} port", port.label()))?;
+        info!(port = port.label(), client_certificates = mtls, "TLS on");
+        Ok(Some(tls))
+    };
+    Ok((
+        start(args.grpc(&env)?, Port::Grpc)?,
+        start(args.http()?, Port::Http)?,
+    ))
 }
 
 /// With `--statsd-host` and `--statsd-port`, metrics also go to statsd.
@@ -717,13 +752,18 @@ async fn serve_until_shutdown(
         args.rate_limit_headers,
         !args.ready_without_store,
         grpc_limits(args),
+        listeners.grpc_tls,
         stopped(stop_rx.clone()),
     ));
     let metrics_path = args.metrics_path.clone();
     let http_stop = stopped(stop_rx);
-    let http = listeners.http;
-    let http_task =
-        tokio::spawn(async move { serve_http(http, admin, &metrics_path, http_stop).await });
+    let (http, http_tls) = (listeners.http, listeners.http_tls);
+    let http_task = tokio::spawn(async move {
+        match http_tls {
+            None => serve_http(http, admin, &metrics_path, http_stop).await,
+            Some(tls) => serve_https(http, tls, admin, &metrics_path, http_stop).await,
+        }
+    });
     shutdown_signal().await;
     // Readiness goes false; after the delay (time for load balancers to
     // notice) the listeners close and requests in flight finish.

@@ -68,6 +68,8 @@ pub struct Metrics {
     pub global: GlobalMetrics,
     /// Governors.
     pub governor: GovernorMetrics,
+    /// TLS on the gRPC and admin ports.
+    pub tls: TlsMetrics,
 }
 
 /// A rule's counters, looked up once when the rule set is compiled (a
@@ -370,6 +372,76 @@ impl GovernorMetrics {
     }
 }
 
+/// TLS on the gRPC and admin ports (`port`: grpc or http); exported only
+/// for a port that serves TLS.
+pub struct TlsMetrics {
+    /// `divvy_tls_cert_expiry_seconds{port}`: seconds until the served certificate's notAfter.
+    pub expiry: GaugeVec,
+    /// `divvy_tls_reloads_total{port}`: certificate and key pairs reloaded after a change.
+    pub reloads: IntCounterVec,
+    /// `divvy_tls_reload_errors_total{port}`: changed files refused (the pair in force stays).
+    pub reload_errors: IntCounterVec,
+    /// `divvy_tls_handshake_failures_total{port,reason}`: connections closed before
+    /// TLS was up; reason error, timeout or limit.
+    pub handshake_failures: IntCounterVec,
+    /// `divvy_tls_checked_timestamp_seconds{port}`: last time the files were polled.
+    pub checked: GaugeVec,
+}
+
+impl TlsMetrics {
+    fn new(r: &Registry) -> TlsMetrics {
+        TlsMetrics {
+            expiry: gauge_vec(
+                r,
+                "divvy_tls_cert_expiry_seconds",
+                "Seconds until the served TLS certificate expires",
+                &["port"],
+            ),
+            reloads: counter_vec(
+                r,
+                "divvy_tls_reloads_total",
+                "TLS certificate and key pairs reloaded after their files changed",
+                &["port"],
+            ),
+            reload_errors: counter_vec(
+                r,
+                "divvy_tls_reload_errors_total",
+                "Changed TLS files refused (unreadable, unparsable or mismatched); the pair in force stays",
+                &["port"],
+            ),
+            handshake_failures: counter_vec(
+                r,
+                "divvy_tls_handshake_failures_total",
+                "Connections closed before their TLS handshake completed, by reason (error, timeout, limit)",
+                &["port", "reason"],
+            ),
+            checked: gauge_vec(
+                r,
+                "divvy_tls_checked_timestamp_seconds",
+                "Unix time the TLS files were last polled for changes",
+                &["port"],
+            ),
+        }
+    }
+
+    /// Sets `divvy_tls_cert_expiry_seconds{port}` from a notAfter in Unix seconds.
+    pub fn set_expiry(&self, port: &str, not_after: i64) {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64);
+        self.expiry
+            .with_label_values(&[port])
+            .set((not_after - now) as f64);
+    }
+
+    /// Counts a connection closed before its handshake completed.
+    pub fn handshake_failed(&self, port: &str, reason: &str) {
+        self.handshake_failures
+            .with_label_values(&[port, reason])
+            .inc();
+    }
+}
+
 impl Metrics {
     fn new() -> Metrics {
         let r = Registry::new();
@@ -486,6 +558,7 @@ impl Metrics {
             store: StoreMetrics::new(&r),
             global: GlobalMetrics::new(&r),
             governor: GovernorMetrics::new(&r),
+            tls: TlsMetrics::new(&r),
             registry: r,
         }
     }

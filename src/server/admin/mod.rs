@@ -14,7 +14,7 @@ pub mod render;
 pub mod routes;
 pub mod state;
 
-pub use routes::{router, serve_http};
+pub use routes::{router, serve_http, serve_https};
 pub use state::AdminState;
 
 /// Serves envoyproxy/ratelimit's Prometheus names

@@ -72,6 +72,27 @@ pub async fn serve_http(
     .await
 }
 
+/// Serves the admin API over TLS (with `tls`, its certificate rotating) on
+/// `listener` until `shutdown` completes.
+pub async fn serve_https(
+    listener: TcpListener,
+    tls: crate::server::tls::ServerTls,
+    state: AdminState,
+    metrics_path: &str,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    use axum::serve::ListenerExt;
+    // tap_io: axum gives `ConnectInfo<SocketAddr>` (the knob changes log
+    // it) for a listener of its own type or a tapped one.
+    let listener = crate::server::tls::TlsListener::new(listener, tls)?.tap_io(|_| {});
+    axum::serve(
+        listener,
+        router(state, metrics_path).into_make_service_with_connect_info::<std::net::SocketAddr>(),
+    )
+    .with_graceful_shutdown(shutdown)
+    .await
+}
+
 async fn readyz(State(s): State<AdminState>) -> Response {
     if s.shutting_down.load(Ordering::Acquire) {
         return (

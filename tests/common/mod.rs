@@ -66,7 +66,8 @@ impl Server {
 
     /// Serves the policy at `path` with extra arguments and environment variables.
     pub fn start_env(path: &Path, extra: &[&str], envs: &[(&str, &str)]) -> Server {
-        let mut child = Command::new(binary())
+        let mut command = Command::new(binary());
+        command
             .arg("serve")
             .arg("--config")
             .arg(path)
@@ -74,7 +75,15 @@ impl Server {
             .args(["--http-addr", "127.0.0.1:0"])
             .args(extra)
             .env("DIVVY_LOG", "info")
-            .envs(envs.iter().copied())
+            .envs(envs.iter().copied());
+        Server::spawn(command)
+    }
+
+    /// Runs `command`, a `divvy serve` however it is started (the binary
+    /// itself, or a wrapper that ends by exec'ing it), that listens on the
+    /// addresses it logs at info level, and waits for those addresses.
+    pub fn spawn(mut command: Command) -> Server {
+        let mut child = command
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -92,9 +101,12 @@ impl Server {
         let (mut grpc, mut line_addr, mut http) = (None, None, None);
         let mut startup = Vec::new();
         while grpc.is_none() || line_addr.is_none() || http.is_none() {
-            let line = rx
-                .recv_timeout(Duration::from_secs(30))
-                .expect("divvy did not report its addresses within 30 s");
+            let Ok(line) = rx.recv_timeout(Duration::from_secs(30)) else {
+                panic!(
+                    "divvy did not report its addresses within 30 s (or exited); it logged:\n{}",
+                    startup.join("\n")
+                );
+            };
             startup.push(line.clone());
             if let Some(addr) = line.split("grpc listening on ").nth(1) {
                 grpc = Some(addr.trim().parse().expect("address"));

@@ -79,9 +79,8 @@ impl Server {
         Server::spawn(command)
     }
 
-    /// Runs `command`, a `divvy serve` however it is started (the binary
-    /// itself, or a wrapper that ends by exec'ing it), that listens on the
-    /// addresses it logs at info level, and waits for those addresses.
+    /// Runs `command` (the binary, with its arguments and environment) and
+    /// waits for it to report its three addresses.
     pub fn spawn(mut command: Command) -> Server {
         let mut child = command
             .stdin(Stdio::null())
@@ -101,12 +100,9 @@ impl Server {
         let (mut grpc, mut line_addr, mut http) = (None, None, None);
         let mut startup = Vec::new();
         while grpc.is_none() || line_addr.is_none() || http.is_none() {
-            let Ok(line) = rx.recv_timeout(Duration::from_secs(30)) else {
-                panic!(
-                    "divvy did not report its addresses within 30 s (or exited); it logged:\n{}",
-                    startup.join("\n")
-                );
-            };
+            let line = rx
+                .recv_timeout(Duration::from_secs(30))
+                .expect("divvy did not report its addresses within 30 s");
             startup.push(line.clone());
             if let Some(addr) = line.split("grpc listening on ").nth(1) {
                 grpc = Some(addr.trim().parse().expect("address"));

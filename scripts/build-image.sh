@@ -11,7 +11,8 @@
 # for `podman push`). --save PATH also writes the image to PATH as an OCI
 # archive, to load elsewhere with `podman load -i PATH`.
 #
-# The image holds: /usr/local/bin/divvy; the shared libraries it links (as
+# The image holds: /usr/local/bin/divvy (and /bin/ratelimit, a link to it:
+# envoyproxy/ratelimit's process); the shared libraries it links (as
 # `ldd` lists them, each at its path) and the dynamic loader; the host's CA
 # certificates (/etc/ssl/certs/ca-certificates.crt, Debian's ca-certificates);
 # /etc/passwd and /etc/group with the user nonroot (65532); /etc/nsswitch.conf;
@@ -109,6 +110,10 @@ trap 'rm -rf "$context"' EXIT
 rootfs=$context/rootfs
 install -d -m 0755 "$rootfs"
 install -D -m 0755 "$binary" "$rootfs/usr/local/bin/divvy"
+# envoyproxy/ratelimit's path: started as `ratelimit`, divvy runs from that
+# project's environment (Envoy Gateway starts /bin/ratelimit).
+install -d -m 0755 "$rootfs/bin"
+ln -s /usr/local/bin/divvy "$rootfs/bin/ratelimit"
 
 # Every library ldd resolves, and the loader (the line with a path and no
 # `=>`), copied as files at the paths the binary asks for. linux-vdso has no

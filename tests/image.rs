@@ -245,6 +245,10 @@ fn check_layout(tree: &Path) {
                 "unexpected file {} in the image",
                 path.display()
             ),
+            'l' if path == Path::new("bin/ratelimit") => {
+                let target = std::fs::read_link(tree.join(path)).expect("readlink");
+                assert_eq!(target, Path::new(ENTRYPOINT), "/bin/ratelimit points elsewhere");
+            }
             _ => panic!("unexpected {kind} entry {} in the image", path.display()),
         }
         total += size;
@@ -379,5 +383,45 @@ async fn image_builds_and_its_tree_serves_read_only_as_nonroot() {
 
     let exit = server.terminate();
     assert!(exit.success(), "divvy exited with {exit} on SIGTERM");
+
+    // /bin/ratelimit: envoyproxy/ratelimit's process, from its environment.
+    let server = ratelimit_in_tree(&tree);
+    let (code, body) = http_request(server.http, "GET", "/healthcheck", "", None);
+    assert_eq!((code, body.trim()), (200, "OK"));
+    let mut client = server.client().await;
+    let answer = common::ask(&mut client, request("edge", vec![desc(&entries)])).await;
+    assert_eq!(answer.overall_code, Code::Ok as i32, "{answer:?}");
+    drop(server);
     assert_eq!(listing(&tree), before, "the server changed its filesystem");
+}
+
+/// `/bin/ratelimit` in the tree, as [`serve_tree`] runs divvy, with
+/// envoyproxy/ratelimit's variables only: its files under
+/// `$RUNTIME_ROOT/$RUNTIME_SUBDIRECTORY/$RUNTIME_APPDIRECTORY` (here the
+/// image's /etc/divvy), its ports moved to free ones.
+fn ratelimit_in_tree(tree: &Path) -> Server {
+    const WRAPPER: &str = r#"set -e
+root=$1; shift
+mount --bind "$root" "$root"
+mount -o remount,bind,ro "$root"
+chroot=$(command -v chroot)
+exec env -i "$@" "$chroot" --userspec=65532:65532 "$root" /bin/ratelimit"#;
+    let mut command = Command::new("unshare");
+    command
+        .env_clear()
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .args(["--mount", "--propagation", "private", "sh", "-c", WRAPPER, "sh"])
+        .arg(tree)
+        .args([
+            "RUNTIME_ROOT=/etc",
+            "RUNTIME_SUBDIRECTORY=divvy",
+            "RUNTIME_APPDIRECTORY=.",
+            "USE_STATSD=false",
+            "LOG_LEVEL=info",
+            "HOST=127.0.0.1",
+            "PORT=0",
+            "GRPC_HOST=127.0.0.1",
+            "GRPC_PORT=0",
+        ]);
+    Server::spawn(command)
 }

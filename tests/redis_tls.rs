@@ -1,5 +1,5 @@
 //! Redis over TLS against real `redis-server` processes listening on TLS
-//! only, with certificates the test makes (tests/common/certs.rs): counters
+//! only, with certificates the test makes (tests/common/certs.rs, with rcgen): counters
 //! over `rediss://`, client certificates, a CA that does not sign the
 //! server's certificate, envoyproxy/ratelimit's REDIS_TLS* variables, and
 //! bad files at start-up.

@@ -45,11 +45,6 @@ if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-sentinel >/de
   log "installing redis-server, redis-sentinel and redis-tools (the tests start their own servers)"
   apt_install redis-server redis-sentinel redis-tools
 fi
-# openssl makes the certificates of the Redis TLS tests (tests/redis_tls.rs).
-if ! command -v openssl >/dev/null 2>&1; then
-  log "installing openssl (the Redis TLS tests make their certificates with it)"
-  apt_install openssl
-fi
 # The tests start their own redis-server processes on free ports; a Debian
 # install may also start a system service, which the tests never use.
 

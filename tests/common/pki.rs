@@ -20,6 +20,8 @@ pub enum San<'a> {
     Dns(&'a str),
     /// A URI (a SPIFFE id, say).
     Uri(&'a str),
+    /// An IP address.
+    Ip(std::net::IpAddr),
 }
 
 /// A test CA.
@@ -64,6 +66,7 @@ impl Ca {
             .map(|san| match san {
                 San::Dns(name) => SanType::DnsName((*name).try_into().unwrap()),
                 San::Uri(uri) => SanType::URI((*uri).try_into().unwrap()),
+                San::Ip(ip) => SanType::IpAddress(*ip),
             })
             .collect();
         let key = KeyPair::generate().unwrap();

@@ -247,7 +247,11 @@ fn check_layout(tree: &Path) {
             ),
             'l' if path == Path::new("bin/ratelimit") => {
                 let target = std::fs::read_link(tree.join(path)).expect("readlink");
-                assert_eq!(target, Path::new(ENTRYPOINT), "/bin/ratelimit points elsewhere");
+                assert_eq!(
+                    target,
+                    Path::new(ENTRYPOINT),
+                    "/bin/ratelimit points elsewhere"
+                );
             }
             _ => panic!("unexpected {kind} entry {} in the image", path.display()),
         }
@@ -410,7 +414,15 @@ exec env -i "$@" "$chroot" --userspec=65532:65532 "$root" /bin/ratelimit"#;
     command
         .env_clear()
         .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-        .args(["--mount", "--propagation", "private", "sh", "-c", WRAPPER, "sh"])
+        .args([
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            WRAPPER,
+            "sh",
+        ])
         .arg(tree)
         .args([
             "RUNTIME_ROOT=/etc",

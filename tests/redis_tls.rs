@@ -62,6 +62,15 @@ impl Conn {
     }
 }
 
+/// divvy on `url` with `ca` as the Redis CA, `policy` deciding when Redis
+/// fails, and `extra` arguments.
+fn over_tls(url: &str, ca: &Path, policy: &str, extra: &[&str]) -> Server {
+    let mut args = vec!["--redis-url", url, "--redis-tls-ca", path(ca)];
+    args.extend(["--on-store-failure", policy]);
+    args.extend(extra);
+    Server::with_policy_args(POLICY, "yaml", &args)
+}
+
 fn path(p: &Path) -> &str {
     p.to_str().expect("UTF-8 temp path")
 }
@@ -90,21 +99,8 @@ fn counters_work_over_rediss_for_the_counters_and_the_global_store() {
     let certs = Certs::generate();
     let redis = Redis::start_tls(&certs, &certs.server, false);
     let url = format!("rediss://127.0.0.1:{}", redis.port);
-    let server = Server::with_policy_args(
-        POLICY,
-        "yaml",
-        &[
-            "--redis-url",
-            &url,
-            "--global-url",
-            &url,
-            "--redis-tls-ca",
-            path(&certs.ca),
-            // Only Redis can allow: a failure would deny.
-            "--on-store-failure",
-            "deny",
-        ],
-    );
+    let server = // Only Redis can allow: a failure would deny.
+    over_tls(&url, &certs.ca, "deny", &["--global-url", &url]);
     let mut c = Conn::open(&server);
     assert_eq!(c.hit("HIT k=ten who=a"), (true, 9));
     assert_eq!(c.hit("HIT k=ten who=a"), (true, 8));
@@ -126,18 +122,7 @@ fn counters_work_over_tls_on_a_cluster() {
     let url = cluster
         .url()
         .replacen("redis+cluster://", "rediss+cluster://", 1);
-    let server = Server::with_policy_args(
-        POLICY,
-        "yaml",
-        &[
-            "--redis-url",
-            &url,
-            "--redis-tls-ca",
-            path(&certs.ca),
-            "--on-store-failure",
-            "deny",
-        ],
-    );
+    let server = over_tls(&url, &certs.ca, "deny", &[]);
     let mut c = Conn::open(&server);
     let actors: Vec<String> = (0..20).map(|i| format!("actor{i}")).collect();
     for actor in &actors {
@@ -161,18 +146,7 @@ fn counters_work_over_tls_through_sentinel() {
     let master = Redis::start_tls(&certs, &certs.server, false);
     let sentinel = Redis::sentinel_tls(master.port, "tlsmaster", &certs);
     let url = format!("rediss+sentinel://127.0.0.1:{}/tlsmaster", sentinel.port);
-    let server = Server::with_policy_args(
-        POLICY,
-        "yaml",
-        &[
-            "--redis-url",
-            &url,
-            "--redis-tls-ca",
-            path(&certs.ca),
-            "--on-store-failure",
-            "deny",
-        ],
-    );
+    let server = over_tls(&url, &certs.ca, "deny", &[]);
     let mut c = Conn::open(&server);
     assert_eq!(c.hit("HIT k=ten who=s"), (true, 9));
     assert_eq!(c.hit("HIT k=ten who=s"), (true, 8));
@@ -186,39 +160,23 @@ fn a_server_that_requires_client_certificates_takes_ours_and_refuses_none() {
     let url = format!("rediss://127.0.0.1:{}", redis.port);
     // A plain URL with --redis-tls is TLS too.
     let plain_url = format!("redis://127.0.0.1:{}", redis.port);
-    let with_cert = Server::with_policy_args(
-        POLICY,
-        "yaml",
+    let with_cert = over_tls(
+        &plain_url,
+        &certs.ca,
+        "deny",
         &[
-            "--redis-url",
-            &plain_url,
             "--redis-tls",
-            "--redis-tls-ca",
-            path(&certs.ca),
             "--redis-tls-cert",
             path(&certs.client.cert),
             "--redis-tls-key",
             path(&certs.client.key),
-            "--on-store-failure",
-            "deny",
         ],
     );
     let mut c = Conn::open(&with_cert);
     assert_eq!(c.hit("HIT k=ten who=cert"), (true, 9));
     assert_eq!(redis.cli(&["GET", &key("cert")]), "9");
 
-    let without = Server::with_policy_args(
-        POLICY,
-        "yaml",
-        &[
-            "--redis-url",
-            &url,
-            "--redis-tls-ca",
-            path(&certs.ca),
-            "--on-store-failure",
-            "deny",
-        ],
-    );
+    let without = over_tls(&url, &certs.ca, "deny", &[]);
     wait_for_log(&without, "Redis connection failed");
     let mut c = Conn::open(&without);
     assert_eq!(c.hit("HIT k=ten who=nocert"), (false, 0));
@@ -230,18 +188,7 @@ fn a_ca_that_does_not_sign_redis_is_logged_and_the_failure_policy_decides() {
     let certs = Certs::generate();
     let redis = Redis::start_tls(&certs, &certs.server, false);
     let url = format!("rediss://127.0.0.1:{}", redis.port);
-    let server = Server::with_policy_args(
-        POLICY,
-        "yaml",
-        &[
-            "--redis-url",
-            &url,
-            "--redis-tls-ca",
-            path(&certs.other_ca),
-            "--on-store-failure",
-            "allow",
-        ],
-    );
+    let server = over_tls(&url, &certs.other_ca, "allow", &[]);
     let line = wait_for_log(&server, "Redis connection failed");
     // rustls's reason, and what to check.
     assert_has(&line, &["UnknownIssuer", "--redis-tls-ca"]);

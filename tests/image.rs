@@ -274,19 +274,31 @@ fn check_layout(tree: &Path) {
     assert!(group.lines().any(|l| l == "nonroot:x:65532:"), "{group}");
 }
 
-/// Starts the tree's ENTRYPOINT and CMD as a container would (65532:65532,
-/// chroot, empty environment, read-only root), listening on 127.0.0.1 on
-/// ports the kernel picks (its log says which).
+/// Runs the image's command in the tree, as a container runtime would:
+/// as 65532:65532, with an empty environment, on a read-only mount of the
+/// tree, the ports moved to free ones on 127.0.0.1.
 fn serve_tree(tree: &Path) -> Server {
-    // The wrapper runs in its own mount namespace, so the read-only bind
-    // mount goes away with the server; each step ends in exec, so the
-    // server's pid is the child's.
+    let mut argv = vec![ENTRYPOINT];
+    argv.extend(CMD);
+    argv.extend(["--grpc-addr", "127.0.0.1:0", "--line-addr", "127.0.0.1:0"]);
+    argv.extend(["--http-addr", "127.0.0.1:0"]);
+    in_tree(tree, &[], &argv)
+}
+
+/// `argv` run in the tree with only `env` (`NAME=value`) as 65532:65532 on
+/// a read-only bind mount of it. The wrapper runs in its own mount
+/// namespace, so the mount goes away with the server; each step ends in
+/// exec, so the server's pid is the child's.
+fn in_tree(tree: &Path, env: &[&str], argv: &[&str]) -> Server {
     const WRAPPER: &str = r#"set -e
 root=$1; shift
 mount --bind "$root" "$root"
 mount -o remount,bind,ro "$root"
-chroot=$(command -v chroot)
-exec env -i "$chroot" --userspec=65532:65532 "$root" "$@""#;
+exec env -i "$@""#;
+    let chroot = ["/usr/sbin/chroot", "/usr/bin/chroot"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+        .expect("chroot (coreutils) is installed");
     let mut command = Command::new("unshare");
     command
         .env_clear()
@@ -301,10 +313,10 @@ exec env -i "$chroot" --userspec=65532:65532 "$root" "$@""#;
             "sh",
         ])
         .arg(tree)
-        .arg(ENTRYPOINT)
-        .args(CMD)
-        .args(["--grpc-addr", "127.0.0.1:0", "--line-addr", "127.0.0.1:0"])
-        .args(["--http-addr", "127.0.0.1:0"]);
+        .args(env)
+        .args([chroot, "--userspec=65532:65532"])
+        .arg(tree)
+        .args(argv);
     Server::spawn(command)
 }
 
@@ -399,41 +411,20 @@ async fn image_builds_and_its_tree_serves_read_only_as_nonroot() {
     assert_eq!(listing(&tree), before, "the server changed its filesystem");
 }
 
-/// `/bin/ratelimit` in the tree, as [`serve_tree`] runs divvy, with
-/// envoyproxy/ratelimit's variables only: its files under
-/// `$RUNTIME_ROOT/$RUNTIME_SUBDIRECTORY/$RUNTIME_APPDIRECTORY` (here the
-/// image's /etc/divvy), its ports moved to free ones.
+/// `/bin/ratelimit` in the tree with envoyproxy/ratelimit's variables only:
+/// its files under `$RUNTIME_ROOT/$RUNTIME_SUBDIRECTORY/$RUNTIME_APPDIRECTORY`
+/// (here the image's /etc/divvy), its ports moved to free ones.
 fn ratelimit_in_tree(tree: &Path) -> Server {
-    const WRAPPER: &str = r#"set -e
-root=$1; shift
-mount --bind "$root" "$root"
-mount -o remount,bind,ro "$root"
-chroot=$(command -v chroot)
-exec env -i "$@" "$chroot" --userspec=65532:65532 "$root" /bin/ratelimit"#;
-    let mut command = Command::new("unshare");
-    command
-        .env_clear()
-        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-        .args([
-            "--mount",
-            "--propagation",
-            "private",
-            "sh",
-            "-c",
-            WRAPPER,
-            "sh",
-        ])
-        .arg(tree)
-        .args([
-            "RUNTIME_ROOT=/etc",
-            "RUNTIME_SUBDIRECTORY=divvy",
-            "RUNTIME_APPDIRECTORY=.",
-            "USE_STATSD=false",
-            "LOG_LEVEL=info",
-            "HOST=127.0.0.1",
-            "PORT=0",
-            "GRPC_HOST=127.0.0.1",
-            "GRPC_PORT=0",
-        ]);
-    Server::spawn(command)
+    let env = [
+        "RUNTIME_ROOT=/etc",
+        "RUNTIME_SUBDIRECTORY=divvy",
+        "RUNTIME_APPDIRECTORY=.",
+        "USE_STATSD=false",
+        "LOG_LEVEL=info",
+        "HOST=127.0.0.1",
+        "PORT=0",
+        "GRPC_HOST=127.0.0.1",
+        "GRPC_PORT=0",
+    ];
+    in_tree(tree, &env, &["/bin/ratelimit"])
 }

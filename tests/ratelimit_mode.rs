@@ -99,7 +99,11 @@ async fn started_as_ratelimit_with_envoy_gateways_environment() {
         .expect_err("no config yet");
     assert_eq!(err.code(), tonic::Code::Unknown);
     assert_eq!(err.message(), "no rate limit configuration loaded");
-    assert_eq!(server.http("GET", "/healthcheck", "").0, 500, "unhealthy without config");
+    assert_eq!(
+        server.http("GET", "/healthcheck", "").0,
+        500,
+        "unhealthy without config"
+    );
 
     // The control plane comes up: its configuration applies.
     let addr: SocketAddr = format!("127.0.0.1:{xds_port}").parse().unwrap();

@@ -97,6 +97,7 @@ impl RedisSide {
             timeout: Duration::from_secs(5),
             clock: Some(clock),
             batches_in_flight: divvy::store::redis::DEFAULT_BATCHES_IN_FLIGHT,
+            tls: None,
         };
         let (store, connected) = RedisStore::connect(&options, Duration::from_secs(10))
             .await

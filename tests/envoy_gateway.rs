@@ -62,12 +62,40 @@ fn gateway_config() -> RateLimitConfig {
     let (m, p, q, cost, shadow) = (r("method"), r("path"), r("query"), r("cost"), r("shadow"));
     let shared = "default/shared/rule/0";
     let descriptors = vec![
-        chain(&[(&h, &h), ("rule-0-match-0", "rule-0-match-0"), ("rule-0-match-1", "rule-0-match-1")], 3, false),
-        chain(&[(&hi, &hi), ("rule-0-match-0", "rule-0-match-0")], 3, false),
-        chain(&[(&ci, &ci), ("masked_remote_address", "invert:192.0.2.0/24")], 2, false),
-        chain(&[(&c, &c), ("masked_remote_address", "0.0.0.0/0")], 3, false),
-        chain(&[(&m, &m), ("rule-0-match-method", "rule-0-match-method")], 3, false),
-        chain(&[(&p, &p), ("rule-0-match-path", "rule-0-match-path")], 3, false),
+        chain(
+            &[
+                (&h, &h),
+                ("rule-0-match-0", "rule-0-match-0"),
+                ("rule-0-match-1", "rule-0-match-1"),
+            ],
+            3,
+            false,
+        ),
+        chain(
+            &[(&hi, &hi), ("rule-0-match-0", "rule-0-match-0")],
+            3,
+            false,
+        ),
+        chain(
+            &[(&ci, &ci), ("masked_remote_address", "invert:192.0.2.0/24")],
+            2,
+            false,
+        ),
+        chain(
+            &[(&c, &c), ("masked_remote_address", "0.0.0.0/0")],
+            3,
+            false,
+        ),
+        chain(
+            &[(&m, &m), ("rule-0-match-method", "rule-0-match-method")],
+            3,
+            false,
+        ),
+        chain(
+            &[(&p, &p), ("rule-0-match-path", "rule-0-match-path")],
+            3,
+            false,
+        ),
         chain(&[(&q, &q), ("rule-0-match-0", "rule-0-match-0")], 3, false),
         chain(&[(shared, shared)], 3, false),
         chain(&[(&cost, &cost)], 4, false),
@@ -125,8 +153,14 @@ fn start_ratelimit(certs: &Certs, xds: &str, prometheus: &str) -> Server {
         ("CONFIG_GRPC_XDS_SERVER_URL", xds.to_owned()),
         ("CONFIG_GRPC_XDS_NODE_ID", "envoy-ratelimit".to_owned()),
         ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true".to_owned()),
-        ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", certs.path("xds-client.crt")),
-        ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", certs.path("xds-client.key")),
+        (
+            "CONFIG_GRPC_XDS_CLIENT_TLS_CERT",
+            certs.path("xds-client.crt"),
+        ),
+        (
+            "CONFIG_GRPC_XDS_CLIENT_TLS_KEY",
+            certs.path("xds-client.key"),
+        ),
         ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", certs.path("ca.crt")),
         ("CONFIG_GRPC_XDS_SERVER_TLS_SAN", "envoy-gateway".to_owned()),
         ("GRPC_SERVER_USE_TLS", "true".to_owned()),
@@ -149,13 +183,28 @@ fn start_envoy(certs: &Certs, divvy_grpc: u16, upstream: u16) -> envoy::Envoy {
     let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/envoy-gateway/envoy.yaml");
     let text = std::fs::read_to_string(example).unwrap();
     let config: PathBuf = certs.dir.path().join("envoy.yaml");
-    std::fs::write(&config, text.replace("CERTS/", &format!("{}/", certs.dir.path().display()))).unwrap();
-    envoy::start(&config, 19000, &[10000], &[(8081, divvy_grpc), (9999, upstream)], &[])
+    std::fs::write(
+        &config,
+        text.replace("CERTS/", &format!("{}/", certs.dir.path().display())),
+    )
+    .unwrap();
+    envoy::start(
+        &config,
+        19000,
+        &[10000],
+        &[(8081, divvy_grpc), (9999, upstream)],
+        &[],
+    )
 }
 
 /// Status codes of `n` GETs of `path` with `headers`, and the last answer's
 /// `x-ratelimit-limit`.
-fn statuses(port: u16, path: &str, headers: &[(&str, &str)], n: usize) -> (Vec<u16>, Option<String>) {
+fn statuses(
+    port: u16,
+    path: &str,
+    headers: &[(&str, &str)],
+    n: usize,
+) -> (Vec<u16>, Option<String>) {
     let mut codes = Vec::new();
     let mut limit = None;
     for _ in 0..n {
@@ -183,7 +232,10 @@ async fn envoy_gateway_cases_through_a_real_envoy() {
     let server = start_ratelimit(&certs, &plane.addr.to_string(), &prometheus);
     let start = Instant::now();
     while !plane.requests().iter().any(|r| r.version_info == "1") {
-        assert!(start.elapsed() < Duration::from_secs(20), "no ACK of version 1");
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "no ACK of version 1"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let upstream = envoy::upstream("ok");
@@ -194,14 +246,26 @@ async fn envoy_gateway_cases_through_a_real_envoy() {
     // Headers: every match limits; a partial match is not limited.
     let both = [("x-user-id", "one"), ("x-org-id", "acme")];
     assert_eq!(statuses(port, "/header", &both, 4), limited3);
-    assert_eq!(statuses(port, "/header", &[("x-user-id", "one")], 5).0, [200; 5]);
+    assert_eq!(
+        statuses(port, "/header", &[("x-user-id", "one")], 5).0,
+        [200; 5]
+    );
     // Inverted header match: limited unless the header has the value.
-    assert_eq!(statuses(port, "/header-invert", &[("x-org-id", "admin")], 5).0, [200; 5]);
-    assert_eq!(statuses(port, "/header-invert", &[("x-org-id", "other")], 4), limited3);
+    assert_eq!(
+        statuses(port, "/header-invert", &[("x-org-id", "admin")], 5).0,
+        [200; 5]
+    );
+    assert_eq!(
+        statuses(port, "/header-invert", &[("x-org-id", "other")], 4),
+        limited3
+    );
     // CIDR, and an inverted CIDR the client is outside of.
     assert_eq!(statuses(port, "/cidr", &[], 4), limited3);
     let inverted = statuses(port, "/cidr-invert", &[], 3);
-    assert_eq!(inverted, (vec![200, 200, 429], Some("2, 2;w=3600".to_owned())));
+    assert_eq!(
+        inverted,
+        (vec![200, 200, 429], Some("2, 2;w=3600".to_owned()))
+    );
     // Method, path and query parameter.
     assert_eq!(statuses(port, "/method", &[], 4), limited3);
     assert_eq!(statuses(port, "/path/other", &[], 5).0, [200; 5]);
@@ -219,7 +283,10 @@ async fn envoy_gateway_cases_through_a_real_envoy() {
     // envoyproxy/ratelimit's names, as Envoy Gateway's tests query them.
     let (status, text) = http_request(prometheus.parse().unwrap(), "GET", "/metrics", "", None);
     assert_eq!(status, 200);
-    for key2 in ["masked_remote_address_0_0_0_0/0", "masked_remote_address_invert_192_0_2_0/24"] {
+    for key2 in [
+        "masked_remote_address_0_0_0_0/0",
+        "masked_remote_address_invert_192_0_2_0/24",
+    ] {
         let found = text.lines().any(|l| {
             l.starts_with("ratelimit_service_rate_limit_over_limit{")
                 && l.contains(&format!("key2=\"{key2}\""))
@@ -234,7 +301,9 @@ async fn a_client_certificate_from_another_ca_fails_and_envoy_denies() {
     let certs = Certs::new();
     // Envoy presents a certificate divvy's CA never signed.
     let other = Ca::new("someone-else");
-    other.issue(&[San::Dns("envoy")], 9).write(certs.dir.path(), "envoy");
+    other
+        .issue(&[San::Dns("envoy")], 9)
+        .write(certs.dir.path(), "envoy");
     let tls = Tls {
         cert: certs.ca.issue(&[San::Dns("envoy-gateway")], 5),
         client_ca: certs.ca.pem.clone(),

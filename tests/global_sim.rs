@@ -7,7 +7,7 @@
 //! (`divvy::quota`), its answer arriving one round trip (80 ms)
 //! later. It reports over-admission (admitted above rate × 10 s + burst in
 //! any 10 s window) and under-admission (admitted below the rate in windows
-//! whose demand exceeds it), and asserts the bounds the README quotes.
+//! whose demand exceeds it), and asserts the bounds docs/global.md quotes.
 
 mod common;
 
@@ -229,7 +229,7 @@ fn twelve_regions_one_hour_of_skewed_bursty_demand() {
     assert!(pct(0.5) <= 0.07, "median under-admission {}", pct(0.5));
     assert!(pct(0.95) <= 0.13, "p95 under-admission {}", pct(0.95));
     // Renewing on moved demand must not turn into renewing every quarter
-    // period (4 per period): the README quotes the average.
+    // period (4 per period): docs/global.md quotes the average.
     assert!(
         per_period <= 2.0,
         "{per_period} renewals per region per period"

@@ -24,8 +24,34 @@ fn chart_lints_renders_and_validates() {
     for set in [
         "defaults",
         "redis-with-secret",
+        "admin-tokens-from-secret",
+        "admin-token-only",
         "autoscaling-and-servicemonitor",
+        "registry-image",
     ] {
         assert!(text.contains(&format!("ok: {set}:")), "{text}");
     }
+    // The default image is the one scripts/build-image.sh tags: divvy:<Cargo version>.
+    let version = env!("CARGO_PKG_VERSION");
+    assert!(
+        text.contains(&format!("image divvy:{version}\n")),
+        "the chart's default image is not divvy:{version}:\n{text}"
+    );
+}
+
+/// The chart's appVersion (the default image tag) is the crate's version.
+#[test]
+fn chart_app_version_is_the_crate_version() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let chart = std::fs::read_to_string(root.join("helm/divvy/Chart.yaml")).expect("Chart.yaml");
+    let app_version = chart
+        .lines()
+        .find_map(|l| l.strip_prefix("appVersion:"))
+        .map(|v| v.trim().trim_matches('"'))
+        .expect("Chart.yaml has an appVersion");
+    assert_eq!(
+        app_version,
+        env!("CARGO_PKG_VERSION"),
+        "helm/divvy/Chart.yaml appVersion must be the version in Cargo.toml (the image tag)"
+    );
 }

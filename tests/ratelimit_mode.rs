@@ -69,6 +69,7 @@ async fn started_as_ratelimit_with_envoy_gateways_environment() {
         ("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "200ms"),
         ("XDS_CLIENT_BACKOFF_MAX_INTERVAL", "400ms"),
         ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
+        ("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", "true"),
         ("USE_PROMETHEUS", "true"),
         ("PROMETHEUS_ADDR", &prometheus),
         ("GRPC_HOST", "127.0.0.1"),
@@ -98,6 +99,11 @@ async fn started_as_ratelimit_with_envoy_gateways_environment() {
         .expect_err("no config yet");
     assert_eq!(err.code(), tonic::Code::Unknown);
     assert_eq!(err.message(), "no rate limit configuration loaded");
+    assert_eq!(
+        server.http("GET", "/healthcheck", "").0,
+        500,
+        "unhealthy without config"
+    );
 
     // The control plane comes up: its configuration applies.
     let addr: SocketAddr = format!("127.0.0.1:{xds_port}").parse().unwrap();

@@ -75,6 +75,22 @@ if ! command -v h2load >/dev/null 2>&1; then
   fi
 fi
 
+# podman, for tests/image.rs (scripts/build-image.sh builds the image, the
+# test exports and runs its filesystem). As root it needs nothing else: no
+# uidmap or fuse-overlayfs (those are for rootless), no storage.conf (root's
+# storage driver is picked by containers/storage: the kernel's overlay where
+# it works; STORAGE_DRIVER=vfs forces the slow, always-working one), and the
+# build runs no container (the Containerfile has no RUN step). The image
+# takes the host's CA certificates.
+if ! command -v podman >/dev/null 2>&1; then
+  log "installing podman (tests/image.rs builds the container image)"
+  apt_install podman
+fi
+if [ ! -f /etc/ssl/certs/ca-certificates.crt ]; then
+  log "installing ca-certificates (the container image carries them)"
+  apt_install ca-certificates
+fi
+
 # The official divvy client, into an ignored folder (nothing from node_modules is committed).
 if [ ! -f .tools/npm/node_modules/@button/divvy-client/package.json ]; then
   log "installing @button/divvy-client 1.0.1 into .tools/npm"
@@ -113,4 +129,4 @@ cargo test --locked --lib --bins --tests
 # background tasks of reloads, aux rules and knobs.
 log "cargo test, servers on one worker thread (DIVVY_WORKER_THREADS=1)"
 DIVVY_WORKER_THREADS=1 cargo test --locked --test hostile --test line --test grpc --test authority --test redis \
-  --test knobs --test reload --test zookeeper --test admin
+  --test knobs --test reload --test zookeeper --test admin --test tls

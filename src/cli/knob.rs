@@ -1,6 +1,7 @@
 //! `divvy knob set|list|delete`: change a running server's knobs through its
 //! admin API (`--admin-url`, default `http://127.0.0.1:8080`), with the
-//! token from `DIVVY_ADMIN_TOKEN`.
+//! token from `DIVVY_ADMIN_TOKEN` (a list may use `DIVVY_ADMIN_READ_TOKEN`
+//! instead, for a server that protects reads).
 
 use std::io::Write;
 
@@ -40,19 +41,26 @@ fn agent() -> ureq::Agent {
         .into()
 }
 
-fn token() -> Option<String> {
-    std::env::var("DIVVY_ADMIN_TOKEN")
-        .ok()
-        .filter(|t| !t.is_empty())
+fn token(var: &str) -> Option<String> {
+    std::env::var(var).ok().filter(|t| !t.is_empty())
 }
 
 /// Runs a knob command against the server at `admin_url`.
 pub fn run(command: KnobCommand, admin_url: &str) -> anyhow::Result<()> {
     let base = admin_url.trim_end_matches('/');
     let agent = agent();
-    let auth = token().map(|t| format!("Bearer {t}"));
+    let auth = token("DIVVY_ADMIN_TOKEN").map(|t| format!("Bearer {t}"));
     let mut response = match &command {
-        KnobCommand::List => agent.get(&format!("{base}/knobs")).call(),
+        KnobCommand::List => {
+            let mut req = agent.get(&format!("{base}/knobs"));
+            let read = auth
+                .clone()
+                .or_else(|| token("DIVVY_ADMIN_READ_TOKEN").map(|t| format!("Bearer {t}")));
+            if let Some(a) = &read {
+                req = req.header("Authorization", a);
+            }
+            req.call()
+        }
         KnobCommand::Delete { label } => {
             let mut req = agent.delete(&format!("{base}/knobs/{}", path_segment(label)));
             if let Some(a) = &auth {

@@ -4,3 +4,4 @@ pub mod inspect;
 pub mod knob;
 pub mod ratelimit;
 pub mod serve;
+pub mod tls;

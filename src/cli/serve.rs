@@ -24,18 +24,24 @@ use divvy::config::Policy;
 use divvy::limiter::Limiter;
 use divvy::observe::statsd::StatsdConfig;
 use divvy::rules::RuleSet;
-use divvy::server::admin::{serve_http, AdminState};
+use divvy::server::admin::auth::Tokens;
+use divvy::server::admin::{serve_http, serve_https, AdminState};
 use divvy::server::headers::HeaderStyle;
 use divvy::server::line::{serve_line, ConnLimits};
+use divvy::server::tls::{Port, ServerTls, TlsFiles};
 use divvy::server::GrpcLimits;
 use divvy::sources::file::Reloader;
 use divvy::store::failover::{FailoverStore, FailurePolicy};
 use divvy::store::memory::SystemClock;
 use divvy::store::redis::{RedisOptions, RedisStore};
+use divvy::store::redis_tls::RedisTls;
 use divvy::store::redis_url::{parse_redis_url, RedisTarget};
 use divvy::store::{MemoryStore, Store};
+use rustls::ClientConfig;
 use tokio::net::TcpListener;
 use tracing::{error, info};
+
+use super::tls::TlsArgs;
 
 #[derive(clap::Args)]
 pub struct ServeArgs {
@@ -95,6 +101,25 @@ pub struct ServeArgs {
     /// without divvy's REDIS_HOST), counters live in the embedded memory store.
     #[arg(long, env = "DIVVY_REDIS_URL")]
     redis_url: Option<String>,
+    /// Use TLS to the counters' Redis even when --redis-url (or REDIS_HOST)
+    /// does not say `rediss://`; envoyproxy/ratelimit's REDIS_TLS does the same.
+    #[arg(long, env = "DIVVY_REDIS_TLS")]
+    redis_tls: bool,
+    /// PEM file of the certificate authorities that sign Redis's certificate
+    /// (also REDIS_TLS_CACERT); without it, the system's trust store.
+    #[arg(long, env = "DIVVY_REDIS_TLS_CA")]
+    redis_tls_ca: Option<PathBuf>,
+    /// PEM file of a client certificate for Redis (`tls-auth-clients yes`),
+    /// with --redis-tls-key (also REDIS_TLS_CLIENT_CERT).
+    #[arg(long, env = "DIVVY_REDIS_TLS_CERT")]
+    redis_tls_cert: Option<PathBuf>,
+    /// PEM file of the client certificate's private key (also REDIS_TLS_CLIENT_KEY).
+    #[arg(long, env = "DIVVY_REDIS_TLS_KEY")]
+    redis_tls_key: Option<PathBuf>,
+    /// Accept a Redis certificate that does not name the host connected to;
+    /// its chain is still verified (also REDIS_TLS_SKIP_HOSTNAME_VERIFICATION).
+    #[arg(long, env = "DIVVY_REDIS_TLS_SKIP_HOSTNAME_VERIFICATION")]
+    redis_tls_skip_hostname_verification: bool,
     /// Longest wait for one Redis command, in milliseconds; also how long a
     /// request without a deadline of its own (the line protocol) waits for
     /// Redis before the failure policy decides it.
@@ -191,6 +216,12 @@ pub struct ServeArgs {
     /// `Authorization: Bearer <token>`; without it, knob changes are refused.
     #[arg(long, env = "DIVVY_ADMIN_TOKEN", hide_env_values = true)]
     admin_token: Option<String>,
+    /// With it, every admin endpoint but /healthz, /readyz, /healthcheck and
+    /// the metrics path needs `Authorization: Bearer <token>` with this token
+    /// or the admin token; this one can not change knobs. Without it, reads
+    /// are open.
+    #[arg(long, env = "DIVVY_ADMIN_READ_TOKEN", hide_env_values = true)]
+    admin_read_token: Option<String>,
     /// The Prometheus that governors query when the policy names none
     /// (`http://host:port`).
     #[arg(long, env = "PROMETHEUS_URL")]
@@ -245,6 +276,9 @@ pub struct ServeArgs {
     /// envoyproxy/ratelimit's behaviour, when started as `ratelimit`.
     #[arg(skip)]
     ratelimit: Option<RatelimitMode>,
+    /// TLS on the gRPC and admin ports.
+    #[command(flatten)]
+    tls: TlsArgs,
 }
 
 impl ServeArgs {
@@ -461,11 +495,7 @@ async fn run(args: ServeArgs, policy: Policy, hash: String) -> anyhow::Result<()
         status: reloader.status(),
         shutting_down: Arc::new(AtomicBool::new(false)),
         ready_requires_store: !args.ready_without_store,
-        admin_token: args
-            .admin_token
-            .clone()
-            .filter(|t| !t.is_empty())
-            .map(Arc::from),
+        tokens: admin_tokens(&args)?,
         governors,
         deadline_margin: Duration::from_millis(args.deadline_margin_ms),
         healthy_needs_config: args
@@ -474,16 +504,33 @@ async fn run(args: ServeArgs, policy: Policy, hash: String) -> anyhow::Result<()
             .is_some_and(|m| m.healthy_needs_config),
         rlqs,
     };
-    if admin.admin_token.is_none() {
+    if admin.tokens.admin.is_none() {
         info!("no --admin-token: knob changes are refused (GET /knobs still answers)");
     }
+    if admin.tokens.read.is_some() {
+        info!("--admin-read-token: admin reads need a token (health, readiness and metrics stay open)");
+    }
     serve_until_shutdown(&args, listeners, limiter, admin).await
+}
+
+/// The admin and read tokens (empty means unset); the same text for both
+/// would give the read token write rights, so it is refused.
+fn admin_tokens(args: &ServeArgs) -> anyhow::Result<Tokens> {
+    let token = |t: &Option<String>| t.clone().filter(|t| !t.is_empty()).map(Arc::from);
+    let tokens = Tokens {
+        admin: token(&args.admin_token),
+        read: token(&args.admin_read_token),
+    };
+    if tokens.admin.is_some() && tokens.admin == tokens.read {
+        bail!("--admin-read-token must differ from --admin-token (the read token must not change knobs)");
+    }
+    Ok(tokens)
 }
 
 /// The memory store, or Redis behind its failure policy (with the knobs
 /// shared through it).
 async fn build_store(args: &ServeArgs) -> anyhow::Result<StoreParts> {
-    let Some(target) = redis_target(args.redis_url.as_deref())? else {
+    let Some(mut target) = redis_target(args.redis_url.as_deref())? else {
         let memory = Arc::new(MemoryStore::with_max_counters(
             Arc::new(SystemClock::default()),
             args.max_counters,
@@ -497,8 +544,14 @@ async fn build_store(args: &ServeArgs) -> anyhow::Result<StoreParts> {
             secret_client: None,
         });
     };
+    let tls = redis_tls_settings(args)?;
+    target.tls |= tls.forced;
     info!(target = ?target, policy = ?args.on_store_failure, "counters in redis");
+    if !target.tls && tls.files_given() {
+        tracing::warn!("Redis TLS files are given but the counters' Redis is not TLS (use rediss:// or --redis-tls); they are not used for it");
+    }
     let options = RedisOptions {
+        tls: tls.config_for(&target)?,
         target,
         timeout: Duration::from_millis(args.redis_timeout_ms.max(1)),
         clock: None,
@@ -537,6 +590,7 @@ async fn with_global(
     };
     let target = redis_target(Some(url))?.context("--global-url names no Redis")?;
     let options = RedisOptions {
+        tls: redis_tls_settings(args)?.config_for(&target)?,
         target,
         timeout: Duration::from_millis((args.global_lease_ms / 4).max(50)),
         clock: None,
@@ -617,11 +671,13 @@ async fn wait_for_xds(args: &ServeArgs, limiter: &Limiter) {
     }
 }
 
-/// The three listeners, bound.
+/// The three listeners, bound, and the TLS of the gRPC and admin ports.
 struct Listeners {
     grpc: TcpListener,
     line: TcpListener,
     http: TcpListener,
+    grpc_tls: Option<ServerTls>,
+    http_tls: Option<ServerTls>,
 }
 
 /// Binds gRPC, the line protocol and HTTP, logging each address.
@@ -640,7 +696,34 @@ async fn bind(args: &ServeArgs) -> anyhow::Result<Listeners> {
         .await
         .with_context(|| format!("cannot listen for HTTP on {http_addr}"))?;
     info!("http listening on {}", http.local_addr()?);
-    Ok(Listeners { grpc, line, http })
+    let (grpc_tls, http_tls) = start_tls(&args.tls)?;
+    Ok(Listeners {
+        grpc,
+        line,
+        http,
+        grpc_tls,
+        http_tls,
+    })
+}
+
+/// Loads the TLS files of the gRPC and admin ports (a bad file stops the
+/// start with its name) and starts watching them.
+fn start_tls(args: &TlsArgs) -> anyhow::Result<(Option<ServerTls>, Option<ServerTls>)> {
+    let env = |name: &str| std::env::var(name).ok();
+    let start = |files: Option<TlsFiles>, port: Port| -> anyhow::Result<Option<ServerTls>> {
+        let Some(files) = files else {
+            return Ok(None);
+        };
+        let mtls = files.client_ca.is_some();
+        let tls = ServerTls::start(files, port)
+            .with_context(|| format!("cannot serve TLS on the {} port", port.label()))?;
+        info!(port = port.label(), client_certificates = mtls, "TLS on");
+        Ok(Some(tls))
+    };
+    Ok((
+        start(args.grpc(&env)?, Port::Grpc)?,
+        start(args.http()?, Port::Http)?,
+    ))
 }
 
 /// With `--statsd-host` and `--statsd-port`, metrics also go to statsd.
@@ -689,16 +772,20 @@ async fn serve_until_shutdown(
         listeners.grpc,
         limiter,
         args.rate_limit_headers,
-        !args.ready_without_store,
         grpc_limits(args),
         admin.rlqs.clone(),
+        listeners.grpc_tls,
         stopped(stop_rx.clone()),
     ));
     let metrics_path = args.metrics_path.clone();
     let http_stop = stopped(stop_rx);
-    let http = listeners.http;
-    let http_task =
-        tokio::spawn(async move { serve_http(http, admin, &metrics_path, http_stop).await });
+    let (http, http_tls) = (listeners.http, listeners.http_tls);
+    let http_task = tokio::spawn(async move {
+        match http_tls {
+            None => serve_http(http, admin, &metrics_path, http_stop).await,
+            Some(tls) => serve_https(http, tls, admin, &metrics_path, http_stop).await,
+        }
+    });
     shutdown_signal().await;
     // Readiness goes false; after the delay (time for load balancers to
     // notice) the listeners close and requests in flight finish.
@@ -746,6 +833,7 @@ fn grpc_limits(args: &ServeArgs) -> GrpcLimits {
             .ratelimit
             .as_ref()
             .is_some_and(|m| m.error_without_config),
+        ready_requires_store: !args.ready_without_store,
     }
 }
 
@@ -757,10 +845,24 @@ fn validate_metrics_path(path: &str) -> anyhow::Result<()> {
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"/-_.".contains(&b))
         && !path.contains("//");
-    let taken = ["/healthz", "/readyz", "/config", "/explain", "/json"].contains(&path);
-    if !plain || taken {
+    // Every other admin route: the metrics path is answered without a
+    // token, so it must not shadow one that needs a token.
+    let taken = [
+        "/healthz",
+        "/readyz",
+        "/config",
+        "/explain",
+        "/json",
+        "/global",
+        "/governors",
+        "/healthcheck",
+        "/rlconfig",
+        "/knobs",
+    ];
+    if !plain || taken.contains(&path) || path.starts_with("/knobs/") {
         bail!(
-            "the metrics path `{path}` must be an absolute path of letters, digits, `-`, `_`, `.` and `/`, other than /healthz, /readyz, /config, /explain and /json"
+            "the metrics path `{path}` must be an absolute path of letters, digits, `-`, `_`, `.` and `/`, other than the admin API's routes ({})",
+            taken.join(", ")
         );
     }
     Ok(())
@@ -808,6 +910,65 @@ fn redis_target(flag: Option<&str>) -> anyhow::Result<Option<RedisTarget>> {
         },
     };
     Ok(Some(parse_redis_url(&url, password)?))
+}
+
+/// The Redis TLS flags, each falling back to envoyproxy/ratelimit's
+/// variable of the same meaning.
+struct RedisTlsSettings {
+    /// `--redis-tls` or `REDIS_TLS`: TLS even without `rediss://`.
+    forced: bool,
+    files: RedisTls,
+}
+
+impl RedisTlsSettings {
+    fn files_given(&self) -> bool {
+        self.files.ca.is_some() || self.files.cert.is_some() || self.files.key.is_some()
+    }
+
+    /// The client configuration when `target` uses TLS; a bad file is a
+    /// start-up error that names it.
+    fn config_for(&self, target: &RedisTarget) -> anyhow::Result<Option<Arc<ClientConfig>>> {
+        if !target.tls {
+            return Ok(None);
+        }
+        Ok(Some(Arc::new(self.files.client_config()?)))
+    }
+}
+
+/// The flags (or their DIVVY_ variables), else envoyproxy/ratelimit's
+/// `REDIS_TLS`, `REDIS_TLS_CACERT`, `REDIS_TLS_CLIENT_CERT`,
+/// `REDIS_TLS_CLIENT_KEY` and `REDIS_TLS_SKIP_HOSTNAME_VERIFICATION`.
+fn redis_tls_settings(args: &ServeArgs) -> anyhow::Result<RedisTlsSettings> {
+    let path = |flag: &Option<PathBuf>, var: &str| {
+        flag.clone().or_else(|| {
+            std::env::var_os(var)
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        })
+    };
+    Ok(RedisTlsSettings {
+        forced: args.redis_tls || env_bool("REDIS_TLS")?,
+        files: RedisTls {
+            ca: path(&args.redis_tls_ca, "REDIS_TLS_CACERT"),
+            cert: path(&args.redis_tls_cert, "REDIS_TLS_CLIENT_CERT"),
+            key: path(&args.redis_tls_key, "REDIS_TLS_CLIENT_KEY"),
+            skip_hostname_verification: args.redis_tls_skip_hostname_verification
+                || env_bool("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION")?,
+        },
+    })
+}
+
+/// A boolean variable as envoyproxy/ratelimit (Go's `strconv.ParseBool`)
+/// reads it; unset or empty is false.
+fn env_bool(var: &str) -> anyhow::Result<bool> {
+    let Ok(value) = std::env::var(var) else {
+        return Ok(false);
+    };
+    match value.trim() {
+        "" | "0" | "f" | "F" | "false" | "FALSE" | "False" => Ok(false),
+        "1" | "t" | "T" | "true" | "TRUE" | "True" => Ok(true),
+        other => bail!("{var} must be true or false, found `{other}`"),
+    }
 }
 
 /// `--line-addr`, else `0.0.0.0:$PORT` (divvy's variable), else `0.0.0.0:8321`.

@@ -36,6 +36,9 @@ pub struct Metrics {
     pub rules: IntGauge,
     /// `divvy_knob_changes_total{action}`: knobs set, deleted, expired, and refused changes.
     pub knob_changes: IntCounterVec,
+    /// `divvy_admin_auth_failures_total{reason}`: admin requests refused for
+    /// their token (missing, wrong, read_only: the read token on a change).
+    pub admin_auth_failures: IntCounterVec,
     /// `divvy_knobs`: knobs in force.
     pub knobs: IntGauge,
     /// `divvy_knobs_refreshed_timestamp_seconds`: last successful run of the knob refresh task
@@ -65,6 +68,8 @@ pub struct Metrics {
     pub global: GlobalMetrics,
     /// Governors.
     pub governor: GovernorMetrics,
+    /// TLS on the gRPC and admin ports.
+    pub tls: TlsMetrics,
     /// Envoy's Rate Limit Quota Service.
     pub rlqs: RlqsMetrics,
 }
@@ -117,6 +122,10 @@ pub const REJECT_REASONS: [&str; 7] = [
     "rlqs_too_many_buckets",
     "rlqs_bucket_id_too_large",
 ];
+
+/// The reasons of `divvy_admin_auth_failures_total`: no bearer token, a
+/// token that is neither admin nor read token, the read token on a change.
+pub const AUTH_FAILURE_REASONS: [&str; 3] = ["missing", "wrong", "read_only"];
 
 fn gauge_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> GaugeVec {
     let g = GaugeVec::new(Opts::new(name, help), labels).expect("static metric definition");
@@ -408,6 +417,76 @@ impl GovernorMetrics {
     }
 }
 
+/// TLS on the gRPC and admin ports (`port`: grpc or http); exported only
+/// for a port that serves TLS.
+pub struct TlsMetrics {
+    /// `divvy_tls_cert_expiry_seconds{port}`: seconds until the served certificate's notAfter.
+    pub expiry: GaugeVec,
+    /// `divvy_tls_reloads_total{port}`: certificate and key pairs reloaded after a change.
+    pub reloads: IntCounterVec,
+    /// `divvy_tls_reload_errors_total{port}`: changed files refused (the pair in force stays).
+    pub reload_errors: IntCounterVec,
+    /// `divvy_tls_handshake_failures_total{port,reason}`: connections closed before
+    /// TLS was up; reason error, timeout or limit.
+    pub handshake_failures: IntCounterVec,
+    /// `divvy_tls_checked_timestamp_seconds{port}`: last time the files were polled.
+    pub checked: GaugeVec,
+}
+
+impl TlsMetrics {
+    fn new(r: &Registry) -> TlsMetrics {
+        TlsMetrics {
+            expiry: gauge_vec(
+                r,
+                "divvy_tls_cert_expiry_seconds",
+                "Seconds until the served TLS certificate expires",
+                &["port"],
+            ),
+            reloads: counter_vec(
+                r,
+                "divvy_tls_reloads_total",
+                "TLS certificate and key pairs reloaded after their files changed",
+                &["port"],
+            ),
+            reload_errors: counter_vec(
+                r,
+                "divvy_tls_reload_errors_total",
+                "Changed TLS files refused (unreadable, unparsable or mismatched); the pair in force stays",
+                &["port"],
+            ),
+            handshake_failures: counter_vec(
+                r,
+                "divvy_tls_handshake_failures_total",
+                "Connections closed before their TLS handshake completed, by reason (error, timeout, limit)",
+                &["port", "reason"],
+            ),
+            checked: gauge_vec(
+                r,
+                "divvy_tls_checked_timestamp_seconds",
+                "Unix time the TLS files were last polled for changes",
+                &["port"],
+            ),
+        }
+    }
+
+    /// Sets `divvy_tls_cert_expiry_seconds{port}` from a notAfter in Unix seconds.
+    pub fn set_expiry(&self, port: &str, not_after: i64) {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64);
+        self.expiry
+            .with_label_values(&[port])
+            .set((not_after - now) as f64);
+    }
+
+    /// Counts a connection closed before its handshake completed.
+    pub fn handshake_failed(&self, port: &str, reason: &str) {
+        self.handshake_failures
+            .with_label_values(&[port, reason])
+            .inc();
+    }
+}
+
 impl Metrics {
     fn new() -> Metrics {
         let r = Registry::new();
@@ -458,6 +537,18 @@ impl Metrics {
                 "Knob changes by action: set, delete, expire, refused",
                 &["action"],
             ),
+            admin_auth_failures: {
+                let c = counter_vec(
+                    &r,
+                    "divvy_admin_auth_failures_total",
+                    "Admin API requests refused for their token, by reason: missing, wrong, read_only (the read token on a knob change)",
+                    &["reason"],
+                );
+                for reason in AUTH_FAILURE_REASONS {
+                    c.with_label_values(&[reason]);
+                }
+                c
+            },
             knobs: gauge(&r, "divvy_knobs", "Knobs in force"),
             knobs_refreshed: gauge(
                 &r,
@@ -512,6 +603,7 @@ impl Metrics {
             store: StoreMetrics::new(&r),
             global: GlobalMetrics::new(&r),
             governor: GovernorMetrics::new(&r),
+            tls: TlsMetrics::new(&r),
             rlqs: RlqsMetrics::new(&r),
             registry: r,
         }

@@ -9,6 +9,7 @@ pub mod line;
 pub mod rlqs;
 pub mod rls;
 pub mod rls_envoy;
+pub mod tls;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -44,6 +45,9 @@ pub struct GrpcLimits {
     /// Answer with envoyproxy/ratelimit's error while no configuration is
     /// loaded, instead of "no limit" (`ratelimit` mode).
     pub error_without_config: bool,
+    /// The rate-limit service's gRPC health follows the counter store's
+    /// (NOT_SERVING while a failure policy decides).
+    pub ready_requires_store: bool,
 }
 
 impl Default for GrpcLimits {
@@ -56,28 +60,65 @@ impl Default for GrpcLimits {
             keepalive_timeout: Duration::from_secs(20),
             deadline_margin: deadline::DEFAULT_MARGIN,
             error_without_config: false,
+            ready_requires_store: true,
         }
     }
 }
 
 /// Serves Envoy's RateLimitService (with rate-limit headers in `headers`
 /// style), its Rate Limit Quota Service (streams registered in `rlqs`) and
-/// grpc.health.v1 on `listener` until `shutdown` completes.
+/// grpc.health.v1 on `listener` until `shutdown` completes; over TLS with
+/// `tls` (its certificate rotating), else in plaintext.
 pub async fn serve_grpc(
     listener: TcpListener,
     limiter: Arc<Limiter>,
     headers: HeaderStyle,
-    ready_requires_store: bool,
     limits: GrpcLimits,
     rlqs: Arc<rlqs::Hub>,
+    tls: Option<tls::ServerTls>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
+    let health_service = spawn_health(limiter.clone(), limits.ready_requires_store).await;
+    let mut service =
+        RlsService::new(limiter, headers).with_deadline_margin(limits.deadline_margin);
+    if limits.error_without_config {
+        service = service.error_without_config();
+    }
+    let service =
+        RateLimitServiceServer::new(service).max_decoding_message_size(limits.max_request_bytes);
+    let server = tonic::transport::Server::builder()
+        .max_concurrent_streams(limits.max_concurrent_streams)
+        .http2_keepalive_interval(limits.keepalive)
+        .http2_keepalive_timeout(Some(limits.keepalive_timeout))
+        .layer(tower::util::MapResponseLayer::new(count_too_large))
+        .add_service(health_service)
+        .add_service(service)
+        .add_service(rlqs::service(rlqs, limits.max_request_bytes));
+    match tls {
+        None => {
+            server
+                .serve_with_incoming_shutdown(plain_incoming(listener, limits.idle), shutdown)
+                .await
+        }
+        Some(tls) => {
+            let incoming = tls::incoming(listener, tls, limits.idle);
+            server
+                .serve_with_incoming_shutdown(incoming, shutdown)
+                .await
+        }
+    }
+}
+
+/// grpc.health.v1: the rate-limit service reports NOT_SERVING while its
+/// counter store is failing (and a failure policy decides); "" (the
+/// process) stays SERVING. The status is set before the first request can
+/// arrive, then followed.
+async fn spawn_health(
+    limiter: Arc<Limiter>,
+    ready_requires_store: bool,
+) -> tonic_health::pb::health_server::HealthServer<impl tonic_health::pb::health_server::Health> {
     let (health, health_service) = tonic_health::server::health_reporter();
-    // The rate-limit service reports NOT_SERVING while its counter store is
-    // failing (and a failure policy decides); "" (the process) stays SERVING.
-    // The status is set before the first request can arrive, then followed.
-    let watched = limiter.clone();
-    let ready_now = move || !ready_requires_store || watched.store().ready();
+    let ready_now = move || !ready_requires_store || limiter.store().ready();
     let set_status = |health: HealthReporter, ready: bool| async move {
         if ready {
             health
@@ -101,18 +142,17 @@ pub async fn serve_grpc(
             }
         }
     });
-    let mut service =
-        RlsService::new(limiter, headers).with_deadline_margin(limits.deadline_margin);
-    if limits.error_without_config {
-        service = service.error_without_config();
-    }
-    let service =
-        RateLimitServiceServer::new(service).max_decoding_message_size(limits.max_request_bytes);
-    let idle = limits.idle;
-    // Envoy multiplexes every call on a few HTTP/2 connections: small
-    // frames must not wait for Nagle's algorithm. Accept errors (out of file
-    // descriptors) back off instead of spinning.
-    let incoming = TcpListenerStream::new(listener).then(move |conn| async move {
+    health_service
+}
+
+/// The plaintext gRPC connections. Envoy multiplexes every call on a few
+/// HTTP/2 connections: small frames must not wait for Nagle's algorithm.
+/// Accept errors (out of file descriptors) back off instead of spinning.
+fn plain_incoming(
+    listener: TcpListener,
+    idle: Duration,
+) -> impl tokio_stream::Stream<Item = std::io::Result<idle::IdleStream>> {
+    TcpListenerStream::new(listener).then(move |conn| async move {
         match &conn {
             Ok(stream) => {
                 let _ = stream.set_nodelay(true);
@@ -123,17 +163,7 @@ pub async fn serve_grpc(
             }
         }
         conn.map(|stream| idle::IdleStream::new(stream, idle))
-    });
-    tonic::transport::Server::builder()
-        .max_concurrent_streams(limits.max_concurrent_streams)
-        .http2_keepalive_interval(limits.keepalive)
-        .http2_keepalive_timeout(Some(limits.keepalive_timeout))
-        .layer(tower::util::MapResponseLayer::new(count_too_large))
-        .add_service(health_service)
-        .add_service(service)
-        .add_service(rlqs::service(rlqs, limits.max_request_bytes))
-        .serve_with_incoming_shutdown(incoming, shutdown)
-        .await
+    })
 }
 
 /// Counts requests tonic refused as larger than the limit

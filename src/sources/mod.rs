@@ -1,4 +1,4 @@
-//! Where rules come from: the policy file ([`file`]), extra ("aux") rules
+//! Where rules come from: the policy file ([`mod@file`]), extra ("aux") rules
 //! placed ahead of the file's, as foxpass's divvy fork read them from
 //! ZooKeeper ([`zookeeper`]), and envoyproxy/ratelimit domains from an xDS
 //! control plane ([`xds`]). Every source feeds the same install path: the

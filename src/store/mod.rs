@@ -11,6 +11,7 @@ pub mod failover;
 pub mod lru_table;
 pub mod memory;
 pub mod redis;
+pub mod redis_tls;
 pub mod redis_url;
 
 use std::future::Future;

@@ -13,8 +13,10 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use rustls::ClientConfig;
+use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use fred::prelude::*;
@@ -22,6 +24,7 @@ use fred::types::config::{ClusterDiscoveryPolicy, Server, TlsConnector};
 
 use super::algorithm::window_ms;
 use super::memory::Clock;
+use super::redis_tls::RedisTls;
 use super::redis_url::{HostPort, RedisTarget, Topology};
 use super::{Algorithm, Charge, CounterOp, CounterState, Store, StoreError, StoreFuture};
 
@@ -41,7 +44,15 @@ pub struct RedisOptions {
     /// Most batched script calls out at once on a single server or Sentinel
     /// master (at least 1; see [`DEFAULT_BATCHES_IN_FLIGHT`]).
     pub batches_in_flight: usize,
+    /// The TLS client configuration, used when the target asks for TLS;
+    /// `None`: the system's trust store, no client certificate (see
+    /// [`super::redis_tls`]).
+    pub tls: Option<Arc<rustls::ClientConfig>>,
 }
+
+/// How often one repeated connection error is logged again: the client
+/// retries every 200 ms.
+const ERROR_LOG_EVERY: Duration = Duration::from_secs(60);
 
 /// Batched script calls out at once by default: one. Requests that arrive
 /// while a call is out wait for it and go together in the next, so calls
@@ -115,39 +126,7 @@ impl RedisStore {
         startup_wait: Duration,
     ) -> Result<(RedisStore, bool), StoreError> {
         let t = &options.target;
-        let server_config = match &t.topology {
-            Topology::Single { server: s, .. } => ServerConfig::Centralized { server: server(s) },
-            Topology::Cluster { seeds } => ServerConfig::Clustered {
-                hosts: seeds.iter().map(server).collect(),
-                policy: ClusterDiscoveryPolicy::default(),
-            },
-            Topology::Sentinel { sentinels, master } => ServerConfig::Sentinel {
-                hosts: sentinels.iter().map(server).collect(),
-                service_name: master.clone(),
-            },
-        };
-        let tls = if t.tls {
-            Some(
-                TlsConnector::default_rustls()
-                    .map_err(|e| store_error(&e))?
-                    .into(),
-            )
-        } else {
-            None
-        };
-        let config = Config {
-            server: server_config,
-            username: t.username.clone(),
-            password: t.password.clone(),
-            database: match &t.topology {
-                Topology::Single { db, .. } => *db,
-                _ => None,
-            },
-            // Keep trying when Redis is down at startup too.
-            fail_fast: false,
-            tls,
-            ..Config::default()
-        };
+        let config = fred_config(options)?;
         let timeout = options.timeout;
         let client = Builder::from_config(config)
             .with_performance_config(|p| {
@@ -163,6 +142,7 @@ impl RedisStore {
             .set_policy(ReconnectPolicy::new_constant(0, 200))
             .build()
             .map_err(|e| store_error(&e))?;
+        spawn_error_log(&client, t);
         // Connection and reconnection run in the background from here on.
         let _task = client.connect();
         let cluster = matches!(t.topology, Topology::Cluster { .. });
@@ -184,6 +164,100 @@ impl RedisStore {
         ) && store.probe().await.is_ok();
         Ok((store, connected))
     }
+}
+
+/// The client's configuration: topology, credentials and TLS.
+fn fred_config(options: &RedisOptions) -> Result<Config, StoreError> {
+    let t = &options.target;
+    let server_config = match &t.topology {
+        Topology::Single { server: s, .. } => ServerConfig::Centralized { server: server(s) },
+        Topology::Cluster { seeds } => ServerConfig::Clustered {
+            hosts: seeds.iter().map(server).collect(),
+            policy: ClusterDiscoveryPolicy::default(),
+        },
+        Topology::Sentinel { sentinels, master } => ServerConfig::Sentinel {
+            hosts: sentinels.iter().map(server).collect(),
+            service_name: master.clone(),
+        },
+    };
+    let tls = if t.tls {
+        let config = match &options.tls {
+            Some(config) => ClientConfig::clone(config),
+            None => RedisTls::default()
+                .client_config()
+                .map_err(|e| StoreError::Unavailable(e.to_string()))?,
+        };
+        Some(TlsConnector::from(config).into())
+    } else {
+        None
+    };
+    Ok(Config {
+        server: server_config,
+        username: t.username.clone(),
+        password: t.password.clone(),
+        database: match &t.topology {
+            Topology::Single { db, .. } => *db,
+            _ => None,
+        },
+        // Keep trying when Redis is down at startup too.
+        fail_fast: false,
+        tls,
+        ..Config::default()
+    })
+}
+
+/// The target as logs name it: its first address.
+fn first_address(t: &RedisTarget) -> String {
+    let first = match &t.topology {
+        Topology::Single { server, .. } => Some(server),
+        Topology::Cluster { seeds } => seeds.first(),
+        Topology::Sentinel { sentinels, .. } => sentinels.first(),
+    };
+    first.map_or_else(String::new, |h| format!("{}:{}", h.host, h.port))
+}
+
+/// What to check when a connection error names a certificate: the client
+/// reports a refused TLS handshake only as an I/O error's text.
+fn tls_hint(message: &str) -> &'static str {
+    if message.contains("ertificate") {
+        "; the TLS handshake failed: check --redis-tls-ca (the CA that signs Redis's certificate), \
+         the names in that certificate (--redis-tls-skip-hostname-verification), and \
+         --redis-tls-cert/--redis-tls-key if Redis requires client certificates"
+    } else {
+        ""
+    }
+}
+
+/// Logs the client's connection errors, a refused TLS handshake among
+/// them, which no command reports (commands only time out meanwhile): a
+/// new error at once, the same one again after [`ERROR_LOG_EVERY`]. The task
+/// ends with the client.
+fn spawn_error_log(client: &Client, target: &RedisTarget) {
+    let mut errors = client.error_rx();
+    let (address, tls) = (first_address(target), target.tls);
+    tokio::spawn(async move {
+        let mut last: Option<(String, Instant)> = None;
+        loop {
+            let (error, server) = match errors.recv().await {
+                Ok(event) => event,
+                Err(RecvError::Lagged(_)) => continue,
+                Err(RecvError::Closed) => break,
+            };
+            let message = error.to_string();
+            let repeat = last
+                .as_ref()
+                .is_some_and(|(m, at)| *m == message && at.elapsed() < ERROR_LOG_EVERY);
+            if !repeat {
+                tracing::error!(
+                    redis = %server.map_or_else(|| address.clone(), |s| s.to_string()),
+                    tls,
+                    "Redis connection failed: {message}{}; the failure policy decides until it connects",
+                    tls_hint(&message)
+                );
+                last = Some((message, Instant::now()));
+            }
+        }
+    });
 }
 
 impl RedisStore {

@@ -68,6 +68,8 @@ pub struct Envoy {
     child: Child,
     /// The free ports the config's moved ports went to, in the order asked.
     pub ports: Vec<u16>,
+    /// Its admin port.
+    pub admin: u16,
     _dir: tempfile::TempDir,
 }
 
@@ -128,6 +130,7 @@ pub fn start(
         let mut envoy = Envoy {
             child,
             ports,
+            admin: admin_port,
             _dir: dir,
         };
         let deadline = Instant::now() + Duration::from_secs(90);

@@ -2,9 +2,11 @@
 //! loopback ports and talk to it.
 #![allow(dead_code)]
 
+pub mod certs;
 pub mod delay_proxy;
 pub mod envoy;
 pub mod fault_proxy;
+pub mod pki;
 pub mod redis;
 pub mod xds;
 
@@ -234,6 +236,19 @@ pub fn http_request(
     body: &str,
     auth: Option<&str>,
 ) -> (u16, String) {
+    let (status, _, body) = http_exchange(addr, method, path, body, auth);
+    (status, body)
+}
+
+/// Like [`http_request`], also returning the response's head (status line
+/// and headers): `(status, head, body)`.
+pub fn http_exchange(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: &str,
+    auth: Option<&str>,
+) -> (u16, String, String) {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(addr).expect("connect http");
     s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
@@ -251,11 +266,11 @@ pub fn http_request(
         .nth(1)
         .and_then(|c| c.parse().ok())
         .expect("status line");
-    let body = raw
+    let (head, body) = raw
         .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    (status, body)
+        .map(|(h, b)| (h.to_owned(), b.to_owned()))
+        .unwrap_or((raw.clone(), String::new()));
+    (status, head, body)
 }
 
 /// Asserts that `haystack` contains every one of `needles`.

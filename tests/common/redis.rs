@@ -5,12 +5,19 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use super::certs::{Certs, Pair};
 use super::free_port;
 
 /// Runs `redis-cli -p port args...` and returns its output.
 pub fn cli(port: u16, args: &[&str]) -> String {
+    cli_tls(port, &[], args)
+}
+
+/// Runs `redis-cli` with `tls` options (none: plain) and returns its output.
+fn cli_tls(port: u16, tls: &[String], args: &[&str]) -> String {
     let out = Command::new("redis-cli")
         .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(tls)
         .args(args)
         .output()
         .expect("redis-cli must be installed (tests/run-all.sh installs it)");
@@ -23,6 +30,8 @@ pub struct Redis {
     /// Its port.
     pub port: u16,
     args: Vec<String>,
+    /// redis-cli's TLS options; empty for a plain server.
+    tls_cli: Vec<String>,
     dir: PathBuf,
     _tmp: tempfile::TempDir,
 }
@@ -63,7 +72,63 @@ impl Redis {
             child: None,
             port,
             args,
+            tls_cli: Vec::new(),
             dir,
+            _tmp: tmp,
+        };
+        r.spawn();
+        r
+    }
+
+    /// A TLS-only server (`--port 0`) presenting `server`, verifying client
+    /// certificates against `certs.ca`; `auth_clients`: whether clients
+    /// must present one. Its own `cli` connects with `certs.client`.
+    pub fn start_tls(certs: &Certs, server: &Pair, auth_clients: bool) -> Redis {
+        Redis::start_tls_with(certs, server, auth_clients, &[])
+    }
+
+    /// [`Redis::start_tls`] with extra arguments.
+    pub fn start_tls_with(
+        certs: &Certs,
+        server: &Pair,
+        auth_clients: bool,
+        more: &[&str],
+    ) -> Redis {
+        let port = free_port();
+        let path = |p: &std::path::Path| p.display().to_string();
+        let extra = [
+            "--port".to_owned(),
+            "0".to_owned(),
+            "--tls-port".to_owned(),
+            port.to_string(),
+            "--tls-cert-file".to_owned(),
+            path(&server.cert),
+            "--tls-key-file".to_owned(),
+            path(&server.key),
+            "--tls-ca-cert-file".to_owned(),
+            path(&certs.ca),
+            "--tls-auth-clients".to_owned(),
+            if auth_clients { "yes" } else { "no" }.to_owned(),
+        ];
+        let tmp = tempfile::tempdir().expect("temp dir");
+        let mut args: Vec<String> = vec![
+            "--bind".into(),
+            "127.0.0.1".into(),
+            "--save".into(),
+            String::new(),
+            "--appendonly".into(),
+            "no".into(),
+            "--dir".into(),
+            tmp.path().display().to_string(),
+        ];
+        args.extend(extra);
+        args.extend(more.iter().map(|s| (*s).to_owned()));
+        let mut r = Redis {
+            child: None,
+            port,
+            args,
+            tls_cli: tls_cli(certs),
+            dir: tmp.path().to_path_buf(),
             _tmp: tmp,
         };
         r.spawn();
@@ -72,13 +137,33 @@ impl Redis {
 
     /// A Sentinel watching `master_port` as `name`, quorum 1, quick failover.
     pub fn sentinel(master_port: u16, name: &str) -> Redis {
+        Redis::sentinel_conf(master_port, name, None)
+    }
+
+    /// [`Redis::sentinel`] speaking TLS only, to clients and to the master
+    /// (see [`Redis::start_tls`]).
+    pub fn sentinel_tls(master_port: u16, name: &str, certs: &Certs) -> Redis {
+        Redis::sentinel_conf(master_port, name, Some(certs))
+    }
+
+    fn sentinel_conf(master_port: u16, name: &str, certs: Option<&Certs>) -> Redis {
         let tmp = tempfile::tempdir().expect("temp dir");
         let port = free_port();
         let conf = tmp.path().join("sentinel.conf");
+        let listen = match certs {
+            None => format!("port {port}\n"),
+            Some(c) => format!(
+                "port 0\ntls-port {port}\ntls-cert-file {}\ntls-key-file {}\n\
+                 tls-ca-cert-file {}\ntls-auth-clients no\ntls-replication yes\n",
+                c.server.cert.display(),
+                c.server.key.display(),
+                c.ca.display()
+            ),
+        };
         std::fs::write(
             &conf,
             format!(
-                "port {port}\nbind 127.0.0.1\ndir {dir}\n\
+                "{listen}bind 127.0.0.1\ndir {dir}\n\
                  sentinel monitor {name} 127.0.0.1 {master_port} 1\n\
                  sentinel down-after-milliseconds {name} 1000\n\
                  sentinel failover-timeout {name} 3000\n\
@@ -91,6 +176,7 @@ impl Redis {
             child: None,
             port,
             args: vec![conf.display().to_string(), "--sentinel".into()],
+            tls_cli: certs.map(tls_cli).unwrap_or_default(),
             dir: tmp.path().to_path_buf(),
             _tmp: tmp,
         };
@@ -108,7 +194,7 @@ impl Redis {
             .expect("redis-server must be installed (tests/run-all.sh installs it)");
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(20);
-        while cli(self.port, &["PING"]) != "PONG" {
+        while self.cli(&["PING"]) != "PONG" {
             assert!(
                 Instant::now() < deadline,
                 "redis on port {} did not start",
@@ -157,9 +243,9 @@ impl Redis {
         self.signal("-CONT");
     }
 
-    /// `redis-cli` against this server.
+    /// `redis-cli` against this server (over TLS for a TLS server).
     pub fn cli(&self, args: &[&str]) -> String {
-        cli(self.port, args)
+        cli_tls(self.port, &self.tls_cli, args)
     }
 }
 
@@ -170,6 +256,31 @@ impl Drop for Redis {
     }
 }
 
+/// redis-cli's options to reach a TLS server of `certs` (with the client
+/// certificate).
+fn tls_cli(certs: &Certs) -> Vec<String> {
+    let path = |p: &std::path::Path| p.display().to_string();
+    vec![
+        "--tls".to_owned(),
+        "--cacert".to_owned(),
+        path(&certs.ca),
+        "--cert".to_owned(),
+        path(&certs.client.cert),
+        "--key".to_owned(),
+        path(&certs.client.key),
+    ]
+}
+
+/// The arguments of a cluster node.
+const CLUSTER_NODE: [&str; 6] = [
+    "--cluster-enabled",
+    "yes",
+    "--cluster-config-file",
+    "nodes.conf",
+    "--cluster-node-timeout",
+    "2000",
+];
+
 /// A Redis Cluster of `n` masters (no replicas).
 pub struct Cluster {
     /// The nodes.
@@ -179,19 +290,25 @@ pub struct Cluster {
 impl Cluster {
     /// Starts the nodes and joins them into a cluster.
     pub fn start(n: usize) -> Cluster {
+        let nodes: Vec<Redis> = (0..n).map(|_| Redis::start_with(&CLUSTER_NODE)).collect();
+        Cluster::join(nodes)
+    }
+
+    /// A cluster whose nodes, bus included, speak TLS only (see
+    /// [`Redis::start_tls`]).
+    pub fn start_tls(n: usize, certs: &Certs) -> Cluster {
+        let mut extra = CLUSTER_NODE.to_vec();
+        extra.extend(["--tls-cluster", "yes"]);
         let nodes: Vec<Redis> = (0..n)
-            .map(|_| {
-                Redis::start_with(&[
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-config-file",
-                    "nodes.conf",
-                    "--cluster-node-timeout",
-                    "2000",
-                ])
-            })
+            .map(|_| Redis::start_tls_with(certs, &certs.server, false, &extra))
             .collect();
-        let mut args: Vec<String> = vec!["--cluster".into(), "create".into()];
+        Cluster::join(nodes)
+    }
+
+    /// Joins `nodes` into a cluster and waits until it is ok.
+    fn join(nodes: Vec<Redis>) -> Cluster {
+        let mut args: Vec<String> = nodes[0].tls_cli.clone();
+        args.extend(["--cluster".into(), "create".into()]);
         args.extend(nodes.iter().map(|r| format!("127.0.0.1:{}", r.port)));
         args.extend([
             "--cluster-replicas".into(),

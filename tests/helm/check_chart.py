@@ -34,6 +34,12 @@ VALUE_SETS = {
         "rateLimitHeaders": "draft",
         "extraEnv": [{"name": "STATSD_HOST", "value": "statsd.monitoring"}, {"name": "STATSD_PORT", "value": "8125"}],
     },
+    "admin-tokens-from-secret": {
+        "admin": {"existingSecret": "divvy-admin", "tokenKey": "write", "readTokenKey": "read"},
+    },
+    "admin-token-only": {
+        "admin": {"existingSecret": "divvy-admin", "readTokenKey": ""},
+    },
     "autoscaling-and-servicemonitor": {
         "autoscaling": {"enabled": True, "minReplicas": 3, "maxReplicas": 12, "targetCPUUtilizationPercentage": 60},
         "serviceMonitor": {"enabled": True, "interval": "15s", "labels": {"release": "prometheus"}},
@@ -41,6 +47,20 @@ VALUE_SETS = {
         "existingConfigMap": "my-rules",
         "configFileName": "rules.ini",
     },
+    "registry-image": {
+        "image": {"repository": "registry.example.com/team/divvy", "tag": "0.2.0"},
+        "imagePullSecrets": [{"name": "registry-credentials"}],
+    },
+}
+
+# The securityContext every value set must render: the image's user
+# (nonroot, 65532), nothing writable, nothing to escalate to.
+NONROOT = {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532}
+CONTAINER_SECURITY = {
+    **NONROOT,
+    "readOnlyRootFilesystem": True,
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
 }
 
 
@@ -61,6 +81,8 @@ def documents(manifests):
 def main():
     with open(os.path.join(HERE, "servicemonitor.schema.json")) as f:
         servicemonitor_schema = json.load(f)
+    with open(os.path.join(CHART, "Chart.yaml")) as f:
+        app_version = yaml.safe_load(f)["appVersion"]
     chart = helm.Chart.load(CHART)
     checked = 0
     for name, values in VALUE_SETS.items():
@@ -87,10 +109,19 @@ def main():
         deployment = kinds.get("Deployment") or fail(f"{name}: no Deployment")
         pod = deployment["spec"]["template"]["spec"]
         container = pod["containers"][0]
-        if not container["securityContext"].get("readOnlyRootFilesystem"):
-            fail(f"{name}: root filesystem is writable")
-        if not pod["securityContext"].get("runAsNonRoot"):
-            fail(f"{name}: runs as root")
+        security = container["securityContext"]
+        for key, want in CONTAINER_SECURITY.items():
+            if security.get(key) != want:
+                fail(f"{name}: container securityContext {key} is {security.get(key)!r}, not {want!r}")
+        for key, want in NONROOT.items():
+            if pod["securityContext"].get(key) != want:
+                fail(f"{name}: pod securityContext {key} is {pod['securityContext'].get(key)!r}, not {want!r}")
+        if container["imagePullPolicy"] != "IfNotPresent":
+            fail(f"{name}: imagePullPolicy {container['imagePullPolicy']}")
+        image = values.get("image", {})
+        want_image = f"{image.get('repository', 'divvy')}:{image.get('tag', app_version)}"
+        if container["image"] != want_image:
+            fail(f"{name}: image {container['image']}, expected {want_image}")
         if container["livenessProbe"]["httpGet"]["path"] != "/healthz":
             fail(f"{name}: liveness probe")
         if container["readinessProbe"]["httpGet"]["path"] != "/readyz":
@@ -102,6 +133,17 @@ def main():
         if ports != {"grpc": 8081, "divvy": 8321, "http": 8080}:
             fail(f"{name}: service ports {ports}")
         args = container["args"]
+        env = {e["name"]: e for e in container["env"]}
+        refs = {k: env[k]["valueFrom"]["secretKeyRef"] for k in ("DIVVY_ADMIN_TOKEN", "DIVVY_ADMIN_READ_TOKEN") if k in env}
+        want_refs = {
+            "admin-tokens-from-secret": {
+                "DIVVY_ADMIN_TOKEN": {"name": "divvy-admin", "key": "write"},
+                "DIVVY_ADMIN_READ_TOKEN": {"name": "divvy-admin", "key": "read"},
+            },
+            "admin-token-only": {"DIVVY_ADMIN_TOKEN": {"name": "divvy-admin", "key": "admin-token"}},
+        }.get(name, {})
+        if refs != want_refs:
+            fail(f"{name}: admin token references {refs}, expected {want_refs}")
         if name == "defaults":
             if "ConfigMap" not in kinds or "divvy.yaml" not in kinds["ConfigMap"]["data"]:
                 fail("defaults: the inline rules ConfigMap is missing")
@@ -136,7 +178,9 @@ def main():
                 fail(f"configFileName: args {args}")
             if kinds["PodDisruptionBudget"]["spec"].get("minAvailable") != 2:
                 fail("PDB minAvailable")
-        print(f"ok: {name}: lint clean, {len(kinds)} kinds rendered and valid")
+        if name == "registry-image" and pod.get("imagePullSecrets") != [{"name": "registry-credentials"}]:
+            fail(f"registry-image: imagePullSecrets {pod.get('imagePullSecrets')}")
+        print(f"ok: {name}: lint clean, {len(kinds)} kinds rendered and valid, image {container['image']}")
     print(f"{checked} manifests valid")
 
 

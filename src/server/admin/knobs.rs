@@ -1,11 +1,12 @@
 //! `GET /knobs`, `PUT /knobs/{label}`, `DELETE /knobs/{label}`.
 //!
 //! Changes need `Authorization: Bearer <token>` equal to `--admin-token`
-//! (compared in constant time): a wrong or missing token gets 401; a server
-//! started without a token refuses every change with 403. Reading stays
-//! open. Every change is logged with the label, old and new values and the
-//! caller's address (never the token) and counted in
-//! `divvy_knob_changes_total{action}`.
+//! (compared in constant time): a wrong or missing token gets 401, the read
+//! token (`--admin-read-token`) 403; a server started without an admin token
+//! refuses every change with 403. Reading needs a token only when a read
+//! token is set (see [`super::auth`]). Every change is logged with the
+//! label, old and new values and the caller's address (never the token) and
+//! counted in `divvy_knob_changes_total{action}`.
 
 use std::net::SocketAddr;
 
@@ -15,9 +16,8 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
-use sha2::{Digest, Sha256};
-use subtle::ConstantTimeEq;
 
+use super::auth::{count_failure, Caller};
 use super::render::{knob_json, limit_json};
 use super::state::AdminState;
 use crate::clock::now_ms;
@@ -27,37 +27,47 @@ use crate::observe::metrics::metrics;
 
 fn refuse(code: StatusCode, message: String) -> Response {
     metrics().knob_changes.with_label_values(&["refused"]).inc();
-    (code, Json(json!({"error": message}))).into_response()
+    let mut response = (code, Json(json!({"error": message}))).into_response();
+    if code == StatusCode::UNAUTHORIZED {
+        response.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            header::HeaderValue::from_static("Bearer"),
+        );
+    }
+    response
 }
 
 /// `None` when the caller may change knobs, else the refusal.
 fn authorize(state: &AdminState, headers: &HeaderMap) -> Option<Response> {
-    let Some(token) = &state.admin_token else {
+    if state.tokens.admin.is_none() {
         return Some(refuse(
             StatusCode::FORBIDDEN,
             "knob changes are disabled: start the server with --admin-token (or DIVVY_ADMIN_TOKEN) \
              and send it as `Authorization: Bearer <token>`"
                 .to_owned(),
         ));
-    };
-    let given = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split_once(' '))
-        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-        .map_or("", |(_, t)| t.trim());
-    // Hashes of equal length, compared in constant time: neither the
-    // token's bytes nor its length show in the time taken.
-    let digest = |t: &str| Sha256::digest(t.as_bytes());
-    if bool::from(digest(given).ct_eq(&digest(token))) {
-        None
-    } else {
-        Some(refuse(
-            StatusCode::UNAUTHORIZED,
-            "a knob change needs `Authorization: Bearer <token>` with the server's admin token"
-                .to_owned(),
-        ))
     }
+    let (code, reason, message) = match state.tokens.caller(headers) {
+        Caller::Admin => return None,
+        // Known, but only allowed to read.
+        Caller::Reader => (
+            StatusCode::FORBIDDEN,
+            "read_only",
+            "the read token can not change knobs; send the admin token",
+        ),
+        Caller::Missing => (
+            StatusCode::UNAUTHORIZED,
+            "missing",
+            "a knob change needs `Authorization: Bearer <token>` with the server's admin token",
+        ),
+        Caller::Wrong => (
+            StatusCode::UNAUTHORIZED,
+            "wrong",
+            "a knob change needs `Authorization: Bearer <token>` with the server's admin token",
+        ),
+    };
+    count_failure(reason);
+    Some(refuse(code, message.to_owned()))
 }
 
 fn status_of(e: &KnobError) -> StatusCode {

@@ -4,16 +4,18 @@
 //! `routes.rs` holds the routes and handlers (`/healthz`, `/readyz`,
 //! `/metrics`, `/config`, `/explain`, `POST /json`, `/knobs`), `knobs.rs`
 //! the knob changes (see [`crate::knobs`]; they need
-//! `Authorization: Bearer <--admin-token>`), `state.rs` the state they read,
-//! `render.rs` the JSON shapes of knobs and limits.
+//! `Authorization: Bearer <--admin-token>`), `auth.rs` the tokens and the
+//! layer that protects reads with `--admin-read-token`, `state.rs` the
+//! state they read, `render.rs` the JSON shapes of knobs and limits.
 
+pub mod auth;
 pub mod knobs;
 pub mod render;
 pub mod rlqs;
 pub mod routes;
 pub mod state;
 
-pub use routes::{router, serve_http};
+pub use routes::{router, serve_http, serve_https};
 pub use state::AdminState;
 
 /// Serves envoyproxy/ratelimit's Prometheus names

@@ -13,6 +13,7 @@ use axum::{Json, Router};
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
 
+use super::auth;
 use super::render::{knob_json, limit_json};
 use super::state::AdminState;
 use crate::limiter::{counter_op, knob_for};
@@ -22,7 +23,9 @@ use crate::server::headers::HeaderStyle;
 use crate::server::json::{format_response, parse_request};
 use crate::store::Charge;
 
-/// The admin routes; `metrics_path` is where Prometheus scrapes.
+/// The admin routes; `metrics_path` is where Prometheus scrapes. With a
+/// read token, one layer ([`auth::gate`]) protects every route, present and
+/// future, but the open list.
 pub fn router(state: AdminState, metrics_path: &str) -> Router {
     let mut router = Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
@@ -44,7 +47,15 @@ pub fn router(state: AdminState, metrics_path: &str) -> Router {
     if metrics_path != "/metrics" {
         router = router.route(metrics_path, get(prometheus));
     }
-    router.with_state(state)
+    let protect = state.tokens.read.is_some();
+    let gate = auth::Gate::new(state.tokens.clone(), metrics_path);
+    let router = router.with_state(state);
+    // Without a read token the layer would pass everything: leave it out.
+    if protect {
+        router.layer(axum::middleware::from_fn_with_state(gate, auth::gate))
+    } else {
+        router
+    }
 }
 
 /// Serves the admin API on `listener` until `shutdown` completes.
@@ -54,6 +65,27 @@ pub async fn serve_http(
     metrics_path: &str,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    axum::serve(
+        listener,
+        router(state, metrics_path).into_make_service_with_connect_info::<std::net::SocketAddr>(),
+    )
+    .with_graceful_shutdown(shutdown)
+    .await
+}
+
+/// Serves the admin API over TLS (with `tls`, its certificate rotating) on
+/// `listener` until `shutdown` completes.
+pub async fn serve_https(
+    listener: TcpListener,
+    tls: crate::server::tls::ServerTls,
+    state: AdminState,
+    metrics_path: &str,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    use axum::serve::ListenerExt;
+    // tap_io: axum gives `ConnectInfo<SocketAddr>` (the knob changes log
+    // it) for a listener of its own type or a tapped one.
+    let listener = crate::server::tls::TlsListener::new(listener, tls)?.tap_io(|_| {});
     axum::serve(
         listener,
         router(state, metrics_path).into_make_service_with_connect_info::<std::net::SocketAddr>(),

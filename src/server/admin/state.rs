@@ -17,8 +17,8 @@ pub struct AdminState {
     pub shutting_down: Arc<AtomicBool>,
     /// Whether readiness also requires the counter store to be in use.
     pub ready_requires_store: bool,
-    /// The token knob changes must carry; `None`: knob changes are refused.
-    pub admin_token: Option<Arc<str>>,
+    /// The admin token (reads and knob changes) and the read token.
+    pub tokens: super::auth::Tokens,
     /// The policy's governors (for `GET /governors`).
     pub governors: Arc<crate::governor::Governors>,
     /// Kept back from a `/json` caller's timeout header to answer in time.

@@ -7,8 +7,9 @@
 //! [`knobs`] and the region's [`global`] leases to it in one place and hands
 //! every counter to one [`store`] call (memory, or Redis behind a circuit
 //! breaker); the adapter formats what the limiter returned. Beside the core:
-//! [`sources`] (the policy file and ZooKeeper, feeding one reload path),
-//! [`quota`] (fair shares of a limit, used by [`global`]), [`governor`]
+//! [`sources`] (the policy file, ZooKeeper and xDS, feeding one install
+//! path), [`quota`] (fair shares of a limit, used by [`global`] and by the
+//! RLQS server in [`server`]), [`governor`]
 //! (sets knobs from Prometheus), [`observe`] (metrics and statsd), and the
 //! leaves [`pattern`] (globs) and [`clock`] (time). The binary allocates
 //! through [`allocator`] on the runtime [`runtime`] builds.

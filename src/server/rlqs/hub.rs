@@ -1,6 +1,6 @@
 //! Every RLQS stream of this process, its buckets and their assignments.
 //!
-//! Reports update a bucket's demand; [`Hub::recompute`] asks the limiter
+//! Reports update a bucket's demand; [`Hub::tick`] asks the limiter
 //! which limit decides each bucket, divides each limit's rate among the
 //! buckets (of every stream) that share its counter, and returns the
 //! assignments that changed, to be pushed. With the memory store this

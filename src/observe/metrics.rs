@@ -44,17 +44,8 @@ pub struct Metrics {
     /// `divvy_knobs_refreshed_timestamp_seconds`: last successful run of the knob refresh task
     /// (with Redis: the last time the shared knobs were read).
     pub knobs_refreshed: IntGauge,
-    /// `divvy_aux_rules`: aux rules (from ZooKeeper) in force.
-    pub aux_rules: IntGauge,
-    /// `divvy_aux_rules_refused_total`: aux rule sets refused as invalid.
-    pub aux_rules_refused: IntCounter,
-    /// `divvy_aux_rules_source_up`: 1 while the aux rules' source (ZooKeeper) answers.
-    pub aux_rules_source_up: IntGauge,
-    /// `divvy_xds_updates_total{result}`: xDS updates `accepted` (ACKed) and
-    /// `rejected` (NACKed, the previous set kept).
-    pub xds_updates: IntCounterVec,
-    /// `divvy_xds_stream_up`: 1 while the xDS stream to the control plane is open.
-    pub xds_stream_up: IntGauge,
+    /// The rule sources beside the policy file: ZooKeeper's aux rules, xDS.
+    pub sources: SourceMetrics,
     /// `divvy_ratelimit_stats_total{key,stat}`: envoyproxy/ratelimit's
     /// per-descriptor stats (`stat`: total_hits, over_limit, near_limit,
     /// within_limit, shadow_mode; `key`: `<domain>.<key_value path>`).
@@ -201,6 +192,53 @@ pub struct GlobalMetrics {
     pub renewals: IntCounterVec,
     /// `divvy_global_alive_timestamp_seconds`: last step of the lease task.
     pub alive: IntGauge,
+}
+
+/// The rule sources beside the policy file.
+pub struct SourceMetrics {
+    /// `divvy_aux_rules`: aux rules (from ZooKeeper) in force.
+    pub aux_rules: IntGauge,
+    /// `divvy_aux_rules_refused_total`: aux rule sets refused as invalid.
+    pub aux_rules_refused: IntCounter,
+    /// `divvy_aux_rules_source_up`: 1 while the aux rules' source (ZooKeeper) answers.
+    pub aux_rules_source_up: IntGauge,
+    /// `divvy_xds_updates_total{result}`: xDS updates `accepted` (ACKed) and
+    /// `rejected` (NACKed, the previous set kept).
+    pub xds_updates: IntCounterVec,
+    /// `divvy_xds_stream_up`: 1 while the xDS stream to the control plane is open.
+    pub xds_stream_up: IntGauge,
+}
+
+impl SourceMetrics {
+    fn new(r: &Registry) -> SourceMetrics {
+        let aux_rules_refused = IntCounter::new(
+            "divvy_aux_rules_refused_total",
+            "Aux rule sets refused as invalid (the previous ones stay)",
+        )
+        .expect("static metric definition");
+        r.register(Box::new(aux_rules_refused.clone()))
+            .expect("unique metric name");
+        SourceMetrics {
+            aux_rules: gauge(r, "divvy_aux_rules", "Aux rules (from ZooKeeper) in force"),
+            aux_rules_refused,
+            aux_rules_source_up: gauge(
+                r,
+                "divvy_aux_rules_source_up",
+                "1 while the aux rules' source (ZooKeeper) answers",
+            ),
+            xds_updates: counter_vec(
+                r,
+                "divvy_xds_updates_total",
+                "xDS updates of rate-limit configuration: accepted (ACKed) or rejected (NACKed; the previous set stays)",
+                &["result"],
+            ),
+            xds_stream_up: gauge(
+                r,
+                "divvy_xds_stream_up",
+                "1 while the xDS stream to the control plane is open",
+            ),
+        }
+    }
 }
 
 /// Envoy's Rate Limit Quota Service.
@@ -555,32 +593,7 @@ impl Metrics {
                 "divvy_knobs_refreshed_timestamp_seconds",
                 "Unix time of the last successful knob refresh (with Redis: the last read of the shared knobs)",
             ),
-            aux_rules: gauge(&r, "divvy_aux_rules", "Aux rules (from ZooKeeper) in force"),
-            aux_rules_refused: {
-                let c = IntCounter::new(
-                    "divvy_aux_rules_refused_total",
-                    "Aux rule sets refused as invalid (the previous ones stay)",
-                )
-                .expect("static metric definition");
-                r.register(Box::new(c.clone())).expect("unique metric name");
-                c
-            },
-            aux_rules_source_up: gauge(
-                &r,
-                "divvy_aux_rules_source_up",
-                "1 while the aux rules' source (ZooKeeper) answers",
-            ),
-            xds_updates: counter_vec(
-                &r,
-                "divvy_xds_updates_total",
-                "xDS updates of rate-limit configuration: accepted (ACKed) or rejected (NACKed; the previous set stays)",
-                &["result"],
-            ),
-            xds_stream_up: gauge(
-                &r,
-                "divvy_xds_stream_up",
-                "1 while the xDS stream to the control plane is open",
-            ),
+            sources: SourceMetrics::new(&r),
             envoy_stats: counter_vec(
                 &r,
                 "divvy_ratelimit_stats_total",

@@ -127,6 +127,7 @@ impl RuleSources {
 
 fn set_aux_gauge(n: usize) {
     metrics()
+        .sources
         .aux_rules
         .set(i64::try_from(n).unwrap_or(i64::MAX));
 }

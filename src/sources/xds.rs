@@ -100,7 +100,7 @@ pub fn spawn(options: XdsOptions, sources: Arc<RuleSources>) -> tokio::task::Joi
                     answered
                 }
             };
-            metrics().xds_stream_up.set(0);
+            metrics().sources.xds_stream_up.set(0);
             if answered {
                 wait = options.backoff_initial;
             }
@@ -143,7 +143,7 @@ async fn stream(options: &XdsOptions, sources: &RuleSources) -> Result<bool, (bo
         .await
         .map_err(stream_err(false))?
         .into_inner();
-    metrics().xds_stream_up.set(1);
+    metrics().sources.xds_stream_up.set(1);
     tracing::info!(server = %options.server, node = %options.node_id, "xDS stream open");
     let mut accepted = String::new();
     let mut answered = false;
@@ -151,13 +151,21 @@ async fn stream(options: &XdsOptions, sources: &RuleSources) -> Result<bool, (bo
         answered = true;
         let error = match install(&response, sources) {
             Ok(domains) => {
-                metrics().xds_updates.with_label_values(&["accepted"]).inc();
+                metrics()
+                    .sources
+                    .xds_updates
+                    .with_label_values(&["accepted"])
+                    .inc();
                 tracing::info!(version = %response.version_info, domains, "xDS configuration installed");
                 accepted.clone_from(&response.version_info);
                 None
             }
             Err(message) => {
-                metrics().xds_updates.with_label_values(&["rejected"]).inc();
+                metrics()
+                    .sources
+                    .xds_updates
+                    .with_label_values(&["rejected"])
+                    .inc();
                 tracing::warn!(version = %response.version_info, error = %message, "xDS configuration rejected; the previous one stays");
                 Some(message)
             }

@@ -44,7 +44,7 @@ pub fn spawn(options: ZkOptions, sources: Arc<RuleSources>) -> tokio::task::Join
                     follow_session(&client);
                     tracing::info!(hosts = %options.hosts, path = %options.path, "watching ZooKeeper for aux rules");
                     watch(&client, &options.path, &sources, &mut applied).await;
-                    metrics().aux_rules_source_up.set(0);
+                    metrics().sources.aux_rules_source_up.set(0);
                 }
                 Ok(Err(e)) => {
                     tracing::warn!(hosts = %options.hosts, "ZooKeeper unreachable ({e}); keeping the last aux rules, retrying in {backoff:?}");
@@ -70,7 +70,7 @@ fn follow_session(client: &zk::Client) {
                 state,
                 zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly
             );
-            metrics().aux_rules_source_up.set(i64::from(up));
+            metrics().sources.aux_rules_source_up.set(i64::from(up));
             if !up {
                 tracing::warn!(%state, "ZooKeeper connection lost; keeping the last aux rules");
             }
@@ -108,7 +108,7 @@ async fn watch(
                 }
             },
         };
-        metrics().aux_rules_source_up.set(1);
+        metrics().sources.aux_rules_source_up.set(1);
         if let Some(data) = data {
             apply(&data, stat.is_some(), sources, applied);
         }
@@ -151,7 +151,7 @@ fn apply(data: &[u8], exists: bool, sources: &RuleSources, applied: &mut Option<
             *applied = Some(hash);
         }
         Err(e) => {
-            metrics().aux_rules_refused.inc();
+            metrics().sources.aux_rules_refused.inc();
             tracing::error!("aux rules from ZooKeeper refused; the previous ones stay: {e}");
             // The same bad data is reported once, not at every safety-net
             // read; a new policy file tries it again (RuleSources).

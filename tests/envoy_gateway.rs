@@ -320,4 +320,11 @@ async fn a_client_certificate_from_another_ca_fails_and_envoy_denies() {
     let proxy = start_envoy(&certs, server.grpc.port(), upstream);
     // failure_mode_deny: the rate-limit call fails, Envoy answers 500.
     assert_eq!(statuses(proxy.ports[0], "/cidr", &[], 2).0, [500, 500]);
+    // Because divvy refused Envoy's handshake, not for any other failure.
+    let refused = server
+        .metric_samples()
+        .get("divvy_tls_handshake_failures_total{port=\"grpc\",reason=\"error\"}")
+        .copied()
+        .unwrap_or(0.0);
+    assert!(refused >= 1.0, "no refused handshake counted");
 }

@@ -322,7 +322,7 @@ fn redis_args(env: &Env, args: &mut Vec<String>) -> Result<(), Unsupported> {
     };
     args.extend(["--redis-url".into(), url]);
     if let Some(t) = env.get("REDIS_TIMEOUT").filter(|v| !v.is_empty()) {
-        let ms = crate_duration_ms(t)
+        let ms = divvy::config::duration::parse_millis(t)
             .ok_or_else(|| unsupported("REDIS_TIMEOUT", t, "a duration such as 100ms or 2s"))?;
         args.extend(["--redis-timeout-ms".into(), ms.to_string()]);
     }
@@ -336,11 +336,6 @@ fn percent_user_pass(auth: &str) -> String {
         Some((user, pass)) => format!("{}:{}", enc(user), enc(pass)),
         None => format!(":{}", enc(auth)),
     }
-}
-
-/// A Go duration (`500ms`, `2s`, `1m`) in milliseconds.
-fn crate_duration_ms(text: &str) -> Option<u64> {
-    divvy::config::duration::parse_millis(text)
 }
 
 fn statsd_args(env: &Env, args: &mut Vec<String>) -> Result<(), Unsupported> {

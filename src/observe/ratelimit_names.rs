@@ -9,11 +9,20 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 
 use prometheus::core::Collector;
+use prometheus::proto::MetricFamily;
 
 use super::metrics::metrics;
 
 /// The exposition in Prometheus' text format.
 pub fn render() -> String {
+    let families = metrics().gather();
+    let label_sum = |family: &str, label: &str, value: &str| -> f64 {
+        samples(&families, family, label)
+            .into_iter()
+            .filter(|(v, _)| v == value)
+            .map(|(_, n)| n)
+            .sum()
+    };
     let mut out = String::new();
     descriptor_stats(&mut out);
     counter(
@@ -30,7 +39,7 @@ pub fn render() -> String {
         label_sum("divvy_reloads_total", "result", "failure")
             + label_sum("divvy_xds_updates_total", "result", "rejected"),
     );
-    let errors = samples("divvy_errors_total", "code");
+    let errors = samples(&families, "divvy_errors_total", "code");
     let _ = writeln!(
         out,
         "# TYPE ratelimit_service_should_rate_limit_error counter"
@@ -142,11 +151,10 @@ fn counter(out: &mut String, name: &str, help: &str, value: f64) {
     );
 }
 
-/// Every sample of divvy's counter `family`, by the value of `label`.
-fn samples(family: &str, label: &str) -> Vec<(String, f64)> {
-    metrics()
-        .gather()
-        .into_iter()
+/// Every sample of divvy's counter `family` in `families`, by the value of `label`.
+fn samples(families: &[MetricFamily], family: &str, label: &str) -> Vec<(String, f64)> {
+    families
+        .iter()
         .filter(|f| f.name() == family)
         .flat_map(|f| {
             f.get_metric()
@@ -163,14 +171,6 @@ fn samples(family: &str, label: &str) -> Vec<(String, f64)> {
                 .collect::<Vec<_>>()
         })
         .collect()
-}
-
-fn label_sum(family: &str, label: &str, value: &str) -> f64 {
-    samples(family, label)
-        .into_iter()
-        .filter(|(v, _)| v == value)
-        .map(|(_, n)| n)
-        .sum()
 }
 
 fn escape(v: &str) -> String {

@@ -41,3 +41,24 @@ pub fn now_ms() -> u64 {
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
+
+/// A clock the unit tests move by hand (ms since the epoch).
+#[cfg(test)]
+#[derive(Default)]
+pub(crate) struct ManualClock(std::sync::atomic::AtomicU64);
+
+#[cfg(test)]
+impl ManualClock {
+    /// Moves the clock on by `d`.
+    pub(crate) fn advance(&self, d: Duration) {
+        let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        self.0.fetch_add(ms, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+#[cfg(test)]
+impl Clock for ManualClock {
+    fn now(&self) -> Duration {
+        Duration::from_millis(self.0.load(std::sync::atomic::Ordering::SeqCst))
+    }
+}

@@ -407,9 +407,9 @@ impl Store for MemoryStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::clock::ManualClock;
     use crate::store::Algorithm;
     use proptest::prelude::*;
-    use std::sync::atomic::{AtomicU64, Ordering};
 
     proptest! {
         /// Both of `same_ids`' branches (up to 16 ids, and the hash table
@@ -426,22 +426,6 @@ mod tests {
                 .map(|id| ids.iter().position(|o| o == id).unwrap_or(usize::MAX))
                 .collect();
             prop_assert_eq!(same_ids(&ids), naive);
-        }
-    }
-
-    /// A clock the test moves by hand (ms since the epoch).
-    #[derive(Default)]
-    struct ManualClock(AtomicU64);
-
-    impl ManualClock {
-        fn advance(&self, d: Duration) {
-            self.0.fetch_add(d.as_millis() as u64, Ordering::SeqCst);
-        }
-    }
-
-    impl Clock for ManualClock {
-        fn now(&self) -> Duration {
-            Duration::from_millis(self.0.load(Ordering::SeqCst))
         }
     }
 

@@ -2,7 +2,6 @@
 //! renewals, pushes on a knob change, abandons after a reload.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,27 +16,12 @@ use tokio::sync::mpsc;
 
 use super::hub::Outbound;
 use super::{Hub, RlqsError, RlqsSettings};
-use crate::clock::Clock;
+use crate::clock::ManualClock;
 use crate::config::{no_policy, parse_str, Format};
 use crate::knobs::{Knob, Knobs};
 use crate::limiter::Limiter;
 use crate::rules::RuleSet;
 use crate::store::MemoryStore;
-
-#[derive(Default)]
-struct ManualClock(AtomicU64);
-
-impl ManualClock {
-    fn advance(&self, d: Duration) {
-        self.0.fetch_add(d.as_millis() as u64, Ordering::SeqCst);
-    }
-}
-
-impl Clock for ManualClock {
-    fn now(&self) -> Duration {
-        Duration::from_millis(self.0.load(Ordering::SeqCst))
-    }
-}
 
 const POLICY: &str = r#"
 overrides:

@@ -11,6 +11,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use common::envoy::{self, header, upstream, Envoy};
+use common::redis::Redis;
 use common::{http_request, Server};
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
@@ -332,6 +333,118 @@ fn blanket_rules(server: &Server, port: u16) {
         free[0]["assignment"]["kind"],
         free[0]["rule"]
     );
+}
+
+/// Two replicas on one real redis-server, each Envoy streaming to its own
+/// replica: user a's total stays within the limit; a replica that dies
+/// gives its share back to the other within two of Envoy's reports.
+#[test]
+fn two_replicas_share_a_users_limit_through_redis() {
+    let redis = Redis::start();
+    let url = redis.url();
+    let r1 = divvy(&["--redis-url", &url]);
+    let r2 = divvy(&["--redis-url", &url]);
+    let upstream = upstream("hello\n");
+    let e1 = start_envoy(r1.grpc.port(), upstream);
+    let e2 = start_envoy(r2.grpc.port(), upstream);
+    let run = Duration::from_secs(20);
+    let go = Arc::new(Barrier::new(2));
+    let a1 = drive(e1.ports[0], &[("x-user", "a")], 30.0, run, go.clone());
+    let a2 = drive(e2.ports[0], &[("x-user", "a")], 30.0, run, go);
+    let (a1, a2) = (a1.join().unwrap().1, a2.join().unwrap().1);
+    let (n1, n2) = (ok_between(&a1, 10.0, 20.0), ok_between(&a2, 10.0, 20.0));
+    println!("user a from 10 s to 20 s: {n1} 200s through replica 1, {n2} through replica 2");
+    within_limit("user a, two replicas", n1 + n2, 20.0, 10.0, 20.0);
+    let view = rlqs(&r1);
+    assert_eq!(view["sharing"]["replicas"], true, "{view:#}");
+    let holders = buckets(&view, "user", "a")[0]["replicaShares"][0].clone();
+    println!("replica 1 sees user a's holders: {holders}");
+    assert_eq!(
+        holders.as_str().map(|h| h.split(' ').count()),
+        Some(2),
+        "{view:#}"
+    );
+    // Replica 2 dies: replica 1's Envoy gets the whole rate back.
+    drop(r2);
+    let died = Instant::now();
+    let whole = loop {
+        let a = buckets(&rlqs(&r1), "user", "a");
+        let share = a[0]["assignment"]["perSecond"].as_f64().unwrap_or(0.0);
+        if share >= 18.0 || died.elapsed() > Duration::from_secs(10) {
+            break share;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    println!(
+        "replica 1's share of user a {whole}/s, {:?} after replica 2 died",
+        died.elapsed()
+    );
+    assert!(whole >= 18.0, "share {whole} after {:?}", died.elapsed());
+    let m = r1.metric_samples();
+    let ok = m.get("divvy_rlqs_replica_renewals_total{result=\"ok\"}");
+    assert!(ok.copied().unwrap_or(0.0) > 10.0, "{m:?}");
+    drop((e1, e2));
+}
+
+/// divvy stops: once its assignments expire Envoy follows its
+/// `expired_assignment_behavior` (allow all, in examples/rlqs); divvy
+/// back on the same port: Envoy reconnects with its next report and the
+/// limit holds again within two reports.
+#[test]
+fn envoy_falls_back_while_divvy_is_down_and_is_limited_again_when_it_returns() {
+    let port = common::free_port();
+    let start = || {
+        let mut command = std::process::Command::new(common::binary());
+        command
+            .arg("serve")
+            .arg("--config")
+            .arg(root().join("examples/rlqs/config/divvy.yaml"))
+            .args(["--grpc-addr", &format!("127.0.0.1:{port}")])
+            .args(["--line-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+            .args(["--rlqs-assignment-ttl", "4s"])
+            .env("DIVVY_LOG", "info");
+        Server::spawn(command)
+    };
+    let upstream = upstream("hello\n");
+    let server = start();
+    let envoy = start_envoy(port, upstream);
+    let go = Arc::new(Barrier::new(2));
+    let a = drive(
+        envoy.ports[0],
+        &[("x-user", "a")],
+        30.0,
+        Duration::from_secs(32),
+        go.clone(),
+    );
+    go.wait();
+    let t0 = Instant::now();
+    std::thread::sleep(Duration::from_secs(8));
+    drop(server);
+    std::thread::sleep(Duration::from_secs(16).saturating_sub(t0.elapsed()));
+    let back = t0.elapsed().as_secs_f64();
+    let server = start();
+    let sent = a.join().unwrap().1;
+    let limited = ok_between(&sent, 3.0, 8.0);
+    let down = ok_between(&sent, 13.0, 16.0);
+    let again = sent
+        .iter()
+        .find(|(t, s, _)| *t >= back && *s == 429)
+        .map(|(t, _, _)| t - back);
+    println!("user a at 30/s: {limited} 200s in 3–8 s (divvy up), {down} in 13–16 s (divvy down), first 429 {again:?} s after divvy came back at {back:.1} s");
+    within_limit("divvy up", limited, 20.0, 5.0, 20.0);
+    assert!(
+        down as f64 >= 0.95 * 30.0 * 3.0,
+        "{down} of 90 allowed while down"
+    );
+    let again = again.expect("limited again after divvy came back");
+    assert!(
+        again <= 11.0,
+        "limited again {again} s after divvy came back"
+    );
+    let last = ok_between(&sent, back + again + 1.0, 32.0);
+    let secs = 32.0 - (back + again + 1.0);
+    within_limit("divvy back", last, 20.0, secs, 20.0);
+    drop((server, envoy));
 }
 
 fn usage(user: usize) -> BucketQuotaUsage {

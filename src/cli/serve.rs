@@ -471,7 +471,7 @@ async fn run(args: ServeArgs, policy: Policy, hash: String) -> anyhow::Result<()
     // Governors elect one replica per rule through the counters' Redis.
     let governors = Arc::new(Governors::new(
         limiter.clone(),
-        parts.redis,
+        parts.redis.clone(),
         args.prometheus_url.clone().filter(|u| !u.is_empty()),
     ));
     governors.spawn();
@@ -482,14 +482,7 @@ async fn run(args: ServeArgs, policy: Policy, hash: String) -> anyhow::Result<()
         divvy::server::admin::spawn_ratelimit_metrics(&addr, &path).await?;
     }
     init_statsd(&args);
-    let rlqs = Arc::new(divvy::server::rlqs::Hub::new(
-        limiter.clone(),
-        divvy::server::rlqs::RlqsSettings {
-            assignment_ttl: args.rlqs_assignment_ttl.max(Duration::from_secs(1)),
-            max_buckets_per_stream: args.rlqs_max_buckets_per_stream.max(1),
-        },
-        Arc::new(divvy::clock::SystemClock::default()),
-    ));
+    let rlqs = Arc::new(rlqs_hub(&args, &limiter, parts.redis));
     let admin = AdminState {
         limiter: limiter.clone(),
         status: reloader.status(),
@@ -511,6 +504,32 @@ async fn run(args: ServeArgs, policy: Policy, hash: String) -> anyhow::Result<()
         info!("--admin-read-token: admin reads need a token (health, readiness and metrics stay open)");
     }
     serve_until_shutdown(&args, listeners, limiter, admin).await
+}
+
+/// The RLQS streams' hub; with the counters' Redis, limits are shared
+/// with the other replicas through it.
+fn rlqs_hub(
+    args: &ServeArgs,
+    limiter: &Arc<Limiter>,
+    redis: Option<fred::prelude::Client>,
+) -> divvy::server::rlqs::Hub {
+    use divvy::server::rlqs::{replicas::Replicas, Hub, RlqsSettings};
+    let hub = Hub::new(
+        limiter.clone(),
+        RlqsSettings {
+            assignment_ttl: args.rlqs_assignment_ttl.max(Duration::from_secs(1)),
+            max_buckets_per_stream: args.rlqs_max_buckets_per_stream.max(1),
+        },
+        Arc::new(divvy::clock::SystemClock::default()),
+    );
+    match redis {
+        Some(client) => {
+            let replicas = Arc::new(Replicas::new(client));
+            info!(holder = %replicas.holder(), "RLQS limits shared with the other replicas through Redis");
+            hub.with_replicas(replicas)
+        }
+        None => hub,
+    }
 }
 
 /// The admin and read tokens (empty means unset); the same text for both

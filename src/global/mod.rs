@@ -14,6 +14,8 @@
 mod regional;
 mod renew;
 
+pub(crate) use renew::parse_grants;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};

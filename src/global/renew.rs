@@ -15,7 +15,7 @@ use crate::store::redis::evalsha_or_load;
 
 /// Why a renewal gave no leases: the region falls back to conservative quotas.
 #[derive(Debug, thiserror::Error)]
-pub(super) enum RenewError {
+pub(crate) enum RenewError {
     /// The global store answered with an error.
     #[error("{0}")]
     Store(#[from] fred::error::Error),
@@ -32,7 +32,7 @@ pub(super) enum RenewError {
 
 /// What the renewal script answers for one counter (four values).
 #[derive(Debug, Clone, PartialEq)]
-pub(super) struct Grant {
+pub(crate) struct Grant {
     /// The region's grant, in credits per second.
     pub rate: f64,
     /// What the region would get once the others have renewed.
@@ -53,7 +53,7 @@ impl Grant {
 
 /// The script's reply for `counters` counters, in the order they were sent.
 /// A number that does not parse reads as 0 (the script sends only numbers).
-pub(super) fn parse_grants(raw: &[String], counters: usize) -> Result<Vec<Grant>, RenewError> {
+pub(crate) fn parse_grants(raw: &[String], counters: usize) -> Result<Vec<Grant>, RenewError> {
     let malformed = || RenewError::Malformed { values: raw.len() };
     if raw.len() != counters * 4 {
         return Err(malformed());

@@ -253,6 +253,8 @@ pub struct RlqsMetrics {
     pub assignments: IntCounterVec,
     /// `divvy_rlqs_allocated_timestamp_seconds`: last run of the RLQS allocation task.
     pub allocated: IntGauge,
+    /// `divvy_rlqs_replica_renewals_total{result}`: renewals of this replica's shares through Redis (ok, failed).
+    pub replica_renewals: IntCounterVec,
 }
 
 impl RlqsMetrics {
@@ -265,6 +267,12 @@ impl RlqsMetrics {
                 "divvy_rlqs_reported_total",
                 "Requests Envoy's rate_limit_quota filter reported, by deciding rule and outcome (allowed, denied)",
                 &["rule", "outcome"],
+            ),
+            replica_renewals: counter_vec(
+                r,
+                "divvy_rlqs_replica_renewals_total",
+                "Renewals of this replica's shares of RLQS limits through Redis, by result (ok, failed)",
+                &["result"],
             ),
             assignments: counter_vec(
                 r,

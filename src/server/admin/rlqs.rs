@@ -1,6 +1,8 @@
 //! `GET /rlqs`: the Rate Limit Quota Service's streams, their buckets, the
 //! rule deciding each bucket and its current assignment.
 
+use std::sync::Arc;
+
 use axum::extract::State;
 use axum::Json;
 use serde_json::{json, Value};
@@ -9,6 +11,7 @@ use super::state::AdminState;
 use crate::limiter::BucketLimit;
 use crate::server::rlqs::assign::Assignment;
 use crate::server::rlqs::hub::Bucket;
+use crate::server::rlqs::replicas::Replicas;
 
 /// Every stream of this replica with its buckets.
 pub async fn list(State(s): State<AdminState>) -> Json<Value> {
@@ -26,7 +29,7 @@ pub async fn list(State(s): State<AdminState>) -> Json<Value> {
                     "peer": st.peer,
                     "domain": st.domain,
                     "openSeconds": now.saturating_sub(st.opened_at).as_secs(),
-                    "buckets": st.buckets.iter().map(|(key, b)| bucket_json(key, b, now)).collect::<Vec<_>>(),
+                    "buckets": st.buckets.iter().map(|(key, b)| bucket_json(key, b, now, hub.replicas())).collect::<Vec<_>>(),
                 })
             })
             .collect()
@@ -34,12 +37,20 @@ pub async fn list(State(s): State<AdminState>) -> Json<Value> {
     Json(json!({
         "assignmentTtlSeconds": settings.assignment_ttl.as_secs(),
         "maxBucketsPerStream": settings.max_buckets_per_stream,
-        "sharing": "this replica divides each limit among its own streams",
+        "sharing": match hub.replicas() {
+            Some(r) => json!({ "replicas": true, "holder": r.holder() }),
+            None => json!({ "replicas": false }),
+        },
         "streams": streams,
     }))
 }
 
-fn bucket_json(key: &[(String, String)], b: &Bucket, now: std::time::Duration) -> Value {
+fn bucket_json(
+    key: &[(String, String)],
+    b: &Bucket,
+    now: std::time::Duration,
+    replicas: Option<&Arc<Replicas>>,
+) -> Value {
     let id: serde_json::Map<String, Value> = key
         .iter()
         .map(|(k, v)| (k.clone(), Value::from(v.as_str())))
@@ -52,6 +63,13 @@ fn bucket_json(key: &[(String, String)], b: &Bucket, now: std::time::Duration) -
         Some(BucketLimit::AllowAll { .. }) => vec!["always allow".to_owned()],
         Some(BucketLimit::NoLimit) | None => Vec::new(),
     };
+    // Each limit's holders and their shares (`holder=grant ...`).
+    let replica_shares: Option<Vec<Option<String>>> = match (&b.limit, replicas) {
+        (Some(BucketLimit::Rates { rates, .. }), Some(r)) => {
+            Some(rates.iter().map(|l| r.view(&l.key)).collect())
+        }
+        _ => None,
+    };
     json!({
         "bucket": id,
         "rule": b.limit.as_ref().map(|l| l.rule()).filter(|r| !r.is_empty()),
@@ -59,6 +77,7 @@ fn bucket_json(key: &[(String, String)], b: &Bucket, now: std::time::Duration) -
         "demand": b.demand,
         "reportedSecondsAgo": now.saturating_sub(b.reported_at).as_secs(),
         "assignment": b.sent.map(|(a, _)| assignment_json(&a)),
+        "replicaShares": replica_shares,
     })
 }
 

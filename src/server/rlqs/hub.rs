@@ -3,9 +3,10 @@
 //! Reports update a bucket's demand; [`Hub::tick`] asks the limiter
 //! which limit decides each bucket, divides each limit's rate among the
 //! buckets (of every stream) that share its counter, and returns the
-//! assignments that changed, to be pushed. With the memory store this
-//! process divides each rate among its own streams only: replicas do not
-//! share demand.
+//! assignments that changed, to be pushed. With [`Replicas`] (the Redis
+//! store) each rate is first shared among the replicas by their streams'
+//! demand; with the memory store this process divides each whole rate
+//! among its own streams.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -19,6 +20,7 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
 use tokio::sync::mpsc;
 
 use super::assign::{abandon, allocate, Assignment, Claim};
+use super::replicas::{Ask, Replicas};
 use super::{RlqsError, RlqsSettings, MAX_BUCKET_ID_BYTES, MAX_BUCKET_ID_ENTRIES};
 use crate::clock::Clock;
 use crate::limiter::{BucketLimit, Limiter};
@@ -77,6 +79,8 @@ pub struct Hub {
     state: Mutex<Streams>,
     /// A report came since the last recompute.
     dirty: AtomicBool,
+    /// The other replicas, when limits are shared with them.
+    replicas: Option<Arc<Replicas>>,
 }
 
 /// A bucket's claim on one limit counter: where it is and what it wants.
@@ -101,7 +105,40 @@ impl Hub {
             clock,
             state: Mutex::new(Streams::default()),
             dirty: AtomicBool::new(false),
+            replicas: None,
         }
+    }
+
+    /// The same hub, sharing each limit with the other replicas.
+    pub fn with_replicas(mut self, replicas: Arc<Replicas>) -> Hub {
+        self.replicas = Some(replicas);
+        self
+    }
+
+    /// The replicas limits are shared with, if any.
+    pub fn replicas(&self) -> Option<&Arc<Replicas>> {
+        self.replicas.as_ref()
+    }
+
+    /// What this replica asks of each limit counter its streams report:
+    /// the summed demand of its buckets (a bucket not measured yet may
+    /// want the whole rate).
+    pub fn asks(&self) -> Vec<Ask> {
+        let s = self.lock();
+        let mut asks: Vec<Ask> = groups(&s)
+            .into_iter()
+            .map(|(counter, g)| Ask {
+                demand: g
+                    .claimants
+                    .iter()
+                    .map(|c| c.claim.demand.unwrap_or(g.rate))
+                    .sum(),
+                rate: g.rate,
+                counter,
+            })
+            .collect();
+        asks.sort_by(|a, b| a.counter.cmp(&b.counter));
+        asks
     }
 
     /// The settings.
@@ -246,8 +283,12 @@ impl Hub {
             });
         }
         for (counter, group) in groups(s) {
+            let rate = self
+                .replicas
+                .as_ref()
+                .map_or(group.rate, |r| r.share(&counter, group.rate));
             let claims: Vec<Claim> = group.claimants.iter().map(|c| c.claim).collect();
-            let shares = allocate(group.rate, &claims);
+            let shares = allocate(rate, &claims);
             for (c, share) in group.claimants.iter().zip(shares) {
                 if let Some(b) = bucket_mut(s, c.stream, &c.bucket) {
                     b.held.insert(counter.clone(), share);

@@ -7,11 +7,13 @@
 //! divides each limit's rate among the streams reporting it, max-min fair
 //! by demand ([`assign`]). Changed assignments are pushed by one background
 //! task ([`spawn`]) within a second of a knob, a reload or a shift in
-//! demand. With the memory store each replica divides a limit among its own
-//! streams only; sharing through Redis across replicas is not done yet.
+//! demand. With the Redis store the replicas first share each limit by
+//! their streams' demand ([`replicas`]); with the memory store each
+//! replica divides a limit among its own streams only.
 
 pub mod assign;
 pub mod hub;
+pub mod replicas;
 #[cfg(test)]
 mod tests;
 
@@ -169,14 +171,26 @@ pub fn spawn(hub: Arc<Hub>, shutdown: impl Future<Output = ()> + Send + 'static)
     tokio::spawn(async move {
         let mut seen = Seen::of(&hub);
         let mut last = tokio::time::Instant::now();
+        let mut shared = tokio::time::Instant::now();
         loop {
             tokio::select! {
                 () = &mut shutdown => break,
                 () = tokio::time::sleep(Duration::from_millis(100)) => {}
             }
             let now_seen = Seen::of(&hub);
-            let reported = hub.take_dirty();
-            if reported || now_seen != seen || last.elapsed() >= Duration::from_secs(1) {
+            let mut due = hub.take_dirty();
+            if let Some(replicas) = hub.replicas() {
+                let asks = hub.asks();
+                let new = asks.iter().any(|a| replicas.lacks(&a.counter));
+                if new || shared.elapsed() >= replicas::PERIOD {
+                    shared = tokio::time::Instant::now();
+                    if !asks.is_empty() {
+                        replicas.renew(&asks).await;
+                        due = true;
+                    }
+                }
+            }
+            if due || now_seen != seen || last.elapsed() >= Duration::from_secs(1) {
                 seen = now_seen;
                 last = tokio::time::Instant::now();
                 hub.tick();

@@ -317,3 +317,31 @@ fn buckets_past_the_bound_and_oversized_ids_are_refused() {
         .unwrap_err();
     assert!(matches!(err, RlqsError::NoDomain), "{err}");
 }
+
+#[test]
+fn a_replica_asks_for_each_limit_counter_with_its_streams_summed_demand() {
+    let s = setup(100);
+    let (one, _rx1) = open(&s.hub);
+    let (two, _rx2) = open(&s.hub);
+    report_tick(&s.hub, one, vec![usage(&[("user", "a")], 0, 1, 0)]);
+    report_tick(&s.hub, two, vec![usage(&[("user", "a")], 0, 1, 0)]);
+    // Not measured yet: each bucket may want the whole rate.
+    let asks = s.hub.asks();
+    assert_eq!(asks.len(), 1, "{asks:?}");
+    assert_eq!((asks[0].rate, asks[0].demand), (20.0, 40.0));
+    s.clock.advance(Duration::from_secs(5));
+    report_tick(&s.hub, one, vec![usage(&[("user", "a")], 5, 25, 0)]);
+    report_tick(&s.hub, two, vec![usage(&[("user", "a")], 5, 50, 200)]);
+    let asks = s.hub.asks();
+    assert!((asks[0].demand - 55.0).abs() < 1e-9, "{asks:?}");
+    // Blanket rules and unlimited buckets ask for nothing.
+    report_tick(
+        &s.hub,
+        one,
+        vec![
+            usage(&[("user", "zero")], 0, 1, 0),
+            usage(&[("other", "x")], 0, 1, 0),
+        ],
+    );
+    assert_eq!(s.hub.asks().len(), 1);
+}

@@ -1,0 +1,173 @@
+//! Sharing each limit among divvy replicas through the counters' Redis.
+//!
+//! Every replica is a holder of a lease on each limit counter its streams
+//! report, renewed by the renewal script of global quotas
+//! (`store/lua/global_renew.lua`, the arithmetic of [`crate::quota`]): it
+//! sends the summed demand of its streams and is granted its share of the
+//! rate, which the hub then divides among its own streams. Live grants
+//! never sum above the rate; a replica that stops renewing gives its share
+//! back when its lease lapses ([`LEASE_LIFE`]).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use fred::prelude::Client;
+
+use super::assign::{FLOOR, HEADROOM};
+use crate::global::{parse_grants, RENEW_SCRIPT};
+use crate::observe::metrics::metrics;
+use crate::store::redis::evalsha_or_load;
+
+/// How often a replica renews its shares (sooner when a new limit appears).
+pub const PERIOD: Duration = Duration::from_millis(500);
+/// How long a share lives in Redis without renewal: three periods.
+pub const LEASE_LIFE: Duration = Duration::from_millis(1500);
+/// How long a renewal may take before the replica keeps its last shares.
+const TIMEOUT: Duration = Duration::from_millis(250);
+
+/// What this replica asks for one limit counter.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Ask {
+    /// The counter's key (as the store keeps it).
+    pub counter: String,
+    /// The limit's whole rate, credits per second.
+    pub rate: f64,
+    /// The summed demand of this replica's streams, credits per second.
+    pub demand: f64,
+}
+
+/// This replica's side of the sharing.
+pub struct Replicas {
+    client: Client,
+    holder: String,
+    sha: String,
+    /// Counter → this replica's share of its rate.
+    grants: Mutex<HashMap<String, f64>>,
+    /// Counter → every live holder's share (`holder=grant ...`), for `GET /rlqs`.
+    views: Mutex<HashMap<String, String>>,
+    failing: AtomicBool,
+}
+
+impl Replicas {
+    /// Sharing through `client`, as this process (`host:pid`).
+    pub fn new(client: Client) -> Replicas {
+        let host = std::env::var("HOSTNAME")
+            .ok()
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| "localhost".to_owned());
+        Replicas {
+            client,
+            holder: format!("{host}:{}", std::process::id()),
+            sha: fred::util::sha1_hash(RENEW_SCRIPT),
+            grants: Mutex::new(HashMap::new()),
+            views: Mutex::new(HashMap::new()),
+            failing: AtomicBool::new(false),
+        }
+    }
+
+    /// This replica's name among the holders.
+    pub fn holder(&self) -> &str {
+        &self.holder
+    }
+
+    /// This replica's share of `counter`'s `rate`: its grant, or before the
+    /// first one (or while Redis fails before any) the rate divided among
+    /// the holders last seen.
+    pub fn share(&self, counter: &str, rate: f64) -> f64 {
+        if let Some(g) = lock(&self.grants).get(counter) {
+            return g.min(rate);
+        }
+        let holders = lock(&self.views)
+            .values()
+            .map(|v| v.split(' ').count())
+            .max()
+            .unwrap_or(1);
+        rate / holders.max(1) as f64
+    }
+
+    /// Whether `counter` has no grant yet: a renewal is due at once.
+    pub fn lacks(&self, counter: &str) -> bool {
+        !lock(&self.grants).contains_key(counter)
+    }
+
+    /// Every live holder's share of `counter` (`holder=grant ...`).
+    pub fn view(&self, counter: &str) -> Option<String> {
+        lock(&self.views).get(counter).cloned()
+    }
+
+    /// Renews the shares of every counter in `asks` in one script call.
+    /// On failure the last grants stay in force (counters no stream
+    /// reports any more are forgotten either way).
+    pub async fn renew(&self, asks: &[Ask]) {
+        let call = evalsha_or_load::<Vec<String>, _, _>(
+            &self.client,
+            &self.sha,
+            RENEW_SCRIPT,
+            "RLQS sharing",
+            || self.script_call(asks),
+        );
+        let answer = match tokio::time::timeout(TIMEOUT, call).await {
+            Ok(Ok(raw)) => parse_grants(&raw, asks.len()).map_err(|e| e.to_string()),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err(format!("no answer within {TIMEOUT:?}")),
+        };
+        let mut grants = lock(&self.grants);
+        let mut views = lock(&self.views);
+        grants.retain(|k, _| asks.iter().any(|a| &a.counter == k));
+        views.retain(|k, _| asks.iter().any(|a| &a.counter == k));
+        let result = match answer {
+            Ok(answers) => {
+                for (ask, g) in asks.iter().zip(answers) {
+                    grants.insert(ask.counter.clone(), g.rate);
+                    views.insert(ask.counter.clone(), g.view);
+                }
+                if self.failing.swap(false, Ordering::AcqRel) {
+                    tracing::info!("RLQS sharing through Redis works again");
+                }
+                "ok"
+            }
+            Err(why) => {
+                if !self.failing.swap(true, Ordering::AcqRel) {
+                    tracing::warn!(
+                        "RLQS sharing through Redis failed ({why}); keeping the last shares"
+                    );
+                }
+                "failed"
+            }
+        };
+        metrics()
+            .rlqs
+            .replica_renewals
+            .with_label_values(&[result])
+            .inc();
+    }
+
+    /// The script's keys and arguments (see `store/lua/global_renew.lua`).
+    fn script_call(&self, asks: &[Ask]) -> (Vec<String>, Vec<String>) {
+        let keys = asks.iter().map(|a| shared_key(&a.counter)).collect();
+        let mut args = vec![
+            self.holder.clone(),
+            LEASE_LIFE.as_millis().to_string(),
+            FLOOR.to_string(),
+            HEADROOM.to_string(),
+            "-1".to_owned(),
+        ];
+        for a in asks {
+            args.push(a.rate.to_string());
+            args.push(a.demand.to_string());
+        }
+        (keys, args)
+    }
+}
+
+/// The Redis hash of `counter`'s holders; one hash slot for all, as one
+/// script call renews them together.
+pub fn shared_key(counter: &str) -> String {
+    format!("divvy:rlqs:{{r}}:{counter}")
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}

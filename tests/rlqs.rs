@@ -464,6 +464,7 @@ fn usage(user: usize) -> BucketQuotaUsage {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hostile_stream_of_100000_bucket_ids_stays_within_the_bucket_bound() {
     let server = divvy(&["--rlqs-max-buckets-per-stream", "500"]);
+    let rss_before = rss_kib(server.pid());
     let mut client = RateLimitQuotaServiceClient::connect(format!("http://{}", server.grpc))
         .await
         .expect("connect");
@@ -507,13 +508,13 @@ async fn a_hostile_stream_of_100000_bucket_ids_stays_within_the_bucket_bound() {
         .iter()
         .map(|s| s["buckets"].as_array().map_or(0, Vec::len))
         .sum();
-    let rss = std::fs::read_to_string(format!("/proc/{}/status", server.pid()))
-        .unwrap_or_default()
-        .lines()
-        .find(|l| l.starts_with("VmRSS"))
-        .unwrap_or("VmRSS: ?")
-        .to_owned();
-    println!("100000 bucket ids reported: {held} held, {refused} refused; divvy {rss}");
+    let grown = rss_kib(server.pid()).saturating_sub(rss_before);
+    println!(
+        "100000 bucket ids reported: {held} held, {refused} refused; divvy's RSS grew {grown} KiB"
+    );
+    // 500 buckets of a few hundred bytes each, and the flood's messages in
+    // flight (1000 usages per message, four queued): far under 32 MB.
+    assert!(grown < 32 * 1024, "RSS grew {grown} KiB");
     assert_eq!(held, 500);
     assert_eq!(refused, 99_500.0);
     assert_eq!(
@@ -524,4 +525,14 @@ async fn a_hostile_stream_of_100000_bucket_ids_stays_within_the_bucket_bound() {
     let actions = reader.await.expect("reader");
     println!("{actions} bucket actions received");
     assert!(actions >= 500);
+}
+
+/// The process's resident set, in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS in /proc/<pid>/status")
 }

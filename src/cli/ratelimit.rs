@@ -28,7 +28,6 @@ pub const IGNORED: &[&str] = &[
     "EXTRA_TAGS",
     "DISABLE_STATS",
     "EXPIRATION_JITTER_MAX_SECONDS",
-    "LOCAL_CACHE_SIZE_IN_BYTES",
     "REDIS_POOL_SIZE",
     "REDIS_PIPELINE_WINDOW",
     "REDIS_PIPELINE_LIMIT",
@@ -321,6 +320,7 @@ fn redis_args(env: &Env, args: &mut Vec<String>) -> Result<(), Unsupported> {
         }
     };
     args.extend(["--redis-url".into(), url]);
+    args.extend(["--over-limit-cache".into(), over_limit_entries(env)?]);
     if let Some(t) = env.get("REDIS_TIMEOUT").filter(|v| !v.is_empty()) {
         let ms = divvy::config::duration::parse_millis(t)
             .ok_or_else(|| unsupported("REDIS_TIMEOUT", t, "a duration such as 100ms or 2s"))?;
@@ -328,6 +328,20 @@ fn redis_args(env: &Env, args: &mut Vec<String>) -> Result<(), Unsupported> {
     }
     Ok(())
 }
+
+/// `LOCAL_CACHE_SIZE_IN_BYTES` as over-limit cache entries: off (0) unless
+/// set, as in envoyproxy/ratelimit; an entry costs about
+/// [`OVER_LIMIT_ENTRY_BYTES`].
+fn over_limit_entries(env: &Env) -> Result<String, Unsupported> {
+    let bytes = get(env, "LOCAL_CACHE_SIZE_IN_BYTES", "0");
+    let bytes: u64 = bytes
+        .parse()
+        .map_err(|_| unsupported("LOCAL_CACHE_SIZE_IN_BYTES", bytes, "a number of bytes"))?;
+    Ok((bytes / OVER_LIMIT_ENTRY_BYTES).to_string())
+}
+
+/// What one over-limit cache entry costs, as `LOCAL_CACHE_SIZE_IN_BYTES` counts.
+pub const OVER_LIMIT_ENTRY_BYTES: u64 = 64;
 
 /// `user:pass` or a password alone, percent-encoded for a URL.
 fn percent_user_pass(auth: &str) -> String {
@@ -426,6 +440,22 @@ mod tests {
             Some("redis+sentinel://:p%40ss@10.0.0.1:26379,10.0.0.2:26379/mymaster")
         );
         assert_eq!(value_of(&args, "--redis-timeout-ms"), Some("250"));
+        // No LOCAL_CACHE_SIZE_IN_BYTES: the over-limit cache is off, as there.
+        assert_eq!(value_of(&args, "--over-limit-cache"), Some("0"));
+    }
+
+    #[test]
+    fn local_cache_size_in_bytes_switches_the_over_limit_cache_on() {
+        let redis = [("REDIS_SOCKET_TYPE", "tcp"), ("REDIS_URL", "redis:6379")];
+        let with = |bytes: &'static str| {
+            let mut vars = redis.to_vec();
+            vars.push(("LOCAL_CACHE_SIZE_IN_BYTES", bytes));
+            serve_args(&env(&vars))
+        };
+        let (args, _) = with("1048576").expect("supported");
+        assert_eq!(value_of(&args, "--over-limit-cache"), Some("16384"));
+        let err = with("a lot").expect_err("not a number");
+        assert_eq!(err.var, "LOCAL_CACHE_SIZE_IN_BYTES");
     }
 
     #[test]

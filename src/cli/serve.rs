@@ -33,6 +33,7 @@ use divvy::server::GrpcLimits;
 use divvy::sources::file::Reloader;
 use divvy::store::failover::{FailoverStore, FailurePolicy};
 use divvy::store::memory::SystemClock;
+use divvy::store::over_limit::OverLimitCache;
 use divvy::store::redis::{RedisOptions, RedisStore};
 use divvy::store::redis_tls::RedisTls;
 use divvy::store::redis_url::{parse_redis_url, RedisTarget};
@@ -92,6 +93,11 @@ pub struct ServeArgs {
     /// recently used are evicted (about 0.9 GiB at 74 bytes a counter).
     #[arg(long, env = "DIVVY_MAX_COUNTERS", default_value_t = 13_000_000)]
     max_counters: usize,
+    /// Counters known to be over their limit kept in a local cache (LRU) in
+    /// front of Redis, each answered locally until the reset Redis returned
+    /// (windows and fixed windows; 0: off).
+    #[arg(long, env = "DIVVY_OVER_LIMIT_CACHE", default_value_t = 10_000)]
+    over_limit_cache: usize,
     /// Close a line-protocol connection that sends nothing for this many seconds.
     #[arg(long, env = "DIVVY_LINE_IDLE_SECONDS", default_value_t = 600)]
     line_idle_seconds: u64,
@@ -579,7 +585,15 @@ async fn build_store(args: &ServeArgs) -> anyhow::Result<StoreParts> {
     };
     let (redis, connected) = RedisStore::connect(&options, Duration::from_secs(2)).await?;
     let client = redis.client();
-    let failover = FailoverStore::new(Arc::new(redis), args.on_store_failure, args.local_share)
+    let mut primary: Arc<dyn Store> = Arc::new(redis);
+    if args.over_limit_cache > 0 {
+        primary = Arc::new(OverLimitCache::new(
+            primary,
+            args.over_limit_cache,
+            Arc::new(SystemClock::default()),
+        ));
+    }
+    let failover = FailoverStore::new(primary, args.on_store_failure, args.local_share)
         .with_breaker(options.timeout, args.breaker_failures)
         .with_max_counters(args.max_counters);
     let failover = Arc::new(if connected {

@@ -176,6 +176,8 @@ pub struct StoreMetrics {
     pub breaker_state: IntGauge,
     /// `divvy_store_ready`: 1 while the configured store is in use, 0 while a failure policy stands in.
     pub ready: IntGauge,
+    /// `divvy_over_limit_cache_hits_total`: counters answered by the over-limit cache, without a store call.
+    pub over_limit_cache_hits: IntCounter,
 }
 
 /// Leases of global limits.
@@ -323,6 +325,15 @@ impl StoreMetrics {
                 let c = IntCounter::new(
                     "divvy_counters_evicted_total",
                     "Counters the memory store evicted (least recently used first) to stay under --max-counters",
+                )
+                .expect("static metric definition");
+                r.register(Box::new(c.clone())).expect("unique metric name");
+                c
+            },
+            over_limit_cache_hits: {
+                let c = IntCounter::new(
+                    "divvy_over_limit_cache_hits_total",
+                    "Counters known to be over their limit answered by the over-limit cache, without a call to Redis",
                 )
                 .expect("static metric definition");
                 r.register(Box::new(c.clone())).expect("unique metric name");

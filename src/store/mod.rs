@@ -10,6 +10,7 @@ pub mod breaker;
 pub mod failover;
 pub mod lru_table;
 pub mod memory;
+pub mod over_limit;
 pub mod redis;
 pub mod redis_tls;
 pub mod redis_url;

@@ -1,0 +1,354 @@
+//! A local cache of counters known to be over their limit, in front of a
+//! shared store (Redis): such a counter is answered here until the reset
+//! time the store itself returned, without a call.
+//!
+//! Only where that is exact: divvy windows and fixed windows (a denied hit
+//! takes nothing, so the counter stays full until its window ends), a
+//! counter with no credit left, a hit that takes credits (`cost > 0`, not a
+//! refund), in a group of its own, and only for a call whose groups are
+//! charged on their own. An entry holds for the same algorithm, limit and
+//! window only: a knob or reload that changes them bypasses and drops it.
+//! A refund sent to another replica within the window is the one case the
+//! cache does not see (it keeps denying until the reset).
+
+use std::hash::BuildHasher;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use super::lru_table::LruTable;
+use super::{Algorithm, Charge, CounterOp, CounterState, Store, StoreError, StoreFuture};
+use crate::clock::Clock;
+use crate::observe::metrics::metrics;
+
+/// Independent tables; a key's shard is picked by its hash's top bits.
+const SHARDS: usize = 16;
+
+/// A counter known to be full, and the limit it was full against.
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    /// Clock time (ms) when the store said the counter resets.
+    until_ms: u64,
+    algorithm: Algorithm,
+    limit: u64,
+    window_ms: u64,
+}
+
+impl Entry {
+    fn matches(&self, op: &CounterOp) -> bool {
+        self.algorithm == op.algorithm
+            && self.limit == op.limit
+            && u128::from(self.window_ms) == op.window.as_millis()
+    }
+}
+
+/// The cache around a store.
+pub struct OverLimitCache {
+    inner: Arc<dyn Store>,
+    shards: Vec<Mutex<LruTable<Entry>>>,
+    per_shard: usize,
+    clock: Arc<dyn Clock>,
+    hash_key: (u64, u64),
+}
+
+impl OverLimitCache {
+    /// `inner` with at most `entries` counters cached (least recently used
+    /// dropped first), timed by `clock`.
+    pub fn new(inner: Arc<dyn Store>, entries: usize, clock: Arc<dyn Clock>) -> OverLimitCache {
+        OverLimitCache {
+            inner,
+            shards: (0..SHARDS).map(|_| Mutex::new(LruTable::new())).collect(),
+            per_shard: entries.div_ceil(SHARDS).max(1),
+            clock,
+            hash_key: {
+                let s = std::collections::hash_map::RandomState::new();
+                (s.hash_one(0x5eed_u64), s.hash_one(0xd1f7_u64))
+            },
+        }
+    }
+
+    /// Counters cached now (expired ones included until they are looked up).
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| lock(s).len()).sum()
+    }
+
+    /// Whether nothing is cached.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.clock.now().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    fn id_of(&self, key: &str) -> u128 {
+        use siphasher::sip128::Hasher128;
+        use std::hash::Hasher;
+        let mut h = siphasher::sip128::SipHasher13::new_with_keys(self.hash_key.0, self.hash_key.1);
+        h.write(key.as_bytes());
+        h.finish128().as_u128()
+    }
+
+    fn shard(&self, id: u128) -> MutexGuard<'_, LruTable<Entry>> {
+        lock(&self.shards[(id >> 64) as usize % SHARDS])
+    }
+
+    /// The cached denial of `op`, if its counter is known full now.
+    fn lookup(&self, op: &CounterOp, now: u64) -> Option<CounterState> {
+        let id = self.id_of(&op.key);
+        let mut shard = self.shard(id);
+        let entry = *shard.get(id)?;
+        if !entry.matches(op) || now >= entry.until_ms {
+            shard.remove(id);
+            return None;
+        }
+        Some(CounterState {
+            allowed: false,
+            remaining: 0,
+            reset_after: Duration::from_millis(entry.until_ms - now),
+        })
+    }
+
+    /// Remembers what the store answered for the cacheable ops.
+    fn learn(&self, ops: &[&CounterOp], states: &[CounterState], now: u64) {
+        for (op, state) in ops.iter().zip(states) {
+            let id = self.id_of(&op.key);
+            let mut shard = self.shard(id);
+            if state.allowed || state.remaining > 0 || state.reset_after.is_zero() {
+                shard.remove(id);
+                continue;
+            }
+            let entry = Entry {
+                until_ms: now.saturating_add(
+                    u64::try_from(state.reset_after.as_millis()).unwrap_or(u64::MAX),
+                ),
+                algorithm: op.algorithm,
+                limit: op.limit,
+                window_ms: u64::try_from(op.window.as_millis()).unwrap_or(u64::MAX),
+            };
+            shard.put(id, entry);
+            while shard.len() > self.per_shard {
+                shard.pop_lru();
+            }
+        }
+    }
+
+    async fn apply_cached(
+        &self,
+        ops: &[CounterOp],
+        charge: Charge,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Result<Vec<CounterState>, StoreError> {
+        let now = self.now_ms();
+        let cacheable: Vec<bool> = (0..ops.len()).map(|i| cacheable(ops, i, charge)).collect();
+        let cached: Vec<Option<CounterState>> = ops
+            .iter()
+            .zip(&cacheable)
+            .map(|(op, &c)| if c { self.lookup(op, now) } else { None })
+            .collect();
+        let hits = cached.iter().filter(|c| c.is_some()).count();
+        if hits > 0 {
+            metrics().store.over_limit_cache_hits.inc_by(hits as u64);
+        }
+        let states = if hits == 0 {
+            self.inner.apply_by(ops, charge, deadline).await?
+        } else if hits == ops.len() {
+            return Ok(cached.into_iter().flatten().collect());
+        } else {
+            self.apply_rest(ops, charge, deadline, &cached).await?
+        };
+        let learnt: (Vec<&CounterOp>, Vec<CounterState>) = ops
+            .iter()
+            .zip(&states)
+            .zip(cacheable.iter().zip(&cached))
+            .filter(|(_, (&c, hit))| c && hit.is_none())
+            .map(|((op, s), _)| (op, *s))
+            .unzip();
+        // From the time before the call: the store's reset is counted from
+        // when its script ran, later, so the entry never outlives the window.
+        self.learn(&learnt.0, &learnt.1, now);
+        Ok(states)
+    }
+
+    /// The ops not answered from the cache go to the store; the answers are
+    /// merged back in order. Only single-op groups are ever cached, so the
+    /// rest keeps its groups whole.
+    async fn apply_rest(
+        &self,
+        ops: &[CounterOp],
+        charge: Charge,
+        deadline: Option<tokio::time::Instant>,
+        cached: &[Option<CounterState>],
+    ) -> Result<Vec<CounterState>, StoreError> {
+        let rest: Vec<CounterOp> = ops
+            .iter()
+            .zip(cached)
+            .filter(|(_, c)| c.is_none())
+            .map(|(op, _)| op.clone())
+            .collect();
+        let answered = self.inner.apply_by(&rest, charge, deadline).await?;
+        let mut answered = super::answered_all(answered, rest.len())?.into_iter();
+        let mut out = Vec::with_capacity(ops.len());
+        for c in cached {
+            match c {
+                Some(state) => out.push(*state),
+                None => out.extend(answered.next()),
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Whether op `i` may be answered from, and taught to, the cache.
+fn cacheable(ops: &[CounterOp], i: usize, charge: Charge) -> bool {
+    let op = &ops[i];
+    let alone = !op.joint && ops.get(i + 1).is_none_or(|next| !next.joint);
+    matches!(op.algorithm, Algorithm::Window | Algorithm::Fixed)
+        && op.cost > 0
+        && !op.refund
+        && alone
+        && (charge == Charge::Each || (charge == Charge::AllOrNothing && ops.len() == 1))
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Store for OverLimitCache {
+    fn apply<'a>(
+        &'a self,
+        ops: &'a [CounterOp],
+        charge: Charge,
+    ) -> StoreFuture<'a, Result<Vec<CounterState>, StoreError>> {
+        Box::pin(self.apply_cached(ops, charge, None))
+    }
+
+    fn apply_by<'a>(
+        &'a self,
+        ops: &'a [CounterOp],
+        charge: Charge,
+        deadline: Option<tokio::time::Instant>,
+    ) -> StoreFuture<'a, Result<Vec<CounterState>, StoreError>> {
+        Box::pin(self.apply_cached(ops, charge, deadline))
+    }
+
+    fn peek<'a>(
+        &'a self,
+        op: &'a CounterOp,
+    ) -> StoreFuture<'a, Result<Option<CounterState>, StoreError>> {
+        self.inner.peek(op)
+    }
+
+    fn probe(&self) -> StoreFuture<'_, Result<(), StoreError>> {
+        self.inner.probe()
+    }
+
+    fn ready(&self) -> bool {
+        self.inner.ready()
+    }
+
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::store::MemoryStore;
+
+    /// The cache over a memory store on one manual clock, and the store
+    /// alone on its own copy of it, fed the same calls.
+    struct Pair {
+        clock: Arc<ManualClock>,
+        cached: OverLimitCache,
+        plain: MemoryStore,
+        plain_clock: Arc<ManualClock>,
+    }
+
+    fn pair(entries: usize) -> Pair {
+        let clock = Arc::new(ManualClock::default());
+        let plain_clock = Arc::new(ManualClock::default());
+        let inner = Arc::new(MemoryStore::with_clock(clock.clone()));
+        Pair {
+            cached: OverLimitCache::new(inner, entries, clock.clone()),
+            plain: MemoryStore::with_clock(plain_clock.clone()),
+            clock,
+            plain_clock,
+        }
+    }
+
+    impl Pair {
+        async fn both(&self, ops: &[CounterOp]) -> Vec<CounterState> {
+            let a = self.plain.apply(ops, Charge::Each).await.unwrap();
+            let b = self.cached.apply(ops, Charge::Each).await.unwrap();
+            assert_eq!(a, b, "{ops:?}");
+            b
+        }
+
+        fn advance(&self, d: Duration) {
+            self.clock.advance(d);
+            self.plain_clock.advance(d);
+        }
+    }
+
+    fn op(key: &str, limit: u64) -> CounterOp {
+        CounterOp::new(key, Algorithm::Window, limit, Duration::from_secs(10), 1)
+    }
+
+    #[tokio::test]
+    async fn a_full_window_is_cached_until_its_reset_and_a_new_limit_drops_it() {
+        let p = pair(100);
+        for _ in 0..2 {
+            p.both(&[op("k", 2)]).await;
+        }
+        let denied = p.both(&[op("k", 2)]).await;
+        assert!(!denied[0].allowed);
+        assert_eq!(p.cached.len(), 1);
+        p.advance(Duration::from_secs(4));
+        let again = p.both(&[op("k", 2)]).await;
+        assert_eq!(again[0].reset_after, Duration::from_secs(6));
+        // A knob raising the limit: the entry no longer holds; the store
+        // answers (a window keeps what it has left until it ends).
+        let hits = metrics().store.over_limit_cache_hits.get();
+        p.both(&[op("k", 5)]).await;
+        assert_eq!(metrics().store.over_limit_cache_hits.get(), hits);
+        // A quota check (cost 0) and a refund are never answered by it.
+        for _ in 0..4 {
+            p.both(&[op("k", 5)]).await;
+        }
+        assert_eq!(p.cached.len(), 1);
+        p.both(&[CounterOp {
+            cost: 0,
+            ..op("k", 5)
+        }])
+        .await;
+        p.both(&[CounterOp {
+            refund: true,
+            ..op("k", 5)
+        }])
+        .await;
+        // After the reset the store decides again.
+        p.advance(Duration::from_secs(7));
+        assert!(p.both(&[op("k", 5)]).await[0].allowed);
+    }
+
+    #[tokio::test]
+    async fn joint_groups_go_to_the_store_and_the_table_stays_bounded() {
+        let p = pair(16);
+        let group = |key: &str| {
+            let mut second = op(&format!("{key}/2"), 1);
+            second.joint = true;
+            [op(key, 1), second]
+        };
+        p.both(&group("g")).await;
+        p.both(&group("g")).await;
+        assert!(p.cached.is_empty(), "a group of two is never cached");
+        for i in 0..100 {
+            let key = format!("k{i}");
+            p.both(&[op(&key, 1), op(&key, 1)]).await;
+        }
+        // At most one entry per shard past the bound's share of it.
+        assert!(p.cached.len() <= 16, "{}", p.cached.len());
+    }
+}

@@ -7,7 +7,7 @@
 //! free loopback ports:
 //! - a redis-server as the global store of `scope: global` limits;
 //! - divvy A (memory store, `--global-url` that Redis, `--admin-token`,
-//!   `--max-counters`): a policy with line-protocol rules, a global limit,
+//!   `--sweep-seconds 1`): a policy with line-protocol rules, a global limit,
 //!   an RLQS rule and a governor (`every: 200ms`, query `vector(1)`)
 //!   reading the Prometheus below;
 //! - divvy B with `--redis-url` a second redis-server, which the test
@@ -21,7 +21,10 @@
 //! line-protocol HITs, an unknown command, HITs over the global limit, a
 //! knob set through the admin API, a SIGHUP reload (success) and a bad
 //! policy file (failure), an RLQS stream reporting allowed and denied
-//! requests, HITs on B before and after its Redis is paused.
+//! requests, HITs on B before and after its Redis is paused. Unlabelled
+//! families (e.g. `divvy_counters_evicted_total`, `divvy_global_fallback`)
+//! and `divvy_rejected_total`'s reasons are exported from the start; no
+//! eviction or hostile traffic is driven, so those stay 0.
 //!
 //! Then:
 //! 1. From every panel target's `expr` and every template variable's query,
@@ -849,8 +852,6 @@ async fn dashboard_queries_name_only_what_a_running_divvy_exports() {
             &global.url(),
             "--global-lease-ms",
             "500",
-            "--max-counters",
-            "1000",
             "--sweep-seconds",
             "1",
         ],

@@ -6,7 +6,9 @@ Run by tests/helm.rs with the venv that tests/run-all.sh installs
 bundled Kubernetes JSON schemas). The ServiceMonitor, a prometheus-operator
 custom resource that kubernetes-validate has no schema for, is checked
 against tests/helm/servicemonitor.schema.json (the fields the chart uses, as
-the CRD defines them). Exits non-zero on the first problem.
+the CRD defines them). Exits non-zero on the first problem. With
+`--render <values as JSON>`, prints the rendered documents as a JSON list
+instead.
 """
 import json
 import os
@@ -51,6 +53,9 @@ VALUE_SETS = {
         "image": {"repository": "registry.example.com/team/divvy", "tag": "0.2.0"},
         "imagePullSecrets": [{"name": "registry-credentials"}],
     },
+    "grafana-dashboard": {
+        "grafanaDashboard": {"enabled": True, "namespace": "monitoring", "annotations": {"grafana_folder": "divvy"}},
+    },
 }
 
 # The securityContext every value set must render: the image's user
@@ -76,6 +81,14 @@ def documents(manifests):
         for doc in yaml.safe_load_all(text):
             if doc:
                 yield path, doc
+
+
+def render(values):
+    """Prints the manifests `values` (a JSON object) render to, as a JSON
+    list of documents (for tests/helm.rs to inspect)."""
+    chart = helm.Chart.load(CHART)
+    manifests = chart.render(json.loads(values), name="divvy", namespace="divvy", is_install=True)
+    print(json.dumps([doc for _, doc in documents(manifests)]))
 
 
 def main():
@@ -184,4 +197,7 @@ def main():
     print(f"{checked} manifests valid")
 
 
-main()
+if len(sys.argv) == 3 and sys.argv[1] == "--render":
+    render(sys.argv[2])
+else:
+    main()

@@ -5,7 +5,7 @@
 //! - `--seconds N` (default 4; fractions allowed): the length of each
 //!   measured run (a run measured in halves takes N seconds in all);
 //! - `--only SECTION[,SECTION...]`: run only these sections, one of
-//!   `grpc`, `line`, `redis`, `redis-far`, `algorithms`,
+//!   `grpc`, `line`, `redis`, `over-limit`, `redis-far`, `algorithms`,
 //!   `memory-per-counter`, `global`, `compare`,
 //!   or `memory` (both memory-store sections, `grpc` and `line`);
 //!   `--redis-only` is `--only redis`.
@@ -72,6 +72,10 @@
 //!   redis-benchmark's EVALSHA of divvy's script on the same redis-server,
 //!   with Redis's CPU µs per call (one counter a call) and per counter (32
 //!   counters a call, mostly existing ones).
+//! - `over-limit`: the Redis store under abuse, 90% of HITs on 10 actors
+//!   over their limit (64 connections x 1 in flight), one divvy with the
+//!   over-limit cache off and one with it on, each on its own redis-server,
+//!   ABBA: HIT/s, divvy's and Redis's CPU per HIT, Redis script calls per HIT.
 //! - `redis-far`: the Redis store with its redis-server (not pinned)
 //!   reached through a proxy in this process (its threads on any CPU) that
 //!   delays every chunk 250 µs each way (a Redis in the same zone; the
@@ -118,6 +122,11 @@
 //! At the end, one markdown table sums up the key figures and ratios, with
 //! the command that produced them.
 
+/// The servers' allocator (mimalloc, as `divvy` uses), so the do-nothing
+/// baselines this program serves allocate as divvy does.
+#[global_allocator]
+static ALLOCATOR: divvy::allocator::MiMalloc = divvy::allocator::MiMalloc;
+
 mod generators;
 mod procs;
 mod sections;
@@ -136,6 +145,7 @@ use crate::sections::global::global_section;
 use crate::sections::grpc::grpc_section;
 use crate::sections::line::line_section;
 use crate::sections::memory_per_counter::memory_per_counter_section;
+use crate::sections::over_limit::over_limit_section;
 use crate::sections::redis::redis_section;
 use crate::sections::redis_far::redis_far_section;
 use crate::stats::summary::Summary;
@@ -147,10 +157,11 @@ use crate::stats::summary::Summary;
 mod delay_proxy;
 
 /// The sections `--only` may name (`memory` is `grpc` and `line`).
-const SECTIONS: [&str; 9] = [
+const SECTIONS: [&str; 10] = [
     "grpc",
     "line",
     "redis",
+    "over-limit",
     "redis-far",
     "algorithms",
     "memory-per-counter",
@@ -296,6 +307,9 @@ fn run_sections(rt: &Runtime, options: &Options, summary: &mut Summary) {
     if options.wants("redis") {
         let redis = redis.get_or_insert_with(start_redis);
         redis_section(rt, redis, run, summary);
+    }
+    if options.wants("over-limit") {
+        over_limit_section(rt, run, summary);
     }
     if options.wants("redis-far") {
         redis_far_section(rt, run, summary);

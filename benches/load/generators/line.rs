@@ -41,9 +41,14 @@ pub fn counter_line(n: u64) -> String {
 
 /// One connection, up to `window` requests in flight, sending `lines` until
 /// they run out or `deadline` passes. Whatever fits in the window goes out in
-/// one write; latency is from that write to reading the answer, which must
-/// be `OK true`.
-pub async fn pipelined<I>(addr: SocketAddr, deadline: Instant, window: usize, lines: I) -> Figures
+/// one write (`single`: each line in its own write); latency is from that
+/// write to reading the answer, which must be `OK true`.
+pub async fn pipelined<I>(
+    addr: SocketAddr,
+    deadline: Instant,
+    (window, single): (usize, bool),
+    lines: I,
+) -> Figures
 where
     I: Iterator<Item = String> + Send + 'static,
 {
@@ -53,7 +58,14 @@ where
     let permits = Arc::new(Semaphore::new(window));
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Instant>();
     let start = Instant::now();
-    let writer = tokio::spawn(send_batches(wr, lines, permits.clone(), tx, deadline));
+    let most = if single { 1 } else { window };
+    let writer = tokio::spawn(send_batches(
+        wr,
+        lines,
+        (permits.clone(), most),
+        tx,
+        deadline,
+    ));
     let mut reader = TokioBufReader::new(rd);
     let mut line = String::new();
     let mut latencies = Vec::new();
@@ -76,13 +88,14 @@ where
 }
 
 /// The writing half of [`pipelined`]: takes a permit per line, writes
-/// every line whose permit is at hand in one batch, and sends each line's
-/// write time to `tx`, until `lines` run out or `deadline` passes.
-/// Dropping `tx` at the end ends the reader after the last answer.
+/// every line whose permit is at hand (up to `most`) in one batch, and
+/// sends each line's write time to `tx`, until `lines` run out or
+/// `deadline` passes. Dropping `tx` at the end ends the reader after the
+/// last answer.
 async fn send_batches<I>(
     mut wr: OwnedWriteHalf,
     mut lines: I,
-    permits: Arc<Semaphore>,
+    (permits, most): (Arc<Semaphore>, usize),
     tx: UnboundedSender<Instant>,
     deadline: Instant,
 ) where
@@ -95,7 +108,10 @@ async fn send_batches<I>(
         let Some(first) = lines.next() else { break };
         batch.push_str(&first);
         let mut n = 1;
-        while let Ok(permit) = permits.try_acquire() {
+        while n < most {
+            let Ok(permit) = permits.try_acquire() else {
+                break;
+            };
             let Some(line) = lines.next() else { break };
             permit.forget();
             batch.push_str(&line);
@@ -113,13 +129,19 @@ async fn send_batches<I>(
     }
 }
 
-/// `conns` connections side by side, `window` requests pipelined on each.
-pub async fn line_pipelined(addr: SocketAddr, run: Duration, conns: u64, window: usize) -> Figures {
+/// `conns` connections side by side, `window` requests pipelined on each
+/// (`single`: one per write).
+pub async fn line_pipelined(
+    addr: SocketAddr,
+    run: Duration,
+    conns: u64,
+    (window, single): (usize, bool),
+) -> Figures {
     let deadline = Instant::now() + run;
     let tasks: Vec<_> = (0..conns)
         .map(|c| {
             let lines = (c * 1_000_000..).map(request_line);
-            tokio::spawn(pipelined(addr, deadline, window, lines))
+            tokio::spawn(pipelined(addr, deadline, (window, single), lines))
         })
         .collect();
     let mut all = Figures::default();
@@ -135,11 +157,17 @@ pub async fn line_concurrent(addr: SocketAddr, run: Duration, conns: u64) -> Fig
 }
 
 /// The line-protocol load `conns` x `window` (see [`LINE_LOADS`]).
-pub async fn line_load(addr: SocketAddr, run: Duration, conns: u64, window: usize) -> Figures {
+pub async fn line_load(
+    addr: SocketAddr,
+    run: Duration,
+    conns: u64,
+    window: usize,
+    single: bool,
+) -> Figures {
     if window == 1 {
         line_concurrent(addr, run, conns).await
     } else {
-        line_pipelined(addr, run, conns, window).await
+        line_pipelined(addr, run, conns, (window, single)).await
     }
 }
 
@@ -158,7 +186,7 @@ pub async fn line_fill(
             let lines = (first + c..first + total)
                 .step_by(conns as usize)
                 .map(counter_line);
-            tokio::spawn(pipelined(addr, deadline, window, lines))
+            tokio::spawn(pipelined(addr, deadline, (window, false), lines))
         })
         .collect();
     let mut all = Figures::default();
@@ -170,12 +198,23 @@ pub async fn line_fill(
 }
 
 /// `conns` connections, one request in flight on each; `line(conn, i)` is
-/// the `i`th request of connection `conn`.
+/// the `i`th request of connection `conn`. Every answer must be `OK true`.
 pub async fn line_concurrent_with(
     addr: SocketAddr,
     run: Duration,
     conns: u64,
     line: fn(u64, u64) -> String,
+) -> Figures {
+    line_concurrent_answered(addr, run, conns, (line, "OK true")).await
+}
+
+/// [`line_concurrent_with`], where every answer must start with `answer`
+/// (`"OK "`: allowed or denied).
+pub async fn line_concurrent_answered(
+    addr: SocketAddr,
+    run: Duration,
+    conns: u64,
+    (line, answer_prefix): (fn(u64, u64) -> String, &'static str),
 ) -> Figures {
     let start = Instant::now();
     let deadline = start + run;
@@ -195,7 +234,7 @@ pub async fn line_concurrent_with(
                     answer.clear();
                     reader.read_line(&mut answer).await.expect("answer");
                     assert!(
-                        answer.starts_with("OK true"),
+                        answer.starts_with(answer_prefix),
                         "unexpected answer {answer:?}"
                     );
                     lat.push(t.elapsed());

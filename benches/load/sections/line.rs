@@ -13,10 +13,14 @@ use crate::stats::summary::Summary;
 use crate::stats::tally::{abba, Tally, Target};
 
 /// Line-protocol loads: a name, connections, requests in flight on each.
-pub const LINE_LOADS: [(&str, u64, usize); 3] = [
-    ("64 conns x 1 in flight", 64, 1),
-    ("16 conns x 16 pipelined", 16, 16),
-    ("1 conn x 256 pipelined", 1, 256),
+/// (name, connections, requests in flight on each, one HIT per write): the
+/// last sends each HIT in its own write as its window refills, as a busy
+/// client does, where the others write whatever the window allows at once.
+pub const LINE_LOADS: [(&str, u64, usize, bool); 4] = [
+    ("64 conns x 1 in flight", 64, 1, true),
+    ("16 conns x 16 pipelined", 16, 16, false),
+    ("1 conn x 256 pipelined", 1, 256, false),
+    ("16 conns x 16, one HIT per write", 16, 16, true),
 ];
 
 /// The line protocol on the memory store: the constant-answer server and divvy.
@@ -59,16 +63,16 @@ pub fn line_pairs<'a>(
     targets: &'a [Target; 2],
     labels: [&'a str; 2],
     run: Duration,
-    loads: &'a [(&'static str, u64, usize)],
+    loads: &'a [(&'static str, u64, usize, bool)],
 ) -> impl Iterator<Item = (&'static str, [Tally; 2])> + 'a {
     rt.block_on(async {
         for t in targets {
             line_concurrent(t.addr, Duration::from_millis(500), 8).await;
         }
     });
-    loads.iter().map(move |&(name, conns, window)| {
+    loads.iter().map(move |&(name, conns, window, single)| {
         let mut pair = abba(rt, [&targets[0], &targets[1]], run, |addr, run| {
-            line_load(addr, run, conns, window)
+            line_load(addr, run, conns, window, single)
         });
         for (t, label) in pair.iter_mut().zip(labels) {
             let note = t.cpu_note("HIT");

@@ -6,5 +6,6 @@ pub mod global;
 pub mod grpc;
 pub mod line;
 pub mod memory_per_counter;
+pub mod over_limit;
 pub mod redis;
 pub mod redis_far;

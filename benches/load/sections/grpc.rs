@@ -100,6 +100,8 @@ fn print_header(generator: GrpcGenerator) {
     );
     println!(
         "\n## grpc: ShouldRateLimit, memory store; do-nothing tonic server vs divvy\n  \
+         baseline: built as divvy is (the bench profile inherits release: fat LTO, one codegen \
+         unit; mimalloc; the runtime divvy picks for its CPUs)\n  \
          generator: {}\n  \
          max: {GRPC_CHANNELS} HTTP/2 connections x {GRPC_STREAMS} calls in flight each; \
          paced: open loop at {:?} of the do-nothing maximum, {paced}",

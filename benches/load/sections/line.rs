@@ -27,7 +27,9 @@ pub const LINE_LOADS: [(&str, u64, usize, bool); 4] = [
 pub fn line_section(rt: &Runtime, run: Duration, summary: &mut Summary) {
     println!(
         "\n## line: divvy line protocol, memory store; constant-answer line server vs divvy \
-         (every answer OK true, so HIT/s = req/s)"
+         (every answer OK true, so HIT/s = req/s)\n  \
+         baseline: built as divvy is (fat LTO, one codegen unit, mimalloc, divvy's runtime choice), \
+         one write per read's answers"
     );
     let base = BaselineProc::start(BASELINE_LINE);
     let divvy = start_divvy();

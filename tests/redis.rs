@@ -478,6 +478,57 @@ fn cluster_of_three_masters() {
     assert!(holding >= 2, "counters on {holding} node(s)");
     let mut c = Conn::open(&server);
     assert_eq!(parse(&c.hit("HIT k=ten who=actor7")), (true, 6));
+    // Requests on one counter arriving together go out batched (per hash
+    // slot): 30 connections, 3 HITs each, on one limit of 100, at once.
+    let calls = |c: &Cluster| -> u64 {
+        c.nodes
+            .iter()
+            .flat_map(|n| {
+                let info = n.cli(&["INFO", "commandstats"]);
+                info.lines()
+                    .filter(|l| l.starts_with("cmdstat_evalsha:"))
+                    .filter_map(|l| {
+                        l.split("calls=")
+                            .nth(1)?
+                            .split(',')
+                            .next()?
+                            .parse::<u64>()
+                            .ok()
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .sum()
+    };
+    let before = calls(&cluster);
+    let go = std::sync::Arc::new(std::sync::Barrier::new(30));
+    let threads: Vec<_> = (0..30)
+        .map(|_| {
+            let (go, mut c) = (go.clone(), Conn::open(&server));
+            std::thread::spawn(move || {
+                go.wait();
+                (0..3)
+                    .map(|_| parse(&c.hit("HIT k=hundred")))
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    let mut left: Vec<u64> = Vec::new();
+    for t in threads {
+        for (allowed, remaining) in t.join().unwrap() {
+            assert!(allowed);
+            left.push(remaining);
+        }
+    }
+    left.sort_unstable();
+    assert_eq!(
+        left,
+        (10..100).collect::<Vec<u64>>(),
+        "each credit taken once"
+    );
+    println!(
+        "90 HITs on one counter from 30 connections at once: {} script calls over the cluster",
+        calls(&cluster) - before
+    );
 }
 
 #[test]

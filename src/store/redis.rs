@@ -5,10 +5,12 @@
 //! counters: one round trip, atomic, on Redis `TIME` so skewed replicas
 //! agree. On a single server (or Sentinel master) a batcher puts the
 //! counters of every waiting request into one call (each request contiguous,
-//! so still atomic), one call out at a time by default. In a Cluster a group
-//! split over hash slots is charged slot by slot and given back if any slot
-//! denies ([`RedisStore::apply`]): never over the limits, but a concurrent
-//! request may see the credit taken for that instant. A lost script cache
+//! so still atomic), one call out at a time by default; in a Cluster it
+//! makes one call per hash slot, in parallel, of the requests whose
+//! counters share a slot. A Cluster request over several slots is charged
+//! slot by slot and given back if any slot denies ([`RedisStore::apply`]):
+//! never over the limits, but a concurrent request may see the credit taken
+//! for that instant. A lost script cache
 //! (`NOSCRIPT`) reloads it on every node and retries once. Client: [fred].
 
 use std::collections::{BTreeMap, HashSet};
@@ -82,7 +84,10 @@ const SHAPES_SEARCHED: usize = 16;
 pub struct RedisStore {
     core: Arc<Core>,
     /// Requests waiting to be batched (single server and Sentinel).
-    batcher: Option<mpsc::Sender<Pending>>,
+    batcher: mpsc::Sender<Pending>,
+    /// A Cluster: requests whose counters share a hash slot are batched
+    /// per slot; the others are charged slot by slot ([`cluster_call`]).
+    cluster: bool,
 }
 
 /// The client and the script.
@@ -97,6 +102,9 @@ struct Pending {
     ops: Vec<CounterOp>,
     charge: Charge,
     reply: oneshot::Sender<Result<Vec<CounterState>, StoreError>>,
+    /// In a Cluster, the one hash slot of all its counters (a request over
+    /// several slots is not batched).
+    slot: u16,
 }
 
 /// The counters of one request as the script takes them.
@@ -151,13 +159,17 @@ impl RedisStore {
             sha: fred::util::sha1_hash(SCRIPT),
             clock: options.clock.clone(),
         });
-        let batcher = (!cluster).then(|| {
+        let batcher = {
             let (tx, rx) = mpsc::channel(4 * MAX_BATCH_KEYS);
             let calls = options.batches_in_flight.clamp(1, MAX_BATCHES_IN_FLIGHT);
             tokio::spawn(run_batcher(core.clone(), rx, calls));
             tx
-        });
-        let store = RedisStore { core, batcher };
+        };
+        let store = RedisStore {
+            core,
+            batcher,
+            cluster,
+        };
         let connected = matches!(
             tokio::time::timeout(startup_wait, store.core.client.wait_for_connect()).await,
             Ok(Ok(()))
@@ -302,27 +314,40 @@ async fn run_batcher(core: Arc<Core>, mut rx: mpsc::Receiver<Pending>, calls: us
         }
         let core = core.clone();
         tokio::spawn(async move {
-            let parts: Vec<Part<'_>> = batch.iter().map(|p| (p.ops.as_slice(), p.charge)).collect();
-            // Boxed: the call future (fred's included) is large, and inline it made
-            // the task large too, copied whole when spawned and when done.
-            let result = Box::pin(core.eval(&parts)).await;
-            drop(parts);
-            match result {
-                Ok(states) => {
-                    let mut states = states.into_iter();
-                    for p in batch {
-                        let mine: Vec<CounterState> = states.by_ref().take(p.ops.len()).collect();
-                        let _ = p.reply.send(Ok(mine));
-                    }
-                }
-                Err(e) => {
-                    for p in batch {
-                        let _ = p.reply.send(Err(e.clone()));
-                    }
-                }
+            // One script call per hash slot (a single server: slot 0 only),
+            // in parallel.
+            let mut slots: BTreeMap<u16, Vec<Pending>> = BTreeMap::new();
+            for p in batch {
+                slots.entry(p.slot).or_default().push(p);
             }
+            let calls = slots.into_values().map(|b| eval_batch(&core, b));
+            futures_util::future::join_all(calls).await;
             drop(permit);
         });
+    }
+}
+
+/// One script call over the requests of `batch` (one hash slot); each gets
+/// its answers.
+async fn eval_batch(core: &Core, batch: Vec<Pending>) {
+    let parts: Vec<Part<'_>> = batch.iter().map(|p| (p.ops.as_slice(), p.charge)).collect();
+    // Boxed: the call future (fred's included) is large, and inline it made
+    // the task large too, copied whole when spawned and when done.
+    let result = Box::pin(core.eval(&parts)).await;
+    drop(parts);
+    match result {
+        Ok(states) => {
+            let mut states = states.into_iter();
+            for p in batch {
+                let mine: Vec<CounterState> = states.by_ref().take(p.ops.len()).collect();
+                let _ = p.reply.send(Ok(mine));
+            }
+        }
+        Err(e) => {
+            for p in batch {
+                let _ = p.reply.send(Err(e.clone()));
+            }
+        }
     }
 }
 
@@ -526,6 +551,19 @@ impl Core {
     }
 }
 
+/// The one hash slot of every op (0 outside a Cluster), or `None` when a
+/// Cluster request's counters lie in several.
+fn one_slot(ops: &[CounterOp], cluster: bool) -> Option<u16> {
+    if !cluster {
+        return Some(0);
+    }
+    let slot = fred::util::redis_keyslot(ops.first()?.key.as_bytes());
+    ops[1..]
+        .iter()
+        .all(|op| fred::util::redis_keyslot(op.key.as_bytes()) == slot)
+        .then_some(slot)
+}
+
 /// The indexes of `ops` by hash slot, in order: ops on one key share a
 /// slot, so their order is kept.
 fn by_slot(ops: &[CounterOp]) -> BTreeMap<u16, Vec<usize>> {
@@ -554,11 +592,13 @@ fn counter_state(credits: i64, reset_ms: i64) -> CounterState {
     }
 }
 
-/// Hands one request's counters to the batcher and waits for their answers.
+/// Hands one request's counters (all in hash slot `slot`) to the batcher
+/// and waits for their answers.
 async fn batched(
     batcher: &mpsc::Sender<Pending>,
     ops: &[CounterOp],
     charge: Charge,
+    slot: u16,
 ) -> Result<Vec<CounterState>, StoreError> {
     let (reply, answer) = oneshot::channel();
     batcher
@@ -566,6 +606,7 @@ async fn batched(
             ops: ops.to_vec(),
             charge,
             reply,
+            slot,
         })
         .await
         .map_err(|_| StoreError::Unavailable("redis: the batcher stopped".into()))?;
@@ -632,9 +673,9 @@ impl Store for RedisStore {
         // command futures (several KB), and a batched request, which only
         // waits for its answer, must not carry (allocate, copy, zero) that
         // space on every call.
-        match &self.batcher {
+        match one_slot(ops, self.cluster) {
+            Some(slot) => Box::pin(batched(&self.batcher, ops, charge, slot)),
             None => Box::pin(cluster_call(self.core.clone(), ops, charge)),
-            Some(batcher) => Box::pin(batched(batcher, ops, charge)),
         }
     }
 
@@ -1058,7 +1099,7 @@ mod tests {
         }
         let (tx, _rx) = mpsc::channel(1);
         let ops = [op("a", 10, 1)];
-        let f = batched(&tx, &ops, Charge::Each);
+        let f = batched(&tx, &ops, Charge::Each, 0);
         assert!(size(&f) < 1024, "{} bytes", size(&f));
     }
 }

@@ -8,6 +8,7 @@ const state = { view: 'overview', rule: null, filter: '', sort: 'name', order: '
 window.__errors = window.__errors || [];
 window.addEventListener('error', (e) => window.__errors.push(String(e.message)));
 window.addEventListener('unhandledrejection', (e) => window.__errors.push(String(e.reason)));
+document.addEventListener('securitypolicyviolation', (e) => window.__errors.push('CSP: ' + e.violatedDirective + ' ' + e.blockedURI));
 
 const $ = (id) => document.getElementById(id);
 const token = () => sessionStorage.getItem('divvy.token') || '';

@@ -220,6 +220,10 @@ async fn the_page_shows_rules_traffic_offenders_and_changes_knobs() {
     b.client.goto(&format!("{base}/ui#overview")).await.unwrap();
     b.until(Duration::from_secs(5), "overview offenders", "const r = document.querySelector('#ov-offenders tbody tr td.actor'); return !!r && r.textContent === '6.6.6.6';")
         .await;
+    let p99 = b
+        .js("return document.getElementById('ov-p99').textContent;")
+        .await;
+    assert!(p99.as_str().is_some_and(|t| t.ends_with(" µs")), "{p99}");
     b.screenshot("overview").await;
 
     // A wrong admin token: the error shows, nothing changes.
@@ -421,4 +425,67 @@ async fn ten_thousand_rules_stay_interactive() {
         .await;
     let errors = b.errors().await;
     assert!(errors.is_empty(), "console errors: {errors:?}");
+}
+
+/// The API without a browser: an envoyproxy/ratelimit limit's decisions
+/// and offenders, sorting, filtering, paging, and refused queries.
+#[test]
+fn the_api_lists_envoyproxy_ratelimit_limits_sorts_filters_and_refuses_bad_queries() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("rl.yaml"),
+        "domain: rl\ndescriptors:\n  - key: user\n    rate_limit:\n      unit: hour\n      requests_per_unit: 2\n",
+    )
+    .unwrap();
+    let server = Server::start(dir.path(), &[]);
+    let body = r#"{"domain":"rl","descriptors":[{"entries":[{"key":"user","value":"eve"}]}]}"#;
+    let codes: Vec<u16> = (0..5)
+        .map(|_| server.http("POST", "/json", body).0)
+        .collect();
+    assert_eq!(codes, [200, 200, 429, 429, 429]);
+    let get = |path: &str| -> (u16, Value) {
+        let (status, body) = server.http("GET", path, "");
+        (status, serde_json::from_str(&body).unwrap_or(Value::Null))
+    };
+    let (status, rules) = get("/api/v1/rules?sort=denied&points=90");
+    assert_eq!(status, 200);
+    let first = &rules["rules"][0];
+    assert_eq!(first["kind"], "envoyproxy/ratelimit", "{rules}");
+    assert_eq!(first["name"], "rl.user");
+    assert_eq!(first["limit"], "2 per hour");
+    assert_eq!(first["deniedPerSecond"], json!(0.3));
+    assert_eq!(first["history"]["denied"].as_array().unwrap().len(), 90);
+    let (_, offenders) = get("/api/v1/offenders?window=1m&rule=rl.user");
+    assert_eq!(offenders["offenders"][0]["actor"], "user=eve");
+    assert_eq!(offenders["offenders"][0]["count"], 3);
+    let (_, one) = get("/api/v1/rules/rl.user");
+    assert_eq!(one["offenders"]["15m"][0]["count"], 3);
+    assert_eq!(one["history"]["denied"].as_array().unwrap().len(), 900);
+    assert_eq!(get("/api/v1/rules/nothing").0, 404);
+    let (_, page) = get("/api/v1/rules?filter=RL.&limit=1&offset=0");
+    assert_eq!(
+        (
+            page["matched"].as_u64(),
+            page["rules"].as_array().map(Vec::len)
+        ),
+        (Some(1), Some(1))
+    );
+    for bad in [
+        "/api/v1/rules?sort=size",
+        "/api/v1/rules?order=up",
+        "/api/v1/offenders?window=2m",
+    ] {
+        let (status, answer) = get(bad);
+        assert_eq!(status, 400, "{bad}: {answer}");
+        assert!(
+            answer["error"].as_str().unwrap().contains("must be"),
+            "{answer}"
+        );
+    }
+    let (_, overview) = get("/api/v1/overview");
+    assert_eq!(overview["policy"]["domains"], json!(["rl"]));
+    assert_eq!(overview["store"]["name"], "memory");
+    assert_eq!(overview["offenders"][0]["actor"], "user=eve");
+    // The p99 is divvy_hit_duration_seconds', which times divvy rules' decisions only.
+    assert_eq!(overview["p99DecisionSeconds"], Value::Null);
 }

@@ -429,7 +429,11 @@ fn record_board(p: &Planned, allowed: bool) {
     let board = crate::observe::recorder::recorder();
     let describe = || {
         let c = &p.current;
-        format!("{}/{}", c.requests_per_unit, c.unit.as_str())
+        format!(
+            "{} per {}",
+            c.requests_per_unit,
+            c.unit.as_str().to_ascii_lowercase()
+        )
     };
     let Some(stats) = board.envoy_limit(&p.stats_key, describe) else {
         return;

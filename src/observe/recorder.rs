@@ -29,8 +29,8 @@ pub struct RuleStats {
     pub name: Arc<str>,
     /// Its decisions per second.
     pub history: RuleHistory,
-    /// An envoyproxy/ratelimit limit's `requests_per_unit/unit` (divvy
-    /// rules are described by their spec).
+    /// An envoyproxy/ratelimit limit as `<requests_per_unit> per <unit>`
+    /// (divvy rules are described by their spec).
     pub describe: Option<String>,
 }
 
@@ -200,7 +200,7 @@ mod tests {
         let r = Recorder::new(clock);
         let now = r.now();
         for key in ["d.k_v", "d.k_w", "d.k_v"] {
-            let s = r.envoy_limit(key, || "1/second".into()).unwrap();
+            let s = r.envoy_limit(key, || "1 per second".into()).unwrap();
             r.record(now, &s, key.ends_with('v'), "x", 1);
         }
         let limits = r.envoy_limits();

@@ -50,18 +50,38 @@ impl Row<'_> {
     }
 }
 
+/// A query the API refuses (400, with the message).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum QueryError {
+    /// `window` is not `1m`, `5m` or `15m`.
+    #[error("window must be 1m, 5m or 15m, found {0:?}")]
+    Window(String),
+    /// `sort` names no column.
+    #[error("sort must be name, position, denied, allowed, share or limit, found {0:?}")]
+    Sort(String),
+    /// `order` is not `asc` or `desc`.
+    #[error("order must be asc or desc, found {0:?}")]
+    Order(String),
+}
+
+impl IntoResponse for QueryError {
+    fn into_response(self) -> Response {
+        (
+            StatusCode::BAD_REQUEST,
+            Json(json!({"error": self.to_string()})),
+        )
+            .into_response()
+    }
+}
+
 /// A window's name (`1m`, `5m`, `15m`) in seconds.
-fn window_seconds(w: Option<&str>) -> Result<u64, String> {
+fn window_seconds(w: Option<&str>) -> Result<u64, QueryError> {
     match w.unwrap_or("5m") {
         "1m" => Ok(60),
         "5m" => Ok(300),
         "15m" => Ok(900),
-        other => Err(format!("window must be 1m, 5m or 15m, found {other:?}")),
+        other => Err(QueryError::Window(other.to_owned())),
     }
-}
-
-fn bad_request(message: String) -> Response {
-    (StatusCode::BAD_REQUEST, Json(json!({"error": message}))).into_response()
 }
 
 /// The 900 seconds up to `now` in `points` points (each the mean of its seconds).
@@ -237,7 +257,7 @@ fn rows<'a>(
     divvy.chain(envoy).collect()
 }
 
-fn sort_rows(rows: &mut [Row], sort: &str, desc: bool) -> Result<(), String> {
+fn sort_rows(rows: &mut [Row], sort: &str, desc: bool) -> Result<(), QueryError> {
     let f = |a: f64, b: f64| a.total_cmp(&b);
     match sort {
         "name" => rows.sort_by(|a, b| a.name.cmp(b.name)),
@@ -249,11 +269,7 @@ fn sort_rows(rows: &mut [Row], sort: &str, desc: bool) -> Result<(), String> {
             r.rule
                 .map_or(u64::MAX, |r| r.spec.first_limit().credit_limit)
         }),
-        other => {
-            return Err(format!(
-                "sort must be name, position, denied, allowed, share or limit, found {other:?}"
-            ))
-        }
+        other => return Err(QueryError::Sort(other.to_owned())),
     }
     if desc {
         rows.reverse();
@@ -278,10 +294,10 @@ pub async fn rules(State(s): State<AdminState>, Query(q): Query<RulesQuery>) -> 
         Some("asc") => false,
         Some("desc") => true,
         None => !matches!(sort, "name" | "position"),
-        Some(other) => return bad_request(format!("order must be asc or desc, found {other:?}")),
+        Some(other) => return QueryError::Order(other.to_owned()).into_response(),
     };
     if let Err(e) = sort_rows(&mut rows, sort, desc) {
-        return bad_request(e);
+        return e.into_response();
     }
     let matched = rows.len();
     let offset = q.offset.unwrap_or(0).min(matched);
@@ -340,7 +356,7 @@ pub struct OffendersQuery {
 pub async fn offenders(Query(q): Query<OffendersQuery>) -> Response {
     let seconds = match window_seconds(q.window.as_deref()) {
         Ok(s) => s,
-        Err(e) => return bad_request(e),
+        Err(e) => return e.into_response(),
     };
     let rule = q.rule.as_deref().filter(|r| !r.is_empty());
     let top = q.top.unwrap_or(20).clamp(1, MAX_TOP);

@@ -593,6 +593,34 @@ default: {creditLimit: 100, resetSeconds: 60}
     }
 
     #[tokio::test]
+    async fn decisions_reach_the_dashboard_and_long_actors_come_bounded() {
+        let policy = parse_str(
+            "overrides:\n  - label: dash-limiter-test\n    operation: {k: d}\n    actorField: who\n    creditLimit: 1\n    resetSeconds: 60\ndefault: {creditLimit: 1, resetSeconds: 60}\n",
+            Format::Yaml,
+            "t.yaml",
+        )
+        .unwrap();
+        let l = Limiter::new(RuleSet::new(policy), Arc::new(MemoryStore::new()));
+        let long = "x".repeat(100);
+        for _ in 0..3 {
+            one(&l, &[("k", "d"), ("who", &long)]).await;
+        }
+        let board = recorder();
+        let stats = l.rules().rule(0).stats.clone();
+        let counted = stats.history.sum(board.now(), 5);
+        assert_eq!((counted.allowed, counted.denied), (1, 2));
+        let top = board.top(60, Some("dash-limiter-test"), 20);
+        assert_eq!(top.len(), 1, "{top:?}");
+        assert_eq!(top[0].count, 2);
+        assert!(
+            top[0].actor.starts_with("xxxxxxxxxxxxxxxx~h"),
+            "{}",
+            top[0].actor
+        );
+        assert_eq!(top[0].actor.len(), 16 + 2 + 32);
+    }
+
+    #[tokio::test]
     async fn override_gets_its_own_counter() {
         let l = limiter();
         let mut h = hit(&[("path", "/x")]);

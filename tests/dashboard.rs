@@ -489,3 +489,44 @@ fn the_api_lists_envoyproxy_ratelimit_limits_sorts_filters_and_refuses_bad_queri
     // The p99 is divvy_hit_duration_seconds', which times divvy rules' decisions only.
     assert_eq!(overview["p99DecisionSeconds"], Value::Null);
 }
+
+/// The overview's store: Redis up, then failing with the failure policy
+/// acting, as `/readyz` says.
+#[test]
+fn the_overview_tells_when_redis_fails_and_which_policy_acts() {
+    let mut redis = common::redis::Redis::start();
+    let url = redis.url();
+    let server = Server::with_policy_args(
+        POLICY,
+        "yaml",
+        &["--redis-url", &url, "--on-store-failure", "local"],
+    );
+    let store = || -> Value {
+        let (status, body) = server.http("GET", "/api/v1/overview", "");
+        assert_eq!(status, 200, "{body}");
+        serde_json::from_str::<Value>(&body).unwrap()["store"].clone()
+    };
+    assert!(hit(&server, "1.1.1.1"));
+    assert_eq!(
+        store(),
+        json!({"name": "redis", "up": true, "failurePolicy": "local", "acting": null})
+    );
+    redis.kill();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        // Decisions go on (the local policy), and open the breaker.
+        hit(&server, "1.1.1.1");
+        if store()["up"] == json!(false) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the store never showed as failing"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(
+        store(),
+        json!({"name": "redis", "up": false, "failurePolicy": "local", "acting": "local"})
+    );
+}

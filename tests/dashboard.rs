@@ -295,6 +295,27 @@ async fn the_page_shows_rules_traffic_offenders_and_changes_knobs() {
     )
     .await;
     assert!(!hit(&server, "6.6.6.6"));
+
+    // Global, RLQS and governors: this policy has none (the governors view
+    // says so); a governor's state, as /governors gives it, is drawn over time.
+    b.client.goto(&format!("{base}/ui#more")).await.unwrap();
+    b.until(Duration::from_secs(5), "no governor", "return document.getElementById('more-governors').textContent === 'no governor in the policy';")
+        .await;
+    let state = |measurement: f64, breaker: bool| {
+        json!({"replica": "r", "governors": [{"rule": "login", "role": "governing", "setpoint": 0.8,
+            "measurement": measurement, "output": 40, "breakerOpen": breaker, "lastError": null}]})
+    };
+    let render = |v: Value| {
+        format!("window.divvyRenderGovernors({v}); return document.querySelector('.governor[data-rule=\"login\"] h3').textContent;")
+    };
+    assert_eq!(
+        b.js(&render(state(0.5, false))).await,
+        json!("login · governing · breaker closed")
+    );
+    assert_eq!(
+        b.js(&render(state(0.9, true))).await,
+        json!("login · governing · breaker open")
+    );
     // Chromium logs the refused change (a 401 answer) as a failed load: that
     // one is expected, nothing else is.
     let errors: Vec<String> = b

@@ -161,11 +161,39 @@ async function showKnobs() {
   $('knobs-table').tBodies[0].replaceChildren(...rows);
 }
 
+// Each governor's setpoint, measurement and output as seen by this page
+// since it opened (the server keeps no governor history): 450 points, 15 min.
+const govHistory = new Map();
+
+function drawGovernor(canvas, points) {
+  const load = { allowed: points.map((p) => p.measurement ?? 0), denied: points.map((p) => p.setpoint) };
+  drawChart(canvas, load);
+}
+
+function renderGovernors(gov) {
+  const cards = (gov.governors || []).map((g) => {
+    const h = govHistory.get(g.rule) || [];
+    h.push({ setpoint: g.setpoint, measurement: g.measurement, output: g.output });
+    if (h.length > 450) h.shift();
+    govHistory.set(g.rule, h);
+    const canvas = el('canvas', { width: '640', height: '140', class: 'governor-chart' });
+    drawGovernor(canvas, h);
+    const outputs = { allowed: h.map((p) => p.output ?? 0), denied: h.map(() => 0) };
+    return el('div', { class: 'governor', 'data-rule': g.rule },
+      el('h3', { text: g.rule + ' · ' + g.role + (g.breakerOpen ? ' · breaker open' : ' · breaker closed') }),
+      el('p', { class: 'muted', text: 'measurement ' + (g.measurement ?? '–') + ' against setpoint ' + g.setpoint + ' (green: measurement, red: setpoint); output creditLimit ' + (g.output ?? '–') + (g.lastError ? ' · last error: ' + g.lastError : '') }),
+      canvas, el('div', {}, 'output over time ', sparkline(outputs)));
+  });
+  if (!cards.length) cards.push(el('p', { class: 'muted', text: 'no governor in the policy' }));
+  $('more-governors').replaceChildren(...cards);
+}
+window.divvyRenderGovernors = renderGovernors;
+
 async function showMore() {
   const [g, r, gov] = await Promise.all([api('/api/v1/global'), api('/api/v1/rlqs'), api('/api/v1/governors')]);
   $('more-global').textContent = JSON.stringify(g, null, 2);
   $('more-rlqs').textContent = JSON.stringify(r, null, 2);
-  $('more-governors').replaceChildren(el('pre', { text: JSON.stringify(gov, null, 2) }));
+  renderGovernors(gov);
 }
 
 const VIEWS = { overview: showOverview, rules: showRules, rule: showRule, offenders: showOffenders, knobs: showKnobs, more: showMore };

@@ -217,6 +217,18 @@ async fn the_page_shows_rules_traffic_offenders_and_changes_knobs() {
     b.until(Duration::from_secs(5), "the actor first among login's offenders", "const r = document.querySelector('#rule-offenders-1m tbody tr'); return !!r && r.dataset.actor === '6.6.6.6' && r.querySelector('.count').textContent === '25';")
         .await;
     b.screenshot("rule").await;
+    // Actors are what clients send: shown as text, never as markup.
+    let evil = "<b>bold</b><img/src/onerror>";
+    for _ in 0..7 {
+        hit(&server, evil);
+    }
+    b.until(Duration::from_secs(5), "the markup actor, as text", &format!("const r = document.querySelectorAll('#rule-offenders-1m tbody tr')[1]; return !!r && r.dataset.actor === {evil:?} && r.querySelector('.actor').textContent === {evil:?};"))
+        .await;
+    assert_eq!(
+        b.js("return document.querySelectorAll('#view-rule img, #view-rule b').length;")
+            .await,
+        json!(0)
+    );
     b.client.goto(&format!("{base}/ui#overview")).await.unwrap();
     b.until(Duration::from_secs(5), "overview offenders", "const r = document.querySelector('#ov-offenders tbody tr td.actor'); return !!r && r.textContent === '6.6.6.6';")
         .await;

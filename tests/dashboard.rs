@@ -518,6 +518,10 @@ fn the_api_lists_envoyproxy_ratelimit_limits_sorts_filters_and_refuses_bad_queri
     let (_, overview) = get("/api/v1/overview");
     assert_eq!(overview["policy"]["domains"], json!(["rl"]));
     assert_eq!(overview["store"]["name"], "memory");
+    assert_eq!(
+        overview["configured"],
+        json!({"global": false, "governors": false, "rlqsStreams": 0})
+    );
     assert_eq!(overview["offenders"][0]["actor"], "user=eve");
     // The p99 is divvy_hit_duration_seconds', which times divvy rules' decisions only.
     assert_eq!(overview["p99DecisionSeconds"], Value::Null);

@@ -180,6 +180,7 @@ pub async fn overview(State(s): State<AdminState>) -> Json<Value> {
         "configured": {
             "global": s.limiter.global().is_some(),
             "governors": !rules.governors().is_empty(),
+            "rlqsStreams": s.rlqs.lock().streams.len(),
         },
     }))
 }

@@ -109,7 +109,7 @@ async function showOverview() {
   const rows = [['hash', p.hash || '–'], ['source', p.source || '–'], ['rules', String(p.rules)], ['domains', p.domains.join(', ') || '–'],
     ['last reload', loaded], ['reloads', p.reloads.succeeded + ' ok, ' + p.reloads.failed + ' failed'], ['last error', p.lastError || 'none']];
   $('ov-policy').replaceChildren(...rows.flatMap(([k, v]) => [el('dt', { text: k }), el('dd', { text: v })]));
-  $('nav-more').hidden = !(o.configured.global || o.configured.governors);
+  $('nav-more').hidden = !(o.configured.global || o.configured.governors || o.configured.rlqsStreams > 0);
 }
 
 function limitCell(r) {

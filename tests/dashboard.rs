@@ -41,7 +41,11 @@ struct Browser {
 }
 
 impl Drop for Browser {
+    /// Ends the session first (chromedriver then stops Chromium: killing
+    /// chromedriver alone leaves the browser running), also after a failure.
     fn drop(&mut self) {
+        let url = format!("http://127.0.0.1:{}/session/{}", self.port, self.session);
+        let _ = ureq::delete(&url).call();
         let _ = self.driver.kill();
         let _ = self.driver.wait();
     }

@@ -52,7 +52,8 @@ const PROTECTED: [(&str, &str, &str); 9] = [
     ),
     // A route that does not exist yet is protected too: no token, no 404.
     ("GET", "/api/v1/anything", ""),
-    ("GET", "/ui", ""),
+    // The dashboard's data; its shell (`/ui`) is open, below.
+    ("GET", "/api/v1/overview", ""),
 ];
 
 fn serve_with_read_token() -> Server {
@@ -94,10 +95,22 @@ fn with_a_read_token_reads_need_a_token_and_open_paths_stay_open() {
         }
         let unknown = call(&server, "GET", "/api/v1/anything", "", Some(token));
         assert_eq!(unknown.status, 404, "past the gate: {}", unknown.body);
+        let overview = call(&server, "GET", "/api/v1/overview", "", Some(token));
+        assert_eq!(overview.status, 200, "{}", overview.body);
     }
     let config = call(&server, "GET", "/config", "", Some(READ));
     assert!(config.body.contains(r#""label":"win""#), "{}", config.body);
-    for path in ["/healthz", "/readyz", "/healthcheck", "/metrics", "/prom"] {
+    // The dashboard's shell holds no data: it loads, then asks for a token.
+    let paths = [
+        "/healthz",
+        "/readyz",
+        "/healthcheck",
+        "/metrics",
+        "/prom",
+        "/ui",
+        "/ui/app.js",
+    ];
+    for path in paths {
         let open = call(&server, "GET", path, "", None);
         assert_eq!(open.status, 200, "{path} without a token: {}", open.body);
         let wrong = call(&server, "GET", path, "", Some("not-a-token"));

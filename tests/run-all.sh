@@ -91,6 +91,13 @@ if [ ! -f /etc/ssl/certs/ca-certificates.crt ]; then
   apt_install ca-certificates
 fi
 
+# Chromium and its WebDriver, for tests/dashboard.rs (the dashboard in a
+# real browser: headless, driven through chromedriver on a loopback port).
+if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
+  log "installing chromium and chromium-driver (tests/dashboard.rs drives the dashboard in them)"
+  apt_install chromium chromium-driver
+fi
+
 # The official divvy client, into an ignored folder (nothing from node_modules is committed).
 if [ ! -f .tools/npm/node_modules/@button/divvy-client/package.json ]; then
   log "installing @button/divvy-client 1.0.1 into .tools/npm"

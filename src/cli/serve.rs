@@ -501,6 +501,8 @@ async fn run(args: ServeArgs, policy: Policy, hash: String) -> anyhow::Result<()
             .ratelimit
             .as_ref()
             .is_some_and(|m| m.healthy_needs_config),
+        failure_policy: (limiter.store().name() != "memory")
+            .then(|| args.on_store_failure.as_str()),
         rlqs,
     };
     if admin.tokens.admin.is_none() {

@@ -149,6 +149,8 @@ struct Planned {
     /// The op index; `None` for requests_per_unit 0 (always over).
     op: Option<usize>,
     cost: u64,
+    /// The descriptor's entries as counted (the dashboard's actor when denied).
+    path: Vec<(String, String)>,
 }
 
 /// The counter of a descriptor: the domain, each entry's key and value
@@ -292,6 +294,7 @@ fn slot(
         metadata: f.metadata,
         op,
         cost: d.cost,
+        path: f.path,
     })
 }
 
@@ -347,6 +350,7 @@ fn status(p: Planned, states: &[CounterState], settings: &EnvoySettings) -> Envo
         None => (p.cost == 0, 0),
     };
     record_stats(&p, allowed, remaining, rpu, settings.near_limit_ratio);
+    record_board(&p, allowed || p.shadow);
     EnvoyStatus {
         over: !allowed && !p.shadow,
         remaining: if allowed {
@@ -416,6 +420,37 @@ impl Limiter {
             })
             .collect())
     }
+}
+
+/// Counts the decision in the dashboard's history of the limit (its stats
+/// key); a denied hit's actor is its entries as counted (`k=v,...`), each
+/// value bounded as in counter keys.
+fn record_board(p: &Planned, allowed: bool) {
+    let board = crate::observe::recorder::recorder();
+    let describe = || {
+        let c = &p.current;
+        format!(
+            "{} per {}",
+            c.requests_per_unit,
+            c.unit.as_str().to_ascii_lowercase()
+        )
+    };
+    let Some(stats) = board.envoy_limit(&p.stats_key, describe) else {
+        return;
+    };
+    if allowed {
+        return board.record(board.now(), &stats, true, "", p.cost);
+    }
+    let mut actor = String::new();
+    for (i, (k, v)) in p.path.iter().enumerate() {
+        if i > 0 {
+            actor.push(',');
+        }
+        bounded::push_value(&mut actor, k);
+        actor.push('=');
+        bounded::push_value(&mut actor, v);
+    }
+    board.record(board.now(), &stats, false, &actor, p.cost);
 }
 
 fn record_stats(p: &Planned, allowed: bool, remaining: u64, rpu: u64, ratio: f64) {

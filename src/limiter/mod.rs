@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwap;
 
 use crate::observe::metrics::{metrics, HitStatus};
+use crate::observe::recorder::recorder;
 
 use crate::global::Global;
 use crate::knobs::Knobs;
@@ -326,7 +327,7 @@ impl Limiter {
                 decider: self.finish(&rules, decider, &mut ops, &states),
             })
             .collect();
-        record(&rules, &items);
+        record(&rules, hits, &items);
         // Each descriptor (each line-protocol HIT) is one hit, timed as its request.
         let decided_at = decided_at.unwrap_or_else(Instant::now);
         metrics().hit_times(decided_at.duration_since(started), items.len());
@@ -443,10 +444,15 @@ struct RequestPlan {
     charge: Charge,
 }
 
-/// Counts every outcome in the metrics, and logs the deciding rule's comment at debug level.
-fn record(rules: &RuleSet, items: &[Decision]) {
+/// Counts every outcome in the metrics and the dashboard's history (a
+/// denied hit under its actor), and logs the deciding rule's comment at
+/// debug level.
+fn record(rules: &RuleSet, hits: &[Hit], items: &[Decision]) {
     let m = metrics();
-    for item in items {
+    let board = recorder();
+    // One clock read for the request.
+    let now = board.now();
+    for (item, hit) in items.iter().zip(hits) {
         for c in &item.canaries {
             let (status, i) = if c.allowed {
                 (HitStatus::CanaryAccepted, 2)
@@ -467,6 +473,12 @@ fn record(rules: &RuleSet, items: &[Decision]) {
         rule.counters.hits[i].inc();
         rule.counters.decisions[i].inc();
         m.hit_statsd(status, spec.label.as_deref());
+        if item.decider.allowed {
+            board.record(now, &rule.stats, true, "", hit.cost);
+        } else {
+            let actor = denied_actor(rule, &item.decider, hit);
+            board.record(now, &rule.stats, false, &actor, hit.cost);
+        }
         tracing::debug!(
             rule = %spec,
             comment = spec.comment.as_deref().unwrap_or(""),
@@ -474,6 +486,28 @@ fn record(rules: &RuleSet, items: &[Decision]) {
             remaining = item.decider.remaining,
             "decided"
         );
+    }
+}
+
+/// The actor of a denied hit, bounded as its counter key keeps it: the
+/// value of the denying limit's `actorField` ("" for a rule without one).
+fn denied_actor<'a>(rule: &Rule, decider: &Outcome, hit: &'a Hit) -> std::borrow::Cow<'a, str> {
+    let limit = decider
+        .limits
+        .iter()
+        .find(|l| !l.allowed)
+        .map_or(0, |l| l.limit);
+    let actor = rule
+        .spec
+        .limits
+        .get(limit)
+        .map_or("", |l| rule.actor(&hit.operation, l));
+    if crate::rules::bounded::is_long(actor) {
+        let mut bounded = String::with_capacity(64);
+        crate::rules::bounded::push_value(&mut bounded, actor);
+        std::borrow::Cow::Owned(bounded)
+    } else {
+        std::borrow::Cow::Borrowed(actor)
     }
 }
 
@@ -556,6 +590,34 @@ default: {creditLimit: 100, resetSeconds: 60}
             );
             assert!(d.decider.counter_key.is_none());
         }
+    }
+
+    #[tokio::test]
+    async fn decisions_reach_the_dashboard_and_long_actors_come_bounded() {
+        let policy = parse_str(
+            "overrides:\n  - label: dash-limiter-test\n    operation: {k: d}\n    actorField: who\n    creditLimit: 1\n    resetSeconds: 60\ndefault: {creditLimit: 1, resetSeconds: 60}\n",
+            Format::Yaml,
+            "t.yaml",
+        )
+        .unwrap();
+        let l = Limiter::new(RuleSet::new(policy), Arc::new(MemoryStore::new()));
+        let long = "x".repeat(100);
+        for _ in 0..3 {
+            one(&l, &[("k", "d"), ("who", &long)]).await;
+        }
+        let board = recorder();
+        let stats = l.rules().rule(0).stats.clone();
+        let counted = stats.history.sum(board.now(), 5);
+        assert_eq!((counted.allowed, counted.denied), (1, 2));
+        let top = board.top(60, Some("dash-limiter-test"), 20);
+        assert_eq!(top.len(), 1, "{top:?}");
+        assert_eq!(top[0].count, 2);
+        assert!(
+            top[0].actor.starts_with("xxxxxxxxxxxxxxxx~h"),
+            "{}",
+            top[0].actor
+        );
+        assert_eq!(top[0].actor.len(), 16 + 2 + 32);
     }
 
     #[tokio::test]

@@ -1,6 +1,10 @@
 //! What divvy tells about itself: Prometheus [`metrics`] and the [`statsd`]
-//! mirror of divvy's own names.
+//! mirror of divvy's own names; the dashboard's 15 minutes of [`history`]
+//! per rule and top [`offenders`], kept by the [`recorder`].
 
+pub mod history;
 pub mod metrics;
+pub mod offenders;
 pub mod ratelimit_names;
+pub mod recorder;
 pub mod statsd;

@@ -34,6 +34,9 @@ pub struct Rule {
     key_suffixes: Vec<String>,
     /// Its metrics, looked up once.
     pub counters: crate::observe::metrics::RuleCounters,
+    /// Its decisions per second for the dashboard, looked up by name once
+    /// (a reload that keeps the rule's name keeps its history).
+    pub stats: std::sync::Arc<crate::observe::recorder::RuleStats>,
     /// See [`Rule::name`].
     name: String,
 }
@@ -60,6 +63,7 @@ impl Rule {
             spec.domain.as_deref(),
         );
         let name = spec.label.clone().unwrap_or_else(|| spec.to_string());
+        let stats = crate::observe::recorder::recorder().rule(&name);
         Rule {
             spec,
             matchers,
@@ -67,6 +71,7 @@ impl Rule {
             key_prefix,
             key_suffixes,
             counters,
+            stats,
             name,
         }
     }

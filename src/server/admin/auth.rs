@@ -109,9 +109,14 @@ impl Gate {
         }
     }
 
-    /// Whether `path` is answered without a token.
+    /// Whether `path` is answered without a token: the open list, the
+    /// metrics path, and the dashboard's shell (`/ui` and its embedded
+    /// assets, which hold no data: the page asks for a token to read the API).
     pub fn is_open(&self, path: &str) -> bool {
-        OPEN_PATHS.contains(&path) || path == &*self.metrics_path
+        OPEN_PATHS.contains(&path)
+            || path == &*self.metrics_path
+            || path == "/ui"
+            || path.starts_with("/ui/")
     }
 }
 
@@ -192,10 +197,26 @@ mod tests {
     #[test]
     fn only_the_listed_paths_and_the_metrics_path_are_open() {
         let gate = Gate::new(Tokens::default(), "/prom");
-        for open in ["/healthz", "/readyz", "/healthcheck", "/metrics", "/prom"] {
+        for open in [
+            "/healthz",
+            "/readyz",
+            "/healthcheck",
+            "/metrics",
+            "/prom",
+            "/ui",
+            "/ui/app.js",
+        ] {
             assert!(gate.is_open(open), "{open}");
         }
-        for closed in ["/config", "/knobs", "/api/v1/x", "/ui", "/healthz/", "/"] {
+        for closed in [
+            "/config",
+            "/knobs",
+            "/api/v1/x",
+            "/api/v1/rules",
+            "/uix",
+            "/healthz/",
+            "/",
+        ] {
             assert!(!gate.is_open(closed), "{closed}");
         }
     }

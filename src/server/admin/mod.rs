@@ -6,14 +6,18 @@
 //! the knob changes (see [`crate::knobs`]; they need
 //! `Authorization: Bearer <--admin-token>`), `auth.rs` the tokens and the
 //! layer that protects reads with `--admin-read-token`, `state.rs` the
-//! state they read, `render.rs` the JSON shapes of knobs and limits.
+//! state they read, `render.rs` the JSON shapes of knobs and limits,
+//! `api.rs` the dashboard's JSON API under `/api/v1/` and `ui.rs` the
+//! dashboard page at `/ui` (assets embedded in the binary).
 
+pub mod api;
 pub mod auth;
 pub mod knobs;
 pub mod render;
 pub mod rlqs;
 pub mod routes;
 pub mod state;
+pub mod ui;
 
 pub use routes::{router, serve_http, serve_https};
 pub use state::AdminState;

@@ -43,7 +43,17 @@ pub fn router(state: AdminState, metrics_path: &str) -> Router {
             "/knobs/{label}",
             axum::routing::put(super::knobs::set).delete(super::knobs::delete),
         )
-        .route("/metrics", get(prometheus));
+        .route("/metrics", get(prometheus))
+        .route("/api/v1/overview", get(super::api::overview))
+        .route("/api/v1/rules", get(super::api::rules))
+        .route("/api/v1/rules/{name}", get(super::api::rule))
+        .route("/api/v1/offenders", get(super::api::offenders))
+        .route("/api/v1/knobs", get(super::knobs::list))
+        .route("/api/v1/global", get(global))
+        .route("/api/v1/rlqs", get(super::rlqs::list))
+        .route("/api/v1/governors", get(governors))
+        .route("/ui", get(super::ui::page))
+        .route("/ui/{asset}", get(super::ui::asset));
     if metrics_path != "/metrics" {
         router = router.route(metrics_path, get(prometheus));
     }

@@ -26,6 +26,9 @@ pub struct AdminState {
     /// `/healthcheck` fails until a configuration is loaded (envoyproxy/ratelimit's
     /// `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`).
     pub healthy_needs_config: bool,
+    /// The failure policy that decides while a shared counter store fails
+    /// (`None` for the memory store), for the dashboard.
+    pub failure_policy: Option<&'static str>,
     /// The RLQS streams (for `GET /rlqs`).
     pub rlqs: Arc<crate::server::rlqs::Hub>,
 }

@@ -2050,7 +2050,7 @@ fn envoy_with_their_route_actions_answers_as_their_integration_scripts() {
         upstream(SERVICE_1),
         upstream(SERVICE_2),
     );
-    std::thread::sleep(room_wait(60, 20.0));
+    std::thread::sleep(room_wait(60, 30.0));
     let port = envoy.ports[0];
     let status = |path: &str, headers: &[(&str, &str)]| {
         get(port, path, headers)
@@ -2198,7 +2198,7 @@ fn envoy_token_quota_route_lets_three_requests_through() {
         upstream(SERVICE_1),
         upstream(SERVICE_2),
     );
-    std::thread::sleep(room_wait(60, 20.0));
+    std::thread::sleep(room_wait(60, 30.0));
     let mut got = Vec::new();
     for i in 1..=4 {
         let no = i.to_string();
@@ -2224,7 +2224,7 @@ fn envoy_multiservice_token_quota_routes_by_dynamic_metadata() {
         upstream(SERVICE_1),
         upstream(SERVICE_2),
     );
-    std::thread::sleep(room_wait(60, 20.0));
+    std::thread::sleep(room_wait(60, 30.0));
     let mut got = Vec::new();
     for i in 1..=6 {
         let no = i.to_string();

@@ -66,12 +66,13 @@ mod common;
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use common::prometheus::{try_get, Prometheus};
 use common::redis::Redis;
 use common::Server;
 use serde_json::Value;
@@ -300,143 +301,42 @@ impl Drop for Plant {
 
 // --------------------------------------------------------------- Prometheus
 
-/// A Prometheus process on 127.0.0.1 scraping the plant every second;
-/// killed on drop.
-struct Prometheus {
-    child: Option<Child>,
-    port: u16,
-    dir: tempfile::TempDir,
+/// A Prometheus scraping the plant on `target_port` every second, once it
+/// answers the governors' query with a number.
+fn prometheus(target_port: u16) -> Prometheus {
+    let mut p = Prometheus::start(
+        common::stable_port(),
+        &format!(
+            "global: {{scrape_interval: 1s, evaluation_interval: 1s}}\n\
+             scrape_configs:\n\
+             \x20 - job_name: plant\n\
+             \x20   scrape_interval: 1s\n\
+             \x20   scrape_timeout: 900ms\n\
+             \x20   static_configs:\n\
+             \x20     - targets: ['127.0.0.1:{target_port}']\n"
+        ),
+    );
+    wait_for_sample(&mut p);
+    p
 }
 
-impl Prometheus {
-    /// Starts one scraping the exporter on `target_port`, and waits until it
-    /// answers the governors' query with a number.
-    fn start(target_port: u16) -> Prometheus {
-        let dir = tempfile::tempdir().expect("temp dir");
-        std::fs::write(
-            dir.path().join("prometheus.yml"),
-            format!(
-                "global: {{scrape_interval: 1s, evaluation_interval: 1s}}\n\
-                 scrape_configs:\n\
-                 \x20 - job_name: plant\n\
-                 \x20   scrape_interval: 1s\n\
-                 \x20   scrape_timeout: 900ms\n\
-                 \x20   static_configs:\n\
-                 \x20     - targets: ['127.0.0.1:{target_port}']\n"
-            ),
-        )
-        .expect("prometheus.yml");
-        let mut p = Prometheus {
-            child: None,
-            port: common::stable_port(),
-            dir,
-        };
-        p.launch();
-        p
-    }
-
-    /// `http://127.0.0.1:port`.
-    fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
-    }
-
-    fn addr(&self) -> SocketAddr {
-        SocketAddr::from(([127, 0, 0, 1], self.port))
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("prometheus.log")).unwrap_or_default()
-    }
-
-    /// Starts the process (again: same port, same data dir), waits for
-    /// `/-/ready` and for a first sample of the plant.
-    fn launch(&mut self) {
-        assert!(self.child.is_none(), "Prometheus already running");
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.dir.path().join("prometheus.log"))
-            .expect("prometheus log");
-        let child = Command::new("prometheus")
-            .arg(format!(
-                "--config.file={}",
-                self.dir.path().join("prometheus.yml").display()
-            ))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                self.dir.path().join("data").display()
-            ))
-            .arg(format!("--web.listen-address=127.0.0.1:{}", self.port))
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("log"))
-            .stderr(log)
-            .spawn()
-            .unwrap_or_else(|e| {
-                panic!(
-                    "cannot start `prometheus` ({e}); these tests need Prometheus \
-                     (Debian: apt-get install prometheus, binary /usr/bin/prometheus)"
-                )
-            });
-        self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            if let Some(status) = self.child.as_mut().unwrap().try_wait().expect("wait") {
-                panic!("prometheus exited with {status}:\n{}", self.log());
-            }
-            if try_http(self.addr(), "/-/ready").is_some_and(|(s, _)| s == 200)
-                && self.query(QUERY).is_some()
-            {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "prometheus on port {} not ready with a sample within 60 s:\n{}",
-                self.port,
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    /// Kills the process (SIGKILL).
-    fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    /// The value of an instant query giving one sample, if it does.
-    fn query(&self, q: &str) -> Option<f64> {
-        let (status, body) = try_http(self.addr(), &format!("/api/v1/query?query={q}"))?;
-        if status != 200 {
-            return None;
-        }
-        let v: Value = serde_json::from_str(&body).ok()?;
-        v["data"]["result"][0]["value"][1].as_str()?.parse().ok()
-    }
+/// Waits until `p` has a sample of the plant.
+fn wait_for_sample(p: &mut Prometheus) {
+    p.wait_until(&format!("/api/v1/query?query={QUERY}"), |body| {
+        sample(body).is_some()
+    });
 }
 
-impl Drop for Prometheus {
-    fn drop(&mut self) {
-        self.kill();
-    }
+/// The value of an instant query giving one sample, if it does.
+fn query(p: &Prometheus, q: &str) -> Option<f64> {
+    let (status, body) = try_get(p.addr(), &format!("/api/v1/query?query={q}"))?;
+    (status == 200).then(|| sample(&body)).flatten()
 }
 
-/// A GET that may fail to connect (for processes still starting).
-fn try_http(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).ok()?;
-    let status = raw.split(' ').nth(1)?.parse().ok()?;
-    let (_, body) = raw.split_once("\r\n\r\n")?;
-    Some((status, body.to_owned()))
+/// The first sample's value in a query's JSON answer.
+fn sample(body: &str) -> Option<f64> {
+    let v: Value = serde_json::from_str(body).ok()?;
+    v["data"]["result"][0]["value"][1].as_str()?.parse().ok()
 }
 
 // ------------------------------------------------------------ divvy's view
@@ -551,7 +451,7 @@ fn wait_for_step(http: SocketAddr, every: Duration) {
 fn settles_breaks_and_survives_prometheus_outage() {
     let every = Duration::from_secs(2);
     let mut plant = Plant::start();
-    let mut prom = Prometheus::start(plant.port);
+    let mut prom = prometheus(plant.port);
     let server = Server::with_policy_args(&policy(&prom.url(), "2s"), "yaml", &[]);
     let http = server.http;
     plant.start_worker(vec![server.line]);
@@ -704,13 +604,14 @@ fn settles_breaks_and_survives_prometheus_outage() {
     assert!(errors >= 3.0, "queries_total with result=error: {errors}");
 
     prom.launch();
+    wait_for_sample(&mut prom);
     let back = Instant::now();
     // Not asserted, shown: until its first scrape after the restart,
     // Prometheus answers with the last sample from before the kill (its
     // 5 min lookback), stamped with the evaluation time.
     println!(
         "[c] right after the restart Prometheus serves a plant_load sample {:?} s old",
-        prom.query("max(time()-timestamp(plant_load))")
+        query(&prom, "max(time()-timestamp(plant_load))")
     );
     println!(
         "[c] Prometheus back on the same port after {:.1} s",
@@ -733,7 +634,7 @@ fn two_replicas_one_governor_and_takeover() {
     let every = Duration::from_secs(1);
     let redis = Redis::start();
     let mut plant = Plant::start();
-    let prom = Prometheus::start(plant.port);
+    let prom = prometheus(plant.port);
     let text = policy(&prom.url(), "1s");
     let url = redis.url();
     let a = Server::with_policy_args(&text, "yaml", &["--redis-url", &url]);

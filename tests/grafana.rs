@@ -48,9 +48,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
+use common::prometheus::Prometheus;
 use common::redis::Redis;
 use common::Server;
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
@@ -548,97 +549,31 @@ impl Exported {
 // --------------------------------------------------------------- Prometheus
 
 /// A Prometheus on 127.0.0.1 scraping `targets` every 500 ms as job
-/// `divvy`; killed on drop.
-struct Prometheus {
-    child: Child,
-    addr: SocketAddr,
-    dir: tempfile::TempDir,
+/// `divvy`, ready.
+fn scraping(port: u16, targets: &[SocketAddr]) -> Prometheus {
+    let targets: Vec<String> = targets.iter().map(|t| format!("'{t}'")).collect();
+    Prometheus::start(
+        port,
+        &format!(
+            "global: {{scrape_interval: 500ms, scrape_timeout: 400ms, evaluation_interval: 1s}}\n\
+             scrape_configs:\n\
+             \x20 - job_name: divvy\n\
+             \x20   static_configs:\n\
+             \x20     - targets: [{}]\n",
+            targets.join(", ")
+        ),
+    )
 }
 
-impl Prometheus {
-    fn start(port: u16, targets: &[SocketAddr]) -> Prometheus {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let targets: Vec<String> = targets.iter().map(|t| format!("'{t}'")).collect();
-        std::fs::write(
-            dir.path().join("prometheus.yml"),
-            format!(
-                "global: {{scrape_interval: 500ms, scrape_timeout: 400ms, evaluation_interval: 1s}}\n\
-                 scrape_configs:\n\
-                 \x20 - job_name: divvy\n\
-                 \x20   static_configs:\n\
-                 \x20     - targets: [{}]\n",
-                targets.join(", ")
-            ),
-        )
-        .expect("prometheus.yml");
-        let log = std::fs::File::create(dir.path().join("prometheus.log")).expect("log");
-        let child = Command::new("prometheus")
-            .arg(format!(
-                "--config.file={}",
-                dir.path().join("prometheus.yml").display()
-            ))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                dir.path().join("data").display()
-            ))
-            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("log"))
-            .stderr(log)
-            .spawn()
-            .unwrap_or_else(|e| {
-                panic!(
-                    "cannot start `prometheus` ({e}); this test needs Prometheus \
-                     (Debian: apt-get install prometheus, binary /usr/bin/prometheus)"
-                )
-            });
-        Prometheus {
-            child,
-            addr: SocketAddr::from(([127, 0, 0, 1], port)),
-            dir,
-        }
+/// An instant query: `Ok(number of series)` or `Err(Prometheus' error)`.
+fn series(prometheus: &Prometheus, query: &str) -> Result<usize, String> {
+    let body = format!("query={}", percent_encode(query));
+    let (status, text) = post(prometheus.addr(), "/api/v1/query", &body).ok_or("no answer")?;
+    let v: Value = serde_json::from_str(&text).map_err(|e| format!("{status}: {e}: {text}"))?;
+    if v["status"] != "success" {
+        return Err(format!("{status}: {}", v["error"]));
     }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("prometheus.log")).unwrap_or_default()
-    }
-
-    /// Waits for `/-/ready`.
-    fn wait_ready(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(status) = self.child.try_wait().expect("wait") {
-                panic!("prometheus exited with {status}:\n{}", self.log());
-            }
-            if post(self.addr, "/-/ready", "").is_some_and(|(s, _)| s == 200) {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "prometheus not ready in 30 s:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    /// An instant query: `Ok(number of series)` or `Err(Prometheus' error)`.
-    fn series(&self, query: &str) -> Result<usize, String> {
-        let body = format!("query={}", percent_encode(query));
-        let (status, text) = post(self.addr, "/api/v1/query", &body).ok_or("no answer")?;
-        let v: Value = serde_json::from_str(&text).map_err(|e| format!("{status}: {e}: {text}"))?;
-        if v["status"] != "success" {
-            return Err(format!("{status}: {}", v["error"]));
-        }
-        Ok(v["data"]["result"].as_array().map_or(0, Vec::len))
-    }
-}
-
-impl Drop for Prometheus {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+    Ok(v["data"]["result"].as_array().map_or(0, Vec::len))
 }
 
 fn percent_encode(s: &str) -> String {
@@ -872,7 +807,7 @@ async fn dashboard_queries_name_only_what_a_running_divvy_exports() {
             "50",
         ],
     );
-    let mut prometheus = Prometheus::start(prometheus_port, &[a.http, b.http]);
+    let prometheus = scraping(prometheus_port, &[a.http, b.http]);
 
     // The traffic. Allowed and denied on the line protocol, an unknown
     // command (divvy_errors_total{code}), a global limit used past its
@@ -965,7 +900,6 @@ async fn dashboard_queries_name_only_what_a_running_divvy_exports() {
 
     // 2. Every query through the Prometheus scraping A and B: it parses and
     //    returns data (job and instance are Prometheus' target labels).
-    prometheus.wait_ready();
     let substituted: Vec<(String, String)> = queries
         .iter()
         .map(|(whence, q)| {
@@ -983,7 +917,7 @@ async fn dashboard_queries_name_only_what_a_running_divvy_exports() {
     loop {
         let mut empty = Vec::new();
         for (whence, q) in &substituted {
-            match prometheus.series(q) {
+            match series(&prometheus, q) {
                 Ok(0) => empty.push(format!("{whence}: no series for {q}")),
                 Ok(_) => {}
                 Err(e) => panic!("{whence}: Prometheus refuses {q}: {e}"),

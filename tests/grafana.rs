@@ -54,10 +54,7 @@ use std::time::{Duration, Instant};
 use common::prometheus::Prometheus;
 use common::redis::Redis;
 use common::Server;
-use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
-use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
-use envoy_types::pb::envoy::service::rate_limit_quota::v3::{BucketId, RateLimitQuotaUsageReports};
-use envoy_types::pb::google::protobuf::Duration as PbDuration;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::RateLimitQuotaUsageReports;
 use serde_json::Value;
 
 const TOKEN: &str = "grafana-test-token";
@@ -680,30 +677,11 @@ default: {creditLimit: 0}
 /// Reports one bucket (2 allowed, 1 denied) of user `u1` in domain `rlqs`
 /// on a stream that stays open until the returned sender is dropped.
 async fn rlqs_stream(grpc: SocketAddr) -> tokio::sync::mpsc::Sender<RateLimitQuotaUsageReports> {
-    let mut client = RateLimitQuotaServiceClient::connect(format!("http://{grpc}"))
-        .await
-        .expect("connect");
-    let (tx, rx) = tokio::sync::mpsc::channel(4);
-    let mut answers = client
-        .stream_rate_limit_quotas(tokio_stream::wrappers::ReceiverStream::new(rx))
-        .await
-        .expect("stream")
-        .into_inner();
+    let (tx, mut answers) = common::rlqs::open_stream(grpc).await;
     tokio::spawn(async move { while let Ok(Some(_)) = answers.message().await {} });
-    let usage = BucketQuotaUsage {
-        bucket_id: Some(BucketId {
-            bucket: [("user".to_owned(), "u1".to_owned())].into(),
-        }),
-        time_elapsed: Some(PbDuration {
-            seconds: 1,
-            nanos: 0,
-        }),
-        num_requests_allowed: 2,
-        num_requests_denied: 1,
-    };
     tx.send(RateLimitQuotaUsageReports {
         domain: "rlqs".to_owned(),
-        bucket_quota_usages: vec![usage],
+        bucket_quota_usages: vec![common::rlqs::usage("user", "u1", 2, 1)],
     })
     .await
     .expect("send");

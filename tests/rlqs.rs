@@ -13,10 +13,8 @@ use std::time::{Duration, Instant};
 use common::envoy::{self, header, upstream, Envoy};
 use common::redis::Redis;
 use common::{http_request, Server};
-use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
-use envoy_types::pb::envoy::service::rate_limit_quota::v3::{BucketId, RateLimitQuotaUsageReports};
-use envoy_types::pb::google::protobuf::Duration as PbDuration;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::RateLimitQuotaUsageReports;
 use serde_json::Value;
 
 const TOKEN: &str = "rlqs-test-token";
@@ -448,32 +446,14 @@ fn envoy_falls_back_while_divvy_is_down_and_is_limited_again_when_it_returns() {
 }
 
 fn usage(user: usize) -> BucketQuotaUsage {
-    BucketQuotaUsage {
-        bucket_id: Some(BucketId {
-            bucket: [("user".to_owned(), format!("u{user}"))].into(),
-        }),
-        time_elapsed: Some(PbDuration {
-            seconds: 1,
-            nanos: 0,
-        }),
-        num_requests_allowed: 1,
-        num_requests_denied: 0,
-    }
+    common::rlqs::usage("user", &format!("u{user}"), 1, 0)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hostile_stream_of_100000_bucket_ids_stays_within_the_bucket_bound() {
     let server = divvy(&["--rlqs-max-buckets-per-stream", "500"]);
     let rss_before = rss_kib(server.pid());
-    let mut client = RateLimitQuotaServiceClient::connect(format!("http://{}", server.grpc))
-        .await
-        .expect("connect");
-    let (tx, rx) = tokio::sync::mpsc::channel(4);
-    let mut answers = client
-        .stream_rate_limit_quotas(tokio_stream::wrappers::ReceiverStream::new(rx))
-        .await
-        .expect("stream")
-        .into_inner();
+    let (tx, mut answers) = common::rlqs::open_stream(server.grpc).await;
     let reader = tokio::spawn(async move {
         let mut actions = 0usize;
         while let Ok(Some(r)) = answers.message().await {

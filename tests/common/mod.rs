@@ -9,6 +9,7 @@ pub mod fault_proxy;
 pub mod pki;
 pub mod prometheus;
 pub mod redis;
+pub mod rlqs;
 pub mod xds;
 
 use std::collections::BTreeMap;

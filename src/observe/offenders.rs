@@ -90,7 +90,9 @@ impl Sketch {
 
     fn add(&mut self, rule: &Arc<str>, actor: &str, hash: u64, n: u64) {
         if let Some(&e) = self.by_hash.get(&hash) {
-            self.entries[e as usize].count += n;
+            let entry = &mut self.entries[e as usize];
+            // A hit's cost is the client's (hits_addend): saturate.
+            entry.count = entry.count.saturating_add(n);
             let at = self.place[e as usize] as usize;
             return self.sift_down(at);
         }
@@ -120,7 +122,7 @@ impl Sketch {
             rule: rule.clone(),
             actor: actor.into(),
             hash,
-            count: min + n,
+            count: min.saturating_add(n),
             error: min,
         };
         self.by_hash.insert(hash, e);
@@ -212,8 +214,8 @@ impl Offenders {
                 count: 0,
                 error: 0,
             });
-            o.count += e.count;
-            o.error += e.error;
+            o.count = o.count.saturating_add(e.count);
+            o.error = o.error.saturating_add(e.error);
         }
         let mut list: Vec<Offender> = merged.into_values().collect();
         list.sort_unstable_by(|a, b| b.count.cmp(&a.count).then_with(|| a.actor.cmp(&b.actor)));

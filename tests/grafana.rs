@@ -730,139 +730,19 @@ fn missing(used: &BTreeMap<String, Uses>, exported: &Exported) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dashboard_queries_name_only_what_a_running_divvy_exports() {
     let started = Instant::now();
-    let dash = dashboard();
-    let queries = dashboard_queries(&dash);
-    let mut used: BTreeMap<String, Uses> = BTreeMap::new();
-    for (whence, expr) in &queries {
-        for (name, labels) in metrics_of(expr) {
-            let uses = used.entry(name).or_default();
-            uses.by.push(whence.clone());
-            for l in labels {
-                uses.labels.entry(l).or_default().push(whence.clone());
-            }
-        }
-    }
+    let queries = dashboard_queries(&dashboard());
+    let used = uses_of(&queries);
     println!(
         "{} queries name {} metrics: {:?}",
         queries.len(),
         used.len(),
         used.keys().collect::<Vec<_>>()
     );
+    let procs = Processes::start();
+    let stream = procs.drive().await;
 
-    // The processes.
-    let global = Redis::start();
-    let prometheus_port = common::stable_port();
-    let dir = tempfile::tempdir().expect("temp dir");
-    let path_a = dir.path().join("a.yaml");
-    let text_a = policy_a(&format!("http://127.0.0.1:{prometheus_port}"));
-    std::fs::write(&path_a, &text_a).expect("policy A");
-    let a = Server::start(
-        &path_a,
-        &[
-            "--admin-token",
-            TOKEN,
-            "--global-url",
-            &global.url(),
-            "--global-lease-ms",
-            "500",
-            "--sweep-seconds",
-            "1",
-        ],
-    );
-    let path_b = dir.path().join("b.yaml");
-    std::fs::write(&path_b, POLICY_B).expect("policy B");
-    let regional = Redis::start();
-    let b = Server::start(
-        &path_b,
-        &[
-            "--redis-url",
-            &regional.url(),
-            "--on-store-failure",
-            "local",
-            "--breaker-failures",
-            "2",
-            "--redis-timeout-ms",
-            "50",
-        ],
-    );
-    let prometheus = scraping(prometheus_port, &[a.http, b.http]);
-
-    // The traffic. Allowed and denied on the line protocol, an unknown
-    // command (divvy_errors_total{code}), a global limit used past its
-    // quota, the reindex rule; on B, HITs the failure policy decides.
-    let mut lines = String::new();
-    for who in ["x", "x", "x", "y"] {
-        lines.push_str(&format!("HIT path=/api who={who}\n"));
-    }
-    for _ in 0..10 {
-        lines.push_str("HIT site=acme\nHIT path=/reindex\n");
-    }
-    lines.push_str("BOGUS\n");
-    let answers = a.line_exchange(lines.as_bytes());
-    assert!(
-        answers.contains("OK true") && answers.contains("OK false"),
-        "{answers}"
-    );
-    // B: one HIT through Redis, then Redis paused (SIGSTOP): calls time
-    // out, the breaker opens and the failure policy decides.
-    let answers = b.line_exchange(b"HIT path=/api who=x\n");
-    assert!(answers.starts_with("OK true"), "{answers}");
-    regional.pause();
-    // One connection's pipelined HITs share a store call: one HIT each.
-    for _ in 0..3 {
-        let answers = b.line_exchange(b"HIT path=/api who=x\n");
-        assert!(answers.starts_with("OK "), "{answers}");
-    }
-    // A knob, through the admin API.
-    let (status, body) = common::http_request(
-        a.http,
-        "PUT",
-        "/knobs/api",
-        r#"{"creditLimit": 3}"#,
-        Some(&format!("Bearer {TOKEN}")),
-    );
-    assert_eq!(status, 200, "PUT /knobs/api: {body}");
-    // A reload that succeeds (a changed file, and SIGHUP: identical
-    // content is not reloaded), then a policy file that fails.
-    std::fs::write(&path_a, format!("{text_a}# changed\n")).expect("changed policy");
-    signal(a.pid(), "-HUP");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !a
-        .metric_samples()
-        .contains_key("divvy_reloads_total{result=\"success\"}")
-    {
-        assert!(
-            Instant::now() < deadline,
-            "no successful reload after SIGHUP"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    std::fs::write(&path_a, "overrides: [this is not a policy\n").expect("bad policy");
-    signal(a.pid(), "-HUP");
-    // RLQS: one stream, one bucket with allowed and denied requests.
-    let stream = rlqs_stream(a.grpc).await;
-
-    // 1. Every name and label in the /metrics of A or B (polled: the global
-    //    lease task, the governor and the RLQS allocation run on their own).
-    let deadline = Instant::now() + Duration::from_secs(15);
-    let exported = loop {
-        let mut exported = Exported::default();
-        for s in [&a, &b] {
-            let (status, text) = common::http_request(s.http, "GET", "/metrics", "", None);
-            assert_eq!(status, 200);
-            exported.add(&text);
-        }
-        let gaps = missing(&used, &exported);
-        if gaps.is_empty() {
-            break exported;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the dashboard names what the running divvy processes do not export:\n{}",
-            gaps.join("\n")
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    // 1. Every name and label in the /metrics of A or B.
+    let exported = wait_until_exported(&used, [&procs.a, &procs.b]).await;
     let mut families = BTreeSet::new();
     for name in used.keys() {
         if name != exported.family(name) {
@@ -876,8 +756,188 @@ async fn dashboard_queries_name_only_what_a_running_divvy_exports() {
         started.elapsed().as_secs_f64()
     );
 
-    // 2. Every query through the Prometheus scraping A and B: it parses and
-    //    returns data (job and instance are Prometheus' target labels).
+    // 2. Every query through the Prometheus scraping A and B.
+    let answered = wait_until_answered(&procs.prometheus, &queries).await;
+    println!(
+        "{answered} queries return data through Prometheus; {:.1} s in all",
+        started.elapsed().as_secs_f64()
+    );
+    drop(stream);
+}
+
+/// Per metric the queries name: where, and with which labels.
+fn uses_of(queries: &[(String, String)]) -> BTreeMap<String, Uses> {
+    let mut used: BTreeMap<String, Uses> = BTreeMap::new();
+    for (whence, expr) in queries {
+        for (name, labels) in metrics_of(expr) {
+            let uses = used.entry(name).or_default();
+            uses.by.push(whence.clone());
+            for l in labels {
+                uses.labels.entry(l).or_default().push(whence.clone());
+            }
+        }
+    }
+    used
+}
+
+/// Divvy A (memory store, a global limit, a governor, knobs, reloads,
+/// RLQS), divvy B (Redis store, to be paused), their redis-servers, and a
+/// Prometheus scraping both.
+struct Processes {
+    a: Server,
+    b: Server,
+    path_a: std::path::PathBuf,
+    text_a: String,
+    regional: Redis,
+    prometheus: Prometheus,
+    _global: Redis,
+    _dir: tempfile::TempDir,
+}
+
+impl Processes {
+    fn start() -> Processes {
+        let global = Redis::start();
+        let prometheus_port = common::stable_port();
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path_a = dir.path().join("a.yaml");
+        let text_a = policy_a(&format!("http://127.0.0.1:{prometheus_port}"));
+        std::fs::write(&path_a, &text_a).expect("policy A");
+        let a = Server::start(
+            &path_a,
+            &[
+                "--admin-token",
+                TOKEN,
+                "--global-url",
+                &global.url(),
+                "--global-lease-ms",
+                "500",
+                "--sweep-seconds",
+                "1",
+            ],
+        );
+        let path_b = dir.path().join("b.yaml");
+        std::fs::write(&path_b, POLICY_B).expect("policy B");
+        let regional = Redis::start();
+        let b = Server::start(
+            &path_b,
+            &[
+                "--redis-url",
+                &regional.url(),
+                "--on-store-failure",
+                "local",
+                "--breaker-failures",
+                "2",
+                "--redis-timeout-ms",
+                "50",
+            ],
+        );
+        let prometheus = scraping(prometheus_port, &[a.http, b.http]);
+        Processes {
+            a,
+            b,
+            path_a,
+            text_a,
+            regional,
+            prometheus,
+            _global: global,
+            _dir: dir,
+        }
+    }
+
+    /// The traffic. On A: allowed and denied HITs, an unknown command
+    /// (divvy_errors_total{code}), a global limit used past its quota, the
+    /// reindex rule, a knob, a reload that succeeds and one that fails, an
+    /// RLQS stream (returned: it stays open until dropped). On B: HITs the
+    /// failure policy decides once its Redis is paused.
+    async fn drive(&self) -> tokio::sync::mpsc::Sender<RateLimitQuotaUsageReports> {
+        let (a, b) = (&self.a, &self.b);
+        let mut lines = String::new();
+        for who in ["x", "x", "x", "y"] {
+            lines.push_str(&format!("HIT path=/api who={who}\n"));
+        }
+        for _ in 0..10 {
+            lines.push_str("HIT site=acme\nHIT path=/reindex\n");
+        }
+        lines.push_str("BOGUS\n");
+        let answers = a.line_exchange(lines.as_bytes());
+        assert!(
+            answers.contains("OK true") && answers.contains("OK false"),
+            "{answers}"
+        );
+        // B: one HIT through Redis, then Redis paused (SIGSTOP): calls time
+        // out, the breaker opens and the failure policy decides.
+        let answers = b.line_exchange(b"HIT path=/api who=x\n");
+        assert!(answers.starts_with("OK true"), "{answers}");
+        self.regional.pause();
+        // One connection's pipelined HITs share a store call: one HIT each.
+        for _ in 0..3 {
+            let answers = b.line_exchange(b"HIT path=/api who=x\n");
+            assert!(answers.starts_with("OK "), "{answers}");
+        }
+        let (status, body) = common::http_request(
+            a.http,
+            "PUT",
+            "/knobs/api",
+            r#"{"creditLimit": 3}"#,
+            Some(&format!("Bearer {TOKEN}")),
+        );
+        assert_eq!(status, 200, "PUT /knobs/api: {body}");
+        self.reload_then_break().await;
+        rlqs_stream(self.a.grpc).await
+    }
+
+    /// A reload that succeeds (a changed file, and SIGHUP: identical
+    /// content is not reloaded), then a policy file that fails.
+    async fn reload_then_break(&self) {
+        let a = &self.a;
+        std::fs::write(&self.path_a, format!("{}# changed\n", self.text_a))
+            .expect("changed policy");
+        signal(a.pid(), "-HUP");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !a
+            .metric_samples()
+            .contains_key("divvy_reloads_total{result=\"success\"}")
+        {
+            assert!(
+                Instant::now() < deadline,
+                "no successful reload after SIGHUP"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        std::fs::write(&self.path_a, "overrides: [this is not a policy\n").expect("bad policy");
+        signal(a.pid(), "-HUP");
+    }
+}
+
+/// The union of what `servers` export, once it holds every name and label
+/// `used` (polled for 15 s: the global lease task, the governor and the
+/// RLQS allocation run on their own).
+async fn wait_until_exported(used: &BTreeMap<String, Uses>, servers: [&Server; 2]) -> Exported {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let mut exported = Exported::default();
+        for s in servers {
+            let (status, text) = common::http_request(s.http, "GET", "/metrics", "", None);
+            assert_eq!(status, 200);
+            exported.add(&text);
+        }
+        let gaps = missing(used, &exported);
+        if gaps.is_empty() {
+            return exported;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the dashboard names what the running divvy processes do not export:\n{}",
+            gaps.join("\n")
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Waits (15 s at most) until every query, its variables filled in,
+/// parses and returns data in `prometheus` (job and instance are
+/// Prometheus' target labels); the number of queries.
+async fn wait_until_answered(prometheus: &Prometheus, queries: &[(String, String)]) -> usize {
     let substituted: Vec<(String, String)> = queries
         .iter()
         .map(|(whence, q)| {
@@ -895,14 +955,14 @@ async fn dashboard_queries_name_only_what_a_running_divvy_exports() {
     loop {
         let mut empty = Vec::new();
         for (whence, q) in &substituted {
-            match series(&prometheus, q) {
+            match series(prometheus, q) {
                 Ok(0) => empty.push(format!("{whence}: no series for {q}")),
                 Ok(_) => {}
                 Err(e) => panic!("{whence}: Prometheus refuses {q}: {e}"),
             }
         }
         if empty.is_empty() {
-            break;
+            return substituted.len();
         }
         assert!(
             Instant::now() < deadline,
@@ -912,10 +972,4 @@ async fn dashboard_queries_name_only_what_a_running_divvy_exports() {
         );
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
-    println!(
-        "{} queries return data through Prometheus; {:.1} s in all",
-        substituted.len(),
-        started.elapsed().as_secs_f64()
-    );
-    drop(stream);
 }

@@ -207,8 +207,25 @@ async fn the_page_shows_rules_traffic_offenders_and_changes_knobs() {
         json!("5 per 3600s")
     );
 
+    offenders_show(&b, &server, &base).await;
+    knob_form(&b, &server, &base).await;
+    more_views(&b, &base).await;
+    // Chromium logs the refused change (a 401 answer) as a failed load: that
+    // one is expected, nothing else is.
+    let errors: Vec<String> = b
+        .errors()
+        .await
+        .into_iter()
+        .filter(|e| !(e.contains("/knobs/login") && e.contains("401")))
+        .collect();
+    assert!(errors.is_empty(), "console errors: {errors:?}");
+}
+
+/// One actor over its limit: the denied rate rises, it leads the offenders;
+/// an actor that spells markup is shown as text.
+async fn offenders_show(b: &Browser, server: &Server, base: &str) {
     // One actor over its limit: the denied rate rises, it leads the offenders.
-    let answers: Vec<bool> = (0..30).map(|_| hit(&server, "6.6.6.6")).collect();
+    let answers: Vec<bool> = (0..30).map(|_| hit(server, "6.6.6.6")).collect();
     assert_eq!(answers.iter().filter(|a| **a).count(), 5);
     let seen = b
         .until(Duration::from_secs(5), "denied/s on login", "const c = document.querySelector('#rules-table tr[data-name=\"login\"] td.denied'); return !!c && Number(c.textContent) > 0;")
@@ -224,7 +241,7 @@ async fn the_page_shows_rules_traffic_offenders_and_changes_knobs() {
     // Actors are what clients send: shown as text, never as markup.
     let evil = "<b>bold</b><img/src/onerror>";
     for _ in 0..7 {
-        hit(&server, evil);
+        hit(server, evil);
     }
     b.until(Duration::from_secs(5), "the markup actor, as text", &format!("const r = document.querySelectorAll('#rule-offenders-1m tbody tr')[1]; return !!r && r.dataset.actor === {evil:?} && r.querySelector('.actor').textContent === {evil:?};"))
         .await;
@@ -241,7 +258,11 @@ async fn the_page_shows_rules_traffic_offenders_and_changes_knobs() {
         .await;
     assert!(p99.as_str().is_some_and(|t| t.ends_with(" µs")), "{p99}");
     b.screenshot("overview").await;
+}
 
+/// The knob form: a wrong token changes nothing, the admin token sets a
+/// knob the next HIT obeys, and removing it restores the limit.
+async fn knob_form(b: &Browser, server: &Server, base: &str) {
     // A wrong admin token: the error shows, nothing changes.
     b.client
         .goto(&format!("{base}/ui#knobs/login"))
@@ -258,7 +279,7 @@ async fn the_page_shows_rules_traffic_offenders_and_changes_knobs() {
     .await;
     let (_, knobs) = server.http("GET", "/knobs", "");
     assert!(knobs.contains(r#""knobs":[]"#), "{knobs}");
-    assert!(!hit(&server, "6.6.6.6"));
+    assert!(!hit(server, "6.6.6.6"));
 
     // The admin token: the rule's row shows the new limit, the next HIT obeys it.
     b.fill("admin-token", ADMIN).await;
@@ -276,7 +297,7 @@ async fn the_page_shows_rules_traffic_offenders_and_changes_knobs() {
     )
     .await;
     assert!(
-        hit(&server, "6.6.6.6"),
+        hit(server, "6.6.6.6"),
         "the knob's limit lets the next HIT through"
     );
     let stored = b
@@ -310,8 +331,11 @@ async fn the_page_shows_rules_traffic_offenders_and_changes_knobs() {
         &with_limit("login", "return t === '5 per 3600s';"),
     )
     .await;
-    assert!(!hit(&server, "6.6.6.6"));
+    assert!(!hit(server, "6.6.6.6"));
+}
 
+/// Global, RLQS and governors.
+async fn more_views(b: &Browser, base: &str) {
     // Global, RLQS and governors: this policy has none (the governors view
     // says so); a governor's state, as /governors gives it, is drawn over time.
     b.client.goto(&format!("{base}/ui#more")).await.unwrap();
@@ -332,15 +356,6 @@ async fn the_page_shows_rules_traffic_offenders_and_changes_knobs() {
         b.js(&render(state(0.9, true))).await,
         json!("login · governing · breaker open")
     );
-    // Chromium logs the refused change (a 401 answer) as a failed load: that
-    // one is expected, nothing else is.
-    let errors: Vec<String> = b
-        .errors()
-        .await
-        .into_iter()
-        .filter(|e| !(e.contains("/knobs/login") && e.contains("401")))
-        .collect();
-    assert!(errors.is_empty(), "console errors: {errors:?}");
 }
 
 #[tokio::test]

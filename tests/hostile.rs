@@ -1068,3 +1068,58 @@ fn grpc_keepalive_pings_the_peer() {
     println!("without the flag: first server PING within 3 s: {none:?}");
     assert_eq!(none, None, "a PING without --grpc-keepalive-seconds");
 }
+
+/// 1,000,000 distinct actors denied over the line protocol (a rule of 0
+/// with an actorField: no counters, so what grows is the dashboard's
+/// offenders), one heavy actor among them: the offenders stay within their
+/// bound (8 MB, docs/dashboard.md) and the heavy actor is listed first.
+#[test]
+fn a_flood_of_a_million_denied_actors_keeps_the_offenders_bounded() {
+    const N: usize = 1_000_000;
+    const POLICY: &str = "overrides:\n  - operation: {path: /flood}\n    label: flood\n    actorField: ip\n    creditLimit: 0\ndefault: {creditLimit: 0}\n";
+    let server = Server::with_policy(POLICY, "yaml");
+    let pid = server.pid();
+    let actor = |i: usize| {
+        if i.is_multiple_of(50) {
+            String::from("heavy")
+        } else {
+            format!("10.{}.{}.{}", (i >> 16) & 255, (i >> 8) & 255, i & 255)
+        }
+    };
+    let warm = line_flood(server.line, 20_000, 8, &|i| {
+        format!("HIT path=/flood ip=w{}", actor(i))
+    });
+    assert!(warm.iter().all(|a| a.starts_with("OK false")));
+    std::thread::sleep(Duration::from_millis(300));
+    let before = rss(pid);
+    let watch = RssWatch::start(pid);
+    let started = Instant::now();
+    let answers = line_flood(server.line, N, 8, &|i| {
+        format!("HIT path=/flood ip={}", actor(i))
+    });
+    let took = started.elapsed();
+    let (after, peak) = (rss(pid), watch.stop());
+    assert!(answers.iter().all(|a| a.starts_with("OK false")));
+    let growth = after.saturating_sub(before);
+    println!(
+        "{N} denied HITs of distinct actors in {:.1} s: RSS before {:.1} MB, after {:.1} MB, peak {:.1} MB; growth {:.2} MB (bound 16 MB: the offenders' 8 MB and the allocator's slack)",
+        took.as_secs_f64(),
+        mb(before),
+        mb(after),
+        mb(peak),
+        mb(growth),
+    );
+    assert!(growth <= 16 << 20, "RSS grew {:.2} MB", mb(growth));
+    let (status, body) = server.http("GET", "/api/v1/offenders?window=5m&rule=flood", "");
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    let first = &v["offenders"][0];
+    println!("first offender: {first}");
+    assert_eq!(first["actor"], "heavy", "{body}");
+    let count = first["count"].as_u64().unwrap_or(0);
+    let error = first["error"].as_u64().unwrap_or(u64::MAX);
+    assert!(
+        count >= (N / 50) as u64 && count - error <= (N / 50) as u64,
+        "{first}"
+    );
+}

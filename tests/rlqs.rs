@@ -65,7 +65,7 @@ fn drive(
             if let Some(wait) = at.checked_duration_since(Instant::now()) {
                 std::thread::sleep(wait);
             }
-            let answer = fetch(port, &headers);
+            let answer = envoy::get_by_length(port, "/", &headers);
             let (status, body) = answer.map_or((0, String::new()), |(s, h, b)| {
                 if s == 429 && headers[0].0 == "x-user" {
                     assert_eq!(header(&h, "x-rate-limited-by"), Some("divvy-rlqs"));
@@ -76,48 +76,6 @@ fn drive(
         }
         (t0, out)
     })
-}
-
-/// A GET through `port` that reads the answer by its content-length and
-/// closes, as an HTTP client does (Envoy 1.40's filter counts a client that
-/// waits for the connection to close differently: see the report).
-fn fetch(port: u16, headers: &[(&str, &str)]) -> Option<envoy::Answer> {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(20))).ok()?;
-    let extra: String = headers
-        .iter()
-        .map(|(k, v)| format!("{k}: {v}\r\n"))
-        .collect();
-    write!(
-        s,
-        "GET / HTTP/1.1\r\nHost: example\r\n{extra}Connection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut raw = Vec::new();
-    let mut chunk = [0u8; 4096];
-    loop {
-        let n = s.read(&mut chunk).ok()?;
-        raw.extend_from_slice(&chunk[..n]);
-        let text = String::from_utf8_lossy(&raw).into_owned();
-        if let Some((head, body)) = text.split_once("\r\n\r\n") {
-            let mut lines = head.lines();
-            let status = lines.next()?.split(' ').nth(1)?.parse().ok()?;
-            let headers: Vec<(String, String)> = lines
-                .filter_map(|l| l.split_once(':'))
-                .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
-                .collect();
-            let length: usize = header(&headers, "content-length")
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0);
-            if body.len() >= length {
-                return Some((status, headers, body.to_owned()));
-            }
-        }
-        if n == 0 {
-            return None;
-        }
-    }
 }
 
 fn ok_between(sent: &[Sent], from: f64, to: f64) -> usize {
@@ -443,6 +401,23 @@ fn envoy_falls_back_while_divvy_is_down_and_is_limited_again_when_it_returns() {
     let secs = 32.0 - (back + again + 1.0);
     within_limit("divvy back", last, 20.0, secs, 20.0);
     drop((server, envoy));
+}
+
+/// `GET /explain` in the filter's domain shows the rule a bucket id meets,
+/// as docs/rlqs.md says.
+#[test]
+fn explain_shows_the_rule_a_bucket_id_meets() {
+    let server = divvy(&[]);
+    let explain = |query: &str| -> Value {
+        let (status, body) = server.http("GET", &format!("/explain?{query}"), "");
+        assert_eq!(status, 200, "{body}");
+        serde_json::from_str(&body).expect("JSON")
+    };
+    let user = explain("domain=rlqs&user=alice");
+    assert_eq!(user["decider"]["label"], "per-user", "{user:#}");
+    assert_eq!(user["decider"]["algorithm"], "token_bucket");
+    let other = explain("domain=rlqs&other=x");
+    assert_eq!(other["decider"]["kind"], "always allow", "{other:#}");
 }
 
 fn usage(user: usize) -> BucketQuotaUsage {

@@ -48,6 +48,20 @@ pub struct Knob {
 }
 
 impl Knob {
+    /// A knob setting only the credit limit, with no expiry (tests: 0 is
+    /// the stop knob).
+    #[cfg(test)]
+    pub(crate) fn credit_limit(credit_limit: u64) -> Knob {
+        Knob {
+            credit_limit: Some(credit_limit),
+            reset_seconds: None,
+            burst: None,
+            expires_at_ms: None,
+            set_by: "test".into(),
+            set_at_ms: 0,
+        }
+    }
+
     /// Whether the knob is still in force at `now_ms`.
     pub fn live(&self, now_ms: u64) -> bool {
         self.expires_at_ms.is_none_or(|t| t > now_ms)

@@ -229,14 +229,7 @@ default: {creditLimit: 5, resetSeconds: 0}
         assert_eq!(rates.len(), 2);
         assert_eq!((rates[0].rate, rates[0].burst), (10.0, 600));
         assert!((rates[1].rate - 1000.0 / 3600.0).abs() < 1e-12);
-        let stop = Knob {
-            credit_limit: Some(0),
-            reset_seconds: None,
-            burst: None,
-            expires_at_ms: None,
-            set_by: "test".into(),
-            set_at_ms: 0,
-        };
+        let stop = Knob::credit_limit(0);
         knobs.set("per-user", stop).await.unwrap();
         assert!(matches!(
             l.bucket_limit("d", &[("user", "a")]),

@@ -760,14 +760,7 @@ default: {creditLimit: 100, resetSeconds: 60}
                 .decider
                 .allowed
         );
-        let stop = crate::knobs::Knob {
-            credit_limit: Some(0),
-            reset_seconds: None,
-            burst: None,
-            expires_at_ms: None,
-            set_by: "test".into(),
-            set_at_ms: 0,
-        };
+        let stop = crate::knobs::Knob::credit_limit(0);
         knobs.set("tb", stop).await.unwrap();
         let d = l.check(Some("d"), &[h]).await.unwrap();
         assert!(

@@ -154,8 +154,41 @@ pub fn start(
 /// An HTTP answer: status, lower-cased headers, body.
 pub type Answer = (u16, Vec<(String, String)>, String);
 
-/// A GET through `port` with extra headers.
+/// A GET through `port` with extra headers, read until Envoy closes the
+/// connection.
 pub fn get(port: u16, path: &str, headers: &[(&str, &str)]) -> Option<Answer> {
+    let mut s = send_get(port, path, headers)?;
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).ok()?;
+    split_answer(&raw)
+}
+
+/// A GET through `port` with extra headers, read by its content-length,
+/// as an HTTP client does (Envoy 1.40's RLQS filter counts a client that
+/// waits for the connection to close differently: see docs/rlqs.md).
+pub fn get_by_length(port: u16, path: &str, headers: &[(&str, &str)]) -> Option<Answer> {
+    let mut s = send_get(port, path, headers)?;
+    let mut raw = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let n = s.read(&mut chunk).ok()?;
+        raw.extend_from_slice(&chunk[..n]);
+        if let Some(answer) = split_answer(&String::from_utf8_lossy(&raw)) {
+            let length: usize = header(&answer.1, "content-length")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            if answer.2.len() >= length {
+                return Some(answer);
+            }
+        }
+        if n == 0 {
+            return None;
+        }
+    }
+}
+
+/// Connects to `port` and sends a GET of `path` with extra headers.
+fn send_get(port: u16, path: &str, headers: &[(&str, &str)]) -> Option<TcpStream> {
     let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(20))).ok()?;
     let extra: String = headers
@@ -167,8 +200,11 @@ pub fn get(port: u16, path: &str, headers: &[(&str, &str)]) -> Option<Answer> {
         "GET {path} HTTP/1.1\r\nHost: example\r\n{extra}Connection: close\r\n\r\n"
     )
     .ok()?;
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).ok()?;
+    Some(s)
+}
+
+/// An answer's status, lower-cased headers and body, once its head is whole.
+fn split_answer(raw: &str) -> Option<Answer> {
     let (head, body) = raw.split_once("\r\n\r\n")?;
     let mut lines = head.lines();
     let status = lines.next()?.split(' ').nth(1)?.parse().ok()?;

@@ -248,14 +248,7 @@ async fn a_stop_knob_pushes_deny_all_to_every_stream_and_its_removal_a_token_buc
     report_tick(&s.hub, two, vec![usage(&[("user", "a")], 0, 1, 0)]);
     received(&mut rx1);
     received(&mut rx2);
-    let stop = Knob {
-        credit_limit: Some(0),
-        reset_seconds: None,
-        burst: None,
-        expires_at_ms: None,
-        set_by: "test".into(),
-        set_at_ms: 0,
-    };
+    let stop = Knob::credit_limit(0);
     s.knobs.set("per-user", stop).await.unwrap();
     s.hub.tick();
     assert_eq!(received(&mut rx1).get("a"), Some(&Told::Deny));

@@ -8,6 +8,30 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 pub trait Clock: Send + Sync + 'static {
     /// Time since the Unix epoch (epoch-aligned windows need wall time).
     fn now(&self) -> Duration;
+
+    /// [`Clock::now`] to within a few milliseconds, where that is cheaper
+    /// to read (what counts whole seconds needs no more).
+    fn now_coarse(&self) -> Duration {
+        self.now()
+    }
+}
+
+/// A monotonic instant from the kernel's coarse clock: a few milliseconds'
+/// resolution for a fraction of the precise clock's cost, for times read
+/// on every request where milliseconds do not matter (idle limits).
+#[derive(Debug, Clone, Copy)]
+pub struct CoarseInstant(coarsetime::Instant);
+
+impl CoarseInstant {
+    /// Now, to within the coarse clock's resolution.
+    pub fn now() -> CoarseInstant {
+        CoarseInstant(coarsetime::Instant::now_without_cache_update())
+    }
+
+    /// Time since `self` (zero if the clocks disagree by a tick).
+    pub fn elapsed(self) -> Duration {
+        CoarseInstant::now().0.duration_since(self.0).into()
+    }
 }
 
 /// The real clock: the wall time read at start, advanced by the monotonic
@@ -16,6 +40,7 @@ pub trait Clock: Send + Sync + 'static {
 pub struct SystemClock {
     at_start: Duration,
     start: Instant,
+    coarse_start: CoarseInstant,
 }
 
 impl Default for SystemClock {
@@ -25,6 +50,7 @@ impl Default for SystemClock {
                 .duration_since(UNIX_EPOCH)
                 .unwrap_or_default(),
             start: Instant::now(),
+            coarse_start: CoarseInstant::now(),
         }
     }
 }
@@ -32,6 +58,10 @@ impl Default for SystemClock {
 impl Clock for SystemClock {
     fn now(&self) -> Duration {
         self.at_start + self.start.elapsed()
+    }
+
+    fn now_coarse(&self) -> Duration {
+        self.at_start + self.coarse_start.elapsed()
     }
 }
 
@@ -60,5 +90,24 @@ impl ManualClock {
 impl Clock for ManualClock {
     fn now(&self) -> Duration {
         Duration::from_millis(self.0.load(std::sync::atomic::Ordering::SeqCst))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_coarse_clock_keeps_up_with_the_precise_one() {
+        let clock = SystemClock::default();
+        let started = CoarseInstant::now();
+        std::thread::sleep(Duration::from_millis(30));
+        let (precise, coarse) = (clock.now(), clock.now_coarse());
+        // The kernel's coarse clock ticks every 1 to 10 ms.
+        let apart = precise.abs_diff(coarse);
+        assert!(apart < Duration::from_millis(25), "{apart:?}");
+        let waited = started.elapsed();
+        assert!(waited >= Duration::from_millis(15), "{waited:?}");
+        assert!(waited < Duration::from_secs(5), "{waited:?}");
     }
 }

@@ -314,8 +314,8 @@ impl Limiter {
         let (states, decided_at) = if ops.is_empty() {
             (Vec::new(), None)
         } else {
-            let states = self.apply(&ops, charge, deadline).await?;
-            (states, Some(Instant::now()))
+            let (states, answered) = self.apply(&ops, charge, deadline).await?;
+            (states, Some(answered))
         };
         let items: Vec<Decision> = prepared
             .into_iter()
@@ -380,21 +380,24 @@ impl Limiter {
         }
     }
 
-    /// The one store call of a request, timed; one state per op.
+    /// The one store call of a request, timed; one state per op, and when
+    /// the store answered (one clock read serves the store's time and the
+    /// decision's).
     async fn apply(
         &self,
         ops: &[CounterOp],
         charge: Charge,
         deadline: Option<tokio::time::Instant>,
-    ) -> Result<Vec<CounterState>, StoreError> {
+    ) -> Result<(Vec<CounterState>, Instant), StoreError> {
         let store_started = Instant::now();
         let applied = self.store.apply_by(ops, charge, deadline).await;
+        let answered = Instant::now();
         metrics()
             .store
             .duration
-            .observe(store_started.elapsed().as_secs_f64());
+            .observe(answered.duration_since(store_started).as_secs_f64());
         let states = applied.inspect_err(|_| metrics().store.errors.inc())?;
-        crate::store::answered_all(states, ops.len())
+        Ok((crate::store::answered_all(states, ops.len())?, answered))
     }
 
     /// A prepared rule's outcome from the store's states of its ops; each

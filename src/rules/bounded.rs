@@ -75,7 +75,17 @@ pub fn fresh_secret_hex() -> String {
 
 /// Whether `value` is written hashed.
 pub fn is_long(value: &str) -> bool {
-    value.len() > MAX_VALUE_BYTES || value.contains(MARK)
+    value.len() > MAX_VALUE_BYTES || has_mark(value.as_bytes())
+}
+
+/// Whether `value` holds [`MARK`]: a search for its first byte and a look
+/// at the next (a short value is scanned in a few instructions, where
+/// `str::contains` sets up a two-way searcher on every call).
+fn has_mark(value: &[u8]) -> bool {
+    let [first, second] = *MARK.as_bytes() else {
+        return false;
+    };
+    memchr::memchr_iter(first, value).any(|i| value.get(i + 1) == Some(&second))
 }
 
 /// Appends `value` to `key`, bounded as the module describes.
@@ -194,6 +204,20 @@ mod tests {
         let k = bounded(&format!("{}~{}", "a".repeat(15), "h".repeat(100)));
         assert!(k.starts_with("aaaaaaaaaaaaaaa~h"), "{k}");
         assert_eq!(k.matches(MARK).count(), 1, "{k}");
+    }
+
+    #[test]
+    fn the_mark_is_found_wherever_it_is() {
+        for v in ["~h", "a~h", "~ha", "~~h", "~", "h~", "h", "", "~x~h", "~H"] {
+            assert_eq!(has_mark(v.as_bytes()), v.contains(MARK), "{v:?}");
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn the_mark_search_agrees_with_contains(v in "[~ha-c]{0,12}") {
+            proptest::prop_assert_eq!(has_mark(v.as_bytes()), v.contains(MARK));
+        }
     }
 
     #[test]

@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+use http::{HeaderMap, HeaderName};
 use tokio::time::Instant;
 
 use crate::store::breaker::store_budget;
@@ -47,12 +48,22 @@ pub fn parse_envoy_timeout(value: &[u8]) -> Option<Duration> {
     Some(Duration::from_millis(ms))
 }
 
-/// The caller's timeout from its headers, by header name (`grpc-timeout`
-/// first; a malformed value counts as none).
-pub fn caller_timeout<'a>(get: impl Fn(&str) -> Option<&'a [u8]>) -> Option<Duration> {
-    get(GRPC_TIMEOUT)
-        .and_then(parse_grpc_timeout)
-        .or_else(|| get(ENVOY_EXPECTED_TIMEOUT).and_then(parse_envoy_timeout))
+/// The headers' names, made once: looking a header up by a `&str` parses
+/// and checks the name on every call.
+static GRPC_TIMEOUT_NAME: HeaderName = HeaderName::from_static(GRPC_TIMEOUT);
+static ENVOY_EXPECTED_TIMEOUT_NAME: HeaderName = HeaderName::from_static(ENVOY_EXPECTED_TIMEOUT);
+
+/// The caller's timeout from its headers (`grpc-timeout` first; a
+/// malformed value counts as none).
+pub fn caller_timeout(headers: &HeaderMap) -> Option<Duration> {
+    headers
+        .get(&GRPC_TIMEOUT_NAME)
+        .and_then(|v| parse_grpc_timeout(v.as_bytes()))
+        .or_else(|| {
+            headers
+                .get(&ENVOY_EXPECTED_TIMEOUT_NAME)
+                .and_then(|v| parse_envoy_timeout(v.as_bytes()))
+        })
 }
 
 /// When the store must have answered a request received at `received`
@@ -99,21 +110,21 @@ mod tests {
 
     #[test]
     fn grpc_timeout_comes_first_and_envoys_header_is_the_fallback() {
-        let both = |name: &str| match name {
-            GRPC_TIMEOUT => Some(&b"30m"[..]),
-            ENVOY_EXPECTED_TIMEOUT => Some(&b"20"[..]),
-            _ => None,
+        let headers = |pairs: &[(&'static str, &'static str)]| {
+            let mut h = HeaderMap::new();
+            for &(k, v) in pairs {
+                h.insert(k, http::HeaderValue::from_static(v));
+            }
+            h
         };
-        assert_eq!(caller_timeout(both), Some(Duration::from_millis(30)));
-        let envoy_only = |name: &str| (name == ENVOY_EXPECTED_TIMEOUT).then_some(&b"20"[..]);
-        assert_eq!(caller_timeout(envoy_only), Some(Duration::from_millis(20)));
-        let bad_grpc = |name: &str| match name {
-            GRPC_TIMEOUT => Some(&b"soon"[..]),
-            ENVOY_EXPECTED_TIMEOUT => Some(&b"20"[..]),
-            _ => None,
-        };
-        assert_eq!(caller_timeout(bad_grpc), Some(Duration::from_millis(20)));
-        assert_eq!(caller_timeout(|_| None), None);
+        let ms = Duration::from_millis;
+        let both = headers(&[(GRPC_TIMEOUT, "30m"), (ENVOY_EXPECTED_TIMEOUT, "20")]);
+        assert_eq!(caller_timeout(&both), Some(ms(30)));
+        let envoy_only = headers(&[(ENVOY_EXPECTED_TIMEOUT, "20")]);
+        assert_eq!(caller_timeout(&envoy_only), Some(ms(20)));
+        let bad_grpc = headers(&[(GRPC_TIMEOUT, "soon"), (ENVOY_EXPECTED_TIMEOUT, "20")]);
+        assert_eq!(caller_timeout(&bad_grpc), Some(ms(20)));
+        assert_eq!(caller_timeout(&headers(&[("x-other", "20")])), None);
     }
 
     #[test]

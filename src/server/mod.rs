@@ -170,7 +170,9 @@ fn plain_incoming(
 /// (`divvy_rejected_total{reason="request_too_large"}`): they never reach
 /// the service, and answer `OUT_OF_RANGE` in a trailers-only response.
 fn count_too_large<B>(response: ::http::Response<B>) -> ::http::Response<B> {
-    if response.headers().get("grpc-status").map(|v| v.as_bytes()) == Some(b"11") {
+    // A name made once: a `&str` lookup parses the name on every response.
+    static GRPC_STATUS: ::http::HeaderName = ::http::HeaderName::from_static("grpc-status");
+    if response.headers().get(&GRPC_STATUS).map(|v| v.as_bytes()) == Some(b"11") {
         crate::observe::metrics::metrics()
             .rejected
             .with_label_values(&["request_too_large"])

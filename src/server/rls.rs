@@ -80,11 +80,8 @@ impl RateLimitService for RlsService {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
-        let metadata = request.metadata();
-        let deadline =
-            super::deadline::caller_timeout(|name| metadata.get(name).map(|v| v.as_bytes())).map(
-                |timeout| super::deadline::store_deadline(Instant::now(), timeout, self.margin),
-            );
+        let deadline = super::deadline::caller_timeout(request.metadata().as_ref())
+            .map(|timeout| super::deadline::store_deadline(Instant::now(), timeout, self.margin));
         respond(
             &self.limiter,
             &self.envoy,
@@ -110,8 +107,7 @@ pub async fn respond(
     request: RateLimitRequest,
     deadline: Option<Instant>,
 ) -> Result<RateLimitResponse, Status> {
-    let terms = validate(&request).inspect_err(|_| metrics().error("invalid-argument"))?;
-    let descriptors = descriptors(&request.descriptors, terms);
+    let descriptors = validate(&request).inspect_err(|_| metrics().error("invalid-argument"))?;
     let verdict = limiter
         .should_rate_limit(&request.domain, &descriptors, envoy, deadline)
         .await
@@ -146,11 +142,7 @@ pub async fn respond(
 /// [`respond`] does before deciding; the service itself goes through
 /// `respond`).
 pub fn to_hits(request: RateLimitRequest) -> Result<Vec<Hit>, Status> {
-    let terms = validate(&request)?;
-    Ok(descriptors(&request.descriptors, terms)
-        .iter()
-        .map(Descriptor::hit)
-        .collect())
+    Ok(validate(&request)?.iter().map(Descriptor::hit).collect())
 }
 
 /// What a valid descriptor asks besides its entries.
@@ -161,8 +153,9 @@ struct Terms {
 }
 
 /// Checks the whole request (domain, descriptor and entry counts, keys,
-/// overrides); each descriptor's [`Terms`] when it is valid.
-fn validate(request: &RateLimitRequest) -> Result<Vec<Terms>, Status> {
+/// overrides); when it is valid, its descriptors in the limiter's shape,
+/// borrowing their entries.
+fn validate(request: &RateLimitRequest) -> Result<Vec<Descriptor<'_>>, Status> {
     if request.domain.is_empty() {
         return Err(Status::invalid_argument(
             "rate limit domain must not be empty",
@@ -189,24 +182,18 @@ fn validate(request: &RateLimitRequest) -> Result<Vec<Terms>, Status> {
         .descriptors
         .iter()
         .enumerate()
-        .map(|(i, d)| terms(i, d, request_cost))
-        .collect()
-}
-
-/// Validated descriptors in the limiter's shape, borrowing their entries.
-fn descriptors(descriptors: &[RateLimitDescriptor], terms: Vec<Terms>) -> Vec<Descriptor<'_>> {
-    descriptors
-        .iter()
-        .zip(terms)
-        .map(|(d, t)| Descriptor {
-            entries: d
-                .entries
-                .iter()
-                .map(|e| (e.key.as_str(), e.value.as_str()))
-                .collect(),
-            cost: t.cost,
-            refund: t.refund,
-            limit_override: t.limit_override,
+        .map(|(i, d)| {
+            let t = terms(i, d, request_cost)?;
+            Ok(Descriptor {
+                entries: d
+                    .entries
+                    .iter()
+                    .map(|e| (e.key.as_str(), e.value.as_str()))
+                    .collect(),
+                cost: t.cost,
+                refund: t.refund,
+                limit_override: t.limit_override,
+            })
         })
         .collect()
 }

@@ -305,15 +305,13 @@ async fn explain(State(s): State<AdminState>, RawQuery(query): RawQuery) -> Resp
 }
 
 async fn json_check(State(s): State<AdminState>, headers: HeaderMap, body: Bytes) -> Response {
-    let deadline =
-        crate::server::deadline::caller_timeout(|name| headers.get(name).map(|v| v.as_bytes()))
-            .map(|timeout| {
-                crate::server::deadline::store_deadline(
-                    tokio::time::Instant::now(),
-                    timeout,
-                    s.deadline_margin,
-                )
-            });
+    let deadline = crate::server::deadline::caller_timeout(&headers).map(|timeout| {
+        crate::server::deadline::store_deadline(
+            tokio::time::Instant::now(),
+            timeout,
+            s.deadline_margin,
+        )
+    });
     let bad = |message: String| {
         metrics().error("invalid-argument");
         (StatusCode::BAD_REQUEST, Json(json!({"error": message}))).into_response()

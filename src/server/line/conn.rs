@@ -17,6 +17,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::time::Instant;
 
 use super::parse::{parse_text, plain_text, LineError};
+use crate::clock::CoarseInstant;
 use crate::limiter::{Hit, Limiter, Reset};
 use crate::observe::metrics::metrics;
 use crate::rules::OperationBuilder;
@@ -154,7 +155,7 @@ pub async fn serve_connection<S>(
     ))
     .to_string();
     let idle = limits.idle_timeout;
-    let mut last_active = Instant::now();
+    let mut last_active = CoarseInstant::now();
     let timer = tokio::time::sleep(idle);
     tokio::pin!(timer);
     let mut stop_rx = shutdown.clone();
@@ -179,20 +180,20 @@ pub async fn serve_connection<S>(
         );
         if !slots.is_empty() {
             answer(&limiter, &slots, &hits, &mut out).await;
-            last_active = Instant::now();
+            last_active = CoarseInstant::now();
             // A client that stops reading its answers is idle too.
             if !write_answers(&mut stream, &out, timer.as_mut(), last_active, idle).await {
                 return;
             }
             // Deciding and writing are not the client's idle time.
-            last_active = Instant::now();
+            last_active = CoarseInstant::now();
             out.clear();
-            if *shutdown.borrow() {
+            if stopping(&shutdown) {
                 return;
             }
             continue;
         }
-        if eof || *shutdown.borrow() {
+        if eof || stopping(&shutdown) {
             // A last line without a newline cannot be answered, so it is not executed.
             return;
         }
@@ -206,8 +207,8 @@ pub async fn serve_connection<S>(
             read = stream.read_buf(&mut framer.buf) => match read {
                 Ok(0) => eof = true,
                 // (A dropped sender stops the connection too.)
-                Ok(_) if *shutdown.borrow() || shutdown.has_changed().is_err() => return,
-                Ok(_) => last_active = Instant::now(),
+                Ok(_) if stopping(&shutdown) => return,
+                Ok(_) => last_active = CoarseInstant::now(),
                 Err(_) => return,
             },
             () = &mut stopped => return,
@@ -217,6 +218,17 @@ pub async fn serve_connection<S>(
                 }
             }
         }
+    }
+}
+
+/// Whether the connection is to stop: the signal turned true, or its sender
+/// is gone. An atomic load while nothing changed, where reading the value
+/// takes the channel's lock.
+fn stopping(shutdown: &tokio::sync::watch::Receiver<bool>) -> bool {
+    match shutdown.has_changed() {
+        Ok(false) => false,
+        Ok(true) => *shutdown.borrow(),
+        Err(_) => true,
     }
 }
 
@@ -272,7 +284,7 @@ async fn write_answers<S: AsyncWrite + Unpin>(
     stream: &mut S,
     out: &[u8],
     mut timer: std::pin::Pin<&mut tokio::time::Sleep>,
-    last_active: Instant,
+    last_active: CoarseInstant,
     idle: Duration,
 ) -> bool {
     let write = async {
@@ -307,14 +319,16 @@ fn lossy_text(line: &[u8]) -> std::borrow::Cow<'_, str> {
 /// (then the timer is moved to `idle` after that activity).
 fn still_active(
     timer: std::pin::Pin<&mut tokio::time::Sleep>,
-    last_active: Instant,
+    last_active: CoarseInstant,
     idle: Duration,
 ) -> bool {
-    let deadline = last_active + idle;
-    if Instant::now() >= deadline {
+    let Some(left) = idle
+        .checked_sub(last_active.elapsed())
+        .filter(|d| !d.is_zero())
+    else {
         return false;
-    }
-    timer.reset(deadline);
+    };
+    timer.reset(Instant::now() + left);
     true
 }
 

@@ -10,6 +10,11 @@ pub fn cpu_time(pid: u32) -> Option<Duration> {
     stat_cpu_time(pid, 2)
 }
 
+/// User-space CPU time of process `pid` so far (utime alone).
+pub fn user_cpu_time(pid: u32) -> Option<Duration> {
+    stat_cpu_time(pid, 1)
+}
+
 /// This process's CPU time plus that of the children it has waited for
 /// (h2load runs), from `/proc/self/stat`.
 pub fn generator_cpu_time() -> Option<Duration> {

@@ -206,7 +206,7 @@ pub fn behind_schedule(b: &mut Tally, d: &mut Tally) -> String {
 pub fn summarize_max(summary: &mut Summary, section: &str, prefix: &str, d: &Tally, b: &Tally) {
     let streams = format!("{GRPC_CHANNELS} conns x {GRPC_STREAMS} streams");
     summary.rate(section, &format!("{prefix}max req/s, {streams}"), d, b);
-    summary.cpu(section, &format!("{prefix}server CPU µs/req at max"), d, b);
+    summary.cpu_split(section, &format!("{prefix}server CPU µs/req at max"), d, b);
     summary.row(
         section,
         &format!("{prefix}load generator CPU at max (near 100%: the generator bounds max)"),

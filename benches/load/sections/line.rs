@@ -52,7 +52,7 @@ pub fn line_section(rt: &Runtime, run: Duration, summary: &mut Summary) {
             ratio_opt(d.cpu_us(0), b.cpu_us(0))
         );
         summary.rate_and_latency("line", name, &mut d, &mut b);
-        summary.cpu("line", &format!("server CPU µs/HIT, {name}"), &d, &b);
+        summary.cpu_split("line", &format!("server CPU µs/HIT, {name}"), &d, &b);
     }
 }
 

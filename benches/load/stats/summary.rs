@@ -40,6 +40,19 @@ impl Summary {
         );
     }
 
+    /// [`Summary::cpu`] and, on a row of its own, its user-space part (the
+    /// rest is the kernel's: sockets and scheduling).
+    pub fn cpu_split(&mut self, section: &str, measure: &str, d: &Tally, b: &Tally) {
+        self.cpu(section, measure, d, b);
+        self.row(
+            section,
+            &format!("{measure}, of which user space"),
+            us(d.user_us(0)),
+            us(b.user_us(0)),
+            ratio_opt(d.user_us(0), b.user_us(0)),
+        );
+    }
+
     /// The p50 / p99 / p99.9 row of `d` against `b`.
     pub fn latency(&mut self, section: &str, what: &str, d: &mut Tally, b: &mut Tally) {
         self.row(

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use tokio::runtime::Runtime;
 
-use crate::procs::usage::{cpu_time, generator_cpu_time};
+use crate::procs::usage::{cpu_time, generator_cpu_time, user_cpu_time};
 use crate::stats::figures::Figures;
 use crate::stats::format::{percent, us};
 
@@ -24,6 +24,8 @@ pub struct Tally {
     pub f: Figures,
     pub labels: Vec<&'static str>,
     pub cpu: Vec<Option<Duration>>,
+    /// The user-space part of `cpu` (the rest is the kernel's).
+    pub user: Vec<Option<Duration>>,
     pub load_cpu: Option<Duration>,
     pub wall: Duration,
 }
@@ -31,15 +33,14 @@ pub struct Tally {
 impl Tally {
     pub fn add(self, other: Tally) -> Tally {
         let sum = |a: Option<Duration>, b: Option<Duration>| Some(a? + b?);
+        let sums = |a: &[Option<Duration>], b: &[Option<Duration>]| {
+            a.iter().zip(b).map(|(a, b)| sum(*a, *b)).collect()
+        };
         Tally {
             f: self.f.add(other.f),
             labels: self.labels,
-            cpu: self
-                .cpu
-                .iter()
-                .zip(&other.cpu)
-                .map(|(a, b)| sum(*a, *b))
-                .collect(),
+            cpu: sums(&self.cpu, &other.cpu),
+            user: sums(&self.user, &other.user),
             load_cpu: sum(self.load_cpu, other.load_cpu),
             wall: self.wall + other.wall,
         }
@@ -53,6 +54,12 @@ impl Tally {
     pub fn cpu_us(&self, k: usize) -> Option<f64> {
         let cpu = self.cpu.get(k).copied().flatten()?;
         Some(cpu.as_secs_f64() * 1e6 / self.f.requests.max(1) as f64)
+    }
+
+    /// User-space CPU µs per answered request of process `k`.
+    pub fn user_us(&self, k: usize) -> Option<f64> {
+        let user = self.user.get(k).copied().flatten()?;
+        Some(user.as_secs_f64() * 1e6 / self.f.requests.max(1) as f64)
     }
 
     /// The share of one core process `k` used.
@@ -91,6 +98,7 @@ where
     Fut: Future<Output = Figures>,
 {
     let before: Vec<Option<Duration>> = pids.iter().map(|(_, p)| cpu_time(*p)).collect();
+    let user_before: Vec<Option<Duration>> = pids.iter().map(|(_, p)| user_cpu_time(*p)).collect();
     let load_before = generator_cpu_time();
     let started = Instant::now();
     let f = rt.block_on(load);
@@ -103,6 +111,11 @@ where
             .iter()
             .zip(before)
             .map(|((_, p), b)| delta(b, cpu_time(*p)))
+            .collect(),
+        user: pids
+            .iter()
+            .zip(user_before)
+            .map(|((_, p), b)| delta(b, user_cpu_time(*p)))
             .collect(),
         load_cpu: delta(load_before, generator_cpu_time()),
         wall,

@@ -132,9 +132,10 @@ impl Drop for OpenConnection {
 /// `idle_timeout` after the connection was last active (a read, a batch
 /// decided, its answers written) and, when it fires early (there was
 /// activity since), moved to that deadline. A busy connection does no timer
-/// work per batch. Time spent deciding a batch is not the client's: a write
-/// gets the whole `idle_timeout` from when the answers are ready, and the
-/// next read from when they are written.
+/// work per batch, and reads its activity times off the kernel's coarse
+/// clock (a few milliseconds' resolution). Time spent deciding a batch is
+/// not the client's: a write gets the whole `idle_timeout` from when the
+/// answers are ready, and the next read from when they are written.
 pub async fn serve_connection<S>(
     mut stream: S,
     limiter: Arc<Limiter>,

@@ -28,7 +28,7 @@ impl CoarseInstant {
         CoarseInstant(coarsetime::Instant::now_without_cache_update())
     }
 
-    /// Time since `self` (zero if the clocks disagree by a tick).
+    /// Time since `self` (saturating at zero).
     pub fn elapsed(self) -> Duration {
         CoarseInstant::now().0.duration_since(self.0).into()
     }

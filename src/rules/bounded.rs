@@ -78,6 +78,9 @@ pub fn is_long(value: &str) -> bool {
     value.len() > MAX_VALUE_BYTES || has_mark(value.as_bytes())
 }
 
+// `has_mark` looks for a marker of two bytes.
+const _: () = assert!(MARK.len() == 2);
+
 /// Whether `value` holds [`MARK`]: a search for its first byte and a look
 /// at the next (a short value is scanned in a few instructions, where
 /// `str::contains` sets up a two-way searcher on every call).

@@ -136,6 +136,8 @@ impl Drop for OpenConnection {
 /// clock (a few milliseconds' resolution). Time spent deciding a batch is
 /// not the client's: a write gets the whole `idle_timeout` from when the
 /// answers are ready, and the next read from when they are written.
+/// `shutdown` must be a receiver that has not marked a value seen (a clone
+/// of one that never looks with `borrow_and_update` or `changed`).
 pub async fn serve_connection<S>(
     mut stream: S,
     limiter: Arc<Limiter>,
@@ -224,7 +226,8 @@ pub async fn serve_connection<S>(
 
 /// Whether the connection is to stop: the signal turned true, or its sender
 /// is gone. An atomic load while nothing changed, where reading the value
-/// takes the channel's lock.
+/// takes the channel's lock; so `shutdown` must not have marked `true` as
+/// seen (the server hands out clones of a receiver that marks nothing).
 fn stopping(shutdown: &tokio::sync::watch::Receiver<bool>) -> bool {
     match shutdown.has_changed() {
         Ok(false) => false,

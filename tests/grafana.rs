@@ -874,14 +874,7 @@ impl Processes {
             let answers = b.line_exchange(b"HIT path=/api who=x\n");
             assert!(answers.starts_with("OK "), "{answers}");
         }
-        let (status, body) = common::http_request(
-            a.http,
-            "PUT",
-            "/knobs/api",
-            r#"{"creditLimit": 3}"#,
-            Some(&format!("Bearer {TOKEN}")),
-        );
-        assert_eq!(status, 200, "PUT /knobs/api: {body}");
+        common::admin_ok(a.http, "PUT", "/knobs/api", r#"{"creditLimit": 3}"#, TOKEN);
         self.reload_then_break().await;
         rlqs_stream(self.a.grpc).await
     }

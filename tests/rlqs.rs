@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::envoy::{self, header, upstream, Envoy};
 use common::redis::Redis;
-use common::{http_request, Server};
+use common::{admin_ok, Server};
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::RateLimitQuotaUsageReports;
 use serde_json::Value;
@@ -216,24 +216,16 @@ fn stop_knob_denies_on_both_envoys_and_its_removal_resumes(server: &Server, p1: 
     go.wait();
     let t0 = Instant::now();
     std::thread::sleep(Duration::from_secs(3));
-    let (status, body) = http_request(
+    admin_ok(
         server.http,
         "PUT",
         "/knobs/per-user",
         r#"{"creditLimit": 0}"#,
-        Some(&format!("Bearer {TOKEN}")),
+        TOKEN,
     );
-    assert_eq!(status, 200, "{body}");
     let stopped = t0.elapsed().as_secs_f64();
     std::thread::sleep(Duration::from_secs(4));
-    let (status, body) = http_request(
-        server.http,
-        "DELETE",
-        "/knobs/per-user",
-        "",
-        Some(&format!("Bearer {TOKEN}")),
-    );
-    assert_eq!(status, 200, "{body}");
+    admin_ok(server.http, "DELETE", "/knobs/per-user", "", TOKEN);
     let resumed = t0.elapsed().as_secs_f64();
     for (name, c) in [("Envoy 1", c1), ("Envoy 2", c2)] {
         let (_, sent) = c.join().unwrap();

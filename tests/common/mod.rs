@@ -242,6 +242,14 @@ pub fn http_request(
     (status, body)
 }
 
+/// An admin call made with `token` as a Bearer token, which must answer
+/// 200 (a knob set or removed): its body.
+pub fn admin_ok(addr: SocketAddr, method: &str, path: &str, body: &str, token: &str) -> String {
+    let (status, answer) = http_request(addr, method, path, body, Some(&format!("Bearer {token}")));
+    assert_eq!(status, 200, "{method} {path}: {answer}");
+    answer
+}
+
 /// Like [`http_request`], also returning the response's head (status line
 /// and headers): `(status, head, body)`.
 pub fn http_exchange(

@@ -10,9 +10,13 @@ pub fn cpu_time(pid: u32) -> Option<Duration> {
     stat_cpu_time(pid, 2)
 }
 
-/// User-space CPU time of process `pid` so far (utime alone).
-pub fn user_cpu_time(pid: u32) -> Option<Duration> {
-    stat_cpu_time(pid, 1)
+/// CPU time of process `pid` so far, from one read of `/proc/PID/stat`:
+/// user plus system, and user alone.
+pub fn cpu_times(pid: u32) -> (Option<Duration>, Option<Duration>) {
+    let Some(fields) = stat_fields(pid) else {
+        return (None, None);
+    };
+    (ticks(&fields, 2), ticks(&fields, 1))
 }
 
 /// This process's CPU time plus that of the children it has waited for
@@ -24,9 +28,19 @@ pub fn generator_cpu_time() -> Option<Duration> {
 /// The sum of the first `n` CPU-time fields of `/proc/PID/stat`: utime,
 /// stime, then cutime and cstime (children waited for).
 pub fn stat_cpu_time(pid: u32, n: usize) -> Option<Duration> {
+    ticks(&stat_fields(pid)?, n)
+}
+
+/// The fields of `/proc/PID/stat` after the command name (state first,
+/// utime the 12th).
+fn stat_fields(pid: u32) -> Option<Vec<String>> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the command name: state is the first, utime the 12th.
-    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let after_name = stat.rsplit_once(')')?.1;
+    Some(after_name.split_whitespace().map(str::to_owned).collect())
+}
+
+/// The sum of the first `n` CPU-time fields, from utime on.
+fn ticks(fields: &[String], n: usize) -> Option<Duration> {
     let mut ticks = 0u64;
     for f in fields.get(11..11 + n)? {
         ticks += f.parse::<u64>().ok()?;

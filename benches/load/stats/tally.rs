@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use tokio::runtime::Runtime;
 
-use crate::procs::usage::{cpu_time, generator_cpu_time, user_cpu_time};
+use crate::procs::usage::{cpu_times, generator_cpu_time};
 use crate::stats::figures::Figures;
 use crate::stats::format::{percent, us};
 
@@ -97,25 +97,25 @@ pub fn measure<Fut>(rt: &Runtime, pids: &[(&'static str, u32)], load: Fut) -> Ta
 where
     Fut: Future<Output = Figures>,
 {
-    let before: Vec<Option<Duration>> = pids.iter().map(|(_, p)| cpu_time(*p)).collect();
-    let user_before: Vec<Option<Duration>> = pids.iter().map(|(_, p)| user_cpu_time(*p)).collect();
+    let before: Vec<_> = pids.iter().map(|(_, p)| cpu_times(*p)).collect();
     let load_before = generator_cpu_time();
     let started = Instant::now();
     let f = rt.block_on(load);
     let wall = started.elapsed();
     let delta = |b: Option<Duration>, a: Option<Duration>| Some(a?.saturating_sub(b?));
+    let after: Vec<_> = pids.iter().map(|(_, p)| cpu_times(*p)).collect();
     Tally {
         f,
         labels: pids.iter().map(|(l, _)| *l).collect(),
-        cpu: pids
+        cpu: before
             .iter()
-            .zip(before)
-            .map(|((_, p), b)| delta(b, cpu_time(*p)))
+            .zip(&after)
+            .map(|(b, a)| delta(b.0, a.0))
             .collect(),
-        user: pids
+        user: before
             .iter()
-            .zip(user_before)
-            .map(|((_, p), b)| delta(b, user_cpu_time(*p)))
+            .zip(&after)
+            .map(|(b, a)| delta(b.1, a.1))
             .collect(),
         load_cpu: delta(load_before, generator_cpu_time()),
         wall,

@@ -1,4 +1,4 @@
-//! The `divvy` command: `serve`, `check`, `explain` and `knob`.
+//! The `divvy` command: `serve`, `check`, `explain`, `knob` and `probe`.
 
 mod cli;
 
@@ -98,6 +98,8 @@ enum Command {
         #[command(subcommand)]
         command: cli::knob::KnobCommand,
     },
+    /// GET a URL (e.g. the admin API's /readyz) and print the body; exit non-zero unless the answer is 2xx. For images without curl.
+    Probe(cli::probe::ProbeArgs),
 }
 
 /// Whether the process was started under the name `ratelimit`
@@ -147,6 +149,7 @@ fn main() -> ExitCode {
         } => cli::inspect::explain(&file, domain.as_deref(), &pairs),
         Command::Ratelimit => ratelimit(),
         Command::Knob { admin_url, command } => cli::knob::run(command, &admin_url),
+        Command::Probe(args) => cli::probe::run(&args),
     };
     exit(result)
 }

@@ -2,6 +2,7 @@
 
 pub mod inspect;
 pub mod knob;
+pub mod probe;
 pub mod ratelimit;
 pub mod serve;
 pub mod tls;

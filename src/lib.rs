@@ -23,6 +23,7 @@ pub mod global;
 pub mod governor;
 pub mod knobs;
 pub mod limiter;
+pub mod memory_budget;
 pub mod observe;
 /// The glob matcher of rule values: a leaf that [`config`] and [`rules`] both use.
 pub mod pattern;

@@ -297,8 +297,9 @@ fn explain_consumes_nothing_and_config_shows_the_rules() {
 }
 
 #[test]
-fn readiness_follows_the_store_and_the_metrics_path_is_configurable() {
-    // A Redis URL nothing answers on: the failure policy decides, readiness is false.
+fn ready_requires_store_follows_the_store_and_the_metrics_path_is_configurable() {
+    // A Redis URL nothing answers on: the failure policy decides; with
+    // --ready-requires-store, readiness is false.
     let port = common::free_port();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("policy.yaml");
@@ -306,7 +307,7 @@ fn readiness_follows_the_store_and_the_metrics_path_is_configurable() {
     let url = format!("redis://127.0.0.1:{port}");
     let server = Server::start_env(
         &path,
-        &["--redis-url", &url],
+        &["--redis-url", &url, "--ready-requires-store"],
         &[("PROMETHEUS_METRICS_PATH", "/custom-metrics")],
     );
     let (status, text) = server.http("GET", "/readyz", "");
@@ -362,17 +363,63 @@ fn grpc_health(server: &Server, service: &str) -> i32 {
     })
 }
 
+/// Redis killed under traffic: every replica would leave the Service at
+/// once if readiness followed the store, so it does not: `/readyz` stays
+/// 200 (saying the failure policy decides), the rate-limit service's gRPC
+/// health stays SERVING, `divvy_store_ready` is 0, one log line says so,
+/// and every request is decided by the failure policy (deny here).
 #[test]
-fn ready_without_store_keeps_readiness_while_the_policy_answers() {
-    let port = common::free_port();
+fn readiness_stays_while_the_failure_policy_answers_for_a_dead_redis() {
+    let mut redis = common::redis::Redis::start();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("policy.yaml");
     std::fs::write(&path, POLICY).unwrap();
-    let url = format!("redis://127.0.0.1:{port}");
-    let server = Server::start(&path, &["--redis-url", &url, "--ready-without-store"]);
+    // --ready-without-store is still accepted (a no-op now).
+    let server = Server::start(
+        &path,
+        &[
+            "--redis-url",
+            &redis.url(),
+            "--on-store-failure",
+            "deny",
+            "--ready-without-store",
+        ],
+    );
+    assert_eq!(server.line_exchange(b"HIT\n"), "OK true 99 0\n");
     assert_eq!(server.http("GET", "/readyz", "").0, 200);
-    let (_, text) = server.http("GET", "/metrics", "");
-    assert!(text.contains("divvy_store_ready 0"), "{text}");
+    redis.kill();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !server
+        .http("GET", "/metrics", "")
+        .1
+        .contains("divvy_store_ready 0")
+    {
+        assert_eq!(
+            server.line_exchange(b"HIT\n"),
+            "OK false 0 0\n",
+            "while the breaker opens"
+        );
+        assert!(
+            Instant::now() < deadline,
+            "the store never reported failing"
+        );
+    }
+    for _ in 0..10 {
+        let (status, body) = server.http("GET", "/readyz", "");
+        assert_eq!(status, 200, "{body}");
+        assert!(body.contains("the failure policy decides"), "{body}");
+        assert_eq!(server.line_exchange(b"HIT\n"), "OK false 0 0\n");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(
+        grpc_health(&server, "envoy.service.ratelimit.v3.RateLimitService"),
+        1
+    );
+    let logged = server
+        .log
+        .try_iter()
+        .any(|l| l.contains("still ready, still answering"));
+    assert!(logged, "no log line says the replica stays ready");
 }
 
 #[test]

@@ -104,6 +104,13 @@ async fn started_as_ratelimit_with_envoy_gateways_environment() {
         500,
         "unhealthy without config"
     );
+    // It cannot answer yet, so it is not ready either.
+    let (status, body) = server.http("GET", "/readyz", "");
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        body.contains("no rate-limit configuration loaded"),
+        "{body}"
+    );
 
     // The control plane comes up: its configuration applies.
     let addr: SocketAddr = format!("127.0.0.1:{xds_port}").parse().unwrap();
@@ -124,6 +131,7 @@ async fn started_as_ratelimit_with_envoy_gateways_environment() {
     let (ok, over) = (Code::Ok as i32, Code::OverLimit as i32);
     assert_eq!(codes, [ok, ok, over]);
     assert_eq!(server.http("GET", "/healthcheck", "").0, 200);
+    assert_eq!(server.http("GET", "/readyz", "").0, 200);
 
     // envoyproxy/ratelimit's metric names on PROMETHEUS_ADDR.
     let (status, text) = http_request(prometheus.parse().unwrap(), "GET", "/metrics", "", None);

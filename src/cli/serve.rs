@@ -22,6 +22,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use divvy::config::Policy;
 use divvy::limiter::Limiter;
+use divvy::memory_budget::MemoryBudget;
 use divvy::observe::statsd::StatsdConfig;
 use divvy::rules::RuleSet;
 use divvy::server::admin::auth::Tokens;
@@ -85,14 +86,32 @@ pub struct ServeArgs {
     /// does not answer within 20 s is closed.
     #[arg(long, env = "DIVVY_GRPC_KEEPALIVE_SECONDS", default_value_t = 0)]
     grpc_keepalive_seconds: u64,
+    /// Send GOAWAY on a gRPC connection once it is this old (each
+    /// connection's age ±10%), so that clients reconnect and spread over new
+    /// replicas: `500ms`, `30s`, `5m`, `24h`; 0: never.
+    #[arg(long, env = "DIVVY_GRPC_MAX_CONNECTION_AGE", default_value = "0",
+          value_parser = divvy::server::connections::parse_flag)]
+    grpc_max_connection_age: Duration,
+    /// After the GOAWAY of --grpc-max-connection-age, the time calls in
+    /// flight have to finish before the connection is closed; 0: no limit.
+    #[arg(long, env = "DIVVY_GRPC_MAX_CONNECTION_AGE_GRACE", default_value = "30s",
+          value_parser = divvy::server::connections::parse_flag)]
+    grpc_max_connection_age_grace: Duration,
     /// Most line-protocol connections open at once; one more gets an `ERR`
     /// line and is closed.
     #[arg(long, env = "DIVVY_LINE_MAX_CONNECTIONS", default_value_t = 10_000)]
     line_max_connections: usize,
     /// Most live counters in the memory store; when full, the least
     /// recently used are evicted (about 0.9 GiB at 74 bytes a counter).
+    /// Under a memory limit, the lesser of this and what the limit holds.
     #[arg(long, env = "DIVVY_MAX_COUNTERS", default_value_t = 13_000_000)]
     max_counters: usize,
+    /// The memory the process must stay under (`268435456`, `256Mi`, `1G`):
+    /// the counters and the other bounded structures are sized to fit it,
+    /// less a headroom for the process itself. Default: the cgroup's memory
+    /// limit, if any; `0`: none.
+    #[arg(long, env = "DIVVY_MEMORY_LIMIT", value_parser = parse_memory_limit)]
+    memory_limit: Option<u64>,
     /// Counters known to be over their limit kept in a local cache (LRU) in
     /// front of Redis, each answered locally until the reset Redis returned
     /// (windows and fixed windows; 0: off).
@@ -200,10 +219,14 @@ pub struct ServeArgs {
         default_value = "none"
     )]
     rate_limit_headers: HeaderStyle,
-    /// Keep /readyz (and the gRPC health of the rate-limit service) true while
-    /// Redis fails, since the failure policy still answers. By default
-    /// readiness follows the store's health.
-    #[arg(long, env = "DIVVY_READY_WITHOUT_STORE")]
+    /// Make /readyz (and the gRPC health of the rate-limit service) fail
+    /// while the counter store fails. By default a replica whose failure
+    /// policy is deciding stays ready: it still answers every request.
+    #[arg(long, env = "DIVVY_READY_REQUIRES_STORE")]
+    ready_requires_store: bool,
+    /// Accepted for older deployments; readiness no longer follows the store
+    /// unless --ready-requires-store.
+    #[arg(long, env = "DIVVY_READY_WITHOUT_STORE", hide = true)]
     ready_without_store: bool,
     /// Seconds between SIGTERM (readiness turns false) and closing the
     /// listeners, so load balancers stop sending first.
@@ -404,6 +427,63 @@ fn init_logging(format: LogFormat, level: Option<&str>) {
     }
 }
 
+/// `--memory-limit`: a size as Kubernetes writes one.
+fn parse_memory_limit(text: &str) -> Result<u64, String> {
+    divvy::memory_budget::parse_size(text).map_err(|e| e.to_string())
+}
+
+/// The memory budget: `--memory-limit` (0: none), else the cgroup's limit;
+/// logged, and exported as `divvy_memory_budget_bytes` and `divvy_max_counters`.
+fn memory_budget(args: &ServeArgs, rules: usize) -> MemoryBudget {
+    use divvy::memory_budget::{cgroup_limit, plan, LimitSource, MemoryLimit, Reserved};
+    let limit = match args.memory_limit {
+        Some(0) => None,
+        Some(bytes) => Some(MemoryLimit {
+            bytes,
+            source: LimitSource::Flag,
+        }),
+        None => cgroup_limit(),
+    };
+    let over_limit_cache = if redis_configured(args) {
+        args.over_limit_cache as u64 * divvy::store::over_limit::ENTRY_BYTES
+    } else {
+        0
+    };
+    let reserved = Reserved {
+        offenders: divvy::observe::offenders::MAX_BYTES,
+        over_limit_cache,
+        history: rules as u64 * divvy::observe::history::RULE_BYTES,
+    };
+    let resident = divvy::memory_budget::resident_bytes();
+    let budget = plan(limit, resident, reserved, args.max_counters);
+    let store = &divvy::observe::metrics::metrics().store;
+    store
+        .memory_budget
+        .set(budget.limit.as_ref().map_or(0, |l| l.bytes) as i64);
+    store.max_counters.set(budget.max_counters as i64);
+    match &budget.limit {
+        Some(l) => info!(
+            limit_bytes = l.bytes,
+            source = ?l.source,
+            headroom_bytes = budget.headroom,
+            reserved_bytes = budget.reserved.total(),
+            max_counters = budget.max_counters,
+            limited_by_memory = budget.limited_by_memory,
+            "memory budget"
+        ),
+        None => info!(
+            max_counters = budget.max_counters,
+            "no memory limit (no --memory-limit, no cgroup limit): --max-counters alone caps the counters"
+        ),
+    }
+    budget
+}
+
+/// Whether counters go to Redis (`--redis-url` or divvy's `REDIS_HOST`).
+fn redis_configured(args: &ServeArgs) -> bool {
+    args.redis_url.is_some() || std::env::var("REDIS_HOST").is_ok_and(|h| !h.trim().is_empty())
+}
+
 /// `--worker-threads`: 1 to [`divvy::runtime::MAX_WORKER_THREADS`].
 fn parse_threads(text: &str) -> Result<NonZeroUsize, String> {
     let max = divvy::runtime::MAX_WORKER_THREADS;
@@ -423,6 +503,9 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         Some(path) => divvy::sources::file::load_with_hash(path)?,
         None => (divvy::config::no_policy()?, String::new()),
     };
+    if args.ready_without_store {
+        info!("--ready-without-store (DIVVY_READY_WITHOUT_STORE) is how readiness works by default now; --ready-requires-store asks for the old behaviour");
+    }
     if let Some(mode) = args.ratelimit.as_ref().filter(|m| !m.ignored.is_empty()) {
         info!(variables = ?mode.ignored, "envoyproxy/ratelimit settings accepted and ignored");
     }
@@ -462,7 +545,8 @@ async fn run(args: ServeArgs, policy: Policy, hash: String) -> anyhow::Result<()
     // kill the process; the reloader acts on later ones.
     #[cfg(unix)]
     let _ = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup());
-    let parts = build_store(&args).await?;
+    let budget = memory_budget(&args, policy.rules.len());
+    let parts = build_store(&args, budget.max_counters).await?;
     let knobs = Arc::new(parts.knobs);
     // Knobs set while this replica was down apply from the first request.
     let _ = knobs.refresh().await;
@@ -493,7 +577,13 @@ async fn run(args: ServeArgs, policy: Policy, hash: String) -> anyhow::Result<()
         limiter: limiter.clone(),
         status: reloader.status(),
         shutting_down: Arc::new(AtomicBool::new(false)),
-        ready_requires_store: !args.ready_without_store,
+        readiness: divvy::server::readiness::Readiness {
+            requires_store: args.ready_requires_store,
+            needs_config: args
+                .ratelimit
+                .as_ref()
+                .is_some_and(|m| m.error_without_config),
+        },
         tokens: admin_tokens(&args)?,
         governors,
         deadline_margin: Duration::from_millis(args.deadline_margin_ms),
@@ -556,11 +646,11 @@ fn admin_tokens(args: &ServeArgs) -> anyhow::Result<Tokens> {
 
 /// The memory store, or Redis behind its failure policy (with the knobs
 /// shared through it).
-async fn build_store(args: &ServeArgs) -> anyhow::Result<StoreParts> {
+async fn build_store(args: &ServeArgs, max_counters: usize) -> anyhow::Result<StoreParts> {
     let Some(mut target) = redis_target(args.redis_url.as_deref())? else {
         let memory = Arc::new(MemoryStore::with_max_counters(
             Arc::new(SystemClock::default()),
-            args.max_counters,
+            max_counters,
         ));
         memory.spawn_sweeper(Duration::from_secs(args.sweep_seconds.max(1)));
         info!("counters in the embedded memory store");
@@ -597,7 +687,7 @@ async fn build_store(args: &ServeArgs) -> anyhow::Result<StoreParts> {
     }
     let failover = FailoverStore::new(primary, args.on_store_failure, args.local_share)
         .with_breaker(options.timeout, args.breaker_failures)
-        .with_max_counters(args.max_counters);
+        .with_max_counters(max_counters);
     let failover = Arc::new(if connected {
         failover
     } else {
@@ -862,13 +952,20 @@ fn grpc_limits(args: &ServeArgs) -> GrpcLimits {
         idle: Duration::from_secs(args.grpc_idle_seconds.max(1)),
         keepalive: (args.grpc_keepalive_seconds > 0)
             .then(|| Duration::from_secs(args.grpc_keepalive_seconds)),
+        connection_age: (!args.grpc_max_connection_age.is_zero()).then(|| {
+            divvy::server::connections::ConnectionAge {
+                age: args.grpc_max_connection_age,
+                grace: (!args.grpc_max_connection_age_grace.is_zero())
+                    .then_some(args.grpc_max_connection_age_grace),
+            }
+        }),
         keepalive_timeout: Duration::from_secs(20),
         deadline_margin: Duration::from_millis(args.deadline_margin_ms),
         error_without_config: args
             .ratelimit
             .as_ref()
             .is_some_and(|m| m.error_without_config),
-        ready_requires_store: !args.ready_without_store,
+        ready_requires_store: args.ready_requires_store,
     }
 }
 

@@ -21,6 +21,8 @@ use std::sync::OnceLock;
 
 /// How many one-second slots a rule keeps: 15 minutes.
 pub const SECONDS: usize = 900;
+/// Bytes one rule's history takes once it has decided: its ring and entry.
+pub const RULE_BYTES: u64 = SECONDS as u64 * 8 + 100;
 
 const COUNT_BITS: u32 = 24;
 const COUNT_MAX: u64 = (1 << COUNT_BITS) - 1;

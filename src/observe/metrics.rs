@@ -53,6 +53,9 @@ pub struct Metrics {
     envoy_keys: std::sync::RwLock<std::collections::HashSet<String>>,
     /// `divvy_rejected_total{reason}`: requests, connections and counters refused to keep work and memory bounded.
     pub rejected: IntCounterVec,
+    /// `divvy_grpc_connections_aged_total`: gRPC connections sent GOAWAY at their age
+    /// (`--grpc-max-connection-age`).
+    pub grpc_connections_aged: IntCounter,
     /// The counter store, its circuit breaker and failure policy.
     pub store: StoreMetrics,
     /// Leases of global limits.
@@ -178,6 +181,10 @@ pub struct StoreMetrics {
     pub ready: IntGauge,
     /// `divvy_over_limit_cache_hits_total`: counters answered by the over-limit cache, without a store call.
     pub over_limit_cache_hits: IntCounter,
+    /// `divvy_memory_budget_bytes`: the memory limit in force (`--memory-limit` or the cgroup's; 0: none).
+    pub memory_budget: IntGauge,
+    /// `divvy_max_counters`: the memory store's cap in force (the lesser of `--max-counters` and the budget's).
+    pub max_counters: IntGauge,
 }
 
 /// Leases of global limits.
@@ -330,6 +337,16 @@ impl StoreMetrics {
                 r.register(Box::new(c.clone())).expect("unique metric name");
                 c
             },
+            memory_budget: gauge(
+                r,
+                "divvy_memory_budget_bytes",
+                "The memory limit in force (--memory-limit or the cgroup's; 0: none)",
+            ),
+            max_counters: gauge(
+                r,
+                "divvy_max_counters",
+                "The memory store's cap in force: the lesser of --max-counters and what the memory budget holds",
+            ),
             over_limit_cache_hits: {
                 let c = IntCounter::new(
                     "divvy_over_limit_cache_hits_total",
@@ -630,6 +647,15 @@ impl Metrics {
                 for reason in REJECT_REASONS {
                     c.with_label_values(&[reason]);
                 }
+                c
+            },
+            grpc_connections_aged: {
+                let c = IntCounter::new(
+                    "divvy_grpc_connections_aged_total",
+                    "gRPC connections sent GOAWAY at their age (--grpc-max-connection-age), to reconnect and rebalance",
+                )
+                .expect("static metric definition");
+                r.register(Box::new(c.clone())).expect("unique metric name");
                 c
             },
             store: StoreMetrics::new(&r),

@@ -30,6 +30,9 @@ pub const CAPACITY: usize = 1024;
 pub const SLICE_SECONDS: u64 = 20;
 /// Sketches kept: 15 minutes of slices and the slice under way.
 pub const SLICES: usize = 46;
+/// The most the sketches hold together: every entry of every slice, about
+/// 110 bytes with its heap place and index, and an actor of 64 bytes.
+pub const MAX_BYTES: u64 = (SLICES * CAPACITY) as u64 * 176;
 
 /// One counted (rule, actor).
 #[derive(Debug, Clone)]

@@ -1,11 +1,13 @@
 //! Protocol front ends. Each parses, calls the one [`Limiter`], and formats.
 
 pub mod admin;
+pub mod connections;
 pub mod deadline;
 pub mod headers;
 pub mod idle;
 pub mod json;
 pub mod line;
+pub mod readiness;
 pub mod rlqs;
 pub mod rls;
 pub mod rls_envoy;
@@ -45,8 +47,11 @@ pub struct GrpcLimits {
     /// Answer with envoyproxy/ratelimit's error while no configuration is
     /// loaded, instead of "no limit" (`ratelimit` mode).
     pub error_without_config: bool,
+    /// Each connection is sent GOAWAY at this age (±10%) and closed a
+    /// grace later (`None`: connections live as long as their peers keep them).
+    pub connection_age: Option<connections::ConnectionAge>,
     /// The rate-limit service's gRPC health follows the counter store's
-    /// (NOT_SERVING while a failure policy decides).
+    /// (NOT_SERVING while a failure policy decides): `--ready-requires-store`.
     pub ready_requires_store: bool,
 }
 
@@ -60,7 +65,8 @@ impl Default for GrpcLimits {
             keepalive_timeout: Duration::from_secs(20),
             deadline_margin: deadline::DEFAULT_MARGIN,
             error_without_config: false,
-            ready_requires_store: true,
+            connection_age: None,
+            ready_requires_store: false,
         }
     }
 }
@@ -78,7 +84,11 @@ pub async fn serve_grpc(
     tls: Option<tls::ServerTls>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
-    let health_service = spawn_health(limiter.clone(), limits.ready_requires_store).await;
+    let readiness = readiness::Readiness {
+        requires_store: limits.ready_requires_store,
+        needs_config: limits.error_without_config,
+    };
+    let health_service = spawn_health(limiter.clone(), readiness).await;
     let mut service =
         RlsService::new(limiter, headers).with_deadline_margin(limits.deadline_margin);
     if limits.error_without_config {
@@ -86,7 +96,7 @@ pub async fn serve_grpc(
     }
     let service =
         RateLimitServiceServer::new(service).max_decoding_message_size(limits.max_request_bytes);
-    let server = tonic::transport::Server::builder()
+    let router = tonic::transport::Server::builder()
         .max_concurrent_streams(limits.max_concurrent_streams)
         .http2_keepalive_interval(limits.keepalive)
         .http2_keepalive_timeout(Some(limits.keepalive_timeout))
@@ -94,31 +104,28 @@ pub async fn serve_grpc(
         .add_service(health_service)
         .add_service(service)
         .add_service(rlqs::service(rlqs, limits.max_request_bytes));
+    let age = limits.connection_age;
     match tls {
         None => {
-            server
-                .serve_with_incoming_shutdown(plain_incoming(listener, limits.idle), shutdown)
-                .await
+            let incoming = plain_incoming(listener, limits.idle);
+            connections::serve(router, incoming, age, shutdown).await
         }
         Some(tls) => {
             let incoming = tls::incoming(listener, tls, limits.idle);
-            server
-                .serve_with_incoming_shutdown(incoming, shutdown)
-                .await
+            connections::serve(router, incoming, age, shutdown).await
         }
     }
 }
 
-/// grpc.health.v1: the rate-limit service reports NOT_SERVING while its
-/// counter store is failing (and a failure policy decides); "" (the
-/// process) stays SERVING. The status is set before the first request can
-/// arrive, then followed.
+/// grpc.health.v1: the rate-limit service reports NOT_SERVING while this
+/// replica cannot answer ([`readiness::Readiness`]); "" (the process) stays
+/// SERVING. The status is set before the first request can arrive, then
+/// followed; a change of the store's health is logged.
 async fn spawn_health(
     limiter: Arc<Limiter>,
-    ready_requires_store: bool,
+    readiness: readiness::Readiness,
 ) -> tonic_health::pb::health_server::HealthServer<impl tonic_health::pb::health_server::Health> {
     let (health, health_service) = tonic_health::server::health_reporter();
-    let ready_now = move || !ready_requires_store || limiter.store().ready();
     let set_status = |health: HealthReporter, ready: bool| async move {
         if ready {
             health
@@ -130,19 +137,33 @@ async fn spawn_health(
                 .await;
         }
     };
-    let mut last = ready_now();
-    set_status(health.clone(), last).await;
+    let mut last = readiness.check(&limiter, false);
+    set_status(health.clone(), last.is_ready()).await;
     tokio::spawn(async move {
         loop {
             tokio::time::sleep(std::time::Duration::from_millis(250)).await;
-            let ready = ready_now();
-            if ready != last {
-                set_status(health.clone(), ready).await;
-                last = ready;
+            let now = readiness.check(&limiter, false);
+            if now != last {
+                log_readiness(&now);
+                if now.is_ready() != last.is_ready() {
+                    set_status(health.clone(), now.is_ready()).await;
+                }
+                last = now;
             }
         }
     });
     health_service
+}
+
+/// One line when what this replica answers from changes.
+fn log_readiness(verdict: &readiness::Verdict) {
+    match verdict {
+        readiness::Verdict::Ready => tracing::info!("ready: answering from the counter store"),
+        readiness::Verdict::Degraded(why) => {
+            tracing::warn!("still ready, still answering: {why}")
+        }
+        readiness::Verdict::NotReady(why) => tracing::warn!("not ready: {why}"),
+    }
 }
 
 /// The plaintext gRPC connections. Envoy multiplexes every call on a few

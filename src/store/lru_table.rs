@@ -56,6 +56,10 @@ pub struct LruTable<V> {
     head: u32,
     /// The least recently used slot.
     tail: u32,
+    /// Most slots the owner lets this table hold: the slot array never grows
+    /// past it, so a capped table's memory is its cap's, not the next power
+    /// of two's.
+    cap: usize,
 }
 
 impl<V> Default for LruTable<V> {
@@ -65,6 +69,7 @@ impl<V> Default for LruTable<V> {
             index: HashTable::new_in(System),
             head: NIL,
             tail: NIL,
+            cap: MAX_SLOTS,
         }
     }
 }
@@ -82,6 +87,16 @@ impl<V> LruTable<V> {
     /// An empty table.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty table whose owner keeps it to at most `cap` slots (it
+    /// evicts before inserting past it); the slot array is never allocated
+    /// beyond `cap`.
+    pub fn with_cap(cap: usize) -> Self {
+        LruTable {
+            cap: cap.clamp(1, MAX_SLOTS),
+            ..Self::default()
+        }
     }
 
     /// Counters held.
@@ -184,6 +199,7 @@ impl<V> LruTable<V> {
             None
         };
         let i = self.slots.len();
+        self.grow_within_cap();
         self.slots.push(Slot {
             id,
             value,
@@ -195,6 +211,17 @@ impl<V> LruTable<V> {
         self.index
             .insert_unique(hash(id), slot_no(i), |&s| hash(slots[s as usize].id));
         evicted
+    }
+
+    /// Before a push into a full array: doubles it as `Vec` would, but never
+    /// past the cap (a table at its cap then holds exactly the cap).
+    fn grow_within_cap(&mut self) {
+        let (len, capacity) = (self.slots.len(), self.slots.capacity());
+        if len < capacity {
+            return;
+        }
+        let want = (capacity * 2).max(4).min(self.cap).max(len + 1);
+        self.slots.reserve_exact(want - len);
     }
 
     /// Removes slot `i`; the last slot moves into its place.
@@ -281,6 +308,22 @@ impl<V> LruTable<V> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A capped table's slot array stops at the cap instead of the next
+    /// power of two (what the memory budget counts on).
+    #[test]
+    fn a_capped_table_allocates_no_more_than_its_cap() {
+        let mut t: LruTable<u64> = LruTable::with_cap(1000);
+        for id in 0..1000u128 {
+            t.put(id, 0);
+        }
+        assert_eq!(t.slots.capacity(), 1000);
+        let mut free: LruTable<u64> = LruTable::new();
+        for id in 0..1000u128 {
+            free.put(id, 0);
+        }
+        assert!(free.slots.capacity() >= 1000);
+    }
 
     #[test]
     fn the_least_recently_used_goes_first() {

@@ -45,9 +45,9 @@ struct Shard {
 }
 
 impl Shard {
-    fn new() -> Shard {
+    fn new(cap: usize) -> Shard {
         Shard {
-            map: LruTable::new(),
+            map: LruTable::with_cap(cap),
             peak: 0,
         }
     }
@@ -114,14 +114,17 @@ impl MemoryStore {
                 shards /= 2;
             }
         }
+        let per_shard = max.map_or(MAX_SLOTS, |m| (m / shards).clamp(1, MAX_SLOTS));
         MemoryStore {
-            shards: (0..shards).map(|_| Mutex::new(Shard::new())).collect(),
+            shards: (0..shards)
+                .map(|_| Mutex::new(Shard::new(per_shard)))
+                .collect(),
             id_key: {
                 let s = RandomState::new();
                 (s.hash_one(0x5eed_u64), s.hash_one(0xd1f7_u64))
             },
             clock,
-            per_shard: max.map_or(MAX_SLOTS, |m| (m / shards).clamp(1, MAX_SLOTS)),
+            per_shard,
             evicted: AtomicU64::new(0),
             evict_logged: AtomicU64::new(0),
         }

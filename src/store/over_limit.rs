@@ -23,6 +23,10 @@ use crate::observe::metrics::metrics;
 /// Independent tables; a key's shard is picked by its hash's top bits.
 const SHARDS: usize = 16;
 
+/// Resident bytes of one cached counter at worst: its 64-byte slot and its
+/// index entry (the memory budget reserves this much an entry).
+pub const ENTRY_BYTES: u64 = 80;
+
 /// A counter known to be full, and the limit it was full against.
 #[derive(Debug, Clone, Copy)]
 struct Entry {
@@ -54,10 +58,13 @@ impl OverLimitCache {
     /// `inner` with at most `entries` counters cached (least recently used
     /// dropped first), timed by `clock`.
     pub fn new(inner: Arc<dyn Store>, entries: usize, clock: Arc<dyn Clock>) -> OverLimitCache {
+        let per_shard = entries.div_ceil(SHARDS).max(1);
         OverLimitCache {
             inner,
-            shards: (0..SHARDS).map(|_| Mutex::new(LruTable::new())).collect(),
-            per_shard: entries.div_ceil(SHARDS).max(1),
+            shards: (0..SHARDS)
+                .map(|_| Mutex::new(LruTable::with_cap(per_shard)))
+                .collect(),
+            per_shard,
             clock,
             hash_key: {
                 let s = std::collections::hash_map::RandomState::new();

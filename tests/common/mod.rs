@@ -6,6 +6,7 @@ pub mod certs;
 pub mod delay_proxy;
 pub mod envoy;
 pub mod fault_proxy;
+pub mod flood;
 pub mod pki;
 pub mod prometheus;
 pub mod redis;

@@ -21,6 +21,7 @@ use crate::observe::metrics::metrics;
 use crate::rules::Operation;
 use crate::server::headers::HeaderStyle;
 use crate::server::json::{format_response, parse_request};
+use crate::server::readiness::Verdict;
 use crate::store::Charge;
 
 /// The admin routes; `metrics_path` is where Prometheus scrapes. With a
@@ -105,29 +106,13 @@ pub async fn serve_https(
 }
 
 async fn readyz(State(s): State<AdminState>) -> Response {
-    if s.shutting_down.load(Ordering::Acquire) {
-        return (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "not ready: shutting down\n",
-        )
-            .into_response();
-    }
-    if s.ready_requires_store && !s.limiter.store().ready() {
-        return (
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!(
-                "not ready: the {} counter store is failing; a failure policy decides\n",
-                s.limiter.store().name()
-            ),
-        )
-            .into_response();
-    }
-    match s.limiter.global() {
-        Some(g) if g.in_fallback() => {
-            "ready (global store unreachable: global limits decide on conservative quotas)\n"
-                .into_response()
+    let shutting_down = s.shutting_down.load(Ordering::Acquire);
+    match s.readiness.check(&s.limiter, shutting_down) {
+        Verdict::Ready => "ready\n".into_response(),
+        Verdict::Degraded(why) => format!("ready ({why})\n").into_response(),
+        Verdict::NotReady(why) => {
+            (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {why}\n")).into_response()
         }
-        _ => "ready\n".into_response(),
     }
 }
 
@@ -353,8 +338,10 @@ async fn governors(State(s): State<AdminState>) -> Json<Value> {
 
 /// `GET /healthcheck` (envoyproxy/ratelimit's): 200 `OK` while ready, 500 otherwise.
 async fn healthcheck(State(s): State<AdminState>) -> Response {
-    let ready = !s.shutting_down.load(Ordering::Acquire)
-        && (!s.ready_requires_store || s.limiter.store().ready())
+    let ready = s
+        .readiness
+        .check(&s.limiter, s.shutting_down.load(Ordering::Acquire))
+        .is_ready()
         && (!s.healthy_needs_config || !s.limiter.rules().source().is_empty());
     if ready {
         "OK".into_response()

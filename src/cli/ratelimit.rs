@@ -14,8 +14,6 @@ use thiserror::Error;
 pub const IGNORED: &[&str] = &[
     "DEBUG_HOST",
     "DEBUG_PORT",
-    "GRPC_MAX_CONNECTION_AGE",
-    "GRPC_MAX_CONNECTION_AGE_GRACE",
     "RUNTIME_WATCH_ROOT",
     "RUNTIME_IGNOREDOTFILES",
     "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL",
@@ -142,6 +140,7 @@ pub fn serve_args(env: &Env) -> Result<(Vec<String>, RatelimitMode), Unsupported
     );
     config_args(env, &mut args)?;
     grpc_tls_args(env, &mut args)?;
+    connection_age_args(env, &mut args)?;
     redis_args(env, &mut args)?;
     statsd_args(env, &mut args)?;
     let metrics_path = get(env, "PROMETHEUS_PATH", "/metrics");
@@ -273,6 +272,131 @@ fn grpc_tls_args(env: &Env, args: &mut Vec<String>) -> Result<(), Unsupported> {
         }
     }
     Ok(())
+}
+
+/// `GRPC_MAX_CONNECTION_AGE` and `_GRACE` (Go durations; there, 24h and
+/// 1h by default, and 0 is no limit) as divvy's flags, whose `0` means the same.
+fn connection_age_args(env: &Env, args: &mut Vec<String>) -> Result<(), Unsupported> {
+    for (var, default, flag) in [
+        (
+            "GRPC_MAX_CONNECTION_AGE",
+            "24h",
+            "--grpc-max-connection-age",
+        ),
+        (
+            "GRPC_MAX_CONNECTION_AGE_GRACE",
+            "1h",
+            "--grpc-max-connection-age-grace",
+        ),
+    ] {
+        let value = env
+            .get(var)
+            .map(|v| v.trim())
+            .filter(|v| !v.is_empty())
+            .unwrap_or(default);
+        let d = go_duration(value).map_err(|e| {
+            unsupported(
+                var,
+                value,
+                &format!("{e}; a Go duration such as 24h, 1h30m or 90s"),
+            )
+        })?;
+        // In milliseconds, a non-zero duration never rounded down to 0 (off).
+        let ms = d.as_millis().max(u128::from(!d.is_zero()));
+        args.extend([flag.into(), format!("{ms}ms")]);
+    }
+    Ok(())
+}
+
+/// Why a value is not a Go duration.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum GoDurationError {
+    /// Not `[-+]?([0-9]*(\.[0-9]*)?unit)+` (nor `0`).
+    #[error("not a duration")]
+    Invalid,
+    /// A number without a unit (`90` rather than `90s`).
+    #[error("a number without a unit (ns, us, ms, s, m or h)")]
+    MissingUnit,
+    /// A unit Go does not know.
+    #[error("unknown unit `{0}` (ns, us, ms, s, m or h)")]
+    UnknownUnit(String),
+    /// Below zero: no age can be.
+    #[error("negative")]
+    Negative,
+    /// Beyond Go's largest duration (about 292 years).
+    #[error("too long")]
+    Overflow,
+}
+
+/// A duration in the forms Go's `time.ParseDuration` takes: `0`, or numbers
+/// (with an optional fraction) each followed by a unit, such as `1h30m`,
+/// `1.5h`, `90s` or `500ms`; negative ones are refused.
+pub fn go_duration(text: &str) -> Result<std::time::Duration, GoDurationError> {
+    let rest = match text.as_bytes().first() {
+        Some(b'-') if text != "-0" => return Err(GoDurationError::Negative),
+        Some(b'-' | b'+') => &text[1..],
+        _ => text,
+    };
+    if rest == "0" {
+        return Ok(std::time::Duration::ZERO);
+    }
+    if rest.is_empty() {
+        return Err(GoDurationError::Invalid);
+    }
+    let mut nanos: u128 = 0;
+    let mut rest = rest;
+    while !rest.is_empty() {
+        let (part, tail) = go_duration_part(rest)?;
+        nanos = nanos.checked_add(part).ok_or(GoDurationError::Overflow)?;
+        rest = tail;
+    }
+    // Go's durations are signed 64-bit nanoseconds.
+    if nanos > i64::MAX as u128 {
+        return Err(GoDurationError::Overflow);
+    }
+    Ok(std::time::Duration::from_nanos(nanos as u64))
+}
+
+/// One `number unit` at the start of `text`: its nanoseconds and the rest.
+fn go_duration_part(text: &str) -> Result<(u128, &str), GoDurationError> {
+    let digits = |s: &str| s.bytes().take_while(u8::is_ascii_digit).count();
+    let whole_len = digits(text);
+    let (whole, rest) = text.split_at(whole_len);
+    let (frac, rest) = match rest.strip_prefix('.') {
+        Some(r) => r.split_at(digits(r)),
+        None => ("", rest),
+    };
+    if whole.is_empty() && frac.is_empty() {
+        return Err(GoDurationError::Invalid);
+    }
+    let unit_len = rest
+        .find(|c: char| c.is_ascii_digit() || c == '.')
+        .unwrap_or(rest.len());
+    let (unit, rest) = rest.split_at(unit_len);
+    let scale: u128 = match unit {
+        "" => return Err(GoDurationError::MissingUnit),
+        "ns" => 1,
+        "us" | "\u{b5}s" | "\u{3bc}s" => 1_000,
+        "ms" => 1_000_000,
+        "s" => 1_000_000_000,
+        "m" => 60_000_000_000,
+        "h" => 3_600_000_000_000,
+        other => return Err(GoDurationError::UnknownUnit(other.to_owned())),
+    };
+    let overflow = |_| GoDurationError::Overflow;
+    let whole: u128 = if whole.is_empty() {
+        0
+    } else {
+        whole.parse().map_err(overflow)?
+    };
+    let mut nanos = whole.checked_mul(scale).ok_or(GoDurationError::Overflow)?;
+    // The fraction's first 18 digits: finer than a nanosecond of any unit.
+    let frac = &frac[..frac.len().min(18)];
+    if !frac.is_empty() {
+        let f: u128 = frac.parse().map_err(overflow)?;
+        nanos += f * scale / 10u128.pow(frac.len() as u32);
+    }
+    Ok((nanos, rest))
 }
 
 /// `REDIS_URL` in envoyproxy/ratelimit's forms (`host:port`; Sentinel
@@ -456,6 +580,90 @@ mod tests {
         assert_eq!(value_of(&args, "--over-limit-cache"), Some("16384"));
         let err = with("a lot").expect_err("not a number");
         assert_eq!(err.var, "LOCAL_CACHE_SIZE_IN_BYTES");
+    }
+
+    #[test]
+    fn go_durations() {
+        use std::time::Duration;
+        for (text, want) in [
+            ("0", Duration::ZERO),
+            ("+0", Duration::ZERO),
+            ("-0", Duration::ZERO),
+            ("24h", Duration::from_secs(86_400)),
+            ("1h30m", Duration::from_secs(5_400)),
+            ("1.5h", Duration::from_secs(5_400)),
+            ("90s", Duration::from_secs(90)),
+            ("500ms", Duration::from_millis(500)),
+            (".5s", Duration::from_millis(500)),
+            ("1.s", Duration::from_secs(1)),
+            ("2m0.5s", Duration::from_millis(120_500)),
+            ("250us", Duration::from_micros(250)),
+            ("250\u{b5}s", Duration::from_micros(250)),
+            ("10ns", Duration::from_nanos(10)),
+            ("2562047h", Duration::from_secs(2_562_047 * 3600)),
+        ] {
+            assert_eq!(go_duration(text), Ok(want), "{text}");
+        }
+        for (text, err) in [
+            ("", GoDurationError::Invalid),
+            ("soon", GoDurationError::Invalid),
+            (".s", GoDurationError::Invalid),
+            ("90", GoDurationError::MissingUnit),
+            ("1h30", GoDurationError::MissingUnit),
+            ("2d", GoDurationError::UnknownUnit("d".into())),
+            ("-5s", GoDurationError::Negative),
+            ("2562048h", GoDurationError::Overflow),
+            (
+                "99999999999999999999999999999999999999999h",
+                GoDurationError::Overflow,
+            ),
+        ] {
+            assert_eq!(go_duration(text), Err(err), "{text}");
+        }
+    }
+
+    #[test]
+    fn connection_age_follows_envoyproxy_ratelimit() {
+        let (args, mode) = serve_args(&env(&[])).expect("supported");
+        assert_eq!(
+            value_of(&args, "--grpc-max-connection-age"),
+            Some("86400000ms")
+        );
+        assert_eq!(
+            value_of(&args, "--grpc-max-connection-age-grace"),
+            Some("3600000ms")
+        );
+        assert!(mode.ignored.is_empty());
+        let (args, mode) = serve_args(&env(&[
+            ("GRPC_MAX_CONNECTION_AGE", "2s"),
+            ("GRPC_MAX_CONNECTION_AGE_GRACE", "1m30s"),
+        ]))
+        .expect("supported");
+        assert_eq!(value_of(&args, "--grpc-max-connection-age"), Some("2000ms"));
+        assert_eq!(
+            value_of(&args, "--grpc-max-connection-age-grace"),
+            Some("90000ms")
+        );
+        assert!(mode.ignored.is_empty(), "{:?}", mode.ignored);
+        let (args, _) = serve_args(&env(&[
+            ("GRPC_MAX_CONNECTION_AGE", "0"),
+            ("GRPC_MAX_CONNECTION_AGE_GRACE", "1us"),
+        ]))
+        .expect("supported");
+        assert_eq!(value_of(&args, "--grpc-max-connection-age"), Some("0ms"));
+        assert_eq!(
+            value_of(&args, "--grpc-max-connection-age-grace"),
+            Some("1ms")
+        );
+        for var in ["GRPC_MAX_CONNECTION_AGE", "GRPC_MAX_CONNECTION_AGE_GRACE"] {
+            let err = serve_args(&env(&[(var, "soon")])).expect_err(var);
+            assert_eq!(err.var, var);
+            assert!(
+                err.to_string().starts_with(&format!("{var}=soon: ")),
+                "{err}"
+            );
+            assert!(err.to_string().contains("Go duration"), "{err}");
+        }
     }
 
     #[test]

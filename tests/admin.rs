@@ -385,7 +385,7 @@ fn readiness_stays_while_the_failure_policy_answers_for_a_dead_redis() {
             "--ready-without-store",
         ],
     );
-    assert_eq!(server.line_exchange(b"HIT\n"), "OK true 99 0\n");
+    assert_eq!(server.line_exchange(b"HIT k=actor ip=10.0.0.1\n"), "OK true 4 3600\n");
     assert_eq!(server.http("GET", "/readyz", "").0, 200);
     redis.kill();
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -394,11 +394,8 @@ fn readiness_stays_while_the_failure_policy_answers_for_a_dead_redis() {
         .1
         .contains("divvy_store_ready 0")
     {
-        assert_eq!(
-            server.line_exchange(b"HIT\n"),
-            "OK false 0 0\n",
-            "while the breaker opens"
-        );
+        let answer = server.line_exchange(b"HIT k=actor ip=10.0.0.1\n");
+        assert!(answer.starts_with("OK false 0 "), "while the breaker opens: {answer}");
         assert!(
             Instant::now() < deadline,
             "the store never reported failing"
@@ -408,7 +405,8 @@ fn readiness_stays_while_the_failure_policy_answers_for_a_dead_redis() {
         let (status, body) = server.http("GET", "/readyz", "");
         assert_eq!(status, 200, "{body}");
         assert!(body.contains("the failure policy decides"), "{body}");
-        assert_eq!(server.line_exchange(b"HIT\n"), "OK false 0 0\n");
+        let answer = server.line_exchange(b"HIT k=actor ip=10.0.0.1\n");
+        assert!(answer.starts_with("OK false 0 "), "{answer}");
         std::thread::sleep(Duration::from_millis(200));
     }
     assert_eq!(

@@ -385,7 +385,10 @@ fn readiness_stays_while_the_failure_policy_answers_for_a_dead_redis() {
             "--ready-without-store",
         ],
     );
-    assert_eq!(server.line_exchange(b"HIT k=actor ip=10.0.0.1\n"), "OK true 4 3600\n");
+    assert_eq!(
+        server.line_exchange(b"HIT k=actor ip=10.0.0.1\n"),
+        "OK true 4 3600\n"
+    );
     assert_eq!(server.http("GET", "/readyz", "").0, 200);
     redis.kill();
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -395,7 +398,10 @@ fn readiness_stays_while_the_failure_policy_answers_for_a_dead_redis() {
         .contains("divvy_store_ready 0")
     {
         let answer = server.line_exchange(b"HIT k=actor ip=10.0.0.1\n");
-        assert!(answer.starts_with("OK false 0 "), "while the breaker opens: {answer}");
+        assert!(
+            answer.starts_with("OK false 0 "),
+            "while the breaker opens: {answer}"
+        );
         assert!(
             Instant::now() < deadline,
             "the store never reported failing"

@@ -137,6 +137,14 @@ fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> 
     c
 }
 
+fn counter(registry: &Registry, name: &str, help: &str) -> IntCounter {
+    let c = IntCounter::new(name, help).expect("static metric definition");
+    registry
+        .register(Box::new(c.clone()))
+        .expect("unique metric name");
+    c
+}
+
 fn gauge(registry: &Registry, name: &str, help: &str) -> IntGauge {
     let g = IntGauge::new(name, help).expect("static metric definition");
     registry
@@ -328,15 +336,7 @@ impl StoreMetrics {
                 "divvy_counters",
                 "Live counters in the memory store (as of its last sweep)",
             ),
-            counters_evicted: {
-                let c = IntCounter::new(
-                    "divvy_counters_evicted_total",
-                    "Counters the memory store evicted (least recently used first) to stay under --max-counters",
-                )
-                .expect("static metric definition");
-                r.register(Box::new(c.clone())).expect("unique metric name");
-                c
-            },
+            counters_evicted: counter(&r, "divvy_counters_evicted_total", "Counters the memory store evicted (least recently used first) to stay under --max-counters"),
             memory_budget: gauge(
                 r,
                 "divvy_memory_budget_bytes",
@@ -347,21 +347,8 @@ impl StoreMetrics {
                 "divvy_max_counters",
                 "The memory store's cap in force: the lesser of --max-counters and what the memory budget holds",
             ),
-            over_limit_cache_hits: {
-                let c = IntCounter::new(
-                    "divvy_over_limit_cache_hits_total",
-                    "Counters known to be over their limit answered by the over-limit cache, without a call to Redis",
-                )
-                .expect("static metric definition");
-                r.register(Box::new(c.clone())).expect("unique metric name");
-                c
-            },
-            errors: {
-                let c = IntCounter::new("divvy_store_errors_total", "Failed counter store calls")
-                    .expect("static metric definition");
-                r.register(Box::new(c.clone())).expect("unique metric name");
-                c
-            },
+            over_limit_cache_hits: counter(&r, "divvy_over_limit_cache_hits_total", "Counters known to be over their limit answered by the over-limit cache, without a call to Redis"),
+            errors: counter(&r, "divvy_store_errors_total", "Failed counter store calls"),
             duration: histogram(
                 r,
                 "divvy_store_duration_seconds",
@@ -649,15 +636,7 @@ impl Metrics {
                 }
                 c
             },
-            grpc_connections_aged: {
-                let c = IntCounter::new(
-                    "divvy_grpc_connections_aged_total",
-                    "gRPC connections sent GOAWAY at their age (--grpc-max-connection-age), to reconnect and rebalance",
-                )
-                .expect("static metric definition");
-                r.register(Box::new(c.clone())).expect("unique metric name");
-                c
-            },
+            grpc_connections_aged: counter(&r, "divvy_grpc_connections_aged_total", "gRPC connections sent GOAWAY at their age (--grpc-max-connection-age), to reconnect and rebalance"),
             store: StoreMetrics::new(&r),
             global: GlobalMetrics::new(&r),
             governor: GovernorMetrics::new(&r),

@@ -110,9 +110,11 @@ async fn readyz(State(s): State<AdminState>) -> Response {
     match s.readiness.check(&s.limiter, shutting_down) {
         Verdict::Ready => "ready\n".into_response(),
         Verdict::Degraded(why) => format!("ready ({why})\n").into_response(),
-        Verdict::NotReady(why) => {
-            (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {why}\n")).into_response()
-        }
+        Verdict::NotReady(why) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: {why}\n"),
+        )
+            .into_response(),
     }
 }
 

@@ -37,7 +37,7 @@ const UNLIMITED: u64 = 1 << 62;
 
 /// A memory size that cannot be read.
 #[derive(Debug, Error, PartialEq, Eq)]
-#[error("`{0}` is not a memory size: bytes, or a number with Ki, Mi, Gi, Ti, K, M, G or T (as in 256Mi or 1G)")]
+#[error("`{0}` is not a memory size: bytes, or a number with Ki, Mi, Gi, Ti, k, M, G or T (as in 256Mi or 1G)")]
 pub struct SizeError(pub String);
 
 /// Where the limit in force came from.
@@ -91,13 +91,15 @@ pub struct MemoryBudget {
     pub limited_by_memory: bool,
 }
 
-/// Reads a size as Kubernetes writes one: bytes (`268435456`), binary
-/// suffixes (`256Mi`, `1Gi`), decimal ones (`1G`, `500M`, `128k`), an
-/// optional `B` after them (`256MiB`), a fraction (`0.5Gi`).
+/// Reads a memory size in the forms a limit is usually written in: bytes
+/// (`268435456`, what the downward API gives), binary suffixes (`256Mi`,
+/// `1Gi`), decimal ones (`1G`, `500M`, `128k`), an optional `B` after them
+/// (`256MiB`), a fraction (`0.5Gi`). Kubernetes' rarer forms (exponents,
+/// `Pi`, `Ei`) are refused with a clear error.
 pub fn parse_size(text: &str) -> Result<u64, SizeError> {
     let err = || SizeError(text.to_owned());
     let t = text.trim();
-    let t = t.strip_suffix(['B', 'b']).unwrap_or(t);
+    let t = t.strip_suffix('B').unwrap_or(t);
     let split = t
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(t.len());
@@ -249,7 +251,9 @@ mod tests {
         assert_eq!(parse_size("128k"), Ok(128_000));
         assert_eq!(parse_size("0.5Gi"), Ok(1 << 29));
         assert_eq!(parse_size(" 64Mi "), Ok(64 << 20));
-        for bad in ["", "Mi", "64 lots", "1.2.3Gi", "-5Mi", "64mi", "1e400"] {
+        for bad in [
+            "", "Mi", "64 lots", "1.2.3Gi", "-5Mi", "64mi", "1e400", "64Mb", "1Pi",
+        ] {
             assert!(parse_size(bad).is_err(), "{bad:?} was read");
         }
         assert!(parse_size("64x")

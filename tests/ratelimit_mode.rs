@@ -147,6 +147,33 @@ async fn started_as_ratelimit_with_envoy_gateways_environment() {
     );
 }
 
+/// Without HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED, envoyproxy/ratelimit's
+/// `/healthcheck` is OK before any configuration; `/readyz` is not, since
+/// every call would be answered with an error.
+#[test]
+fn healthcheck_needs_no_config_by_default_but_readiness_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut command = as_ratelimit(dir.path());
+    command.envs([
+        ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+        (
+            "CONFIG_GRPC_XDS_SERVER_URL",
+            &format!("127.0.0.1:{}", free_port()),
+        ),
+        ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
+        ("USE_STATSD", "false"),
+        ("LOG_LEVEL", "info"),
+        ("GRPC_HOST", "127.0.0.1"),
+        ("GRPC_PORT", "0"),
+        ("HOST", "127.0.0.1"),
+        ("PORT", "0"),
+    ]);
+    let server = Server::spawn(command);
+    assert_eq!(server.http("GET", "/healthcheck", "").0, 200);
+    let (status, body) = server.http("GET", "/readyz", "");
+    assert_eq!(status, 503, "{body}");
+}
+
 #[test]
 fn a_setting_divvy_cannot_honour_stops_the_start_naming_its_variable() {
     let dir = tempfile::tempdir().unwrap();

@@ -224,8 +224,9 @@ pub struct ServeArgs {
     /// policy is deciding stays ready: it still answers every request.
     #[arg(long, env = "DIVVY_READY_REQUIRES_STORE")]
     ready_requires_store: bool,
-    /// Accepted for older deployments; readiness no longer follows the store
-    /// unless --ready-requires-store.
+    /// Accepted so that deployments that set it keep starting; it changes
+    /// nothing (a replica stays ready while the store fails unless
+    /// --ready-requires-store).
     #[arg(long, env = "DIVVY_READY_WITHOUT_STORE", hide = true)]
     ready_without_store: bool,
     /// Seconds between SIGTERM (readiness turns false) and closing the
@@ -504,7 +505,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         None => (divvy::config::no_policy()?, String::new()),
     };
     if args.ready_without_store {
-        info!("--ready-without-store (DIVVY_READY_WITHOUT_STORE) is how readiness works by default now; --ready-requires-store asks for the old behaviour");
+        info!("--ready-without-store (DIVVY_READY_WITHOUT_STORE) changes nothing: a replica stays ready while the store fails unless --ready-requires-store");
     }
     if let Some(mode) = args.ratelimit.as_ref().filter(|m| !m.ignored.is_empty()) {
         info!(variables = ?mode.ignored, "envoyproxy/ratelimit settings accepted and ignored");

@@ -336,7 +336,11 @@ impl StoreMetrics {
                 "divvy_counters",
                 "Live counters in the memory store (as of its last sweep)",
             ),
-            counters_evicted: counter(&r, "divvy_counters_evicted_total", "Counters the memory store evicted (least recently used first) to stay under --max-counters"),
+            counters_evicted: counter(
+                r,
+                "divvy_counters_evicted_total",
+                "Counters the memory store evicted (least recently used first) to stay under --max-counters",
+            ),
             memory_budget: gauge(
                 r,
                 "divvy_memory_budget_bytes",
@@ -347,8 +351,16 @@ impl StoreMetrics {
                 "divvy_max_counters",
                 "The memory store's cap in force: the lesser of --max-counters and what the memory budget holds",
             ),
-            over_limit_cache_hits: counter(&r, "divvy_over_limit_cache_hits_total", "Counters known to be over their limit answered by the over-limit cache, without a call to Redis"),
-            errors: counter(&r, "divvy_store_errors_total", "Failed counter store calls"),
+            over_limit_cache_hits: counter(
+                r,
+                "divvy_over_limit_cache_hits_total",
+                "Counters known to be over their limit answered by the over-limit cache, without a call to Redis",
+            ),
+            errors: counter(
+                r,
+                "divvy_store_errors_total",
+                "Failed counter store calls",
+            ),
             duration: histogram(
                 r,
                 "divvy_store_duration_seconds",
@@ -636,7 +648,11 @@ impl Metrics {
                 }
                 c
             },
-            grpc_connections_aged: counter(&r, "divvy_grpc_connections_aged_total", "gRPC connections sent GOAWAY at their age (--grpc-max-connection-age), to reconnect and rebalance"),
+            grpc_connections_aged: counter(
+                &r,
+                "divvy_grpc_connections_aged_total",
+                "gRPC connections sent GOAWAY at their age (--grpc-max-connection-age), to reconnect and rebalance",
+            ),
             store: StoreMetrics::new(&r),
             global: GlobalMetrics::new(&r),
             governor: GovernorMetrics::new(&r),

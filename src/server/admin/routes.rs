@@ -21,7 +21,7 @@ use crate::observe::metrics::metrics;
 use crate::rules::Operation;
 use crate::server::headers::HeaderStyle;
 use crate::server::json::{format_response, parse_request};
-use crate::server::readiness::Verdict;
+use crate::server::readiness::{Readiness, Verdict};
 use crate::store::Charge;
 
 /// The admin routes; `metrics_path` is where Prometheus scrapes. With a
@@ -340,11 +340,15 @@ async fn governors(State(s): State<AdminState>) -> Json<Value> {
 
 /// `GET /healthcheck` (envoyproxy/ratelimit's): 200 `OK` while ready, 500 otherwise.
 async fn healthcheck(State(s): State<AdminState>) -> Response {
-    let ready = s
-        .readiness
+    // envoyproxy/ratelimit's health: a configuration is needed only with
+    // HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED, unlike /readyz.
+    let health = Readiness {
+        needs_config: s.healthy_needs_config,
+        ..s.readiness
+    };
+    let ready = health
         .check(&s.limiter, s.shutting_down.load(Ordering::Acquire))
-        .is_ready()
-        && (!s.healthy_needs_config || !s.limiter.rules().source().is_empty());
+        .is_ready();
     if ready {
         "OK".into_response()
     } else {

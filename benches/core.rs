@@ -279,7 +279,7 @@ fn grpc_handler() {
     use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
     const ACTORS: usize = 65_536;
     let (limiter, rt) = line_policy_server();
-    let envoy = EnvoySettings::from_env();
+    let envoy = EnvoySettings::from_vars(|name| std::env::var(name).ok());
     let entry = |key: &str, value: String| Entry {
         key: key.to_owned(),
         value,

@@ -2380,3 +2380,30 @@ fn json_endpoint_answers_for_envoy_domains() {
     assert!(v["statuses"][0].get("currentLimit").is_none(), "{text}");
     assert_eq!(v["statuses"][0]["limitRemaining"], 0, "{text}");
 }
+
+/// An envoyproxy/ratelimit domain's calls are timed as divvy rules' are:
+/// each descriptor in `divvy_hit_duration_seconds`, each store call in
+/// `divvy_store_duration_seconds`, and the dashboard overview's p99 comes
+/// from them.
+#[tokio::test]
+async fn envoy_domains_are_timed_in_the_histograms_and_the_dashboard() {
+    let server = example();
+    let count = |name: &str| server.metric_samples().get(name).copied().unwrap_or(0.0);
+    let (hits, store) = (
+        count("divvy_hit_duration_seconds_count"),
+        count("divvy_store_duration_seconds_count"),
+    );
+    let (_, overview) = server.http("GET", "/api/v1/overview", "");
+    let overview: serde_json::Value = serde_json::from_str(&overview).expect("overview JSON");
+    assert!(overview["p99DecisionSeconds"].is_null(), "{overview}");
+    let mut rl = Rl::new(&server).await;
+    for _ in 0..3 {
+        rl.ask("rl", two("m", "mock")).await;
+    }
+    assert_eq!(count("divvy_hit_duration_seconds_count"), hits + 3.0);
+    assert_eq!(count("divvy_store_duration_seconds_count"), store + 3.0);
+    let (_, overview) = server.http("GET", "/api/v1/overview", "");
+    let overview: serde_json::Value = serde_json::from_str(&overview).expect("overview JSON");
+    let p99 = overview["p99DecisionSeconds"].as_f64();
+    assert!(p99.is_some_and(|s| s > 0.0), "{overview}");
+}

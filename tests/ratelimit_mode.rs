@@ -149,9 +149,9 @@ async fn started_as_ratelimit_with_envoy_gateways_environment() {
 
 /// Without HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED, envoyproxy/ratelimit's
 /// `/healthcheck` is OK before any configuration; `/readyz` is not, since
-/// every call would be answered with an error.
+/// every call would be answered with an error, as `POST /json` is too.
 #[test]
-fn healthcheck_needs_no_config_by_default_but_readiness_does() {
+fn before_any_config_health_is_ok_readiness_is_not_and_json_errs() {
     let dir = tempfile::tempdir().unwrap();
     let mut command = as_ratelimit(dir.path());
     command.envs([
@@ -172,6 +172,14 @@ fn healthcheck_needs_no_config_by_default_but_readiness_does() {
     assert_eq!(server.http("GET", "/healthcheck", "").0, 200);
     let (status, body) = server.http("GET", "/readyz", "");
     assert_eq!(status, 503, "{body}");
+    // POST /json answers as ShouldRateLimit does: the same error.
+    let request = r#"{"domain": "d", "descriptors": [{"entries": [{"key": "k", "value": "v"}]}]}"#;
+    let (status, body) = server.http("POST", "/json", request);
+    assert_ne!(status, 200, "{body}");
+    assert!(
+        body.contains("no rate limit configuration loaded"),
+        "{body}"
+    );
 }
 
 #[test]

@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use divvy::config::Policy;
+use divvy::limiter::envoy::EnvoySettings;
 use divvy::limiter::Limiter;
 use divvy::memory_budget::MemoryBudget;
 use divvy::observe::statsd::StatsdConfig;
@@ -574,17 +575,16 @@ async fn run(args: ServeArgs, policy: Policy, hash: String) -> anyhow::Result<()
     }
     init_statsd(&args);
     let rlqs = Arc::new(rlqs_hub(&args, &limiter, parts.redis));
+    let envoy = envoy_settings(&args);
     let admin = AdminState {
         limiter: limiter.clone(),
         status: reloader.status(),
         shutting_down: Arc::new(AtomicBool::new(false)),
         readiness: divvy::server::readiness::Readiness {
             requires_store: args.ready_requires_store,
-            needs_config: args
-                .ratelimit
-                .as_ref()
-                .is_some_and(|m| m.error_without_config),
+            needs_config: envoy.error_without_config,
         },
+        envoy: Arc::new(envoy),
         tokens: admin_tokens(&args)?,
         governors,
         deadline_margin: Duration::from_millis(args.deadline_margin_ms),
@@ -894,10 +894,14 @@ async fn serve_until_shutdown(
         stop_rx.clone(),
     ));
     divvy::server::rlqs::spawn(admin.rlqs.clone(), stopped(stop_rx.clone()));
+    let answers = divvy::server::Answers {
+        headers: args.rate_limit_headers,
+        envoy: EnvoySettings::clone(&admin.envoy),
+    };
     let grpc_task = tokio::spawn(divvy::server::serve_grpc(
         listeners.grpc,
         limiter,
-        args.rate_limit_headers,
+        answers,
         grpc_limits(args),
         admin.rlqs.clone(),
         listeners.grpc_tls,
@@ -962,12 +966,19 @@ fn grpc_limits(args: &ServeArgs) -> GrpcLimits {
         }),
         keepalive_timeout: Duration::from_secs(20),
         deadline_margin: Duration::from_millis(args.deadline_margin_ms),
-        error_without_config: args
-            .ratelimit
-            .as_ref()
-            .is_some_and(|m| m.error_without_config),
         ready_requires_store: args.ready_requires_store,
     }
+}
+
+/// envoyproxy/ratelimit's settings from the environment, read once; in
+/// `ratelimit` mode, answering an error while no configuration is loaded.
+fn envoy_settings(args: &ServeArgs) -> EnvoySettings {
+    let mut envoy = EnvoySettings::from_vars(|name| std::env::var(name).ok());
+    envoy.error_without_config = args
+        .ratelimit
+        .as_ref()
+        .is_some_and(|m| m.error_without_config);
+    envoy
 }
 
 /// The metrics path must be a plain absolute path that no other admin route uses.

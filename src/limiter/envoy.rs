@@ -21,8 +21,8 @@ use crate::rules::bounded;
 use crate::rules::descriptor_tree::DomainTree;
 use crate::store::{Algorithm, Charge, CounterOp, CounterState, StoreError};
 
-/// envoyproxy/ratelimit's settings that change answers, read from the
-/// environment under that project's names.
+/// envoyproxy/ratelimit's settings that change answers, under that
+/// project's variable names; built once at start and handed in.
 #[derive(Debug, Clone)]
 pub struct EnvoySettings {
     /// `SHADOW_MODE`: statuses kept, the overall code always OK.
@@ -45,41 +45,42 @@ pub struct EnvoySettings {
     pub error_without_config: bool,
 }
 
-fn env_bool(name: &str) -> bool {
-    std::env::var(name).is_ok_and(|v| {
-        matches!(
-            v.trim().to_ascii_lowercase().as_str(),
-            "1" | "t" | "true" | "yes"
-        )
-    })
-}
-
-fn env_or(name: &str, default: &str) -> String {
-    std::env::var(name)
-        .ok()
-        .filter(|v| !v.is_empty())
-        .unwrap_or_else(|| default.to_owned())
+impl Default for EnvoySettings {
+    /// envoyproxy/ratelimit's defaults: every variable unset.
+    fn default() -> EnvoySettings {
+        EnvoySettings::from_vars(|_| None)
+    }
 }
 
 impl EnvoySettings {
-    /// The settings from the environment.
-    pub fn from_env() -> EnvoySettings {
+    /// The settings from envoyproxy/ratelimit's variables, each read through
+    /// `var` (the process's environment, read once at start by the caller).
+    pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> EnvoySettings {
+        let set = |name: &str| var(name).filter(|v| !v.is_empty());
+        let flag = |name: &str| {
+            set(name).is_some_and(|v| {
+                matches!(
+                    v.trim().to_ascii_lowercase().as_str(),
+                    "1" | "t" | "true" | "yes"
+                )
+            })
+        };
+        let or = |name: &str, default: &str| set(name).unwrap_or_else(|| default.to_owned());
         EnvoySettings {
-            shadow_mode: env_bool("SHADOW_MODE"),
-            all_or_nothing: env_bool("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT"),
-            near_limit_ratio: std::env::var("NEAR_LIMIT_RATIO")
-                .ok()
+            shadow_mode: flag("SHADOW_MODE"),
+            all_or_nothing: flag("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT"),
+            near_limit_ratio: set("NEAR_LIMIT_RATIO")
                 .and_then(|v| v.trim().parse::<f64>().ok())
                 .filter(|r| r.is_finite() && (0.0..=1.0).contains(r))
                 .unwrap_or(0.8),
-            headers: env_bool("LIMIT_RESPONSE_HEADERS_ENABLED").then(|| {
+            headers: flag("LIMIT_RESPONSE_HEADERS_ENABLED").then(|| {
                 [
-                    env_or("LIMIT_LIMIT_HEADER", "RateLimit-Limit"),
-                    env_or("LIMIT_REMAINING_HEADER", "RateLimit-Remaining"),
-                    env_or("LIMIT_RESET_HEADER", "RateLimit-Reset"),
+                    or("LIMIT_LIMIT_HEADER", "RateLimit-Limit"),
+                    or("LIMIT_REMAINING_HEADER", "RateLimit-Remaining"),
+                    or("LIMIT_RESET_HEADER", "RateLimit-Reset"),
                 ]
             }),
-            dynamic_metadata: env_bool("RESPONSE_DYNAMIC_METADATA"),
+            dynamic_metadata: flag("RESPONSE_DYNAMIC_METADATA"),
             error_without_config: false,
         }
     }
@@ -375,6 +376,7 @@ impl Limiter {
         settings: &EnvoySettings,
         deadline: Option<tokio::time::Instant>,
     ) -> Result<Vec<EnvoyStatus>, StoreError> {
+        let started = std::time::Instant::now();
         // Every descriptor's limit first: a later one's `replaces` counts too.
         let mut replacing: HashSet<String> = HashSet::new();
         let found: Vec<Option<Found>> = descriptors
@@ -387,15 +389,13 @@ impl Limiter {
             .zip(found)
             .map(|(d, f)| slot(tree.domain(), d, f, &replacing, settings, &mut ops))
             .collect();
-        let states = if ops.is_empty() {
-            Vec::new()
+        // Timed and counted as divvy rules' decisions are (the store call,
+        // the request), so the histograms and the dashboard see every engine.
+        let (states, decided_at) = if ops.is_empty() {
+            (Vec::new(), None)
         } else {
-            let applied = self
-                .store()
-                .apply_by(&ops, charge(&slots, settings), deadline)
-                .await;
-            let states = applied.inspect_err(|_| metrics().store.errors.inc())?;
-            crate::store::answered_all(states, ops.len())?
+            let (states, answered) = self.apply(&ops, charge(&slots, settings), deadline).await?;
+            (states, Some(answered))
         };
         let marks = match settings.all_or_nothing {
             true => Vec::new(),
@@ -407,6 +407,8 @@ impl Limiter {
         if !marks.is_empty() && in_time {
             let _ = self.store().apply_by(&marks, Charge::Each, deadline).await;
         }
+        let decided_at = decided_at.unwrap_or_else(std::time::Instant::now);
+        metrics().hit_times(decided_at.duration_since(started), descriptors.len());
         Ok(slots
             .into_iter()
             .map(|s| match s {

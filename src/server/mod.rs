@@ -26,6 +26,16 @@ use crate::limiter::Limiter;
 use headers::HeaderStyle;
 use rls::{RateLimitServiceServer, RlsService};
 
+/// How the rate-limit service answers: its rate-limit headers, and
+/// envoyproxy/ratelimit's settings for the domains its files define.
+#[derive(Debug, Clone)]
+pub struct Answers {
+    /// Rate-limit response headers for Envoy to add.
+    pub headers: HeaderStyle,
+    /// envoyproxy/ratelimit's settings, built once at start.
+    pub envoy: crate::limiter::envoy::EnvoySettings,
+}
+
 /// Bounds on gRPC connections and requests (see the README's "Limits and
 /// hostile traffic").
 #[derive(Debug, Clone, Copy)]
@@ -44,9 +54,6 @@ pub struct GrpcLimits {
     /// Kept back from a caller's timeout (`grpc-timeout`) to decide and
     /// answer: the store is waited for until the timeout less this.
     pub deadline_margin: Duration,
-    /// Answer with envoyproxy/ratelimit's error while no configuration is
-    /// loaded, instead of "no limit" (`ratelimit` mode).
-    pub error_without_config: bool,
     /// Each connection is sent GOAWAY at this age (±10%) and closed a
     /// grace later (`None`: connections live as long as their peers keep them).
     pub connection_age: Option<connections::ConnectionAge>,
@@ -64,7 +71,6 @@ impl Default for GrpcLimits {
             keepalive: None,
             keepalive_timeout: Duration::from_secs(20),
             deadline_margin: deadline::DEFAULT_MARGIN,
-            error_without_config: false,
             connection_age: None,
             ready_requires_store: false,
         }
@@ -78,7 +84,7 @@ impl Default for GrpcLimits {
 pub async fn serve_grpc(
     listener: TcpListener,
     limiter: Arc<Limiter>,
-    headers: HeaderStyle,
+    answers: Answers,
     limits: GrpcLimits,
     rlqs: Arc<rlqs::Hub>,
     tls: Option<tls::ServerTls>,
@@ -86,14 +92,11 @@ pub async fn serve_grpc(
 ) -> Result<(), tonic::transport::Error> {
     let readiness = readiness::Readiness {
         requires_store: limits.ready_requires_store,
-        needs_config: limits.error_without_config,
+        needs_config: answers.envoy.error_without_config,
     };
     let health_service = spawn_health(limiter.clone(), readiness).await;
-    let mut service =
-        RlsService::new(limiter, headers).with_deadline_margin(limits.deadline_margin);
-    if limits.error_without_config {
-        service = service.error_without_config();
-    }
+    let service = RlsService::new(limiter, answers.headers, answers.envoy)
+        .with_deadline_margin(limits.deadline_margin);
     let service =
         RateLimitServiceServer::new(service).max_decoding_message_size(limits.max_request_bytes);
     let router = tonic::transport::Server::builder()

@@ -50,21 +50,15 @@ pub struct RlsService {
 }
 
 impl RlsService {
-    /// A service deciding with `limiter`, returning rate-limit headers in `headers` style.
-    pub fn new(limiter: Arc<Limiter>, headers: HeaderStyle) -> RlsService {
+    /// A service deciding with `limiter`, returning rate-limit headers in
+    /// `headers` style, answering envoyproxy/ratelimit's domains with `envoy`.
+    pub fn new(limiter: Arc<Limiter>, headers: HeaderStyle, envoy: EnvoySettings) -> RlsService {
         RlsService {
             limiter,
             headers,
-            envoy: EnvoySettings::from_env(),
+            envoy,
             margin: super::deadline::DEFAULT_MARGIN,
         }
-    }
-
-    /// Answers with envoyproxy/ratelimit's error while no configuration is
-    /// loaded (`ratelimit` mode), instead of "no limit".
-    pub fn error_without_config(mut self) -> RlsService {
-        self.envoy.error_without_config = true;
-        self
     }
 
     /// Keeps `margin` of each caller's timeout to decide and answer.

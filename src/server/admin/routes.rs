@@ -307,8 +307,7 @@ async fn json_check(State(s): State<AdminState>, headers: HeaderMap, body: Bytes
         Ok(r) => r,
         Err(e) => return bad(e),
     };
-    let envoy = crate::limiter::envoy::EnvoySettings::from_env();
-    match crate::server::rls::respond(&s.limiter, &envoy, HeaderStyle::None, request, deadline)
+    match crate::server::rls::respond(&s.limiter, &s.envoy, HeaderStyle::None, request, deadline)
         .await
     {
         Ok(response) => {

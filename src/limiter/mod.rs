@@ -271,19 +271,6 @@ impl Limiter {
         self.decide(self.rules(), domain, hits, false, None).await
     }
 
-    /// [`Limiter::check`] for a caller that must be answered by a deadline:
-    /// the store is waited for until `deadline` at most (then the failure
-    /// policy decides).
-    pub async fn check_until(
-        &self,
-        domain: Option<&str>,
-        hits: &[Hit],
-        deadline: Option<tokio::time::Instant>,
-    ) -> Result<Decisions, StoreError> {
-        self.decide(self.rules(), domain, hits, false, deadline)
-            .await
-    }
-
     /// Decides several independent requests of one descriptor each (a line
     /// connection's pipelined HITs) in one store call: each is charged on
     /// its own, whatever the policy's `charge`.

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::envoy::{self, get, upstream};
+use common::envoy::{get, upstream, Bootstrap};
 use common::{desc, metric_samples_at, request, Server};
 
 /// Every ShouldRateLimit is answered: no rule limits it.
@@ -293,95 +293,22 @@ fn ratelimit_mode_refuses_an_age_that_is_no_duration() {
     assert!(stderr.contains("GRPC_MAX_CONNECTION_AGE=soon"), "{stderr}");
 }
 
-/// Envoy's rate-limit filter with failure_mode_deny: a call that fails
-/// shows as a 500. A reset or refused stream fails at once, whatever the
-/// timeout; the timeout is 250 ms rather than Envoy's 20 ms, which a loaded
-/// test machine misses now and then with or without a connection age.
-const ENVOY: &str = r#"
-static_resources:
-  listeners:
-  - name: ingress
-    address:
-      socket_address: { address: 127.0.0.1, port_value: 10000 }
-    filter_chains:
-    - filters:
-      - name: envoy.filters.network.http_connection_manager
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: ingress
-          route_config:
-            name: app
-            virtual_hosts:
-            - name: app
-              domains: ["*"]
-              rate_limits:
-              - actions:
-                - generic_key: { descriptor_key: generic_key, descriptor_value: aged }
-              routes:
-              - match: { prefix: "/" }
-                route: { cluster: upstream }
-          http_filters:
-          - name: envoy.filters.http.ratelimit
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
-              domain: edge
-              timeout: 0.25s
-              failure_mode_deny: true
-              rate_limit_service:
-                transport_api_version: V3
-                grpc_service:
-                  envoy_grpc: { cluster_name: divvy }
-          - name: envoy.filters.http.router
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
-  clusters:
-  - name: upstream
-    type: STATIC
-    connect_timeout: 1s
-    load_assignment:
-      cluster_name: upstream
-      endpoints:
-      - lb_endpoints:
-        - endpoint:
-            address:
-              socket_address: { address: 127.0.0.1, port_value: 8088 }
-  - name: divvy
-    type: STATIC
-    connect_timeout: 1s
-    typed_extension_protocol_options:
-      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
-        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-        explicit_http_config:
-          http2_protocol_options: {}
-    load_assignment:
-      cluster_name: divvy
-      endpoints:
-      - lb_endpoints:
-        - endpoint:
-            address:
-              socket_address: { address: 127.0.0.1, port_value: 8081 }
-admin:
-  address:
-    socket_address: { address: 127.0.0.1, port_value: 9901 }
-"#;
-
 #[test]
 fn envoy_reconnects_and_keeps_getting_answers() {
     let policy = "overrides:\n  - {label: aged, domain: edge, operation: {generic_key: aged}, creditLimit: 50, resetSeconds: 1}\n"
         .to_owned()
         + POLICY;
     let service = Server::with_policy_args(&policy, "yaml", &AGE_FLAGS);
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("envoy.yaml");
-    std::fs::write(&config, ENVOY).unwrap();
     let upstream = upstream("hello\n");
-    let envoy = envoy::start(
-        &config,
-        9901,
-        &[10000],
-        &[(8081, service.grpc.port()), (8088, upstream)],
-        &[],
-    );
+    // Envoy's rate-limit filter with failure_mode_deny: a call that fails
+    // shows as a 500. A reset or refused stream fails at once, whatever the
+    // timeout; the timeout is 250 ms rather than Envoy's 20 ms, which a
+    // loaded test machine misses now and then with or without a connection
+    // age.
+    let envoy = Bootstrap::new("edge", "aged", "0.25s")
+        .listener("ingress", "divvy")
+        .divvy("divvy", None)
+        .start(service.grpc.port(), upstream);
     // Several requests at a time, so that calls are in flight whenever a
     // connection goes away.
     let port = envoy.ports[0];

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::envoy::{Bootstrap, UpstreamTls};
 use common::pki::{self, ask_plain, ask_tls, served_serial, Ca, Pair, San};
 use common::{parse_metrics, Server};
 
@@ -413,125 +414,6 @@ fn bad_files_at_start_are_an_error_naming_the_file() {
     assert!(stderr.contains("--grpc-tls-key"), "{stderr}");
 }
 
-/// Envoy with two fail-closed listeners asking divvy over mutual TLS: 10000
-/// through the cluster with the right client certificate, 10001 through
-/// one whose client certificate comes from another CA. `FILES` is the
-/// directory of the certificates.
-const ENVOY: &str = r#"
-static_resources:
-  listeners:
-  - name: good
-    address: { socket_address: { address: 127.0.0.1, port_value: 10000 } }
-    filter_chains:
-    - filters:
-      - name: envoy.filters.network.http_connection_manager
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: good
-          route_config: &routes
-            name: app
-            virtual_hosts:
-            - name: app
-              domains: ["*"]
-              routes:
-              - match: { prefix: "/" }
-                route:
-                  cluster: upstream
-                  rate_limits:
-                  - actions:
-                    - generic_key: { descriptor_key: generic_key, descriptor_value: reports }
-          http_filters:
-          - name: envoy.filters.http.ratelimit
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
-              domain: edge
-              timeout: 2s
-              failure_mode_deny: true
-              rate_limit_service:
-                transport_api_version: V3
-                grpc_service: { envoy_grpc: { cluster_name: divvy } }
-          - name: envoy.filters.http.router
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
-  - name: stranger
-    address: { socket_address: { address: 127.0.0.1, port_value: 10001 } }
-    filter_chains:
-    - filters:
-      - name: envoy.filters.network.http_connection_manager
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: stranger
-          route_config: *routes
-          http_filters:
-          - name: envoy.filters.http.ratelimit
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
-              domain: edge
-              timeout: 2s
-              failure_mode_deny: true
-              rate_limit_service:
-                transport_api_version: V3
-                grpc_service: { envoy_grpc: { cluster_name: divvy_stranger } }
-          - name: envoy.filters.http.router
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
-  clusters:
-  - name: upstream
-    type: STATIC
-    connect_timeout: 1s
-    load_assignment:
-      cluster_name: upstream
-      endpoints:
-      - lb_endpoints:
-        - endpoint: { address: { socket_address: { address: 127.0.0.1, port_value: 8088 } } }
-  - name: divvy
-    type: STATIC
-    connect_timeout: 1s
-    typed_extension_protocol_options: &h2
-      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
-        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-        explicit_http_config: { http2_protocol_options: {} }
-    transport_socket:
-      name: envoy.transport_sockets.tls
-      typed_config:
-        "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext
-        sni: localhost
-        common_tls_context:
-          alpn_protocols: ["h2"]
-          tls_certificates:
-          - certificate_chain: { filename: FILES/envoy.crt }
-            private_key: { filename: FILES/envoy.key }
-          validation_context:
-            trusted_ca: { filename: FILES/ca.crt }
-            match_typed_subject_alt_names:
-            - san_type: DNS
-              matcher: { exact: localhost }
-    load_assignment: &divvy
-      cluster_name: divvy
-      endpoints:
-      - lb_endpoints:
-        - endpoint: { address: { socket_address: { address: 127.0.0.1, port_value: 8081 } } }
-  - name: divvy_stranger
-    type: STATIC
-    connect_timeout: 1s
-    typed_extension_protocol_options: *h2
-    transport_socket:
-      name: envoy.transport_sockets.tls
-      typed_config:
-        "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext
-        sni: localhost
-        common_tls_context:
-          alpn_protocols: ["h2"]
-          tls_certificates:
-          - certificate_chain: { filename: FILES/stranger.crt }
-            private_key: { filename: FILES/stranger.key }
-          validation_context:
-            trusted_ca: { filename: FILES/ca.crt }
-    load_assignment: *divvy
-admin:
-  address: { socket_address: { address: 127.0.0.1, port_value: 9901 } }
-"#;
-
 #[test]
 fn envoy_calls_divvy_over_mutual_tls_and_fails_closed_with_a_stranger_certificate() {
     let ca = Ca::new("divvy test ca");
@@ -551,14 +433,35 @@ fn envoy_calls_divvy_over_mutual_tls_and_fails_closed_with_a_stranger_certificat
     ]);
     let service = start(&files, &flags, &[]);
     let upstream = common::envoy::upstream("hello\n");
-    let config = files.put("envoy.yaml", &ENVOY.replace("FILES", &s(dir)));
-    let envoy = common::envoy::start(
-        Path::new(&config),
-        9901,
-        &[10000, 10001],
-        &[(8081, service.grpc.port()), (8088, upstream)],
-        &[],
-    );
+    // Envoy with two fail-closed listeners asking divvy over mutual TLS:
+    // `good` through the cluster with the right client certificate (and
+    // checking divvy's name), `stranger` through one whose client
+    // certificate comes from another CA.
+    let ca_crt = dir.join("ca.crt");
+    let (envoy_crt, envoy_key) = (dir.join("envoy.crt"), dir.join("envoy.key"));
+    let (stranger_crt, stranger_key) = (dir.join("stranger.crt"), dir.join("stranger.key"));
+    let envoy = Bootstrap::new("edge", "reports", "2s")
+        .listener("good", "divvy")
+        .listener("stranger", "divvy_stranger")
+        .divvy(
+            "divvy",
+            Some(UpstreamTls {
+                cert: &envoy_crt,
+                key: &envoy_key,
+                ca: &ca_crt,
+                san: Some("localhost"),
+            }),
+        )
+        .divvy(
+            "divvy_stranger",
+            Some(UpstreamTls {
+                cert: &stranger_crt,
+                key: &stranger_key,
+                ca: &ca_crt,
+                san: None,
+            }),
+        )
+        .start(service.grpc.port(), upstream);
 
     let get = |port: u16| {
         common::envoy::get(port, "/reports", &[])

@@ -261,15 +261,51 @@ fn connect(target: &Target, deadline: Instant) -> io::Result<TcpStream> {
     for addr in addrs {
         let left = time_left(deadline)?;
         match TcpStream::connect_timeout(&addr, left) {
-            Ok(stream) => {
-                stream.set_read_timeout(Some(left))?;
-                stream.set_write_timeout(Some(left))?;
-                return Ok(stream);
-            }
+            Ok(stream) => return Ok(stream),
             Err(e) => last = e,
         }
     }
     Err(last)
+}
+
+/// A TCP stream that gives up at one deadline for the whole exchange: each
+/// read and write may wait only for the time left, so a server dribbling a
+/// byte at a time cannot keep the probe past `--timeout`.
+struct Deadlined {
+    stream: TcpStream,
+    deadline: Instant,
+}
+
+impl Deadlined {
+    /// The time left, or a timeout error when none is; a socket timeout
+    /// (`WouldBlock` on Unix) is reported as one too.
+    fn with_time_left<T>(
+        &mut self,
+        set: fn(&TcpStream, Option<Duration>) -> io::Result<()>,
+        op: impl FnOnce(&mut TcpStream) -> io::Result<T>,
+    ) -> io::Result<T> {
+        set(&self.stream, Some(time_left(self.deadline)?))?;
+        op(&mut self.stream).map_err(|e| match e.kind() {
+            io::ErrorKind::WouldBlock => io::Error::new(io::ErrorKind::TimedOut, "timed out"),
+            _ => e,
+        })
+    }
+}
+
+impl Read for Deadlined {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.with_time_left(TcpStream::set_read_timeout, |s| s.read(buf))
+    }
+}
+
+impl Write for Deadlined {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.with_time_left(TcpStream::set_write_timeout, |s| s.write(buf))
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.stream.flush()
+    }
 }
 
 fn time_left(deadline: Instant) -> io::Result<Duration> {
@@ -336,7 +372,10 @@ pub fn get(url: &str, timeout: Duration, ca: Option<&Path>) -> Result<Vec<u8>, P
         target: format!("{}:{}", target.host, target.port),
         source,
     };
-    let mut tcp = connect(&target, deadline).map_err(io_err)?;
+    let mut tcp = Deadlined {
+        stream: connect(&target, deadline).map_err(io_err)?,
+        deadline,
+    };
     let request = request(&target);
     let bytes = if target.https {
         let client = tls_client(&target.host, ca)?;
@@ -446,6 +485,36 @@ mod tests {
         )
         .unwrap();
         assert_eq!((a.status, a.body.as_slice()), (200, &b"ready\r\n"[..]));
+    }
+
+    /// A server that answers one byte every 300 ms, forever: the probe gives
+    /// up at `--timeout` (1 s) overall, not per read. Allowed: 1.5 s, the
+    /// timeout plus one dribble interval and scheduling slack on a loaded
+    /// machine (before, it ran until the server stopped).
+    #[test]
+    fn a_dribbling_server_is_given_up_on_at_the_timeout() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        std::thread::spawn(move || {
+            let (mut conn, _) = listener.accept().unwrap();
+            // Ends when the probe has hung up and a write fails.
+            for byte in b"HTTP/1.1 200 OK\r\n".iter().cycle() {
+                if conn.write_all(&[*byte]).is_err() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(300));
+            }
+        });
+        let start = Instant::now();
+        let err = get(&format!("http://{addr}/"), Duration::from_secs(1), None)
+            .expect_err("a dribbling server never finishes its answer");
+        let took = start.elapsed();
+        assert!(
+            matches!(&err, ProbeError::Io { source, .. } if source.kind() == io::ErrorKind::TimedOut),
+            "{err:?}"
+        );
+        assert!(took < Duration::from_millis(1500), "took {took:?}");
+        assert!(took >= Duration::from_millis(900), "took {took:?}");
     }
 
     #[test]

@@ -383,18 +383,28 @@ fn go_duration_part(text: &str) -> Result<(u128, &str), GoDurationError> {
         "h" => 3_600_000_000_000,
         other => return Err(GoDurationError::UnknownUnit(other.to_owned())),
     };
-    let overflow = |_| GoDurationError::Overflow;
+    // Every step checked: a huge number is the overflow error, never a
+    // panic (debug) or a wrapped value (release).
+    let overflow = || GoDurationError::Overflow;
     let whole: u128 = if whole.is_empty() {
         0
     } else {
-        whole.parse().map_err(overflow)?
+        whole.parse().map_err(|_| overflow())?
     };
-    let mut nanos = whole.checked_mul(scale).ok_or(GoDurationError::Overflow)?;
+    let mut nanos = whole.checked_mul(scale).ok_or_else(overflow)?;
     // The fraction's first 18 digits: finer than a nanosecond of any unit.
     let frac = &frac[..frac.len().min(18)];
     if !frac.is_empty() {
-        let f: u128 = frac.parse().map_err(overflow)?;
-        nanos += f * scale / 10u128.pow(frac.len() as u32);
+        let f: u128 = frac.parse().map_err(|_| overflow())?;
+        let part = f
+            .checked_mul(scale)
+            .and_then(|p| p.checked_div(10u128.checked_pow(frac.len() as u32)?))
+            .ok_or_else(overflow)?;
+        nanos = nanos.checked_add(part).ok_or_else(overflow)?;
+    }
+    // Go's bound per term too, so no sum of terms comes near u128's.
+    if nanos > i64::MAX as u128 {
+        return Err(overflow());
     }
     Ok((nanos, rest))
 }
@@ -617,8 +627,39 @@ mod tests {
                 "99999999999999999999999999999999999999999h",
                 GoDurationError::Overflow,
             ),
+            // The whole part times the unit just fits u128; the fraction
+            // tipped it over (a panic in debug, a wrapped value in release).
+            ("94522879700260684295381835.9h", GoDurationError::Overflow),
+            (
+                "94522879700260684295381835.999999999999999999999h",
+                GoDurationError::Overflow,
+            ),
+            // Beyond u128 in the integer part alone.
+            (
+                "999999999999999999999999999999999999999999999999ns",
+                GoDurationError::Overflow,
+            ),
+            ("94522879700260684295381835h", GoDurationError::Overflow),
+            // One nanosecond past Go's largest duration, in the fraction.
+            ("9223372036.854775808s", GoDurationError::Overflow),
+            ("2562047.9999h", GoDurationError::Overflow),
         ] {
             assert_eq!(go_duration(text), Err(err), "{text}");
+        }
+        // Go's largest duration exactly, the fraction's extra digits dropped.
+        assert_eq!(
+            go_duration("9223372036.854775807999999999999s"),
+            Ok(Duration::from_nanos(i64::MAX as u64))
+        );
+        // Many terms, each in range, whose sum is not.
+        for text in [
+            "2562047h".repeat(2),
+            "9223372036854775807ns".repeat(1000),
+            "94522879700260684295381835.9h".repeat(50),
+            "9223372036854775807ns1ns".to_owned(),
+        ] {
+            let err = GoDurationError::Overflow;
+            assert_eq!(go_duration(&text), Err(err), "{text}");
         }
     }
 

@@ -15,10 +15,13 @@ use std::time::Duration;
 
 use futures_util::{future, stream, StreamExt};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+use super::idle::{waiting_until, write_through};
 use tokio::sync::{oneshot, watch};
 use tokio::task::{JoinError, JoinSet};
 use tokio::time::Sleep;
 use tonic::body::Body;
+use tonic::codegen::StdError;
 use tonic::service::Routes;
 use tonic::transport::server::{Connected, Router, TcpConnectInfo};
 use tonic::transport::Body as HttpBody;
@@ -64,12 +67,58 @@ fn random() -> u64 {
     })
 }
 
+/// The bounds `serve` and `serve_one` put on their connections, router and
+/// answers (tonic's `serve_with_incoming_shutdown`'s), each named once.
+pub(crate) trait GrpcIo:
+    AsyncRead + AsyncWrite + Connected<ConnectInfo = TcpConnectInfo> + Unpin + Send + 'static
+{
+}
+
+impl<IO> GrpcIo for IO where
+    IO: AsyncRead + AsyncWrite + Connected<ConnectInfo = TcpConnectInfo> + Unpin + Send + 'static
+{
+}
+
+/// A router's service (its layers around its routes) answering `ResBody`.
+pub(crate) trait GrpcService<ResBody>:
+    Service<
+        http::Request<Body>,
+        Response = http::Response<ResBody>,
+        Future: Send,
+        Error: Into<StdError> + Send,
+    > + Clone
+    + Send
+    + 'static
+{
+}
+
+impl<S, ResBody> GrpcService<ResBody> for S where
+    S: Service<
+            http::Request<Body>,
+            Response = http::Response<ResBody>,
+            Future: Send,
+            Error: Into<StdError> + Send,
+        > + Clone
+        + Send
+        + 'static
+{
+}
+
+/// An answer's body tonic can send.
+pub(crate) trait GrpcBody:
+    HttpBody<Data = bytes::Bytes, Error: Into<StdError>> + Send + 'static
+{
+}
+
+impl<B> GrpcBody for B where B: HttpBody<Data = bytes::Bytes, Error: Into<StdError>> + Send + 'static
+{}
+
 /// Serves `router` on every connection of `incoming` (accept errors are
 /// skipped: the stream reports them) until `shutdown` completes, then stops
 /// accepting (the listener is dropped), sends GOAWAY on every connection
 /// and returns once they have closed. With `age`, each connection is also
 /// sent GOAWAY at its own jittered age and closed its grace later.
-pub async fn serve<L, I, IO, ResBody>(
+pub(crate) async fn serve<L, I, IO, ResBody>(
     router: Router<L>,
     incoming: I,
     age: Option<ConnectionAge>,
@@ -77,14 +126,9 @@ pub async fn serve<L, I, IO, ResBody>(
 ) -> Result<(), tonic::transport::Error>
 where
     I: futures_util::Stream<Item = io::Result<IO>>,
-    IO: AsyncRead + AsyncWrite + Connected<ConnectInfo = TcpConnectInfo> + Unpin + Send + 'static,
-    L: Layer<Routes> + Clone + Send + Sync + 'static,
-    L::Service:
-        Service<http::Request<Body>, Response = http::Response<ResBody>> + Clone + Send + 'static,
-    <L::Service as Service<http::Request<Body>>>::Future: Send,
-    <L::Service as Service<http::Request<Body>>>::Error: Into<tonic::codegen::StdError> + Send,
-    ResBody: HttpBody<Data = bytes::Bytes> + Send + 'static,
-    ResBody::Error: Into<tonic::codegen::StdError>,
+    IO: GrpcIo,
+    L: Layer<Routes, Service: GrpcService<ResBody>> + Clone + Send + Sync + 'static,
+    ResBody: GrpcBody,
 {
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut connections = JoinSet::new();
@@ -133,14 +177,9 @@ async fn serve_one<L, IO, ResBody>(
     mut stop: watch::Receiver<bool>,
 ) -> Result<(), tonic::transport::Error>
 where
-    IO: AsyncRead + AsyncWrite + Connected<ConnectInfo = TcpConnectInfo> + Unpin + Send + 'static,
-    L: Layer<Routes>,
-    L::Service:
-        Service<http::Request<Body>, Response = http::Response<ResBody>> + Clone + Send + 'static,
-    <L::Service as Service<http::Request<Body>>>::Future: Send,
-    <L::Service as Service<http::Request<Body>>>::Error: Into<tonic::codegen::StdError> + Send,
-    ResBody: HttpBody<Data = bytes::Bytes> + Send + 'static,
-    ResBody::Error: Into<tonic::codegen::StdError>,
+    IO: GrpcIo,
+    L: Layer<Routes, Service: GrpcService<ResBody>>,
+    ResBody: GrpcBody,
 {
     let peer = io.connect_info().remote_addr();
     let lifetime = age.map(|a| (a.jittered(random()), a.grace));
@@ -191,12 +230,7 @@ impl<IO> Aged<IO> {
     }
 }
 
-fn past_grace() -> io::Error {
-    io::Error::new(
-        io::ErrorKind::TimedOut,
-        "the connection outlived its age and grace",
-    )
-}
+const PAST_GRACE: &str = "the connection outlived its age and grace";
 
 impl<IO: AsyncRead + Unpin> AsyncRead for Aged<IO> {
     fn poll_read(
@@ -205,54 +239,24 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Aged<IO> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         if self.closed() {
-            return Poll::Ready(Err(past_grace()));
+            return Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, PAST_GRACE)));
         }
         match Pin::new(&mut self.inner).poll_read(cx, buf) {
             Poll::Ready(r) => Poll::Ready(r),
-            // Waiting for the peer: wake at the deadline too.
-            Poll::Pending => match self.close_at.as_mut().map(|s| s.as_mut().poll(cx)) {
-                Some(Poll::Ready(())) => Poll::Ready(Err(past_grace())),
-                _ => Poll::Pending,
+            Poll::Pending => match self.close_at.as_mut() {
+                Some(close_at) => waiting_until(close_at.as_mut(), cx, PAST_GRACE),
+                None => Poll::Pending,
             },
         }
     }
 }
 
-impl<IO: AsyncWrite + Unpin> AsyncWrite for Aged<IO> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        if self.closed() {
-            return Poll::Ready(Err(past_grace()));
-        }
-        Pin::new(&mut self.inner).poll_write(cx, buf)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        if self.closed() {
-            return Poll::Ready(Err(past_grace()));
-        }
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-}
+write_through!(
+    impl[IO: AsyncWrite + Unpin] for Aged<IO>,
+    refuse: |aged: &Aged<IO>| aged
+        .closed()
+        .then(|| io::Error::new(io::ErrorKind::TimedOut, PAST_GRACE))
+);
 
 impl<IO: Connected> Connected for Aged<IO> {
     type ConnectInfo = IO::ConnectInfo;

@@ -7,7 +7,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
 use tonic::transport::server::{Connected, TcpConnectInfo};
@@ -46,46 +46,82 @@ impl AsyncRead for IdleStream {
                 }
                 Poll::Ready(r)
             }
-            Poll::Pending => match self.deadline.as_mut().poll(cx) {
-                Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    "the peer sent nothing for the idle timeout",
-                ))),
-                Poll::Pending => Poll::Pending,
-            },
+            Poll::Pending => waiting_until(
+                self.deadline.as_mut(),
+                cx,
+                "the peer sent nothing for the idle timeout",
+            ),
         }
     }
 }
 
-impl AsyncWrite for IdleStream {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
-    }
+write_through!(impl[] for IdleStream, refuse: |_: &IdleStream| None);
 
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
+/// A read that is waiting for the peer: failed with `TimedOut` (`why`)
+/// once `deadline` has passed, else still waiting and woken at the
+/// deadline too.
+pub(crate) fn waiting_until(
+    deadline: Pin<&mut Sleep>,
+    cx: &mut Context<'_>,
+    why: &'static str,
+) -> Poll<io::Result<()>> {
+    match deadline.poll(cx) {
+        Poll::Ready(()) => Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, why))),
+        Poll::Pending => Poll::Pending,
     }
 }
+
+/// `AsyncWrite` for a wrapper whose field `inner` is an `Unpin` I/O: every
+/// call passed through to it, except that a write is first refused with
+/// the error `refuse` (a closure over `&Self`) returns, if any.
+macro_rules! write_through {
+    (impl[$($generics:tt)*] for $ty:ty, refuse: $refuse:expr) => {
+        impl<$($generics)*> tokio::io::AsyncWrite for $ty {
+            fn poll_write(
+                self: std::pin::Pin<&mut Self>,
+                cx: &mut std::task::Context<'_>,
+                buf: &[u8],
+            ) -> std::task::Poll<std::io::Result<usize>> {
+                let this = self.get_mut();
+                if let Some(e) = ($refuse)(&*this) {
+                    return std::task::Poll::Ready(Err(e));
+                }
+                std::pin::Pin::new(&mut this.inner).poll_write(cx, buf)
+            }
+
+            fn poll_write_vectored(
+                self: std::pin::Pin<&mut Self>,
+                cx: &mut std::task::Context<'_>,
+                bufs: &[std::io::IoSlice<'_>],
+            ) -> std::task::Poll<std::io::Result<usize>> {
+                let this = self.get_mut();
+                if let Some(e) = ($refuse)(&*this) {
+                    return std::task::Poll::Ready(Err(e));
+                }
+                std::pin::Pin::new(&mut this.inner).poll_write_vectored(cx, bufs)
+            }
+
+            fn is_write_vectored(&self) -> bool {
+                self.inner.is_write_vectored()
+            }
+
+            fn poll_flush(
+                self: std::pin::Pin<&mut Self>,
+                cx: &mut std::task::Context<'_>,
+            ) -> std::task::Poll<std::io::Result<()>> {
+                std::pin::Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+            }
+
+            fn poll_shutdown(
+                self: std::pin::Pin<&mut Self>,
+                cx: &mut std::task::Context<'_>,
+            ) -> std::task::Poll<std::io::Result<()>> {
+                std::pin::Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+            }
+        }
+    };
+}
+pub(crate) use write_through;
 
 impl Connected for IdleStream {
     type ConnectInfo = TcpConnectInfo;

@@ -222,3 +222,198 @@ pub fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str
         .find(|(k, _)| k == name)
         .map(|(_, v)| v.as_str())
 }
+
+/// An Envoy bootstrap in front of divvy, as the tests that run one write
+/// it: listeners whose every request asks divvy's rate-limit service (gRPC
+/// over HTTP/2, failing closed: a call that fails is a 500) with one
+/// `generic_key`, then goes to an [`upstream`]; clusters for divvy, in
+/// plaintext or TLS. [`Bootstrap::start`] runs it.
+pub struct Bootstrap {
+    domain: String,
+    generic_key: String,
+    timeout: String,
+    /// (name, divvy cluster asked)
+    listeners: Vec<(String, String)>,
+    /// (name, transport socket yaml)
+    clusters: Vec<(String, String)>,
+}
+
+/// A divvy cluster's TLS: Envoy's certificate and key, the CA it trusts
+/// divvy's certificate from, and the DNS name it requires in it (SNI
+/// `localhost` either way).
+pub struct UpstreamTls<'a> {
+    /// Envoy's certificate (PEM).
+    pub cert: &'a Path,
+    /// Its key (PEM).
+    pub key: &'a Path,
+    /// The CA divvy's certificate must come from (PEM).
+    pub ca: &'a Path,
+    /// A DNS SAN divvy's certificate must have, if any.
+    pub san: Option<&'a str>,
+}
+
+/// The placeholders in a [`Bootstrap`]'s YAML that [`Bootstrap::start`]
+/// replaces: divvy's gRPC port, the upstream's, Envoy's admin port and
+/// the first listener's (the next ones count up from it).
+const DIVVY_PORT: u16 = 8081;
+const UPSTREAM_PORT: u16 = 8088;
+const ADMIN_PORT: u16 = 9901;
+const FIRST_LISTENER: u16 = 10000;
+
+impl Bootstrap {
+    /// Requests asking domain `domain` about `generic_key`, Envoy waiting
+    /// `timeout` (an Envoy duration such as `0.25s`) for each answer.
+    pub fn new(domain: &str, generic_key: &str, timeout: &str) -> Bootstrap {
+        Bootstrap {
+            domain: domain.to_owned(),
+            generic_key: generic_key.to_owned(),
+            timeout: timeout.to_owned(),
+            listeners: Vec::new(),
+            clusters: Vec::new(),
+        }
+    }
+
+    /// A listener named `name` asking the divvy cluster `cluster`; its port
+    /// is the next of [`Envoy::ports`].
+    pub fn listener(mut self, name: &str, cluster: &str) -> Bootstrap {
+        self.listeners.push((name.to_owned(), cluster.to_owned()));
+        self
+    }
+
+    /// A cluster named `name` for divvy's gRPC port, over TLS with `tls`.
+    pub fn divvy(mut self, name: &str, tls: Option<UpstreamTls<'_>>) -> Bootstrap {
+        let socket = tls.map(|tls| {
+            let san = tls.san.map_or(String::new(), |san| {
+                format!(
+                    "
+            match_typed_subject_alt_names:
+            - san_type: DNS
+              matcher: {{ exact: {san:?} }}"
+                )
+            });
+            format!(
+                r#"
+    transport_socket:
+      name: envoy.transport_sockets.tls
+      typed_config:
+        "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext
+        sni: localhost
+        common_tls_context:
+          alpn_protocols: ["h2"]
+          tls_certificates:
+          - certificate_chain: {{ filename: {cert:?} }}
+            private_key: {{ filename: {key:?} }}
+          validation_context:
+            trusted_ca: {{ filename: {ca:?} }}{san}"#,
+                cert = tls.cert.display().to_string(),
+                key = tls.key.display().to_string(),
+                ca = tls.ca.display().to_string(),
+            )
+        });
+        self.clusters
+            .push((name.to_owned(), socket.unwrap_or_default()));
+        self
+    }
+
+    /// The bootstrap's YAML, its ports the placeholders.
+    pub fn yaml(&self) -> String {
+        let Bootstrap {
+            domain,
+            generic_key,
+            timeout,
+            ..
+        } = self;
+        let mut yaml = "static_resources:\n  listeners:".to_owned();
+        for ((name, cluster), port) in self.listeners.iter().zip(FIRST_LISTENER..) {
+            yaml += &format!(
+                r#"
+  - name: {name}
+    address: {{ socket_address: {{ address: 127.0.0.1, port_value: {port} }} }}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: {name}
+          route_config:
+            name: app
+            virtual_hosts:
+            - name: app
+              domains: ["*"]
+              routes:
+              - match: {{ prefix: "/" }}
+                route:
+                  cluster: upstream
+                  rate_limits:
+                  - actions:
+                    - generic_key: {{ descriptor_key: generic_key, descriptor_value: {generic_key} }}
+          http_filters:
+          - name: envoy.filters.http.ratelimit
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
+              domain: {domain}
+              timeout: {timeout}
+              failure_mode_deny: true
+              rate_limit_service:
+                transport_api_version: V3
+                grpc_service: {{ envoy_grpc: {{ cluster_name: {cluster} }} }}
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"#
+            );
+        }
+        yaml += &format!(
+            r#"
+  clusters:
+  - name: upstream
+    type: STATIC
+    connect_timeout: 1s
+    load_assignment:
+      cluster_name: upstream
+      endpoints:
+      - lb_endpoints:
+        - endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {UPSTREAM_PORT} }} }} }}"#
+        );
+        for (name, socket) in &self.clusters {
+            yaml += &format!(
+                r#"
+  - name: {name}
+    type: STATIC
+    connect_timeout: 1s
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config: {{ http2_protocol_options: {{}} }}{socket}
+    load_assignment:
+      cluster_name: {name}
+      endpoints:
+      - lb_endpoints:
+        - endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {DIVVY_PORT} }} }} }}"#
+            );
+        }
+        yaml += &format!(
+            "
+admin:
+  address: {{ socket_address: {{ address: 127.0.0.1, port_value: {ADMIN_PORT} }} }}
+"
+        );
+        yaml
+    }
+
+    /// Starts Envoy on this bootstrap ([`start`]) with divvy's gRPC port
+    /// `divvy` and the upstream's port `upstream`; [`Envoy::ports`] are the
+    /// listeners', in the order added.
+    pub fn start(&self, divvy: u16, upstream: u16) -> Envoy {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("envoy.yaml");
+        std::fs::write(&config, self.yaml()).unwrap();
+        let listeners: Vec<u16> = (FIRST_LISTENER..).take(self.listeners.len()).collect();
+        start(
+            &config,
+            ADMIN_PORT,
+            &listeners,
+            &[(DIVVY_PORT, divvy), (UPSTREAM_PORT, upstream)],
+            &[],
+        )
+    }
+}

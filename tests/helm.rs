@@ -130,6 +130,7 @@ fn chart_lints_renders_and_validates() {
         "default-config-json",
         "default-config-ini",
         "default-config-ratelimit",
+        "durations-and-sizes",
     ] {
         assert!(
             text.contains(&format!("ok: {set}: lint clean")),
@@ -156,6 +157,14 @@ fn chart_lints_renders_and_validates() {
         "ratelimit-under-yaml",
         "file-name-disagrees",
         "bad-duration",
+        "duration-compound",
+        "duration-decimal",
+        "duration-decimal-seconds",
+        "scrape-interval-decimal",
+        "memory-lowercase-mi",
+        "memory-integer",
+        "grpc-client-ca-without-tls",
+        "grpc-client-san-without-ca",
         "network-peer-empty",
     ] {
         assert!(
@@ -164,8 +173,12 @@ fn chart_lints_renders_and_validates() {
         );
     }
     assert!(
-        text.contains("ok: alerts: 6 alerts name only metrics divvy exports"),
+        text.contains("ok: alerts: 7 alerts name only metrics divvy exports"),
         "{text}"
+    );
+    assert!(
+        text.contains("label matchers name labels and values divvy's source writes"),
+        "the alerts' label values must be checked against src/:\n{text}"
     );
     // The default image is the one scripts/build-image.sh tags: divvy:<Cargo version>.
     let version = env!("CARGO_PKG_VERSION");
@@ -534,4 +547,222 @@ fn the_rendered_command_line_serves() {
         );
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
+}
+
+/// The rendered container's environment variable `name`.
+fn env_var<'a>(deployment: &'a Value, name: &str) -> &'a Value {
+    deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+        .as_array()
+        .expect("env")
+        .iter()
+        .find(|e| e["name"] == name)
+        .unwrap_or_else(|| panic!("{name} missing"))
+}
+
+/// The schema takes for durations and sizes exactly what divvy's parsers
+/// take (src/config/duration.rs parse_millis, src/memory_budget.rs
+/// parse_size): no compound or decimal durations, no lowercase `mi`, and
+/// memoryLimit only as a string (Helm renders a large YAML integer as a
+/// float, 2.68435456e+08, which divvy refuses).
+#[test]
+fn values_take_only_durations_and_sizes_divvy_parses() {
+    for (values, named) in [
+        (
+            r#"{"grpc": {"maxConnectionAge": "1h30m"}}"#,
+            "/grpc/maxConnectionAge",
+        ),
+        (
+            r#"{"grpc": {"maxConnectionAge": "1.5m"}}"#,
+            "/grpc/maxConnectionAge",
+        ),
+        (
+            r#"{"grpc": {"maxConnectionAgeGrace": "0.5s"}}"#,
+            "/grpc/maxConnectionAgeGrace",
+        ),
+        (
+            r#"{"grpc": {"maxConnectionAgeGrace": "5us"}}"#,
+            "/grpc/maxConnectionAgeGrace",
+        ),
+        (r#"{"memoryLimit": "256mi"}"#, "/memoryLimit"),
+        (r#"{"memoryLimit": "1g"}"#, "/memoryLimit"),
+        (r#"{"memoryLimit": 268435456}"#, "/memoryLimit"),
+        (
+            r#"{"serviceMonitor": {"interval": "1.5m"}}"#,
+            "/serviceMonitor/interval",
+        ),
+    ] {
+        let err = render_error(values);
+        assert!(err.contains(named), "{values}: {err}");
+    }
+    for (age, grace) in [("0", "0"), ("90", "500ms"), ("5m", "30s"), ("2h", "1d")] {
+        let docs = render(&format!(
+            r#"{{"grpc": {{"maxConnectionAge": "{age}", "maxConnectionAgeGrace": "{grace}"}}}}"#
+        ));
+        let (deployment, _) = deployment_and_rules(&docs);
+        let given = args(deployment);
+        assert!(
+            given.contains(&format!("--grpc-max-connection-age={age}")),
+            "{given:?}"
+        );
+        assert!(
+            given.contains(&format!("--grpc-max-connection-age-grace={grace}")),
+            "{given:?}"
+        );
+    }
+    for size in ["256Mi", "268435456", "1G", "0.5Gi", "256MiB", "512k"] {
+        let docs = render(&format!(r#"{{"memoryLimit": "{size}"}}"#));
+        let (deployment, _) = deployment_and_rules(&docs);
+        let memory = env_var(deployment, "DIVVY_MEMORY_LIMIT");
+        assert_eq!(memory["value"], size, "{memory}");
+        assert!(memory.get("valueFrom").is_none(), "{memory}");
+    }
+}
+
+/// A config string reaches the ConfigMap byte for byte, as the cluster
+/// gets it (check_chart.py splits and trims documents as Helm does): with
+/// a first line that starts with spaces or not, with no, one or several
+/// final newlines, trailing spaces or CRLF line ends.
+#[test]
+fn config_strings_reach_the_config_map_exactly() {
+    let json = r#"{"default": {"creditLimit": 1, "resetSeconds": 0}}"#;
+    let ini = "[default]\ncreditLimit = 1\nresetSeconds = 0";
+    for lead in ["", "  ", "\t", "\n  "] {
+        for tail in ["", "\n", "\n\n", "\n\n\n", "  ", "\n  \n", "\r\n"] {
+            for (format, body) in [("json", json), ("ini", ini)] {
+                let config = format!("{lead}{body}{tail}");
+                let values = serde_json::json!({"configFormat": format, "config": config});
+                let docs = render(&values.to_string());
+                let (_, data) = deployment_and_rules(&docs);
+                assert_eq!(data.len(), 1, "{data:?}");
+                assert_eq!(
+                    data[0].1, config,
+                    "{format} config {config:?} changed in the ConfigMap"
+                );
+            }
+        }
+    }
+    // Maps and the example rules end in one newline.
+    for values in [
+        "{}",
+        r#"{"configFormat": "json"}"#,
+        r#"{"config": {"default": {"creditLimit": 1}}}"#,
+    ] {
+        let docs = render(values);
+        let (_, data) = deployment_and_rules(&docs);
+        assert!(
+            data[0].1.ends_with('\n') && !data[0].1.ends_with("\n\n"),
+            "{values}: {:?}",
+            data[0].1
+        );
+    }
+    // divvy reads the indented text as the pods would.
+    let (ok, text, _) = check_rendered(
+        r#"{"configFormat": "json", "config": "  {\"overrides\": [{\"label\": \"indented\", \"operation\": {\"k\": \"v\"}, \"creditLimit\": 2, \"resetSeconds\": 5}], \"default\": {\"creditLimit\": 1, \"resetSeconds\": 0}}\n"}"#,
+    );
+    assert!(ok && text.contains("indented"), "{text}");
+}
+
+/// A gRPC client CA (or client SAN) without what it needs is refused when
+/// rendering, naming the missing value, instead of rendering a pod divvy
+/// refuses to start (or one that takes any client).
+#[test]
+fn grpc_client_ca_and_san_need_grpc_tls() {
+    for (values, named) in [
+        (
+            r#"{"tls": {"grpc": {"clientCaSecretName": "envoy-ca"}}}"#,
+            "tls.grpc.clientCaSecretName needs tls.grpc.secretName",
+        ),
+        (
+            r#"{"tls": {"grpc": {"clientCaSecretName": "envoy-ca", "clientSan": "envoy"}, "admin": {"secretName": "admin-tls"}}}"#,
+            "tls.grpc.clientCaSecretName needs tls.grpc.secretName",
+        ),
+        (
+            r#"{"tls": {"grpc": {"clientSan": "envoy"}}}"#,
+            "tls.grpc.clientSan needs tls.grpc.clientCaSecretName",
+        ),
+        (
+            r#"{"tls": {"grpc": {"secretName": "grpc-tls", "clientSan": "envoy"}}}"#,
+            "tls.grpc.clientSan needs tls.grpc.clientCaSecretName",
+        ),
+    ] {
+        let err = render_error(values);
+        assert!(err.contains(named), "{values}: {err}");
+    }
+    // Each alone with what it needs renders.
+    let docs = render(
+        r#"{"tls": {"grpc": {"secretName": "grpc-tls", "clientCaSecretName": "envoy-ca", "clientSan": "envoy"}}}"#,
+    );
+    let given = args(deployment_and_rules(&docs).0);
+    assert!(
+        given.iter().any(|a| a == "--grpc-tls-client-san=envoy"),
+        "{given:?}"
+    );
+}
+
+/// divvy sizes its counters to limits.memory and uses it, so the default
+/// memory request equals the limit (no eviction as a Burstable pod that
+/// went over its request).
+#[test]
+fn default_memory_request_equals_the_limit() {
+    let docs = render("{}");
+    let (deployment, _) = deployment_and_rules(&docs);
+    let resources = &deployment["spec"]["template"]["spec"]["containers"][0]["resources"];
+    assert!(resources["limits"]["memory"].is_string(), "{resources}");
+    assert_eq!(
+        resources["requests"]["memory"], resources["limits"]["memory"],
+        "{resources}"
+    );
+}
+
+/// Runs tests/helm/alerts.test.yaml with `promtool test rules` against the
+/// rendered PrometheusRule's groups (annotations left out), with the
+/// expression of `replace` (an alert name) swapped for another first.
+fn promtool_alert_tests(replace: Option<(&str, &str)>) -> (bool, String) {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let docs = render(r#"{"prometheusRule": {"enabled": true}}"#);
+    let mut spec = docs
+        .iter()
+        .find(|d| d["kind"] == "PrometheusRule")
+        .expect("a PrometheusRule")["spec"]
+        .clone();
+    for group in spec["groups"].as_array_mut().unwrap() {
+        for rule in group["rules"].as_array_mut().unwrap() {
+            rule.as_object_mut().unwrap().remove("annotations");
+            if let Some((alert, expr)) = replace {
+                if rule["alert"] == alert {
+                    rule["expr"] = Value::String(expr.to_owned());
+                }
+            }
+        }
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::write(dir.path().join("rules.json"), spec.to_string()).expect("rules.json");
+    std::fs::copy(
+        root.join("tests/helm/alerts.test.yaml"),
+        dir.path().join("alerts.test.yaml"),
+    )
+    .expect("copy alerts.test.yaml");
+    let out = Command::new("promtool")
+        .current_dir(dir.path())
+        .args(["test", "rules", "alerts.test.yaml"])
+        .output()
+        .expect("run promtool (Debian's prometheus package, which tests/run-all.sh installs)");
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), text)
+}
+
+/// The reload and xDS alerts fire while the last attempt failed and stop
+/// at the next success or a restart (promtool, on series of several pods'
+/// histories); the review's expression, which kept firing 15 minutes past
+/// a successful reload, fails the same tests.
+#[test]
+fn alerts_fire_while_the_last_config_change_failed() {
+    let (ok, text) = promtool_alert_tests(None);
+    assert!(ok, "{text}");
+    let (ok, text) = promtool_alert_tests(Some((
+        "DivvyConfigReloadFailing",
+        r#"increase(divvy_reloads_total{result="failure"}[15m]) > 0"#,
+    )));
+    assert!(!ok, "the old reload alert passed the scenarios:\n{text}");
 }

@@ -144,6 +144,12 @@ VALUE_SETS = {
     "default-config-json": {"configFormat": "json"},
     "default-config-ini": {"configFormat": "ini"},
     "default-config-ratelimit": {"configFormat": "ratelimit"},
+    # The other forms divvy's parsers take: a duration in days or
+    # milliseconds, a size with a B.
+    "durations-and-sizes": {
+        "memoryLimit": "256MiB",
+        "grpc": {"maxConnectionAge": "1d", "maxConnectionAgeGrace": "500ms"},
+    },
 }
 
 # Values the chart must refuse, and a piece of the error that must name why.
@@ -161,6 +167,20 @@ REFUSED = {
     "ratelimit-under-yaml": ({"config": RATELIMIT_CONFIG}, "set configFormat ratelimit"),
     "file-name-disagrees": ({"configFormat": "json", "configFileName": "rules.yaml"}, "must end in .json"),
     "bad-duration": ({"grpc": {"maxConnectionAge": "5 minutes"}}, "/grpc/maxConnectionAge"),
+    # divvy's duration flags take one integer with one unit: no compound
+    # Go-style durations, no decimals.
+    "duration-compound": ({"grpc": {"maxConnectionAge": "1h30m"}}, "/grpc/maxConnectionAge"),
+    "duration-decimal": ({"grpc": {"maxConnectionAgeGrace": "1.5m"}}, "/grpc/maxConnectionAgeGrace"),
+    "duration-decimal-seconds": ({"grpc": {"maxConnectionAge": "0.5s"}}, "/grpc/maxConnectionAge"),
+    # The ServiceMonitor CRD takes Prometheus durations: integers.
+    "scrape-interval-decimal": ({"serviceMonitor": {"interval": "1.5m"}}, "/serviceMonitor/interval"),
+    # divvy's size parser: Mi, not mi; and a YAML integer would render as a float.
+    "memory-lowercase-mi": ({"memoryLimit": "256mi"}, "/memoryLimit"),
+    "memory-integer": ({"memoryLimit": 268435456}, "/memoryLimit"),
+    # A client CA or SAN without what it needs renders a pod divvy refuses
+    # to start (or one that takes any client).
+    "grpc-client-ca-without-tls": ({"tls": {"grpc": {"clientCaSecretName": "envoy-ca"}}}, "tls.grpc.clientCaSecretName needs tls.grpc.secretName"),
+    "grpc-client-san-without-ca": ({"tls": {"grpc": {"secretName": "grpc-tls", "clientSan": "envoy"}}}, "tls.grpc.clientSan needs tls.grpc.clientCaSecretName"),
     "network-peer-empty": (
         {"networkPolicy": {"enabled": True, "clients": {"namespaceSelector": None, "podSelector": None}}},
         "a peer needs",
@@ -184,11 +204,24 @@ def fail(message):
     sys.exit(1)
 
 
+# How Helm splits a template's output into manifests (releaseutil's
+# SplitManifests): on `---` lines, each document stripped of surrounding
+# whitespace; an install then sends each one followed by a single newline.
+HELM_SEPARATOR = re.compile(r"(?:^|\s*\n)---\s*")
+
+
 def documents(manifests):
+    """The documents of the rendered files, as the cluster receives them
+    (so what Helm trims, e.g. trailing blank lines of a block scalar, is
+    trimmed here too)."""
     for path, text in sorted(manifests.items()):
-        if path.endswith("NOTES.txt"):
+        if path.endswith("NOTES.txt") or os.path.basename(path).startswith("_"):
             continue
-        for doc in yaml.safe_load_all(text):
+        for piece in HELM_SEPARATOR.split(text.strip()):
+            piece = piece.strip()
+            if not piece:
+                continue
+            doc = yaml.safe_load(piece + "\n")
             if doc:
                 yield path, doc
 
@@ -199,6 +232,35 @@ def render(values):
     chart = helm.Chart.load(CHART)
     manifests = chart.render(json.loads(values), name="divvy", namespace="divvy", is_install=True)
     print(json.dumps([doc for _, doc in documents(manifests)]))
+
+
+def source_files():
+    """divvy's source: {path: text} of src/**/*.rs."""
+    files = {}
+    for path in glob.glob(os.path.join(ROOT, "src", "**", "*.rs"), recursive=True):
+        with open(path) as f:
+            files[path] = f.read()
+    return files
+
+
+def string_literals(text):
+    return set(re.findall(r'"([^"\\\n]*)"', text))
+
+
+def metric_label_strings(files, metric):
+    """The string literals of the files that define `metric` or set it:
+    the field a metric struct holds it in (`reloads: counter_vec(&r,
+    "divvy_reloads_total", ...)`) and every file that uses `.reloads`."""
+    fields = set()
+    for text in files.values():
+        fields.update(re.findall(r'\b(\w+):\s*\w+\(\s*(?:&?\w+,\s*)?"' + re.escape(metric) + '"', text))
+    if not fields:
+        fail(f"cannot find the field that holds {metric} in src/: extend check_chart.py's scan")
+    strings = set()
+    for text in files.values():
+        if any(re.search(r"\." + f + r"\b", text) or f'"{metric}"' in text for f in fields):
+            strings |= string_literals(text)
+    return strings
 
 
 def exported_metrics():
@@ -213,10 +275,40 @@ def exported_metrics():
     return names | {n + s for n in names for s in ("_bucket", "_sum", "_count")}
 
 
+# A PromQL label matcher: name, operator, quoted value.
+MATCHER = re.compile(r'\b([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*"([^"]*)"')
+
+
+def check_alert_labels(name, alerts):
+    """Every label an alert's expression matches on is one divvy's source
+    names, with values the source files that set that metric write (a typo
+    such as result="failed" would match nothing and the alert would never
+    fire)."""
+    files = source_files()
+    everything = set().union(*(string_literals(t) for t in files.values()))
+    checked = 0
+    for alert in alerts:
+        expr = str(alert["expr"])
+        for metric, matchers in re.findall(r"\b(divvy_[a-z0-9_]+)\{([^}]*)\}", expr):
+            strings = metric_label_strings(files, metric)
+            for label, op, value in MATCHER.findall(matchers):
+                if label not in everything:
+                    fail(f"{name}: alert {alert['alert']} matches label {label!r} of {metric}, which divvy's source never names")
+                for v in value.split("|") if op in ("=~", "!~") else [value]:
+                    if v not in strings:
+                        fail(f"{name}: alert {alert['alert']} matches {metric}{{{label}{op}\"{value}\"}}: "
+                             f"no source file that sets {metric} writes \"{v}\"")
+                checked += 1
+    if checked == 0:
+        fail(f"{name}: no label matchers found in the alerts: the scan is broken")
+    return checked
+
+
 def check_alerts(name, rule, metrics):
-    """Every alert names only metrics divvy exports."""
+    """Every alert names only metrics divvy exports, and label values its
+    source writes."""
     alerts = [r for g in rule["spec"]["groups"] for r in g["rules"]]
-    want = {"DivvyStoreFailing", "DivvyStoreBreakerOpen", "DivvyConfigReloadFailing",
+    want = {"DivvyStoreFailing", "DivvyStoreBreakerOpen", "DivvyConfigReloadFailing", "DivvyXdsUpdateRejected",
             "DivvyTlsCertificateExpiring", "DivvyXdsStreamDown", "DivvyGlobalQuotaFallback"}
     if {a["alert"] for a in alerts} != want:
         fail(f"{name}: alerts {sorted(a['alert'] for a in alerts)}, expected {sorted(want)}")
@@ -227,6 +319,7 @@ def check_alerts(name, rule, metrics):
         unknown = used - metrics
         if unknown:
             fail(f"{name}: alert {alert['alert']} uses {sorted(unknown)}, which divvy's source does not define")
+    print(f"ok: alerts: {check_alert_labels(name, alerts)} label matchers name labels and values divvy's source writes")
     return len(alerts)
 
 
@@ -414,6 +507,11 @@ def check_set(name, values, kinds, deployment, pod, container, args, env, metric
             fail(f"defaults: topology spread {spread}, expected {want}")
         if "priorityClassName" in pod:
             fail("defaults: no priorityClassName")
+        # divvy sizes its counters to limits.memory and uses it: a smaller
+        # request would make the pod Burstable and evictable under pressure.
+        resources = container["resources"]
+        if resources["requests"].get("memory") != resources["limits"].get("memory"):
+            fail(f"defaults: the memory request must equal the limit: {resources}")
     if name == "redis-with-secret":
         ref = env["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"]
         if ref != {"name": "redis-auth", "key": "password"}:

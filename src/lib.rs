@@ -17,6 +17,7 @@
 #![warn(missing_docs)]
 
 pub mod allocator;
+pub mod app;
 pub mod clock;
 pub mod config;
 pub mod global;

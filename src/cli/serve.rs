@@ -1,49 +1,28 @@
-//! `divvy serve`: starts the store, the rule set, the reloader and the
-//! three listeners (gRPC, line protocol, HTTP admin), and shuts them down
-//! gracefully on SIGTERM or SIGINT.
+//! `divvy serve`: its flags and the variables they fall back to, mapped
+//! into the library's `Settings`; the service itself is `divvy::app::App`,
+//! served until SIGTERM or SIGINT.
 
-use divvy::global::{Global, GlobalOptions};
-use divvy::governor::Governors;
-use divvy::knobs::shared::SharedKnobs;
-use divvy::knobs::Knobs;
-use divvy::sources::xds::{self, XdsOptions, XdsTls};
-
-use super::ratelimit::RatelimitMode;
-use divvy::sources::zookeeper::{self, ZkOptions};
-use divvy::sources::RuleSources;
 use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::num::NonZeroUsize;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use divvy::config::Policy;
+use divvy::app::{App, Settings};
 use divvy::limiter::envoy::EnvoySettings;
-use divvy::limiter::Limiter;
-use divvy::memory_budget::MemoryBudget;
 use divvy::observe::statsd::StatsdConfig;
-use divvy::rules::RuleSet;
 use divvy::server::admin::auth::Tokens;
-use divvy::server::admin::{serve_http, serve_https, AdminState};
 use divvy::server::headers::HeaderStyle;
-use divvy::server::line::{serve_line, ConnLimits};
-use divvy::server::tls::{Port, ServerTls, TlsFiles};
-use divvy::server::GrpcLimits;
-use divvy::sources::file::Reloader;
-use divvy::store::failover::{FailoverStore, FailurePolicy};
-use divvy::store::memory::SystemClock;
-use divvy::store::over_limit::OverLimitCache;
-use divvy::store::redis::{RedisOptions, RedisStore};
+use divvy::sources::xds::{XdsOptions, XdsTls};
+use divvy::sources::zookeeper::ZkOptions;
+use divvy::store::failover::FailurePolicy;
 use divvy::store::redis_tls::RedisTls;
 use divvy::store::redis_url::{parse_redis_url, RedisTarget};
-use divvy::store::{MemoryStore, Store};
-use rustls::ClientConfig;
-use tokio::net::TcpListener;
-use tracing::{error, info};
+use tracing::info;
 
+use super::ratelimit::RatelimitMode;
 use super::tls::TlsArgs;
 
 #[derive(clap::Args)]
@@ -404,9 +383,6 @@ enum LogFormat {
     Json,
 }
 
-/// How long shutdown waits for requests in flight.
-const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(15);
-
 fn init_logging(format: LogFormat, level: Option<&str>) {
     // `ratelimit` mode's LOG_LEVEL, in logrus' names.
     let default = match level {
@@ -434,58 +410,6 @@ fn parse_memory_limit(text: &str) -> Result<u64, String> {
     divvy::memory_budget::parse_size(text).map_err(|e| e.to_string())
 }
 
-/// The memory budget: `--memory-limit` (0: none), else the cgroup's limit;
-/// logged, and exported as `divvy_memory_budget_bytes` and `divvy_max_counters`.
-fn memory_budget(args: &ServeArgs, rules: usize) -> MemoryBudget {
-    use divvy::memory_budget::{cgroup_limit, plan, LimitSource, MemoryLimit, Reserved};
-    let limit = match args.memory_limit {
-        Some(0) => None,
-        Some(bytes) => Some(MemoryLimit {
-            bytes,
-            source: LimitSource::Flag,
-        }),
-        None => cgroup_limit(),
-    };
-    let over_limit_cache = if redis_configured(args) {
-        args.over_limit_cache as u64 * divvy::store::over_limit::ENTRY_BYTES
-    } else {
-        0
-    };
-    let reserved = Reserved {
-        offenders: divvy::observe::offenders::MAX_BYTES,
-        over_limit_cache,
-        history: rules as u64 * divvy::observe::history::RULE_BYTES,
-    };
-    let resident = divvy::memory_budget::resident_bytes();
-    let budget = plan(limit, resident, reserved, args.max_counters);
-    let store = &divvy::observe::metrics::metrics().store;
-    store
-        .memory_budget
-        .set(budget.limit.as_ref().map_or(0, |l| l.bytes) as i64);
-    store.max_counters.set(budget.max_counters as i64);
-    match &budget.limit {
-        Some(l) => info!(
-            limit_bytes = l.bytes,
-            source = ?l.source,
-            headroom_bytes = budget.headroom,
-            reserved_bytes = budget.reserved.total(),
-            max_counters = budget.max_counters,
-            limited_by_memory = budget.limited_by_memory,
-            "memory budget"
-        ),
-        None => info!(
-            max_counters = budget.max_counters,
-            "no memory limit (no --memory-limit, no cgroup limit): --max-counters alone caps the counters"
-        ),
-    }
-    budget
-}
-
-/// Whether counters go to Redis (`--redis-url` or divvy's `REDIS_HOST`).
-fn redis_configured(args: &ServeArgs) -> bool {
-    args.redis_url.is_some() || std::env::var("REDIS_HOST").is_ok_and(|h| !h.trim().is_empty())
-}
-
 /// `--worker-threads`: 1 to [`divvy::runtime::MAX_WORKER_THREADS`].
 fn parse_threads(text: &str) -> Result<NonZeroUsize, String> {
     let max = divvy::runtime::MAX_WORKER_THREADS;
@@ -496,26 +420,18 @@ fn parse_threads(text: &str) -> Result<NonZeroUsize, String> {
         .ok_or_else(|| format!("`{text}` is not a thread count from 1 to {max}"))
 }
 
-/// `divvy serve`: loads the policy, builds the runtime and serves until a
-/// shutdown signal.
+/// `divvy serve`: maps the flags and the environment into [`Settings`],
+/// builds the runtime, and serves until a shutdown signal.
 pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let level = args.ratelimit.as_ref().map(|m| m.log_level.as_str());
     init_logging(args.log_format, level);
-    let (policy, hash) = match &args.config {
-        Some(path) => divvy::sources::file::load_with_hash(path)?,
-        None => (divvy::config::no_policy()?, String::new()),
-    };
     if args.ready_without_store {
         info!("--ready-without-store (DIVVY_READY_WITHOUT_STORE) changes nothing: a replica stays ready while the store fails unless --ready-requires-store");
     }
     if let Some(mode) = args.ratelimit.as_ref().filter(|m| !m.ignored.is_empty()) {
         info!(variables = ?mode.ignored, "envoyproxy/ratelimit settings accepted and ignored");
     }
-    info!(
-        rules = policy.rules.len(),
-        source = %policy.source,
-        "policy loaded"
-    );
+    let settings = settings(&args)?;
     let threads = divvy::runtime::worker_threads(args.worker_threads);
     let runtime = divvy::runtime::build(threads)?;
     // What was built, as the runtime reports it.
@@ -524,111 +440,101 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         scheduler = divvy::runtime::scheduler(runtime.handle()),
         "async runtime"
     );
-    validate_metrics_path(&args.metrics_path)?;
-    let served = runtime.block_on(run(args, policy, hash));
+    let served = runtime.block_on(async move {
+        // Take SIGHUP over before anything slow (Redis) so an early one
+        // cannot kill the process; the reloader acts on later ones.
+        #[cfg(unix)]
+        let _ = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup());
+        App::build(settings).await?.serve(shutdown_signal()).await
+    });
     runtime.shutdown_timeout(Duration::from_secs(1));
-    served
+    Ok(served?)
 }
 
-/// The counter store and what shares its Redis.
-struct StoreParts {
-    store: Arc<dyn Store>,
-    knobs: Knobs,
-    /// The counters' Redis: the regional store of global limits, and where
-    /// governors elect their leader.
-    redis: Option<fred::prelude::Client>,
-    /// Where replicas agree on the key that hashes long actor values.
-    secret_client: Option<fred::prelude::Client>,
-}
-
-/// Everything built, wired and started, then served until shutdown.
-async fn run(args: ServeArgs, policy: Policy, hash: String) -> anyhow::Result<()> {
-    // Take SIGHUP over before anything slow (Redis) so an early one cannot
-    // kill the process; the reloader acts on later ones.
-    #[cfg(unix)]
-    let _ = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup());
-    let budget = memory_budget(&args, policy.rules.len());
-    let parts = build_store(&args, budget.max_counters).await?;
-    let knobs = Arc::new(parts.knobs);
-    // Knobs set while this replica was down apply from the first request.
-    let _ = knobs.refresh().await;
-    knobs.spawn_refresh(Duration::from_millis(250));
-    let limiter = Limiter::with_knobs(RuleSet::new(policy.clone()), parts.store, knobs);
-    let (limiter, secret_client) =
-        with_global(&args, limiter, parts.redis.clone(), parts.secret_client).await?;
-    let limiter = Arc::new(limiter);
-    if let Some(client) = secret_client {
-        agree_on_key_secret(client).await;
-    }
-    // Governors elect one replica per rule through the counters' Redis.
-    let governors = Arc::new(Governors::new(
-        limiter.clone(),
-        parts.redis.clone(),
-        args.prometheus_url.clone().filter(|u| !u.is_empty()),
-    ));
-    governors.spawn();
-    let reloader = start_sources(&args, &limiter, policy, hash);
-    wait_for_xds(&args, &limiter).await;
-    let listeners = bind(&args).await?;
-    if let Some((addr, path)) = args.ratelimit.as_ref().and_then(|m| m.prometheus.clone()) {
-        divvy::server::admin::spawn_ratelimit_metrics(&addr, &path).await?;
-    }
-    init_statsd(&args);
-    let rlqs = Arc::new(rlqs_hub(&args, &limiter, parts.redis));
-    let envoy = envoy_settings(&args);
-    let admin = AdminState {
-        limiter: limiter.clone(),
-        status: reloader.status(),
-        shutting_down: Arc::new(AtomicBool::new(false)),
-        readiness: divvy::server::readiness::Readiness {
-            requires_store: args.ready_requires_store,
-            needs_config: envoy.error_without_config,
-        },
-        envoy: Arc::new(envoy),
-        tokens: admin_tokens(&args)?,
-        governors,
-        deadline_margin: Duration::from_millis(args.deadline_margin_ms),
-        healthy_needs_config: args
-            .ratelimit
-            .as_ref()
-            .is_some_and(|m| m.healthy_needs_config),
-        failure_policy: (limiter.store().name() != "memory")
-            .then(|| args.on_store_failure.as_str()),
-        rlqs,
+/// The flags, else the variables they fall back to, as [`Settings`].
+fn settings(args: &ServeArgs) -> anyhow::Result<Settings> {
+    let redis_tls = redis_tls_settings(args)?;
+    let redis = redis_target(args.redis_url.as_deref())?.map(|mut target| {
+        target.tls |= redis_tls.forced;
+        target
+    });
+    let global = match args.global_url.as_deref() {
+        Some(url) => Some(redis_target(Some(url))?.context("--global-url names no Redis")?),
+        None => None,
     };
-    if admin.tokens.admin.is_none() {
-        info!("no --admin-token: knob changes are refused (GET /knobs still answers)");
-    }
-    if admin.tokens.read.is_some() {
-        info!("--admin-read-token: admin reads need a token (health, readiness and metrics stay open)");
-    }
-    serve_until_shutdown(&args, listeners, limiter, admin).await
+    let env = |name: &str| std::env::var(name).ok();
+    let mode = args.ratelimit.as_ref();
+    let secs = |n: u64| Duration::from_secs(n.max(1));
+    let nonzero = |d: Duration| (!d.is_zero()).then_some(d);
+    Ok(Settings {
+        config: args.config.clone(),
+        watch: !args.no_watch,
+        grpc_addr: args.grpc_addr,
+        line_addr: line_addr(args.line_addr)?,
+        http_addr: http_addr(args.http_addr)?,
+        grpc_tls: args.tls.grpc(&env)?,
+        http_tls: args.tls.http()?,
+        line_max_bytes: args.line_max_bytes,
+        line_max_batch: args.line_max_batch,
+        line_max_connections: args.line_max_connections,
+        line_idle: secs(args.line_idle_seconds),
+        grpc_max_concurrent_streams: args.grpc_max_concurrent_streams,
+        grpc_max_request_bytes: args.grpc_max_request_bytes,
+        grpc_idle: secs(args.grpc_idle_seconds),
+        grpc_keepalive: nonzero(Duration::from_secs(args.grpc_keepalive_seconds)),
+        grpc_max_connection_age: nonzero(args.grpc_max_connection_age),
+        grpc_max_connection_age_grace: nonzero(args.grpc_max_connection_age_grace),
+        rate_limit_headers: args.rate_limit_headers,
+        envoy: envoy_settings(args),
+        deadline_margin: Duration::from_millis(args.deadline_margin_ms),
+        memory_limit: args.memory_limit,
+        max_counters: args.max_counters,
+        sweep: secs(args.sweep_seconds),
+        over_limit_cache: args.over_limit_cache,
+        redis,
+        redis_tls: redis_tls.files,
+        redis_timeout: Duration::from_millis(args.redis_timeout_ms.max(1)),
+        redis_batches_in_flight: usize::try_from(args.redis_batches_in_flight)
+            .unwrap_or(divvy::store::redis::DEFAULT_BATCHES_IN_FLIGHT),
+        breaker_failures: args.breaker_failures,
+        on_store_failure: args.on_store_failure,
+        local_share: args.local_share,
+        ready_requires_store: args.ready_requires_store,
+        healthy_needs_config: mode.is_some_and(|m| m.healthy_needs_config),
+        wait_for_xds: mode.is_some_and(|m| !m.force_start),
+        shutdown_delay: Duration::from_secs(args.shutdown_delay_seconds),
+        metrics_path: args.metrics_path.clone(),
+        tokens: admin_tokens(args)?,
+        statsd: statsd(args),
+        ratelimit_prometheus: mode.and_then(|m| m.prometheus.clone()),
+        zookeeper: args.zk_enabled_for_aux_rules.then(|| ZkOptions {
+            hosts: args.zk_hosts_for_aux_rules.clone(),
+            path: args.zk_aux_rules_path.clone(),
+        }),
+        xds: args.xds.options(),
+        prometheus_url: args.prometheus_url.clone(),
+        region: args.region.clone(),
+        global,
+        global_lease: Duration::from_millis(args.global_lease_ms),
+        global_fallback_share: args.global_fallback_share,
+        global_floor: args.global_floor,
+        rlqs_assignment_ttl: args.rlqs_assignment_ttl,
+        rlqs_max_buckets_per_stream: args.rlqs_max_buckets_per_stream,
+    })
 }
 
-/// The RLQS streams' hub; with the counters' Redis, limits are shared
-/// with the other replicas through it.
-fn rlqs_hub(
-    args: &ServeArgs,
-    limiter: &Arc<Limiter>,
-    redis: Option<fred::prelude::Client>,
-) -> divvy::server::rlqs::Hub {
-    use divvy::server::rlqs::{replicas::Replicas, Hub, RlqsSettings};
-    let hub = Hub::new(
-        limiter.clone(),
-        RlqsSettings {
-            assignment_ttl: args.rlqs_assignment_ttl.max(Duration::from_secs(1)),
-            max_buckets_per_stream: args.rlqs_max_buckets_per_stream.max(1),
-        },
-        Arc::new(divvy::clock::SystemClock::default()),
-    );
-    match redis {
-        Some(client) => {
-            let replicas = Arc::new(Replicas::new(client));
-            info!(holder = %replicas.holder(), "RLQS limits shared with the other replicas through Redis");
-            hub.with_replicas(replicas)
-        }
-        None => hub,
-    }
+/// With `--statsd-host` and `--statsd-port`, metrics also go to statsd.
+fn statsd(args: &ServeArgs) -> Option<StatsdConfig> {
+    let (host, port) = (args.statsd_host.clone()?, args.statsd_port?);
+    Some(StatsdConfig {
+        host,
+        port,
+        prefix: args.statsd_prefix.clone(),
+        tcp: args
+            .statsd_use_tcp
+            .as_deref()
+            .is_some_and(|v| !v.is_empty()),
+    })
 }
 
 /// The admin and read tokens (empty means unset); the same text for both
@@ -645,331 +551,6 @@ fn admin_tokens(args: &ServeArgs) -> anyhow::Result<Tokens> {
     Ok(tokens)
 }
 
-/// The memory store, or Redis behind its failure policy (with the knobs
-/// shared through it).
-async fn build_store(args: &ServeArgs, max_counters: usize) -> anyhow::Result<StoreParts> {
-    let Some(mut target) = redis_target(args.redis_url.as_deref())? else {
-        let memory = Arc::new(MemoryStore::with_max_counters(
-            Arc::new(SystemClock::default()),
-            max_counters,
-        ));
-        memory.spawn_sweeper(Duration::from_secs(args.sweep_seconds.max(1)));
-        info!("counters in the embedded memory store");
-        return Ok(StoreParts {
-            store: memory,
-            knobs: Knobs::local(),
-            redis: None,
-            secret_client: None,
-        });
-    };
-    let tls = redis_tls_settings(args)?;
-    target.tls |= tls.forced;
-    info!(target = ?target, policy = ?args.on_store_failure, "counters in redis");
-    if !target.tls && tls.files_given() {
-        tracing::warn!("Redis TLS files are given but the counters' Redis is not TLS (use rediss:// or --redis-tls); they are not used for it");
-    }
-    let options = RedisOptions {
-        tls: tls.config_for(&target)?,
-        target,
-        timeout: Duration::from_millis(args.redis_timeout_ms.max(1)),
-        clock: None,
-        batches_in_flight: usize::try_from(args.redis_batches_in_flight)
-            .unwrap_or(divvy::store::redis::DEFAULT_BATCHES_IN_FLIGHT),
-    };
-    let (redis, connected) = RedisStore::connect(&options, Duration::from_secs(2)).await?;
-    let client = redis.client();
-    let mut primary: Arc<dyn Store> = Arc::new(redis);
-    if args.over_limit_cache > 0 {
-        primary = Arc::new(OverLimitCache::new(
-            primary,
-            args.over_limit_cache,
-            Arc::new(SystemClock::default()),
-        ));
-    }
-    let failover = FailoverStore::new(primary, args.on_store_failure, args.local_share)
-        .with_breaker(options.timeout, args.breaker_failures)
-        .with_max_counters(max_counters);
-    let failover = Arc::new(if connected {
-        failover
-    } else {
-        failover.start_failed()
-    });
-    failover.spawn_probe();
-    Ok(StoreParts {
-        store: failover,
-        knobs: Knobs::shared(SharedKnobs::new(client.clone())),
-        redis: Some(client.clone()),
-        secret_client: Some(client),
-    })
-}
-
-/// With `--global-url`, the limiter counts global limits against this
-/// region's leases; the global store then holds the actor-hash key.
-async fn with_global(
-    args: &ServeArgs,
-    limiter: Limiter,
-    regional: Option<fred::prelude::Client>,
-    secret_client: Option<fred::prelude::Client>,
-) -> anyhow::Result<(Limiter, Option<fred::prelude::Client>)> {
-    let Some(url) = args.global_url.as_deref() else {
-        return Ok((limiter, secret_client));
-    };
-    let target = redis_target(Some(url))?.context("--global-url names no Redis")?;
-    let options = RedisOptions {
-        tls: redis_tls_settings(args)?.config_for(&target)?,
-        target,
-        timeout: Duration::from_millis((args.global_lease_ms / 4).max(50)),
-        clock: None,
-        batches_in_flight: divvy::store::redis::DEFAULT_BATCHES_IN_FLIGHT,
-    };
-    let (global_store, connected) = RedisStore::connect(&options, Duration::from_secs(2)).await?;
-    if !connected {
-        tracing::warn!(
-            "global store unreachable at startup; global limits start on conservative quotas"
-        );
-    }
-    let global = Arc::new(Global::new(
-        GlobalOptions {
-            region: args.region.clone(),
-            period: Duration::from_millis(args.global_lease_ms.max(100)),
-            fallback_share: args.global_fallback_share.clamp(0.0, 1.0),
-            floor: args.global_floor.clamp(0.0, 1.0),
-            headroom: 0.05,
-        },
-        global_store.client(),
-        regional,
-    ));
-    global.spawn();
-    info!(region = %args.region, holder = %global.holder(), "global limits coordinated through the global store");
-    // Every region hashes long actor values with one key.
-    Ok((limiter.with_global(global), Some(global_store.client())))
-}
-
-/// The policy file's reloader (watching it unless `--no-watch`) and the
-/// ZooKeeper aux rules, both feeding one set of rule sources.
-fn start_sources(
-    args: &ServeArgs,
-    limiter: &Arc<Limiter>,
-    policy: Policy,
-    hash: String,
-) -> Arc<Reloader> {
-    let sources = Arc::new(RuleSources::new(limiter.clone(), policy));
-    let reloader = Arc::new(Reloader::new(
-        args.config.clone(),
-        limiter,
-        sources.clone(),
-        hash,
-    ));
-    if args.zk_enabled_for_aux_rules {
-        info!(
-            hosts = %args.zk_hosts_for_aux_rules,
-            path = %args.zk_aux_rules_path,
-            "aux rules from ZooKeeper, ahead of the policy file's"
-        );
-        zookeeper::spawn(
-            ZkOptions {
-                hosts: args.zk_hosts_for_aux_rules.clone(),
-                path: args.zk_aux_rules_path.clone(),
-            },
-            sources.clone(),
-        );
-    }
-    if let Some(options) = args.xds.options() {
-        info!(server = %options.server, node = %options.node_id, "envoyproxy/ratelimit domains over xDS");
-        xds::spawn(options, sources);
-    }
-    reloader.clone().spawn(!args.no_watch);
-    reloader
-}
-
-/// In `ratelimit` mode with xDS and without `FORCE_START_WITHOUT_INITIAL_CONFIG`,
-/// nothing is served until the control plane's first configuration is in
-/// force, as envoyproxy/ratelimit does.
-async fn wait_for_xds(args: &ServeArgs, limiter: &Limiter) {
-    let waits =
-        args.xds.xds_server.is_some() && args.ratelimit.as_ref().is_some_and(|m| !m.force_start);
-    if !waits || !limiter.rules().source().is_empty() {
-        return;
-    }
-    info!("waiting for the first configuration from the xDS control plane");
-    while limiter.rules().source().is_empty() {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// The three listeners, bound, and the TLS of the gRPC and admin ports.
-struct Listeners {
-    grpc: TcpListener,
-    line: TcpListener,
-    http: TcpListener,
-    grpc_tls: Option<ServerTls>,
-    http_tls: Option<ServerTls>,
-}
-
-/// Binds gRPC, the line protocol and HTTP, logging each address.
-async fn bind(args: &ServeArgs) -> anyhow::Result<Listeners> {
-    let grpc = TcpListener::bind(args.grpc_addr)
-        .await
-        .with_context(|| format!("cannot listen for gRPC on {}", args.grpc_addr))?;
-    let line_addr = line_addr(args.line_addr)?;
-    let line = TcpListener::bind(line_addr)
-        .await
-        .with_context(|| format!("cannot listen for the line protocol on {line_addr}"))?;
-    info!("grpc listening on {}", grpc.local_addr()?);
-    info!("line protocol listening on {}", line.local_addr()?);
-    let http_addr = http_addr(args.http_addr)?;
-    let http = TcpListener::bind(http_addr)
-        .await
-        .with_context(|| format!("cannot listen for HTTP on {http_addr}"))?;
-    info!("http listening on {}", http.local_addr()?);
-    let (grpc_tls, http_tls) = start_tls(&args.tls)?;
-    Ok(Listeners {
-        grpc,
-        line,
-        http,
-        grpc_tls,
-        http_tls,
-    })
-}
-
-/// Loads the TLS files of the gRPC and admin ports (a bad file stops the
-/// start with its name) and starts watching them.
-fn start_tls(args: &TlsArgs) -> anyhow::Result<(Option<ServerTls>, Option<ServerTls>)> {
-    let env = |name: &str| std::env::var(name).ok();
-    let start = |files: Option<TlsFiles>, port: Port| -> anyhow::Result<Option<ServerTls>> {
-        let Some(files) = files else {
-            return Ok(None);
-        };
-        let mtls = files.client_ca.is_some();
-        let tls = ServerTls::start(files, port)
-            .with_context(|| format!("cannot serve TLS on the {} port", port.label()))?;
-        info!(port = port.label(), client_certificates = mtls, "TLS on");
-        Ok(Some(tls))
-    };
-    Ok((
-        start(args.grpc(&env)?, Port::Grpc)?,
-        start(args.http()?, Port::Http)?,
-    ))
-}
-
-/// With `--statsd-host` and `--statsd-port`, metrics also go to statsd.
-fn init_statsd(args: &ServeArgs) {
-    if let (Some(host), Some(port)) = (args.statsd_host.clone(), args.statsd_port) {
-        let tcp = args
-            .statsd_use_tcp
-            .as_deref()
-            .is_some_and(|v| !v.is_empty());
-        info!(%host, port, tcp, "sending statsd metrics");
-        divvy::observe::statsd::init(StatsdConfig {
-            host,
-            port,
-            prefix: args.statsd_prefix.clone(),
-            tcp,
-        });
-    }
-}
-
-/// Serves the three protocols until a shutdown signal, then drains them.
-async fn serve_until_shutdown(
-    args: &ServeArgs,
-    listeners: Listeners,
-    limiter: Arc<Limiter>,
-    admin: AdminState,
-) -> anyhow::Result<()> {
-    let limits = ConnLimits {
-        max_line: args.line_max_bytes.max(1),
-        max_batch: args.line_max_batch.max(1),
-        idle_timeout: Duration::from_secs(args.line_idle_seconds.max(1)),
-        max_connections: args.line_max_connections.max(1),
-    };
-    let shutting_down = admin.shutting_down.clone();
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|stop| *stop).await;
-    };
-    let line_task = tokio::spawn(serve_line(
-        listeners.line,
-        limiter.clone(),
-        limits,
-        stop_rx.clone(),
-    ));
-    divvy::server::rlqs::spawn(admin.rlqs.clone(), stopped(stop_rx.clone()));
-    let answers = divvy::server::Answers {
-        headers: args.rate_limit_headers,
-        envoy: EnvoySettings::clone(&admin.envoy),
-    };
-    let grpc_task = tokio::spawn(divvy::server::serve_grpc(
-        listeners.grpc,
-        limiter,
-        answers,
-        grpc_limits(args),
-        admin.rlqs.clone(),
-        listeners.grpc_tls,
-        stopped(stop_rx.clone()),
-    ));
-    let metrics_path = args.metrics_path.clone();
-    let http_stop = stopped(stop_rx);
-    let (http, http_tls) = (listeners.http, listeners.http_tls);
-    let http_task = tokio::spawn(async move {
-        match http_tls {
-            None => serve_http(http, admin, &metrics_path, http_stop).await,
-            Some(tls) => serve_https(http, tls, admin, &metrics_path, http_stop).await,
-        }
-    });
-    shutdown_signal().await;
-    // Readiness goes false; after the delay (time for load balancers to
-    // notice) the listeners close and requests in flight finish.
-    shutting_down.store(true, Ordering::Release);
-    if args.shutdown_delay_seconds > 0 {
-        info!(
-            seconds = args.shutdown_delay_seconds,
-            "not ready; still serving until the shutdown delay ends"
-        );
-        tokio::time::sleep(Duration::from_secs(args.shutdown_delay_seconds)).await;
-    }
-    let _ = stop_tx.send(true);
-    let drained = tokio::time::timeout(SHUTDOWN_TIMEOUT, async {
-        let _ = line_task.await;
-        (grpc_task.await, http_task.await)
-    })
-    .await;
-    match drained {
-        Err(_) => error!("requests still in flight after {SHUTDOWN_TIMEOUT:?}; exiting anyway"),
-        Ok((Ok(Err(e)), _)) => {
-            error!("gRPC server failed: {e}");
-            bail!("gRPC server failed: {e}");
-        }
-        Ok((_, Ok(Err(e)))) => {
-            error!("HTTP server failed: {e}");
-            bail!("HTTP server failed: {e}");
-        }
-        Ok(_) => {}
-    }
-    info!("shut down");
-    Ok(())
-}
-
-/// The gRPC server's bounds from the flags.
-fn grpc_limits(args: &ServeArgs) -> GrpcLimits {
-    GrpcLimits {
-        max_concurrent_streams: args.grpc_max_concurrent_streams.max(1),
-        max_request_bytes: args.grpc_max_request_bytes.max(1024),
-        idle: Duration::from_secs(args.grpc_idle_seconds.max(1)),
-        keepalive: (args.grpc_keepalive_seconds > 0)
-            .then(|| Duration::from_secs(args.grpc_keepalive_seconds)),
-        connection_age: (!args.grpc_max_connection_age.is_zero()).then(|| {
-            divvy::server::connections::ConnectionAge {
-                age: args.grpc_max_connection_age,
-                grace: (!args.grpc_max_connection_age_grace.is_zero())
-                    .then_some(args.grpc_max_connection_age_grace),
-            }
-        }),
-        keepalive_timeout: Duration::from_secs(20),
-        deadline_margin: Duration::from_millis(args.deadline_margin_ms),
-        ready_requires_store: args.ready_requires_store,
-    }
-}
-
 /// envoyproxy/ratelimit's settings from the environment, read once; in
 /// `ratelimit` mode, answering an error while no configuration is loaded.
 fn envoy_settings(args: &ServeArgs) -> EnvoySettings {
@@ -979,37 +560,6 @@ fn envoy_settings(args: &ServeArgs) -> EnvoySettings {
         .as_ref()
         .is_some_and(|m| m.error_without_config);
     envoy
-}
-
-/// The metrics path must be a plain absolute path that no other admin route uses.
-fn validate_metrics_path(path: &str) -> anyhow::Result<()> {
-    let plain = path.starts_with('/')
-        && path.len() > 1
-        && path
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"/-_.".contains(&b))
-        && !path.contains("//");
-    // Every other admin route: the metrics path is answered without a
-    // token, so it must not shadow one that needs a token.
-    let taken = [
-        "/healthz",
-        "/readyz",
-        "/config",
-        "/explain",
-        "/json",
-        "/global",
-        "/governors",
-        "/healthcheck",
-        "/rlconfig",
-        "/knobs",
-    ];
-    if !plain || taken.contains(&path) || path.starts_with("/knobs/") {
-        bail!(
-            "the metrics path `{path}` must be an absolute path of letters, digits, `-`, `_`, `.` and `/`, other than the admin API's routes ({})",
-            taken.join(", ")
-        );
-    }
-    Ok(())
 }
 
 /// `--http-addr`, else `0.0.0.0:$HTTP_SERVICE_PORT` (divvy's variable), else `0.0.0.0:8080`.
@@ -1062,21 +612,6 @@ struct RedisTlsSettings {
     /// `--redis-tls` or `REDIS_TLS`: TLS even without `rediss://`.
     forced: bool,
     files: RedisTls,
-}
-
-impl RedisTlsSettings {
-    fn files_given(&self) -> bool {
-        self.files.ca.is_some() || self.files.cert.is_some() || self.files.key.is_some()
-    }
-
-    /// The client configuration when `target` uses TLS; a bad file is a
-    /// start-up error that names it.
-    fn config_for(&self, target: &RedisTarget) -> anyhow::Result<Option<Arc<ClientConfig>>> {
-        if !target.tls {
-            return Ok(None);
-        }
-        Ok(Some(Arc::new(self.files.client_config()?)))
-    }
 }
 
 /// The flags (or their DIVVY_ variables), else envoyproxy/ratelimit's
@@ -1142,33 +677,4 @@ async fn shutdown_signal() {
         let _ = tokio::signal::ctrl_c().await;
     }
     info!("shutdown signal received");
-}
-
-/// Agrees with the other replicas on the key that hashes long actor values
-/// (see `divvy::rules::bounded`), retrying every second while Redis does
-/// not answer; meanwhile this replica uses a key of its own, so a long
-/// value may count on a different counter than on other replicas.
-///
-/// Then, every 30 s, puts the key back if Redis lost it, so replicas
-/// started later still agree with this one.
-async fn agree_on_key_secret(client: fred::prelude::Client) {
-    use divvy::rules::bounded::{agree_through_redis, keep_in_redis};
-    let agreed = agree_through_redis(&client).await;
-    if !agreed {
-        tracing::warn!(
-            "could not read the shared key for long actor values from Redis; retrying every second"
-        );
-    }
-    tokio::spawn(async move {
-        if !agreed {
-            while !agree_through_redis(&client).await {
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
-            info!("agreed on the shared key for long actor values through Redis");
-        }
-        loop {
-            tokio::time::sleep(Duration::from_secs(30)).await;
-            keep_in_redis(&client).await;
-        }
-    });
 }

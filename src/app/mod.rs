@@ -1,0 +1,290 @@
+//! The service, built in the library: [`App::build`] wires the stores, the
+//! rule sources, the background tasks and the three listeners from one
+//! [`Settings`]; [`App::serve`] serves until its shutdown future completes.
+//! `cli/` only maps flags and environment variables into `Settings`, so a
+//! test can run the whole service in its own process.
+
+mod listeners;
+mod settings;
+mod stores;
+
+pub use settings::Settings;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tracing::{error, info};
+
+use crate::config::Policy;
+use crate::governor::Governors;
+use crate::limiter::Limiter;
+use crate::rules::RuleSet;
+use crate::server::admin::AdminState;
+use crate::server::readiness::Readiness;
+use crate::sources::file::Reloader;
+use crate::sources::{xds, zookeeper, RuleSources};
+use listeners::Listeners;
+
+/// Why the service could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    /// The policy could not be loaded.
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    /// A store could not be set up.
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+    /// Redis's TLS files could not be loaded.
+    #[error(transparent)]
+    RedisTls(#[from] crate::store::redis_tls::RedisTlsError),
+    /// A listener could not be bound.
+    #[error("cannot listen for {what} on {addr}: {source}")]
+    Bind {
+        /// gRPC, the line protocol or HTTP.
+        what: &'static str,
+        /// The address asked for.
+        addr: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A port's TLS files could not be served.
+    #[error("cannot serve TLS on the {port} port: {source}")]
+    Tls {
+        /// grpc or http.
+        port: &'static str,
+        /// Why.
+        source: crate::server::tls::TlsError,
+    },
+    /// A setting that cannot be served.
+    #[error("{0}")]
+    Setting(String),
+    /// A server stopped with an error.
+    #[error("{what} server failed: {message}")]
+    Server {
+        /// gRPC or HTTP.
+        what: &'static str,
+        /// Its error.
+        message: String,
+    },
+}
+
+/// The service, built and bound, ready to serve.
+pub struct App {
+    settings: Settings,
+    limiter: Arc<Limiter>,
+    admin: AdminState,
+    listeners: Listeners,
+}
+
+impl App {
+    /// Loads the policy, builds the stores and the limiter, starts the rule
+    /// sources and background tasks, and binds the three listeners.
+    pub async fn build(settings: Settings) -> Result<App, AppError> {
+        listeners::validate_metrics_path(&settings.metrics_path)?;
+        let (policy, hash) = match &settings.config {
+            Some(path) => crate::sources::file::load_with_hash(path)?,
+            None => (crate::config::no_policy()?, String::new()),
+        };
+        info!(rules = policy.rules.len(), source = %policy.source, "policy loaded");
+        let (limiter, redis) = build_limiter(&settings, &policy).await?;
+        // Governors elect one replica per rule through the counters' Redis.
+        let governors = Arc::new(Governors::new(
+            limiter.clone(),
+            redis.clone(),
+            settings.prometheus_url.clone().filter(|u| !u.is_empty()),
+        ));
+        governors.spawn();
+        let reloader = start_sources(&settings, &limiter, policy, hash);
+        wait_for_xds(&settings, &limiter).await;
+        let listeners = Listeners::bind(&settings).await?;
+        if let Some((addr, path)) = &settings.ratelimit_prometheus {
+            crate::server::admin::spawn_ratelimit_metrics(addr, path)
+                .await
+                .map_err(|e| AppError::Setting(e.to_string()))?;
+        }
+        if let Some(statsd) = settings.statsd.clone() {
+            info!(host = %statsd.host, port = statsd.port, tcp = statsd.tcp, "sending statsd metrics");
+            crate::observe::statsd::init(statsd);
+        }
+        let admin = admin_state(&settings, &limiter, &reloader, governors, redis);
+        Ok(App {
+            settings,
+            limiter,
+            admin,
+            listeners,
+        })
+    }
+
+    /// The gRPC address bound (a port of 0 asked for any free one).
+    pub fn grpc_addr(&self) -> SocketAddr {
+        self.listeners.grpc_addr
+    }
+
+    /// The line protocol's address bound.
+    pub fn line_addr(&self) -> SocketAddr {
+        self.listeners.line_addr
+    }
+
+    /// The HTTP admin address bound.
+    pub fn http_addr(&self) -> SocketAddr {
+        self.listeners.http_addr
+    }
+
+    /// Serves the three protocols until `shutdown` completes, then drains
+    /// them: readiness turns false, and after the shutdown delay the
+    /// listeners close and requests in flight finish.
+    pub async fn serve(self, shutdown: impl Future<Output = ()>) -> Result<(), AppError> {
+        let App {
+            settings,
+            limiter,
+            admin,
+            listeners,
+        } = self;
+        let shutting_down = admin.shutting_down.clone();
+        let (stop_tx, tasks) = listeners.serve(&settings, limiter, admin);
+        shutdown.await;
+        shutting_down.store(true, Ordering::Release);
+        if !settings.shutdown_delay.is_zero() {
+            info!(
+                seconds = settings.shutdown_delay.as_secs(),
+                "not ready; still serving until the shutdown delay ends"
+            );
+            tokio::time::sleep(settings.shutdown_delay).await;
+        }
+        let _ = stop_tx.send(true);
+        let drained = tokio::time::timeout(SHUTDOWN_TIMEOUT, tasks.join()).await;
+        let Ok(result) = drained else {
+            error!("requests still in flight after {SHUTDOWN_TIMEOUT:?}; exiting anyway");
+            return Ok(());
+        };
+        result.inspect_err(|e| error!("{e}"))?;
+        info!("shut down");
+        Ok(())
+    }
+}
+
+/// How long shutdown waits for requests in flight.
+const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// The store, the knobs (refreshed from the start), the limiter, global
+/// leases, and the agreement on the actor-hash key; with the counters'
+/// Redis client, which governors and RLQS share.
+async fn build_limiter(
+    s: &Settings,
+    policy: &Policy,
+) -> Result<(Arc<Limiter>, Option<fred::prelude::Client>), AppError> {
+    let budget = stores::memory_budget(s, policy.rules.len());
+    let parts = stores::build_store(s, budget.max_counters).await?;
+    let knobs = Arc::new(parts.knobs);
+    // Knobs set while this replica was down apply from the first request.
+    let _ = knobs.refresh().await;
+    knobs.spawn_refresh(Duration::from_millis(250));
+    let limiter = Limiter::with_knobs(RuleSet::new(policy.clone()), parts.store, knobs);
+    let (limiter, secret_client) =
+        stores::with_global(s, limiter, parts.redis.clone(), parts.secret_client).await?;
+    if let Some(client) = secret_client {
+        stores::agree_on_key_secret(client).await;
+    }
+    Ok((Arc::new(limiter), parts.redis))
+}
+
+/// The policy file's reloader (watching it unless told not to), the
+/// ZooKeeper aux rules and the xDS domains, all feeding one set of sources.
+fn start_sources(
+    s: &Settings,
+    limiter: &Arc<Limiter>,
+    policy: Policy,
+    hash: String,
+) -> Arc<Reloader> {
+    let sources = Arc::new(RuleSources::new(limiter.clone(), policy));
+    let reloader = Arc::new(Reloader::new(
+        s.config.clone(),
+        limiter,
+        sources.clone(),
+        hash,
+    ));
+    if let Some(zk) = s.zookeeper.clone() {
+        info!(hosts = %zk.hosts, path = %zk.path, "aux rules from ZooKeeper, ahead of the policy file's");
+        zookeeper::spawn(zk, sources.clone());
+    }
+    if let Some(options) = s.xds.clone() {
+        info!(server = %options.server, node = %options.node_id, "envoyproxy/ratelimit domains over xDS");
+        xds::spawn(options, sources);
+    }
+    reloader.clone().spawn(s.watch);
+    reloader
+}
+
+/// With `wait_for_xds` (`ratelimit` mode without
+/// `FORCE_START_WITHOUT_INITIAL_CONFIG`), nothing is served until the
+/// control plane's first configuration is in force, as envoyproxy/ratelimit does.
+async fn wait_for_xds(s: &Settings, limiter: &Limiter) {
+    if !s.wait_for_xds || s.xds.is_none() || !limiter.rules().source().is_empty() {
+        return;
+    }
+    info!("waiting for the first configuration from the xDS control plane");
+    while limiter.rules().source().is_empty() {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// What the admin API reads.
+fn admin_state(
+    s: &Settings,
+    limiter: &Arc<Limiter>,
+    reloader: &Reloader,
+    governors: Arc<Governors>,
+    redis: Option<fred::prelude::Client>,
+) -> AdminState {
+    if s.tokens.admin.is_none() {
+        info!("no --admin-token: knob changes are refused (GET /knobs still answers)");
+    }
+    if s.tokens.read.is_some() {
+        info!("--admin-read-token: admin reads need a token (health, readiness and metrics stay open)");
+    }
+    AdminState {
+        limiter: limiter.clone(),
+        status: reloader.status(),
+        shutting_down: Arc::new(AtomicBool::new(false)),
+        readiness: Readiness {
+            requires_store: s.ready_requires_store,
+            needs_config: s.envoy.error_without_config,
+        },
+        envoy: Arc::new(s.envoy.clone()),
+        tokens: s.tokens.clone(),
+        governors,
+        deadline_margin: s.deadline_margin,
+        healthy_needs_config: s.healthy_needs_config,
+        failure_policy: s.redis.is_some().then(|| s.on_store_failure.as_str()),
+        rlqs: Arc::new(rlqs_hub(s, limiter, redis)),
+    }
+}
+
+/// The RLQS streams' hub; with the counters' Redis, limits are shared
+/// with the other replicas through it.
+fn rlqs_hub(
+    s: &Settings,
+    limiter: &Arc<Limiter>,
+    redis: Option<fred::prelude::Client>,
+) -> crate::server::rlqs::Hub {
+    use crate::server::rlqs::{replicas::Replicas, Hub, RlqsSettings};
+    let hub = Hub::new(
+        limiter.clone(),
+        RlqsSettings {
+            assignment_ttl: s.rlqs_assignment_ttl.max(Duration::from_secs(1)),
+            max_buckets_per_stream: s.rlqs_max_buckets_per_stream.max(1),
+        },
+        Arc::new(crate::clock::SystemClock::default()),
+    );
+    match redis {
+        Some(client) => {
+            let replicas = Arc::new(Replicas::new(client));
+            info!(holder = %replicas.holder(), "RLQS limits shared with the other replicas through Redis");
+            hub.with_replicas(replicas)
+        }
+        None => hub,
+    }
+}

@@ -1,0 +1,216 @@
+//! The counter store (memory, or Redis behind its failure policy), the
+//! memory budget that sizes it, and the global store of global limits.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use fred::prelude::Client;
+use tracing::{info, warn};
+
+use super::{AppError, Settings};
+use crate::global::{Global, GlobalOptions};
+use crate::knobs::shared::SharedKnobs;
+use crate::knobs::Knobs;
+use crate::limiter::Limiter;
+use crate::memory_budget::{cgroup_limit, plan, LimitSource, MemoryBudget, MemoryLimit, Reserved};
+use crate::store::failover::FailoverStore;
+use crate::store::memory::SystemClock;
+use crate::store::over_limit::OverLimitCache;
+use crate::store::redis::{RedisOptions, RedisStore};
+use crate::store::redis_url::RedisTarget;
+use crate::store::{MemoryStore, Store};
+
+/// The counter store and what shares its Redis.
+pub(super) struct StoreParts {
+    pub store: Arc<dyn Store>,
+    pub knobs: Knobs,
+    /// The counters' Redis: the regional store of global limits, and where
+    /// governors elect their leader.
+    pub redis: Option<Client>,
+    /// Where replicas agree on the key that hashes long actor values.
+    pub secret_client: Option<Client>,
+}
+
+/// The memory budget: `memory_limit` (0: none), else the cgroup's limit;
+/// logged, and exported as `divvy_memory_budget_bytes` and `divvy_max_counters`.
+pub(super) fn memory_budget(s: &Settings, rules: usize) -> MemoryBudget {
+    let limit = match s.memory_limit {
+        Some(0) => None,
+        Some(bytes) => Some(MemoryLimit {
+            bytes,
+            source: LimitSource::Flag,
+        }),
+        None => cgroup_limit(),
+    };
+    let over_limit_cache = match s.redis {
+        Some(_) => s.over_limit_cache as u64 * crate::store::over_limit::ENTRY_BYTES,
+        None => 0,
+    };
+    let reserved = Reserved {
+        offenders: crate::observe::offenders::MAX_BYTES,
+        over_limit_cache,
+        history: rules as u64 * crate::observe::history::RULE_BYTES,
+    };
+    let resident = crate::memory_budget::resident_bytes();
+    let budget = plan(limit, resident, reserved, s.max_counters);
+    let store = &crate::observe::metrics::metrics().store;
+    store
+        .memory_budget
+        .set(budget.limit.as_ref().map_or(0, |l| l.bytes) as i64);
+    store.max_counters.set(budget.max_counters as i64);
+    match &budget.limit {
+        Some(l) => info!(
+            limit_bytes = l.bytes,
+            source = ?l.source,
+            headroom_bytes = budget.headroom,
+            reserved_bytes = budget.reserved.total(),
+            max_counters = budget.max_counters,
+            limited_by_memory = budget.limited_by_memory,
+            "memory budget"
+        ),
+        None => info!(
+            max_counters = budget.max_counters,
+            "no memory limit (no --memory-limit, no cgroup limit): --max-counters alone caps the counters"
+        ),
+    }
+    budget
+}
+
+/// The memory store, or Redis behind its failure policy (with the knobs
+/// shared through it).
+pub(super) async fn build_store(s: &Settings, max_counters: usize) -> Result<StoreParts, AppError> {
+    let Some(target) = s.redis.clone() else {
+        let memory = Arc::new(MemoryStore::with_max_counters(
+            Arc::new(SystemClock::default()),
+            max_counters,
+        ));
+        memory.spawn_sweeper(s.sweep.max(Duration::from_secs(1)));
+        info!("counters in the embedded memory store");
+        return Ok(StoreParts {
+            store: memory,
+            knobs: Knobs::local(),
+            redis: None,
+            secret_client: None,
+        });
+    };
+    info!(target = ?target, policy = ?s.on_store_failure, "counters in redis");
+    let files = &s.redis_tls;
+    if !target.tls && (files.ca.is_some() || files.cert.is_some() || files.key.is_some()) {
+        warn!("Redis TLS files are given but the counters' Redis is not TLS (use rediss:// or --redis-tls); they are not used for it");
+    }
+    let options = redis_options(s, target, s.redis_timeout, s.redis_batches_in_flight)?;
+    let (redis, connected) = RedisStore::connect(&options, Duration::from_secs(2)).await?;
+    let client = redis.client();
+    let mut primary: Arc<dyn Store> = Arc::new(redis);
+    if s.over_limit_cache > 0 {
+        primary = Arc::new(OverLimitCache::new(
+            primary,
+            s.over_limit_cache,
+            Arc::new(SystemClock::default()),
+        ));
+    }
+    let failover = FailoverStore::new(primary, s.on_store_failure, s.local_share)
+        .with_breaker(options.timeout, s.breaker_failures)
+        .with_max_counters(max_counters);
+    let failover = Arc::new(if connected {
+        failover
+    } else {
+        failover.start_failed()
+    });
+    failover.spawn_probe();
+    Ok(StoreParts {
+        store: failover,
+        knobs: Knobs::shared(SharedKnobs::new(client.clone())),
+        redis: Some(client.clone()),
+        secret_client: Some(client),
+    })
+}
+
+/// Options of a Redis client for `target`, with TLS from the settings' files
+/// when the target uses TLS.
+fn redis_options(
+    s: &Settings,
+    target: RedisTarget,
+    timeout: Duration,
+    batches_in_flight: usize,
+) -> Result<RedisOptions, AppError> {
+    let tls = match target.tls {
+        true => Some(Arc::new(s.redis_tls.client_config()?)),
+        false => None,
+    };
+    Ok(RedisOptions {
+        tls,
+        target,
+        timeout: timeout.max(Duration::from_millis(1)),
+        clock: None,
+        batches_in_flight,
+    })
+}
+
+/// With a global store, the limiter counts global limits against this
+/// region's leases; the global store then holds the actor-hash key.
+pub(super) async fn with_global(
+    s: &Settings,
+    limiter: Limiter,
+    regional: Option<Client>,
+    secret_client: Option<Client>,
+) -> Result<(Limiter, Option<Client>), AppError> {
+    let Some(target) = s.global.clone() else {
+        return Ok((limiter, secret_client));
+    };
+    let timeout = (s.global_lease / 4).max(Duration::from_millis(50));
+    let options = redis_options(
+        s,
+        target,
+        timeout,
+        crate::store::redis::DEFAULT_BATCHES_IN_FLIGHT,
+    )?;
+    let (global_store, connected) = RedisStore::connect(&options, Duration::from_secs(2)).await?;
+    if !connected {
+        warn!("global store unreachable at startup; global limits start on conservative quotas");
+    }
+    let global = Arc::new(Global::new(
+        GlobalOptions {
+            region: s.region.clone(),
+            period: s.global_lease.max(Duration::from_millis(100)),
+            fallback_share: s.global_fallback_share.clamp(0.0, 1.0),
+            floor: s.global_floor.clamp(0.0, 1.0),
+            headroom: 0.05,
+        },
+        global_store.client(),
+        regional,
+    ));
+    global.spawn();
+    info!(region = %s.region, holder = %global.holder(), "global limits coordinated through the global store");
+    // Every region hashes long actor values with one key.
+    Ok((limiter.with_global(global), Some(global_store.client())))
+}
+
+/// Agrees with the other replicas on the key that hashes long actor values
+/// (see `crate::rules::bounded`), retrying every second while Redis does
+/// not answer; meanwhile this replica uses a key of its own, so a long
+/// value may count on a different counter than on other replicas.
+///
+/// Then, every 30 s, puts the key back if Redis lost it, so replicas
+/// started later still agree with this one.
+pub(super) async fn agree_on_key_secret(client: Client) {
+    use crate::rules::bounded::{agree_through_redis, keep_in_redis};
+    let agreed = agree_through_redis(&client).await;
+    if !agreed {
+        warn!(
+            "could not read the shared key for long actor values from Redis; retrying every second"
+        );
+    }
+    tokio::spawn(async move {
+        if !agreed {
+            while !agree_through_redis(&client).await {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            info!("agreed on the shared key for long actor values through Redis");
+        }
+        loop {
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            keep_in_redis(&client).await;
+        }
+    });
+}

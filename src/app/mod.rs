@@ -178,7 +178,7 @@ async fn build_limiter(
 ) -> Result<(Arc<Limiter>, Option<fred::prelude::Client>), AppError> {
     let budget = stores::memory_budget(s, policy.rules.len());
     let parts = stores::build_store(s, budget.max_counters).await?;
-    let knobs = Arc::new(parts.knobs);
+    let knobs = Arc::new(parts.knobs.with_replica(s.replica.clone()));
     // Knobs set while this replica was down apply from the first request.
     let _ = knobs.refresh().await;
     knobs.spawn_refresh(Duration::from_millis(250));
@@ -281,7 +281,7 @@ fn rlqs_hub(
     );
     match redis {
         Some(client) => {
-            let replicas = Arc::new(Replicas::new(client));
+            let replicas = Arc::new(Replicas::new(client, s.replica.clone()));
             info!(holder = %replicas.holder(), "RLQS limits shared with the other replicas through Redis");
             hub.with_replicas(replicas)
         }

@@ -22,6 +22,9 @@ use crate::store::redis_url::RedisTarget;
 /// (No `Debug`: it holds the admin tokens.)
 #[derive(Clone)]
 pub struct Settings {
+    /// This process among the replicas (`host:pid`): who set a knob, who
+    /// holds a lease, whose RLQS shares.
+    pub replica: String,
     /// The policy file or directory (`None`: no policy; xDS domains alone).
     pub config: Option<PathBuf>,
     /// Watch the policy file for changes (SIGHUP reloads it either way).
@@ -128,6 +131,7 @@ impl Default for Settings {
     fn default() -> Settings {
         let any = |port| SocketAddr::from(([0, 0, 0, 0], port));
         Settings {
+            replica: format!("localhost:{}", std::process::id()),
             config: None,
             watch: true,
             grpc_addr: any(8081),

@@ -176,6 +176,7 @@ pub(super) async fn with_global(
             fallback_share: s.global_fallback_share.clamp(0.0, 1.0),
             floor: s.global_floor.clamp(0.0, 1.0),
             headroom: 0.05,
+            replica: s.replica.clone(),
         },
         global_store.client(),
         regional,

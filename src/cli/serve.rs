@@ -467,6 +467,7 @@ fn settings(args: &ServeArgs) -> anyhow::Result<Settings> {
     let secs = |n: u64| Duration::from_secs(n.max(1));
     let nonzero = |d: Duration| (!d.is_zero()).then_some(d);
     Ok(Settings {
+        replica: replica(),
         config: args.config.clone(),
         watch: !args.no_watch,
         grpc_addr: args.grpc_addr,
@@ -521,6 +522,16 @@ fn settings(args: &ServeArgs) -> anyhow::Result<Settings> {
         rlqs_assignment_ttl: args.rlqs_assignment_ttl,
         rlqs_max_buckets_per_stream: args.rlqs_max_buckets_per_stream,
     })
+}
+
+/// This process's name among the replicas: `$HOSTNAME:pid` (the pod's
+/// name in Kubernetes).
+fn replica() -> String {
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".to_owned());
+    format!("{host}:{}", std::process::id())
 }
 
 /// With `--statsd-host` and `--statsd-port`, metrics also go to statsd.

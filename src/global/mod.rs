@@ -45,6 +45,8 @@ pub struct GlobalOptions {
     pub floor: f64,
     /// Room above measured demand (fraction of it).
     pub headroom: f64,
+    /// This process among the region's replicas (`host:pid`).
+    pub replica: String,
 }
 
 /// A region's share of one global counter.
@@ -152,11 +154,7 @@ impl Global {
     /// Global limits through `store` (the global store); `regional` is the
     /// region's Redis when replicas share one (else each holds its own lease).
     pub fn new(options: GlobalOptions, store: Client, regional: Option<Client>) -> Global {
-        let host = std::env::var("HOSTNAME")
-            .ok()
-            .filter(|h| !h.is_empty())
-            .unwrap_or_else(|| "localhost".to_owned());
-        let replica = format!("{host}:{}", std::process::id());
+        let replica = options.replica.clone();
         let holder = if regional.is_some() {
             options.region.clone()
         } else {

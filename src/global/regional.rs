@@ -61,11 +61,7 @@ impl Global {
     }
 
     fn replica(&self) -> String {
-        format!(
-            "{}@{}",
-            std::process::id(),
-            std::env::var("HOSTNAME").unwrap_or_default()
-        )
+        self.options.replica.clone()
     }
 
     /// How long the region's hashes outlive their last write (ms): ten periods.

@@ -143,16 +143,18 @@ impl Knobs {
     }
 
     fn new(shared: Option<shared::SharedKnobs>) -> Knobs {
-        let host = std::env::var("HOSTNAME")
-            .ok()
-            .filter(|h| !h.is_empty())
-            .unwrap_or_else(|| "localhost".to_owned());
         Knobs {
             current: ArcSwap::from_pointee(HashMap::new()),
             shared,
-            replica: format!("{host}:{}", std::process::id()),
+            replica: format!("localhost:{}", std::process::id()),
             writing: tokio::sync::Mutex::new(()),
         }
+    }
+
+    /// These knobs as set by `replica` (`host:pid`, its name in `setBy`).
+    pub fn with_replica(mut self, replica: impl Into<String>) -> Knobs {
+        self.replica = replica.into();
+        self
     }
 
     /// This replica's name in `setBy`.

@@ -51,15 +51,11 @@ pub struct Replicas {
 }
 
 impl Replicas {
-    /// Sharing through `client`, as this process (`host:pid`).
-    pub fn new(client: Client) -> Replicas {
-        let host = std::env::var("HOSTNAME")
-            .ok()
-            .filter(|h| !h.is_empty())
-            .unwrap_or_else(|| "localhost".to_owned());
+    /// Sharing through `client`, as `holder` (this process, `host:pid`).
+    pub fn new(client: Client, holder: String) -> Replicas {
         Replicas {
             client,
-            holder: format!("{host}:{}", std::process::id()),
+            holder,
             sha: fred::util::sha1_hash(RENEW_SCRIPT),
             grants: Mutex::new(HashMap::new()),
             views: Mutex::new(HashMap::new()),

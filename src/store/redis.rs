@@ -1,7 +1,7 @@
 //! The Redis store: counters shared by every replica.
 //!
-//! Every check-and-consume is one Lua script (`lua/counters.lua`, the mirror
-//! of [`super::algorithm`]) run with EVALSHA over all of a request's
+//! Every check-and-consume is one Lua script ([`SCRIPT`], joined from
+//! `lua/`: the mirror of [`super::algorithm`]) run with EVALSHA over all of a request's
 //! counters: one round trip, atomic, on Redis `TIME` so skewed replicas
 //! agree. On a single server (or Sentinel master) a batcher puts the
 //! counters of every waiting request into one call (each request contiguous,
@@ -30,8 +30,8 @@ use super::redis_tls::RedisTls;
 use super::redis_url::{HostPort, RedisTarget, Topology};
 use super::{Algorithm, Charge, CounterOp, CounterState, Store, StoreError, StoreFuture};
 
-/// The counter script.
-pub const SCRIPT: &str = include_str!("lua/counters.lua");
+/// The counter script (see [`super::algorithm::SCRIPT`]).
+pub const SCRIPT: &str = super::algorithm::SCRIPT;
 
 /// Connection settings.
 #[derive(Clone)]
@@ -739,7 +739,7 @@ mod hint {
 
 /// Tracks, op by op, whether a call is lone ([`hint::LONE`]), from the very
 /// flags the script gets and by the script's own rule (its scan for the
-/// lean path, plus no op in another's group).
+/// lone path: the prelude's scan of the flags).
 struct LoneCall {
     lone: bool,
     /// The request under way is all-or-nothing.

@@ -3,7 +3,7 @@
 //! Each algorithm is a pure function from (stored state, time now, op) to a
 //! [`Verdict`]: whether the credits are available, the answer, and the state
 //! to store if charged. The memory store runs these under its shard locks;
-//! the Redis script (`lua/counters.lua`) mirrors them line for line (a
+//! the Redis script ([`SCRIPT`], one Lua piece per algorithm) mirrors them (a
 //! property test compares the two). Time is whole epoch milliseconds, and
 //! the validator keeps every number below 2^53, so Lua's doubles are exact.
 //!
@@ -18,6 +18,17 @@ pub mod window;
 
 use super::{Algorithm, Charge, CounterOp, CounterState};
 use std::time::Duration;
+
+/// The Redis counter script: the prelude (arguments, helpers, the keys'
+/// values), each algorithm's Lua piece, and the driver, joined here once.
+pub const SCRIPT: &str = concat!(
+    include_str!("../lua/prelude.lua"),
+    include_str!("../lua/window.lua"),
+    include_str!("../lua/fixed.lua"),
+    include_str!("../lua/sliding.lua"),
+    include_str!("../lua/token_bucket.lua"),
+    include_str!("../lua/driver.lua"),
+);
 
 /// What a counter holds between requests. Each algorithm has its own shape.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

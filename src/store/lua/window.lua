@@ -1,0 +1,81 @@
+-- divvy's window (algorithm 0; src/store/algorithm/window.rs): it opens at
+-- a counter's first charged hit and lasts the window.
+-- Reads: its key's value (MGET) and PTTL. Writes: SET value PX ttl, or
+-- DECRBY in place where the expiry stays (cheaper, and leaves the TTL).
+-- Stored value: the credits left, counted against the rule's own limit
+-- (sent as the burst B), with the window as the key's TTL: divvy's own
+-- layout. State: r (those credits), e (epoch ms the window ends), and w: e
+-- when the key has a TTL, -e when it has none and must be written whole.
+-- Every algorithm file builds the same five functions (see driver.lua).
+build[0] = function()
+  local A = {}
+
+  -- The state in `v` (a string, or false); nothing for no counter: not a
+  -- number, or one beyond 2^53 either way, inf or nan (someone else's
+  -- value, which Redis would return as a wrong integer).
+  function A.read(k, v, W)
+    local r = v and tonumber(v)
+    if not r or r ~= r or r >= 9e15 or r <= -9e15 then return end
+    local ttl = rcall('PTTL', k)
+    if ttl < 0 then return r, now + W, -(now + W) end
+    return r, now + ttl, now + ttl
+  end
+
+  -- Op (limit L in force, window W, own limit B, cost) on state r, e, w:
+  -- allowed (1 or 0), credits left, ms to reset, and the state to store
+  -- (nothing: none changed). The credits in force are r + L - B. `undo`:
+  -- a refund undoing a charge a denial elsewhere voided; a window given
+  -- back its full credits ends now, as that charge had opened it.
+  function A.step(r, e, w, L, W, B, cost, refund, undo)
+    if not r or e <= now then
+      if not refund and cost > 0 and cost <= L then
+        return 1, L - cost, W, B - cost, now + W, nil
+      end
+      return (refund or cost <= L) and 1 or 0, L, W
+    end
+    local reset = e - now
+    local shift = L - B
+    local have = r + shift
+    if refund then
+      local left = min(have + cost, L)
+      local v = left - shift
+      if v == r then return 1, max(left, 0), reset end
+      if undo and left >= L then return 1, max(left, 0), reset, v, now, w end
+      return 1, max(left, 0), reset, v, e, w
+    end
+    if cost == 0 then return (have > 0) and 1 or 0, max(have, 0), reset end
+    if have >= cost then
+      -- (Beyond 2^53 the subtraction can round back to the value stored:
+      -- nothing is written then.)
+      local v = have - cost - shift
+      if v == r then return 1, have - cost, reset end
+      return 1, have - cost, reset, v, e, w
+    end
+    return 0, max(have, 0), reset
+  end
+
+  -- What the counter shows uncharged: credits left, ms to reset.
+  function A.view(r, e, w, L, W, B)
+    local _, left, t = A.step(r, e, w, L, W, B, 0, false)
+    return left, t
+  end
+
+  -- Writes state r, e over what was read (r0, w0 from `read`; r0 nothing:
+  -- no counter): DECRBY where the key keeps its expiry, else SET ... PX.
+  function A.save(k, r, e, _, L, W, r0, _, w0)
+    if e <= now then
+      put(k, '', 0)
+    elseif r0 and w0 == e then
+      if r0 ~= r then
+        local done = rpcall('DECRBY', k, texts[r0 - r])
+        -- A value that is a number to Lua but not an integer to Redis (an
+        -- error table, never equal to a number), or a count Lua rounded,
+        -- is rewritten whole.
+        if done ~= r then put(k, fmt(r), e - now) end
+      end
+    else
+      put(k, fmt(r), e - now)
+    end
+  end
+  return A
+end

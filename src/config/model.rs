@@ -12,11 +12,9 @@ use crate::store::{Algorithm, Charge};
 
 /// Longest window accepted: 100 years of 365 days.
 pub const MAX_RESET_SECONDS: u64 = 100 * 365 * 86_400;
-/// Largest credit limit accepted: exact in a Lua number (2^53 - 1), so Redis scripts count it exactly.
-pub const MAX_CREDIT_LIMIT: u64 = (1 << 53) - 1;
-/// Largest `(creditLimit + 1) × window ms` (sliding) and `burst × window ms`
-/// (token bucket): the scripts' products stay exact in a Lua number.
-pub const MAX_CREDIT_MS: u64 = 1 << 52;
+/// Largest credit limit (and burst) accepted, and largest product of credits
+/// and window ms an algorithm may reach: the algorithms' own bounds.
+pub use crate::store::algorithm::{MAX_CREDIT_LIMIT, MAX_CREDIT_MS};
 
 /// Whether a matching rule decides or only counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

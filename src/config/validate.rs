@@ -462,7 +462,7 @@ fn check_burst(
 ) -> u64 {
     match v {
         None => credit_limit,
-        Some(_) if algorithm != Algorithm::TokenBucket => {
+        Some(_) if !algorithm.spec().has_burst => {
             problems.push(format!(
                 "{who}: {field}burst applies only to algorithm token_bucket (this limit's algorithm is {})",
                 algorithm.as_str()
@@ -482,29 +482,21 @@ fn check_burst(
     }
 }
 
-/// The products the sliding and token-bucket scripts compute stay within
-/// [`MAX_CREDIT_MS`], so every store counts exactly.
+/// The products the algorithm's arithmetic computes stay within
+/// [`MAX_CREDIT_MS`] (its own bound), so every store counts exactly.
 fn check_exact_in_scripts(limit: &LimitSpec, who: &str, field: &str, problems: &mut Vec<String>) {
     let algorithm = limit.algorithm;
-    let window_ms = limit.reset_seconds.saturating_mul(1000);
-    let product = match algorithm {
-        Algorithm::Sliding => Some(
-            limit
-                .credit_limit
-                .saturating_add(1)
-                .saturating_mul(window_ms),
-        ),
-        // A global bucket counts in thousandths of a credit per second (see limiter/plan.rs, `Planner::leased`).
-        Algorithm::TokenBucket if limit.global => {
-            Some(limit.burst.saturating_mul(window_ms).saturating_mul(1000))
-        }
-        Algorithm::TokenBucket => Some(limit.burst.saturating_mul(window_ms)),
-        _ => None,
-    };
-    if limit.credit_limit > 0 && product.is_some_and(|p| p > MAX_CREDIT_MS) {
+    // A global limit counts in thousandths of a credit per second (see
+    // limiter/plan.rs, `Planner::leased`).
+    let scale = if limit.global { 1000 } else { 1 };
+    let window_ms = limit
+        .reset_seconds
+        .saturating_mul(1000)
+        .saturating_mul(scale);
+    if limit.credit_limit > 0 && !algorithm.exact(limit.credit_limit, limit.burst, window_ms) {
         problems.push(format!(
             "{who}: {field}{} × resetSeconds is too large for the {} algorithm (at most {MAX_CREDIT_MS} credit-milliseconds, so every store counts exactly)",
-            if algorithm == Algorithm::Sliding { "creditLimit" } else { "burst" },
+            if algorithm.spec().has_burst { "burst" } else { "creditLimit" },
             algorithm.as_str()
         ));
     }

@@ -8,7 +8,6 @@ use crate::config::duration::parse_seconds;
 use crate::config::model::{MAX_CREDIT_LIMIT, MAX_CREDIT_MS, MAX_RESET_SECONDS};
 use crate::config::LimitSpec;
 use crate::rules::RuleSet;
-use crate::store::Algorithm;
 
 /// A knob request as sent: the fields it sets and how long it lasts.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -149,14 +148,14 @@ pub fn target<'a>(rules: &'a RuleSet, label: &str) -> Result<&'a LimitSpec, Knob
 
 /// Whether `knob` makes a valid limit of `limit`.
 pub fn check(knob: &Knob, limit: &LimitSpec, label: &str) -> Result<(), KnobError> {
-    if knob.burst.is_some() && limit.algorithm != Algorithm::TokenBucket {
+    if knob.burst.is_some() && !limit.algorithm.spec().has_burst {
         return Err(bad(format!(
             "burst applies only to token_bucket limits; `{label}` uses {}",
             limit.algorithm.as_str()
         )));
     }
     let effective = knob.apply(limit);
-    if effective.algorithm == Algorithm::TokenBucket
+    if effective.algorithm.spec().has_burst
         && effective.reset_seconds != limit.reset_seconds
         && effective.reset_seconds > 0
         && (u128::from(effective.credit_limit) * u128::from(limit.reset_seconds))
@@ -171,19 +170,15 @@ pub fn check(knob: &Knob, limit: &LimitSpec, label: &str) -> Result<(), KnobErro
             effective.credit_limit, effective.reset_seconds, limit.reset_seconds
         )));
     }
-    let window_ms = effective.reset_seconds.saturating_mul(1000);
-    let product = match effective.algorithm {
-        Algorithm::Sliding => effective
-            .credit_limit
-            .saturating_add(1)
-            .saturating_mul(window_ms),
-        // A bucket's capacity is counted in the rule's own period.
-        Algorithm::TokenBucket => effective
-            .burst
-            .saturating_mul(limit.reset_seconds.saturating_mul(1000)),
-        _ => 0,
+    let algorithm = effective.algorithm;
+    // A burst is counted in the rule's own period, whatever the knob's.
+    let seconds = if algorithm.spec().has_burst {
+        limit.reset_seconds
+    } else {
+        effective.reset_seconds
     };
-    if product > MAX_CREDIT_MS {
+    let window_ms = seconds.saturating_mul(1000);
+    if !algorithm.exact(effective.credit_limit, effective.burst, window_ms) {
         return Err(bad(format!(
             "these numbers are too large for the {} algorithm (at most {MAX_CREDIT_MS} credit-milliseconds)",
             effective.algorithm.as_str()

@@ -4,7 +4,6 @@
 
 use crate::config::LimitSpec;
 use crate::rules::Operation;
-use crate::store::Algorithm;
 
 use super::{knob_for, Limiter};
 
@@ -106,9 +105,10 @@ impl Limiter {
 
 /// A limit's bucket capacity: a token bucket's burst; a window's limit.
 fn burst_of(limit: &LimitSpec) -> u64 {
-    match limit.algorithm {
-        Algorithm::TokenBucket => limit.burst.max(1),
-        _ => limit.credit_limit.max(1),
+    if limit.algorithm.spec().has_burst {
+        limit.burst.max(1)
+    } else {
+        limit.credit_limit.max(1)
     }
 }
 

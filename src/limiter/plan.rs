@@ -6,7 +6,6 @@ use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::config::model::{MAX_CREDIT_LIMIT, MAX_CREDIT_MS};
 use crate::config::{LimitSpec, RuleSpec};
 use crate::global::Global;
 use crate::knobs::{Knob, Knobs};
@@ -153,11 +152,7 @@ fn overridden(rule: &Rule, o: LimitOverride, knobs: Option<&Knobs>) -> LimitSpec
     // An override is not validated like a policy: keep its numbers inside
     // what every store counts exactly (a lower limit, never a higher one).
     let window_ms = reset_seconds.saturating_mul(1000).max(1);
-    let most = match first.algorithm {
-        Algorithm::Sliding => (MAX_CREDIT_MS / window_ms).saturating_sub(1),
-        Algorithm::TokenBucket => MAX_CREDIT_MS / window_ms,
-        _ => MAX_CREDIT_LIMIT,
-    };
+    let most = first.algorithm.largest_exact_limit(window_ms);
     let mut credit_limit = o.credit_limit.min(most.max(1));
     // A knob's creditLimit 0 (the breaker) stops the rule even for a
     // request carrying its own limit.

@@ -26,55 +26,7 @@ pub use memory::MemoryStore;
 /// A boxed future returned by [`Store`] methods.
 pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// How a counter is spent and refilled. The arithmetic of each lives in
-/// [`algorithm`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
-pub enum Algorithm {
-    /// divvy's window: it opens at the counter's first hit with `limit`
-    /// credits and lasts `window`; a hit of N takes N credits if N are left.
-    #[default]
-    Window,
-    /// Windows aligned to the Unix epoch, `[floor(now/W)·W, +W)`.
-    Fixed,
-    /// Epoch-aligned windows, the previous one weighted by the time left of it.
-    Sliding,
-    /// A token bucket (GCRA) refilling `limit` per `window`, holding `burst`.
-    TokenBucket,
-}
-
-impl Algorithm {
-    /// The config spelling (`window`, `fixed`, `sliding`, `token_bucket`).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Algorithm::Window => "window",
-            Algorithm::Fixed => "fixed",
-            Algorithm::Sliding => "sliding",
-            Algorithm::TokenBucket => "token_bucket",
-        }
-    }
-
-    /// The algorithm a config spelling names.
-    pub fn parse(text: &str) -> Option<Algorithm> {
-        [
-            Algorithm::Window,
-            Algorithm::Fixed,
-            Algorithm::Sliding,
-            Algorithm::TokenBucket,
-        ]
-        .into_iter()
-        .find(|a| a.as_str() == text)
-    }
-
-    /// The number the Redis script knows the algorithm by.
-    pub fn code(self) -> i64 {
-        match self {
-            Algorithm::Window => 0,
-            Algorithm::Fixed => 1,
-            Algorithm::Sliding => 2,
-            Algorithm::TokenBucket => 3,
-        }
-    }
-}
+pub use algorithm::Algorithm;
 
 /// How the counters of one request are charged together.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

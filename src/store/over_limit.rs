@@ -209,7 +209,7 @@ impl OverLimitCache {
 fn cacheable(ops: &[CounterOp], i: usize, charge: Charge) -> bool {
     let op = &ops[i];
     let alone = !op.joint && ops.get(i + 1).is_none_or(|next| !next.joint);
-    matches!(op.algorithm, Algorithm::Window | Algorithm::Fixed)
+    op.algorithm.spec().over_limit_cache
         && op.cost > 0
         && !op.refund
         && alone

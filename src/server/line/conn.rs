@@ -21,7 +21,6 @@ use crate::clock::CoarseInstant;
 use crate::limiter::{Hit, Limiter, Reset};
 use crate::observe::metrics::metrics;
 use crate::rules::OperationBuilder;
-use crate::store::Algorithm;
 
 /// Limits of one connection.
 #[derive(Debug, Clone, Copy)]
@@ -359,15 +358,10 @@ async fn answer(limiter: &Limiter, slots: &[Slot], hits: &[Hit], out: &mut Vec<u
                             let reset: i64 = match o.reset {
                                 Reset::Never => -1,
                                 Reset::Unlimited => 0,
-                                // divvy's window: rounded to the nearest second, as
-                                // Redis TTL reports it.
-                                Reset::After(t) if o.algorithm == Algorithm::Window => {
-                                    i64::try_from((t.as_millis() + 500) / 1000).unwrap_or(i64::MAX)
-                                }
-                                // Other algorithms: rounded up, so a client waiting as
-                                // told is not denied again.
+                                // Each algorithm rounds its own (see its `Spec`).
                                 Reset::After(t) => {
-                                    i64::try_from(t.as_millis().div_ceil(1000)).unwrap_or(i64::MAX)
+                                    i64::try_from(o.algorithm.line_reset_seconds(t.as_millis()))
+                                        .unwrap_or(i64::MAX)
                                 }
                             };
                             out.extend_from_slice(if o.allowed {

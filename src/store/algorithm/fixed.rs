@@ -3,7 +3,21 @@
 //! credits used in it plus N are at most the limit. Denied hits are not
 //! counted. Stored as the window's start and the credits used in it.
 
-use super::{Params, State, Verdict};
+use super::{round_up_to_second, Params, Spec, State, Verdict};
+
+/// The fixed window, as the rest of the service sees it: it counts credits
+/// only; its denials last until its window ends, so the over-limit cache
+/// may answer them; its reset is rounded up.
+pub const SPEC: Spec = Spec {
+    name: "fixed",
+    code: 1,
+    credit_ms: |_, _, _| None,
+    has_burst: false,
+    over_limit_cache: true,
+    line_reset: round_up_to_second,
+    step,
+    full_in: Some(window_end_in),
+};
 
 /// The counted window at `now`: its start and the credits used in it. A
 /// state from a later window than `now`'s (the clock went back) is kept.

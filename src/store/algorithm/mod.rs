@@ -16,8 +16,136 @@ pub mod sliding;
 pub mod token_bucket;
 pub mod window;
 
-use super::{Algorithm, Charge, CounterOp, CounterState};
+use super::{Charge, CounterOp, CounterState};
 use std::time::Duration;
+
+/// Largest credit limit (or burst) any algorithm counts: exact in a Lua
+/// number (2^53 - 1), so the Redis script counts it exactly.
+pub const MAX_CREDIT_LIMIT: u64 = (1 << 53) - 1;
+/// Largest product of credits and window ms an algorithm's arithmetic may
+/// reach ([`Spec::credit_ms`]): the script's products stay exact.
+pub const MAX_CREDIT_MS: u64 = 1 << 52;
+
+/// How a counter is spent and refilled. Each is one module here (its
+/// arithmetic, its [`Spec`]) and one Lua piece in `lua/`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub enum Algorithm {
+    /// divvy's window: it opens at the counter's first hit with `limit`
+    /// credits and lasts `window`; a hit of N takes N credits if N are left.
+    #[default]
+    Window,
+    /// Windows aligned to the Unix epoch, `[floor(now/W)·W, +W)`.
+    Fixed,
+    /// Epoch-aligned windows, the previous one weighted by the time left of it.
+    Sliding,
+    /// A token bucket (GCRA) refilling `limit` per `window`, holding `burst`.
+    TokenBucket,
+}
+
+/// Everything the rest of the service asks of an algorithm, said by its
+/// own module (`<module>::SPEC`).
+pub struct Spec {
+    /// The config spelling (`window`, `fixed`, ...).
+    pub name: &'static str,
+    /// The number the Redis script knows it by (its Lua piece's `build[n]`).
+    pub code: i64,
+    /// The largest product of credits and window ms its arithmetic reaches
+    /// for `limit` credits, `burst` and `window_ms` (`None`: it only counts
+    /// credits). Validation, knobs and the planner hold it to
+    /// [`MAX_CREDIT_MS`].
+    pub credit_ms: fn(limit: u64, burst: u64, window_ms: u64) -> Option<u64>,
+    /// Whether it holds a `burst` of its own (else its burst is its limit),
+    /// counted in the rule's own period whatever a knob's.
+    pub has_burst: bool,
+    /// Whether the over-limit cache may answer a denial of it without the
+    /// store: its denials last until a reset that a charge cannot move.
+    pub over_limit_cache: bool,
+    /// The line protocol's reset in whole seconds for `reset_ms`.
+    pub line_reset: fn(reset_ms: u128) -> u128,
+    /// Its arithmetic (see [`step`]).
+    pub step: fn(Option<State>, u64, &Params) -> Verdict,
+    /// Ms until a counter is full again, where a check's reset does not say
+    /// it (a denied check reports its wait instead).
+    pub full_in: Option<fn(Option<State>, u64, &Params) -> u64>,
+}
+
+/// Seconds rounded to the nearest, as Redis TTL reports them.
+pub fn round_to_nearest_second(ms: u128) -> u128 {
+    (ms + 500) / 1000
+}
+
+/// Seconds rounded up, so a client waiting as told is not denied again.
+pub fn round_up_to_second(ms: u128) -> u128 {
+    ms.div_ceil(1000)
+}
+
+impl Algorithm {
+    /// Every algorithm, in the order of their codes.
+    pub const ALL: [Algorithm; 4] = [
+        Algorithm::Window,
+        Algorithm::Fixed,
+        Algorithm::Sliding,
+        Algorithm::TokenBucket,
+    ];
+
+    /// What its module says of it: the registry.
+    pub fn spec(self) -> &'static Spec {
+        match self {
+            Algorithm::Window => &window::SPEC,
+            Algorithm::Fixed => &fixed::SPEC,
+            Algorithm::Sliding => &sliding::SPEC,
+            Algorithm::TokenBucket => &token_bucket::SPEC,
+        }
+    }
+
+    /// The config spelling (`window`, `fixed`, `sliding`, `token_bucket`).
+    pub fn as_str(self) -> &'static str {
+        self.spec().name
+    }
+
+    /// The algorithm a config spelling names.
+    pub fn parse(text: &str) -> Option<Algorithm> {
+        Algorithm::ALL.into_iter().find(|a| a.as_str() == text)
+    }
+
+    /// The number the Redis script knows the algorithm by.
+    pub fn code(self) -> i64 {
+        self.spec().code
+    }
+
+    /// Whether `limit` credits (with `burst`) over `window_ms` stay within
+    /// what every store counts exactly.
+    pub fn exact(self, limit: u64, burst: u64, window_ms: u64) -> bool {
+        (self.spec().credit_ms)(limit, burst, window_ms).is_none_or(|p| p <= MAX_CREDIT_MS)
+    }
+
+    /// The largest limit (as its own burst too) that stays exact over
+    /// `window_ms`, at most [`MAX_CREDIT_LIMIT`] (0: none does).
+    pub fn largest_exact_limit(self, window_ms: u64) -> u64 {
+        let (mut low, mut high) = (0, MAX_CREDIT_LIMIT);
+        if self.exact(high, high, window_ms) {
+            return high;
+        }
+        if !self.exact(0, 0, window_ms) {
+            return 0;
+        }
+        // exact(low) and not exact(high): the products grow with the limit.
+        while high - low > 1 {
+            let mid = low + (high - low) / 2;
+            if self.exact(mid, mid, window_ms) {
+                low = mid;
+            } else {
+                high = mid;
+            }
+        }
+        low
+    }
+
+    /// The line protocol's reset for `reset_ms`, in whole seconds.
+    pub fn line_reset_seconds(self, reset_ms: u128) -> u128 {
+        (self.spec().line_reset)(reset_ms)
+    }
+}
 
 /// The Redis counter script: the prelude (arguments, helpers, the keys'
 /// values), each algorithm's Lua piece, and the driver, joined here once.
@@ -129,12 +257,7 @@ impl Verdict {
 
 /// Applies `p` to a counter of `algorithm` holding `state` at time `now` (ms).
 pub fn step(algorithm: Algorithm, state: Option<State>, now: u64, p: &Params) -> Verdict {
-    match algorithm {
-        Algorithm::Window => window::step(state, now, p),
-        Algorithm::Fixed => fixed::step(state, now, p),
-        Algorithm::Sliding => sliding::step(state, now, p),
-        Algorithm::TokenBucket => token_bucket::step(state, now, p),
-    }
+    (algorithm.spec().step)(state, now, p)
 }
 
 /// What a counter holding `state` shows without being charged: credits
@@ -155,12 +278,7 @@ pub fn view(algorithm: Algorithm, state: Option<State>, now: u64, p: &Params) ->
 /// Ms until a counter holding `state` is full again, where that differs
 /// from a check's reset (a denied check reports its wait instead).
 fn full_in(algorithm: Algorithm, state: Option<State>, now: u64, p: &Params) -> Option<u64> {
-    match algorithm {
-        Algorithm::TokenBucket => Some(token_bucket::full_in(state, now, p)),
-        Algorithm::Sliding => Some(sliding::window_end_in(state, now, p)),
-        Algorithm::Fixed => Some(fixed::window_end_in(state, now, p)),
-        Algorithm::Window => None,
-    }
+    algorithm.spec().full_in.map(|f| f(state, now, p))
 }
 
 /// Epoch ms after which `state` no longer matters (a fresh counter answers

@@ -4,7 +4,22 @@
 //! `floor(prev·(W−e)/W) + current + N ≤ limit`. Denied hits are not counted.
 //! Stored as the current window's start and both windows' counts.
 
-use super::{mul_div, Params, State, Verdict};
+use super::{mul_div, round_up_to_second, Params, Spec, State, Verdict};
+
+/// The sliding window, as the rest of the service sees it: its weighing
+/// multiplies up to (limit + 1) × window ms; a denial's wait shrinks as the
+/// previous window slides out, so the over-limit cache does not answer it;
+/// its reset is rounded up.
+pub const SPEC: Spec = Spec {
+    name: "sliding",
+    code: 2,
+    credit_ms: |limit, _, window_ms| Some(limit.saturating_add(1).saturating_mul(window_ms)),
+    has_burst: false,
+    over_limit_cache: false,
+    line_reset: round_up_to_second,
+    step,
+    full_in: Some(window_end_in),
+};
 
 /// The current window at `now`: its start, the previous and current counts.
 /// A state from a later window than `now`'s (the clock went back) is kept.

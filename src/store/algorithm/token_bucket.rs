@@ -8,7 +8,21 @@
 //! bucket drains (refills) `limit` units per millisecond, so the capacity is
 //! `burst × window_ms` and every rate is exact.
 
-use super::{Params, State, Verdict};
+use super::{round_up_to_second, Params, Spec, State, Verdict};
+
+/// The token bucket, as the rest of the service sees it: it counts its
+/// burst in credit × window ms; it refills continuously, so the over-limit
+/// cache does not answer its denials; its reset is rounded up.
+pub const SPEC: Spec = Spec {
+    name: "token_bucket",
+    code: 3,
+    credit_ms: |_, burst, window_ms| Some(burst.saturating_mul(window_ms)),
+    has_burst: true,
+    over_limit_cache: false,
+    line_reset: round_up_to_second,
+    step,
+    full_in: Some(full_in),
+};
 
 /// The capacity in use at `now`, and the time it is valid at. A state from
 /// the future (the clock went back) is kept as it is.

@@ -3,7 +3,22 @@
 //! Stored in Redis as divvy stores it: the credits left, with the window as
 //! the key's TTL.
 
-use super::{Params, State, Verdict};
+use super::{round_to_nearest_second, Params, Spec, State, Verdict};
+
+/// divvy's window, as the rest of the service sees it: it counts credits
+/// only (every limit is exact); its denials last until its window ends,
+/// which no charge moves, so the over-limit cache may answer them; its
+/// reset is the key's TTL, which Redis reports to the nearest second.
+pub const SPEC: Spec = Spec {
+    name: "window",
+    code: 0,
+    credit_ms: |_, _, _| None,
+    has_burst: false,
+    over_limit_cache: true,
+    line_reset: round_to_nearest_second,
+    step,
+    full_in: None,
+};
 
 /// `remaining` in the state counts against the rule's own limit, carried in
 /// `p.burst` (a knob may set another `p.limit`): the credits left under the

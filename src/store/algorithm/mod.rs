@@ -66,8 +66,11 @@ pub struct Spec {
     pub step: fn(Option<State>, u64, &Params) -> Verdict,
     /// Ms until a counter is full again, where a check's reset does not say
     /// it (a denied check reports its wait instead).
-    pub full_in: Option<fn(Option<State>, u64, &Params) -> u64>,
+    pub full_in: Option<FullIn>,
 }
+
+/// Ms until a counter holding a state is full again, at a time, for an op.
+pub type FullIn = fn(Option<State>, u64, &Params) -> u64;
 
 /// Seconds rounded to the nearest, as Redis TTL reports them.
 pub fn round_to_nearest_second(ms: u128) -> u128 {
@@ -605,6 +608,44 @@ pub(crate) mod tests {
             Just(Charge::AllOrNothing),
             Just(Charge::Denied)
         ]
+    }
+
+    /// The largest exact limit is the bound each algorithm's product
+    /// implies: (limit + 1) × window for sliding, burst × window for the
+    /// token bucket, none for the others.
+    #[test]
+    fn largest_exact_limit_follows_each_product() {
+        for w in [
+            1,
+            7,
+            1000,
+            3_600_000,
+            MAX_CREDIT_MS / 3,
+            MAX_CREDIT_MS,
+            MAX_CREDIT_MS + 1,
+        ] {
+            assert_eq!(
+                Algorithm::Sliding.largest_exact_limit(w),
+                (MAX_CREDIT_MS / w).saturating_sub(1)
+            );
+            assert_eq!(
+                Algorithm::TokenBucket.largest_exact_limit(w),
+                MAX_CREDIT_MS / w
+            );
+            assert_eq!(Algorithm::Window.largest_exact_limit(w), MAX_CREDIT_LIMIT);
+            assert_eq!(Algorithm::Fixed.largest_exact_limit(w), MAX_CREDIT_LIMIT);
+        }
+    }
+
+    /// Every algorithm is found by its name, and its code is its place.
+    #[test]
+    fn registry_names_and_codes() {
+        for (i, a) in Algorithm::ALL.into_iter().enumerate() {
+            assert_eq!(Algorithm::parse(a.as_str()), Some(a));
+            assert_eq!(a.code(), i as i64);
+        }
+        assert_eq!(Algorithm::Window.line_reset_seconds(1499), 1);
+        assert_eq!(Algorithm::Fixed.line_reset_seconds(1001), 2);
     }
 
     proptest! {

@@ -542,8 +542,10 @@ fn the_api_lists_envoyproxy_ratelimit_limits_sorts_filters_and_refuses_bad_queri
         json!({"global": false, "governors": false, "rlqsStreams": 0})
     );
     assert_eq!(overview["offenders"][0]["actor"], "user=eve");
-    // The p99 is divvy_hit_duration_seconds', which times divvy rules' decisions only.
-    assert_eq!(overview["p99DecisionSeconds"], Value::Null);
+    // The p99 is divvy_hit_duration_seconds', which times every engine's
+    // decisions: these were envoyproxy/ratelimit's.
+    let p99 = overview["p99DecisionSeconds"].as_f64();
+    assert!(p99.is_some_and(|s| s > 0.0), "{overview}");
 }
 
 /// The overview's store: Redis up, then failing with the failure policy

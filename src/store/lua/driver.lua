@@ -6,7 +6,7 @@
 --     credits left, ms to reset, and the state to store (nothing: none);
 --   view(s1, s2, s3, L, W, B): credits left and ms until full, uncharged;
 --   save(k, s1, s2, s3, L, W, r1, r2, r3): writes the state over the one
---     `read` gave (r1 nil or false: none).
+--     stored (as `read` gave it, or as last saved; r1 nil or false: none).
 -- A state's first number is nil or false for no counter. Each algorithm
 -- file puts its builder in `build` under its number (see prelude.lua).
 local algorithms = setmetatable({}, {__index = function(t, a)
@@ -16,14 +16,13 @@ local algorithms = setmetatable({}, {__index = function(t, a)
 end})
 
 -- The lone path: every op a counter charged or checked on its own (most
--- calls), on plain numbers, its runs read as it goes. Without a key twice,
--- each counter is written at once; else its states are kept by key and
--- each is written once, at the end, with the numbers of the last op that
--- was allowed on it.
+-- calls), on plain numbers, its runs read as it goes; each counter written
+-- at once when charged. When a key may come twice, its state is kept by
+-- the op that first read it (`first`): now (S1-S3) and as stored (R1-R3).
 local function lone_path()
   local out, j = {}, 0
-  local s1, s2, s3, r1, r2, r3, owner, dirty
-  if not distinct then s1, s2, s3, r1, r2, r3, owner, dirty = {}, {}, {}, {}, {}, {}, {}, {} end
+  local first, S1, S2, S3, R1, R2, R3
+  if not distinct then first, S1, S2, S3, R1, R2, R3 = {}, {}, {}, {}, {}, {}, {} end
   -- The run under way: keys left in it, its shape's numbers and functions.
   local left, rb, p, L, W, B, cost, read, step, save = 0, base
   for i = 1, n do
@@ -38,34 +37,32 @@ local function lone_path()
     end
     left = left - 1
     local k = KEYS[i]
-    local a1, a2, a3
-    if distinct then
-      a1, a2, a3 = read(k, raw[i], W)
-    else
-      a1 = s1[k]
-      if a1 == nil then
+    local a1, a2, a3, f
+    if first then
+      f = first[k]
+      if f == nil then
+        f = i
+        first[k] = i
         a1, a2, a3 = read(k, raw[i], W)
-        a1 = a1 or false
-        s1[k], s2[k], s3[k], r1[k], r2[k], r3[k] = a1, a2, a3, a1, a2, a3
+        a1, a2, a3 = a1 or false, a2 or false, a3 or false
+        S1[i], S2[i], S3[i], R1[i], R2[i], R3[i] = a1, a2, a3, a1, a2, a3
       else
-        a2, a3 = s2[k], s3[k]
+        a1, a2, a3 = S1[f], S2[f], S3[f]
       end
+    else
+      a1, a2, a3 = read(k, raw[i], W)
     end
     local a, r, t, n1, n2, n3 = step(a1, a2, a3, L, W, B, cost, false)
-    if distinct then
-      if n1 ~= nil then save(k, n1, n2, n3, L, W, a1, a2, a3) end
-    elseif a == 1 then
-      owner[k] = p
-      if n1 ~= nil then s1[k], s2[k], s3[k], dirty[k] = n1, n2, n3, true end
+    if n1 ~= nil then
+      if first then
+        save(k, n1, n2, n3, L, W, R1[f], R2[f], R3[f])
+        S1[f], S2[f], S3[f], R1[f], R2[f], R3[f] = n1, n2, n3, n1, n2, n3
+      else
+        save(k, n1, n2, n3, L, W, a1, a2, a3)
+      end
     end
     out[j + 1], out[j + 2] = (a == 1) and r or -1 - r, t
     j = j + 2
-  end
-  if dirty then
-    for k in pairs(dirty) do
-      local p = owner[k]
-      algorithms[salg[p]].save(k, s1[k], s2[k], s3[k], slim[p], swin[p], r1[k], r2[k], r3[k])
-    end
   end
   return out
 end
@@ -77,8 +74,9 @@ if lone then return lone_path() end
 -- nothing is written before the end. An op's shape p and flags f are in
 -- xs[o] = p * 128 + f (so xs[o] % 2 == f % 2, and so on).
 
--- By key: the committed state and the one read (false: none), the op
--- whose numbers save it, whether it changed.
+-- By key: the committed state and the one read (false: none), the last op
+-- that changed it, whose numbers save it (as the lone path saves it at
+-- once), whether it changed.
 local stored, loaded, owner, dirty = {}, {}, {}, {}
 local NONE = {}
 -- Op o's counter: its committed state, or as read (false: none).
@@ -144,7 +142,7 @@ local function request(rs, re)
       local v = overlay[k]
       -- (nil: a key twice in the group, already moved)
       if all and v ~= nil then charged_state[k] = v end
-      if all then owner[k] = o end
+      if all and rn[o] then owner[k] = o end
       charged[o] = all
       overlay[k] = nil
     end
@@ -177,10 +175,7 @@ while rs <= n do
     -- One op, not denied: what `request` does for it, without its tables.
     local k = KEYS[rs]
     local a, r, t, nx = step(rs, load(rs))
-    if a == 1 then
-      owner[k] = rs
-      if nx then stored[k], dirty[k] = nx, true end
-    end
+    if a == 1 and nx then stored[k], dirty[k], owner[k] = nx, true, rs end
     out[j + 1], out[j + 2] = (a == 1) and r or -1 - r, t
     j = j + 2
   else

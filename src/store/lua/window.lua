@@ -29,7 +29,8 @@ build[0] = function()
   function A.step(r, e, w, L, W, B, cost, refund, undo)
     if not r or e <= now then
       if not refund and cost > 0 and cost <= L then
-        return 1, L - cost, W, B - cost, now + W, nil
+        -- (w: the TTL its save sets, so a later save in the call decrements)
+        return 1, L - cost, W, B - cost, now + W, now + W
       end
       return (refund or cost <= L) and 1 or 0, L, W
     end

@@ -434,16 +434,18 @@ fn check_algorithm(
 ) -> Algorithm {
     match text {
         None if global => Algorithm::TokenBucket,
-        Some(a) if global && a != "token_bucket" => {
+        Some(a) if global && a != Algorithm::TokenBucket.as_str() => {
             problems.push(format!(
-                "{who}: {field}scope global limits are token buckets; algorithm must be token_bucket (or omitted), found `{a}`"
+                "{who}: {field}scope global limits are token buckets; algorithm must be {} (or omitted), found `{a}`",
+                Algorithm::TokenBucket.as_str()
             ));
             Algorithm::TokenBucket
         }
         None => Algorithm::Window,
         Some(text) => Algorithm::parse(text).unwrap_or_else(|| {
             problems.push(format!(
-                "{who}: {field}algorithm must be one of window, fixed, sliding, token_bucket; found `{text}`"
+                "{who}: {field}algorithm must be one of {}; found `{text}`",
+                Algorithm::ALL.map(Algorithm::as_str).join(", ")
             ));
             Algorithm::Window
         }),
@@ -464,7 +466,8 @@ fn check_burst(
         None => credit_limit,
         Some(_) if !algorithm.spec().has_burst => {
             problems.push(format!(
-                "{who}: {field}burst applies only to algorithm token_bucket (this limit's algorithm is {})",
+                "{who}: {field}burst applies only to algorithm {} (this limit's algorithm is {})",
+                Algorithm::TokenBucket.as_str(),
                 algorithm.as_str()
             ));
             credit_limit

@@ -8,6 +8,7 @@ use crate::config::duration::parse_seconds;
 use crate::config::model::{MAX_CREDIT_LIMIT, MAX_CREDIT_MS, MAX_RESET_SECONDS};
 use crate::config::LimitSpec;
 use crate::rules::RuleSet;
+use crate::store::Algorithm;
 
 /// A knob request as sent: the fields it sets and how long it lasts.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -150,7 +151,8 @@ pub fn target<'a>(rules: &'a RuleSet, label: &str) -> Result<&'a LimitSpec, Knob
 pub fn check(knob: &Knob, limit: &LimitSpec, label: &str) -> Result<(), KnobError> {
     if knob.burst.is_some() && !limit.algorithm.spec().has_burst {
         return Err(bad(format!(
-            "burst applies only to token_bucket limits; `{label}` uses {}",
+            "burst applies only to {} limits; `{label}` uses {}",
+            Algorithm::TokenBucket.as_str(),
             limit.algorithm.as_str()
         )));
     }

@@ -7,9 +7,10 @@
 #
 #   benches/script_instructions.sh [SCRIPT] [ALGORITHM] [HINTS]
 #
-# SCRIPT     the script (default: the repository's src/store/lua/counters.lua,
-#            wherever this is run from); an older one
-#            with `git show <commit>:src/store/lua/counters.lua > old.lua`
+# SCRIPT     the script (default: the repository's src/store/lua/ pieces
+#            joined in the order src/store/algorithm/mod.rs joins them,
+#            wherever this is run from); an older one with
+#            `git show <commit>:src/store/lua/counters.lua > old.lua`
 # ALGORITHM  0 divvy's window (default), 1 fixed, 2 sliding, 3 token bucket;
 #            `group`: 30 requests of a rule of two token-bucket limits (its
 #            HINTS default to 2: the call is not lone; runs of one key are
@@ -30,7 +31,16 @@
 # redis-benchmark and python3 (for a free port). About 10 s.
 set -euo pipefail
 
-script=${1:-$(dirname "$0")/../src/store/lua/counters.lua}
+joined=""
+if [ -n "${1:-}" ]; then
+  script=$1
+else
+  lua=$(dirname "$0")/../src/store/lua
+  script=$(mktemp)
+  joined=$script
+  cat "$lua"/prelude.lua "$lua"/window.lua "$lua"/fixed.lua "$lua"/sliding.lua \
+    "$lua"/token_bucket.lua "$lua"/driver.lua >"$script"
+fi
 algorithm=${2:-0}
 if [ "$algorithm" = group ]; then hints=${3:-2}; else hints=${3:-3}; fi
 if [ "$algorithm" = group ] && [ "$hints" != none ] && [ $((hints % 2)) = 1 ]; then
@@ -70,7 +80,7 @@ fi
 # shellcheck source=benches/callgrind_common.sh
 . "$(dirname "$0")/callgrind_common.sh"
 work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+trap 'rm -rf "$work"; [ -z "$joined" ] || rm -f "$joined"' EXIT
 
 # Total instructions of a redis-server that ran `calls` script calls.
 instructions() {

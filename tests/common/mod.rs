@@ -127,9 +127,12 @@ impl Server {
         let (mut grpc, mut line_addr, mut http) = (None, None, None);
         let mut startup = Vec::new();
         while grpc.is_none() || line_addr.is_none() || http.is_none() {
-            let line = rx
-                .recv_timeout(Duration::from_secs(30))
-                .expect("divvy did not report its addresses within 30 s");
+            let Ok(line) = rx.recv_timeout(Duration::from_secs(30)) else {
+                // Not left running behind the failed test.
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("divvy did not report its addresses within 30 s: {startup:?}");
+            };
             startup.push(line.clone());
             if let Some(addr) = line.split("grpc listening on ").nth(1) {
                 grpc = Some(addr.trim().parse().expect("address"));

@@ -271,7 +271,6 @@ fn line_path() {
 /// requests of a round are built before it is timed (as tonic decodes
 /// them before the handler runs).
 fn grpc_handler() {
-    use divvy::limiter::envoy::EnvoySettings;
     use divvy::server::headers::HeaderStyle;
     use divvy::server::rls::respond;
     use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
@@ -279,7 +278,6 @@ fn grpc_handler() {
     use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
     const ACTORS: usize = 65_536;
     let (limiter, rt) = line_policy_server();
-    let envoy = EnvoySettings::from_vars(|name| std::env::var(name).ok());
     let entry = |key: &str, value: String| Entry {
         key: key.to_owned(),
         value,
@@ -306,7 +304,7 @@ fn grpc_handler() {
             let start = Instant::now();
             for request in batch {
                 black_box(
-                    respond(&limiter, &envoy, HeaderStyle::None, request, None)
+                    respond(&limiter, HeaderStyle::None, request, None)
                         .await
                         .expect("answer"),
                 );

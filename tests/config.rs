@@ -9,7 +9,7 @@ use std::process::Command;
 use std::sync::Arc;
 
 use divvy::config::{load_file, parse_str, ConfigError, Format};
-use divvy::limiter::{Hit, Limiter};
+use divvy::limiter::{Hit, Limiter, Request};
 use divvy::rules::{Operation, RuleSet};
 use divvy::store::MemoryStore;
 
@@ -403,7 +403,9 @@ async fn yaml_json_and_ini_examples_give_identical_decisions() {
     for (domain, pairs) in sample_requests() {
         for (limiter, transcript) in limiters.iter().zip(transcripts.iter_mut()) {
             let hit = Hit::one(Operation::from_pairs(pairs.iter().copied()));
-            let d = limiter.check(domain, &[hit]).await.unwrap();
+            let hits = [hit];
+            let verdict = limiter.decide(&Request::hits(domain, &hits)).await.unwrap();
+            let d = verdict.into_decisions().expect("decided by divvy rules");
             let item = &d.items[0];
             transcript.push((
                 item.decider.rule,

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use divvy::config::{parse_str, validate::masks, Format, LimitSpec, MatchPolicy, RuleSpec};
-use divvy::limiter::{Hit, Limiter};
+use divvy::limiter::{Hit, Limiter, Request};
 use divvy::pattern::Pattern;
 use divvy::rules::{Operation, RuleSet};
 use divvy::server::rls::{to_hits, to_response};
@@ -92,7 +92,11 @@ proptest! {
         let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
         if let Ok(hits) = to_hits(request.clone()) {
             prop_assert_eq!(hits.len(), request.descriptors.len());
-            let decisions = runtime.block_on(limiter.check(Some(&request.domain), &hits)).unwrap();
+            let decisions = runtime
+                .block_on(limiter.decide(&Request::hits(Some(&request.domain), &hits)))
+                .unwrap()
+                .into_decisions()
+                .expect("decided by divvy rules");
             let response = to_response(&decisions);
             prop_assert_eq!(response.statuses.len(), hits.len());
             for (hit, status) in hits.iter().zip(&response.statuses) {

@@ -182,7 +182,8 @@ async fn build_limiter(
     // Knobs set while this replica was down apply from the first request.
     let _ = knobs.refresh().await;
     knobs.spawn_refresh(Duration::from_millis(250));
-    let limiter = Limiter::with_knobs(RuleSet::new(policy.clone()), parts.store, knobs);
+    let limiter = Limiter::with_knobs(RuleSet::new(policy.clone()), parts.store, knobs)
+        .with_envoy(Arc::new(s.envoy.clone()));
     let (limiter, secret_client) =
         stores::with_global(s, limiter, parts.redis.clone(), parts.secret_client).await?;
     if let Some(client) = secret_client {
@@ -253,7 +254,6 @@ fn admin_state(
             requires_store: s.ready_requires_store,
             needs_config: s.envoy.error_without_config,
         },
-        envoy: Arc::new(s.envoy.clone()),
         tokens: s.tokens.clone(),
         governors,
         deadline_margin: s.deadline_margin,

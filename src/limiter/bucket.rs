@@ -3,8 +3,10 @@
 //! answered by the same rules, trees and knobs that decide ShouldRateLimit.
 
 use crate::config::LimitSpec;
-use crate::rules::Operation;
+use crate::knobs::Knobs;
+use crate::rules::{Operation, RuleSet};
 
+use super::engine::{Choice, Engine};
 use super::{knob_for, Limiter};
 
 /// One limit of the deciding rule, as a rate its claimants divide.
@@ -60,46 +62,55 @@ impl BucketLimit {
 
 impl Limiter {
     /// The limit that decides descriptor `entries` of `domain` under the
-    /// rules and knobs in force, without touching a counter. Canaries never
-    /// decide and are left out; a request's own override does not exist
-    /// here. A `scope: global` limit is given at its full rate.
+    /// rules and knobs in force, without touching a counter: the engine
+    /// that would decide it is asked. Canaries never decide and are left
+    /// out; a request's own override does not exist here. A `scope:
+    /// global` limit is given at its full rate.
     pub fn bucket_limit(&self, domain: &str, entries: &[(&str, &str)]) -> BucketLimit {
         let rules = self.rules();
-        if let Some(tree) = rules.envoy_domain(domain) {
-            return tree_limit(tree, entries);
+        match Choice::of(&rules, Some(domain)) {
+            Choice::Tree(tree) => self.tree(tree).bucket(domain, entries),
+            Choice::Divvy => self.divvy(&rules).bucket(domain, entries),
+            Choice::NoRules | Choice::NoConfig => BucketLimit::NoLimit,
         }
-        if !rules.has_divvy_rules() {
-            return BucketLimit::NoLimit;
+    }
+}
+
+/// The limit the divvy rules give one descriptor.
+pub(super) fn divvy_limit(
+    rules: &RuleSet,
+    knobs: &Knobs,
+    domain: &str,
+    entries: &[(&str, &str)],
+) -> BucketLimit {
+    let op = Operation::from_pairs(entries.iter().copied());
+    let plan = rules.plan(Some(domain), &op);
+    let rule = rules.rule(plan.decider);
+    let name = rule.name().to_owned();
+    let knobs = knobs.any().then_some(knobs);
+    let mut rates = Vec::with_capacity(rule.spec.limits.len());
+    for (i, own) in rule.spec.limits.iter().enumerate() {
+        let limit = match knobs.and_then(|k| knob_for(k, &rule.spec, i)) {
+            Some(knob) => knob.apply(own),
+            None => own.clone(),
+        };
+        if limit.credit_limit == 0 {
+            return BucketLimit::DenyAll { rule: name };
         }
-        let op = Operation::from_pairs(entries.iter().copied());
-        let plan = rules.plan(Some(domain), &op);
-        let rule = rules.rule(plan.decider);
-        let name = rule.name().to_owned();
-        let knobs = self.knobs.any().then_some(&*self.knobs);
-        let mut rates = Vec::with_capacity(rule.spec.limits.len());
-        for (i, own) in rule.spec.limits.iter().enumerate() {
-            let limit = match knobs.and_then(|k| knob_for(k, &rule.spec, i)) {
-                Some(knob) => knob.apply(own),
-                None => own.clone(),
-            };
-            if limit.credit_limit == 0 {
-                return BucketLimit::DenyAll { rule: name };
-            }
-            if limit.reset_seconds == 0 {
-                continue;
-            }
-            rates.push(BucketRate {
-                key: rule.counter_key(&op, own),
-                rate: limit.credit_limit as f64 / limit.reset_seconds as f64,
-                burst: burst_of(&limit),
-                describe: limit.describe(),
-            });
+        if limit.reset_seconds == 0 {
+            continue;
         }
-        if rates.is_empty() {
-            BucketLimit::AllowAll { rule: name }
-        } else {
-            BucketLimit::Rates { rule: name, rates }
-        }
+        rates.push(BucketRate {
+            key: rule.counter_key(&op, own),
+            rate: limit.credit_limit as f64 / limit.reset_seconds as f64,
+            burst: burst_of(&limit),
+            describe: limit.describe(),
+        });
+    }
+    if rates.is_empty() {
+        BucketLimit::AllowAll { rule: name }
+    } else {
+        BucketLimit::Rates { rule: name, rates }
     }
 }
 
@@ -113,7 +124,7 @@ fn burst_of(limit: &LimitSpec) -> u64 {
 }
 
 /// The limit an envoyproxy/ratelimit tree gives one descriptor.
-fn tree_limit(
+pub(super) fn tree_limit(
     tree: &crate::rules::descriptor_tree::DomainTree,
     entries: &[(&str, &str)],
 ) -> BucketLimit {

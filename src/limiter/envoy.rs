@@ -14,12 +14,15 @@
 use std::collections::HashSet;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use super::{Descriptor, Limiter};
+use super::bucket::{self, BucketLimit};
+use super::engine::Engine;
+use super::outcome::Verdict;
+use super::record::Tally;
+use super::request::{Descriptor, Items, Request};
 use crate::config::envoy_ratelimit::EnvoyUnit;
-use crate::observe::metrics::metrics;
 use crate::rules::bounded;
 use crate::rules::descriptor_tree::DomainTree;
-use crate::store::{Algorithm, Charge, CounterOp, CounterState, StoreError};
+use crate::store::{Algorithm, Charge, CounterOp, CounterState};
 
 /// envoyproxy/ratelimit's settings that change answers, under that
 /// project's variable names; built once at start and handed in.
@@ -141,7 +144,7 @@ struct Found {
     unlimited: bool,
 }
 
-struct Planned {
+pub(super) struct Planned {
     current: EnvoyCurrent,
     stats_key: String,
     shadow: bool,
@@ -186,7 +189,7 @@ fn until_reset(unit: EnvoyUnit) -> Duration {
 }
 
 /// What a descriptor comes to before the store is asked.
-enum Slot {
+pub(super) enum Slot {
     /// No limit reached (or one another matched limit `replaces`).
     NoLimit,
     /// An unlimited limit.
@@ -331,8 +334,87 @@ fn marks(slots: &[Slot], ops: &[CounterOp], states: &[CounterState]) -> Vec<Coun
         .collect()
 }
 
-/// The answer for a counted descriptor, from its counter's state.
-fn status(p: Planned, states: &[CounterState], settings: &EnvoySettings) -> EnvoyStatus {
+/// The envoyproxy/ratelimit engine: the tree of the file that defines the
+/// request's domain, under envoyproxy/ratelimit's settings.
+pub(super) struct Tree<'a> {
+    pub(super) tree: &'a DomainTree,
+    pub(super) settings: &'a EnvoySettings,
+}
+
+impl<'r> Engine<'r> for Tree<'_> {
+    type Plan = Vec<Slot>;
+
+    fn plan(&self, request: &Request<'r>, ops: &mut Vec<CounterOp>) -> (Vec<Slot>, Charge) {
+        let from_hits: Vec<Descriptor<'r>>;
+        let descriptors = match request.items {
+            Items::Descriptors(d) => d,
+            Items::Hits(hits) => {
+                from_hits = hits.iter().map(Descriptor::of_hit).collect();
+                &from_hits
+            }
+        };
+        // Every descriptor's limit first: a later one's `replaces` counts too.
+        let mut replacing: HashSet<String> = HashSet::new();
+        let found: Vec<Option<Found>> = descriptors
+            .iter()
+            .map(|d| find(self.tree, d, &mut replacing))
+            .collect();
+        let slots: Vec<Slot> = descriptors
+            .iter()
+            .zip(found)
+            .map(|(d, f)| slot(self.tree.domain(), d, f, &replacing, self.settings, ops))
+            .collect();
+        let charge = charge(&slots, self.settings);
+        (slots, charge)
+    }
+
+    fn settle(
+        &self,
+        slots: &Vec<Slot>,
+        ops: &[CounterOp],
+        states: &[CounterState],
+    ) -> Vec<CounterOp> {
+        match self.settings.all_or_nothing {
+            true => Vec::new(),
+            false => marks(slots, ops, states),
+        }
+    }
+
+    fn finish(
+        &self,
+        slots: Vec<Slot>,
+        _ops: &mut [CounterOp],
+        states: &[CounterState],
+        tallies: &mut Vec<Tally>,
+    ) -> Verdict {
+        let statuses = slots
+            .into_iter()
+            .map(|s| match s {
+                Slot::NoLimit => EnvoyStatus::no_limit(),
+                Slot::Unlimited => EnvoyStatus {
+                    remaining: u32::MAX,
+                    unlimited: true,
+                    ..EnvoyStatus::no_limit()
+                },
+                Slot::Counted(p) => status(p, states, self.settings, tallies),
+            })
+            .collect();
+        Verdict::Envoy(statuses)
+    }
+
+    fn bucket(&self, _domain: &str, entries: &[(&str, &str)]) -> BucketLimit {
+        bucket::tree_limit(self.tree, entries)
+    }
+}
+
+/// The answer for a counted descriptor, from its counter's state, with its
+/// tally for the record step.
+fn status(
+    p: Planned,
+    states: &[CounterState],
+    settings: &EnvoySettings,
+    tallies: &mut Vec<Tally>,
+) -> EnvoyStatus {
     let rpu = u64::from(p.current.requests_per_unit);
     let (allowed, remaining) = match p.op {
         // All-or-nothing: the count never exceeds the limit, and a check
@@ -350,8 +432,24 @@ fn status(p: Planned, states: &[CounterState], settings: &EnvoySettings) -> Envo
         }
         None => (p.cost == 0, 0),
     };
-    record_stats(&p, allowed, remaining, rpu, settings.near_limit_ratio);
-    record_board(&p, allowed || p.shadow);
+    let used = rpu.saturating_sub(remaining);
+    let near_at = (rpu as f64 * settings.near_limit_ratio).floor() as u64;
+    tallies.push(Tally::Tree {
+        stats_key: p.stats_key,
+        requests_per_unit: p.current.requests_per_unit,
+        unit: p.current.unit,
+        allowed,
+        shadow: p.shadow,
+        cost: p.cost,
+        near: match used > near_at {
+            true => p.cost.min(used - near_at),
+            false => 0,
+        },
+        actor: match allowed || p.shadow {
+            true => String::new(),
+            false => actor(&p.path),
+        },
+    });
     EnvoyStatus {
         over: !allowed && !p.shadow,
         remaining: if allowed {
@@ -367,84 +465,11 @@ fn status(p: Planned, states: &[CounterState], settings: &EnvoySettings) -> Envo
     }
 }
 
-impl Limiter {
-    /// Decides `descriptors` of `tree`'s domain (see the module doc).
-    pub(super) async fn check_envoy(
-        &self,
-        tree: &DomainTree,
-        descriptors: &[Descriptor<'_>],
-        settings: &EnvoySettings,
-        deadline: Option<tokio::time::Instant>,
-    ) -> Result<Vec<EnvoyStatus>, StoreError> {
-        let started = std::time::Instant::now();
-        // Every descriptor's limit first: a later one's `replaces` counts too.
-        let mut replacing: HashSet<String> = HashSet::new();
-        let found: Vec<Option<Found>> = descriptors
-            .iter()
-            .map(|d| find(tree, d, &mut replacing))
-            .collect();
-        let mut ops: Vec<CounterOp> = Vec::new();
-        let slots: Vec<Slot> = descriptors
-            .iter()
-            .zip(found)
-            .map(|(d, f)| slot(tree.domain(), d, f, &replacing, settings, &mut ops))
-            .collect();
-        // Timed and counted as divvy rules' decisions are (the store call,
-        // the request), so the histograms and the dashboard see every engine.
-        let (states, decided_at) = if ops.is_empty() {
-            (Vec::new(), None)
-        } else {
-            let (states, answered) = self.apply(&ops, charge(&slots, settings), deadline).await?;
-            (states, Some(answered))
-        };
-        let marks = match settings.all_or_nothing {
-            true => Vec::new(),
-            false => marks(&slots, &ops, &states),
-        };
-        // Best effort (the answer is OVER_LIMIT either way), and only while
-        // the caller still waits: past its deadline the answer goes now.
-        let in_time = deadline.is_none_or(|d| tokio::time::Instant::now() < d);
-        if !marks.is_empty() && in_time {
-            let _ = self.store().apply_by(&marks, Charge::Each, deadline).await;
-        }
-        let decided_at = decided_at.unwrap_or_else(std::time::Instant::now);
-        metrics().hit_times(decided_at.duration_since(started), descriptors.len());
-        Ok(slots
-            .into_iter()
-            .map(|s| match s {
-                Slot::NoLimit => EnvoyStatus::no_limit(),
-                Slot::Unlimited => EnvoyStatus {
-                    remaining: u32::MAX,
-                    unlimited: true,
-                    ..EnvoyStatus::no_limit()
-                },
-                Slot::Counted(p) => status(p, &states, settings),
-            })
-            .collect())
-    }
-}
-
-/// Counts the decision in the dashboard's history of the limit (its stats
-/// key); a denied hit's actor is its entries as counted (`k=v,...`), each
-/// value bounded as in counter keys.
-fn record_board(p: &Planned, allowed: bool) {
-    let board = crate::observe::recorder::recorder();
-    let describe = || {
-        let c = &p.current;
-        format!(
-            "{} per {}",
-            c.requests_per_unit,
-            c.unit.as_str().to_ascii_lowercase()
-        )
-    };
-    let Some(stats) = board.envoy_limit(&p.stats_key, describe) else {
-        return;
-    };
-    if allowed {
-        return board.record(board.now(), &stats, true, "", p.cost);
-    }
+/// A denied descriptor's actor on the dashboard: its entries as counted
+/// (`k=v,...`), each value bounded as in counter keys.
+fn actor(path: &[(String, String)]) -> String {
     let mut actor = String::new();
-    for (i, (k, v)) in p.path.iter().enumerate() {
+    for (i, (k, v)) in path.iter().enumerate() {
         if i > 0 {
             actor.push(',');
         }
@@ -452,29 +477,5 @@ fn record_board(p: &Planned, allowed: bool) {
         actor.push('=');
         bounded::push_value(&mut actor, v);
     }
-    board.record(board.now(), &stats, false, &actor, p.cost);
-}
-
-fn record_stats(p: &Planned, allowed: bool, remaining: u64, rpu: u64, ratio: f64) {
-    let m = metrics();
-    let key = m.envoy_stats_key(&p.stats_key);
-    let add = |stat: &str, n: u64| {
-        if n > 0 {
-            m.envoy_stats.with_label_values(&[key, stat]).inc_by(n);
-        }
-    };
-    add("total_hits", p.cost);
-    if allowed {
-        add("within_limit", p.cost);
-        let used = rpu.saturating_sub(remaining);
-        let near = (rpu as f64 * ratio).floor() as u64;
-        if used > near {
-            add("near_limit", p.cost.min(used - near));
-        }
-    } else {
-        add("over_limit", p.cost);
-        if p.shadow {
-            add("shadow_mode", p.cost);
-        }
-    }
+    actor
 }

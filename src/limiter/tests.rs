@@ -2,7 +2,21 @@
 
 use super::*;
 use crate::config::{parse_str, Format};
-use crate::store::MemoryStore;
+use crate::observe::recorder::recorder;
+use crate::rules::Operation;
+use crate::store::{Algorithm, MemoryStore};
+
+/// The divvy rules' decisions of one request.
+async fn check(l: &Limiter, domain: Option<&str>, hits: &[Hit]) -> Result<Decisions, StoreError> {
+    let verdict = l.decide(&Request::hits(domain, hits)).await?;
+    Ok(verdict.into_decisions().expect("decided by divvy rules"))
+}
+
+/// The decisions of a line connection's pipelined HITs.
+async fn check_each(l: &Limiter, hits: &[Hit]) -> Result<Decisions, StoreError> {
+    let verdict = l.decide(&Request::line(hits)).await?;
+    Ok(verdict.into_decisions().expect("decided by divvy rules"))
+}
 
 const POLICY: &str = r#"
 overrides:
@@ -32,7 +46,7 @@ fn hit(pairs: &[(&str, &str)]) -> Hit {
 }
 
 async fn one(l: &Limiter, pairs: &[(&str, &str)]) -> Decision {
-    let mut d = l.check(None, &[hit(pairs)]).await.unwrap();
+    let mut d = check(l, None, &[hit(pairs)]).await.unwrap();
     d.items.remove(0)
 }
 
@@ -115,7 +129,7 @@ async fn override_gets_its_own_counter() {
         credit_limit: 1,
         reset_seconds: 60,
     });
-    let d = l.check(None, &[h.clone(), h]).await.unwrap();
+    let d = check(&l, None, &[h.clone(), h]).await.unwrap();
     assert!(d.items[0].decider.allowed);
     assert!(!d.items[1].decider.allowed);
     assert_eq!(
@@ -159,25 +173,24 @@ fn aon() -> Limiter {
 async fn all_or_nothing_charges_nothing_when_a_descriptor_is_denied() {
     let l = aon();
     let (a, b) = (hit(&[("k", "a")]), hit(&[("k", "b")]));
-    let d = l.check(Some("d"), &[a.clone(), b.clone()]).await.unwrap();
+    let d = check(&l, Some("d"), &[a.clone(), b.clone()]).await.unwrap();
     assert_eq!(
         (d.items[0].decider.remaining, d.items[1].decider.remaining),
         (4, 0)
     );
     // b is spent: a is allowed but not charged, and says so.
-    let d = l.check(Some("d"), &[a.clone(), b.clone()]).await.unwrap();
+    let d = check(&l, Some("d"), &[a.clone(), b.clone()]).await.unwrap();
     assert!(d.items[0].decider.allowed && !d.items[1].decider.allowed);
     assert_eq!(d.items[0].decider.remaining, 4);
     // A rule that always denies blocks the request too.
-    let d = l
-        .check(Some("d"), &[a.clone(), hit(&[("k", "zero")])])
+    let d = check(&l, Some("d"), &[a.clone(), hit(&[("k", "zero")])])
         .await
         .unwrap();
     assert!(d.items[0].decider.allowed && !d.items[1].decider.allowed);
     assert_eq!(d.items[0].decider.remaining, 4);
     assert_eq!(one(&l, &[("k", "a")]).await.decider.remaining, 3);
     // Line-protocol HITs are separate requests: each is charged on its own.
-    let d = l.check_each(None, &[a.clone(), b]).await.unwrap();
+    let d = check_each(&l, &[a.clone(), b]).await.unwrap();
     assert_eq!(d.items[0].decider.remaining, 2);
 }
 
@@ -185,10 +198,11 @@ async fn all_or_nothing_charges_nothing_when_a_descriptor_is_denied() {
 async fn a_denied_canary_does_not_block_and_a_blocked_request_charges_no_canary() {
     let l = aon();
     let c = hit(&[("k", "canary")]);
-    let d = l.check(Some("d"), std::slice::from_ref(&c)).await.unwrap();
+    let d = check(&l, Some("d"), std::slice::from_ref(&c))
+        .await
+        .unwrap();
     assert!(d.items[0].canaries[0].allowed);
-    let d = l
-        .check(Some("d"), &[c.clone(), hit(&[("k", "a")])])
+    let d = check(&l, Some("d"), &[c.clone(), hit(&[("k", "a")])])
         .await
         .unwrap();
     assert!(!d.items[0].canaries[0].allowed);
@@ -203,14 +217,14 @@ async fn several_limits_answer_the_smallest_and_a_denial_charges_none() {
     assert_eq!((d.decider.allowed, d.decider.remaining), (true, 2));
     assert_eq!(d.decider.limits.len(), 2);
     assert_eq!(d.decider.algorithm, Algorithm::Sliding);
-    let d = l.check(None, &[h("k2"), h("k2"), h("k2")]).await.unwrap();
+    let d = check(&l, None, &[h("k2"), h("k2"), h("k2")]).await.unwrap();
     assert!(d.items.iter().all(|i| i.decider.allowed));
     // 1 left in both after the second: on a tie the limit full last speaks
     // (divvy's 1 h window).
     assert_eq!(d.items[1].decider.remaining, 1);
     assert_eq!(d.items[1].decider.algorithm, Algorithm::Window);
     // Now the customer is spent; k3 is denied and its own limit keeps its credit.
-    let d = l.check(None, &[h("k3")]).await.unwrap();
+    let d = check(&l, None, &[h("k3")]).await.unwrap();
     let o = &d.items[0].decider;
     assert!(!o.allowed);
     assert_eq!((o.limits[0].allowed, o.limits[0].remaining), (true, 3));
@@ -239,17 +253,17 @@ async fn huge_overrides_are_kept_countable_and_a_stopped_rule_stays_stopped() {
         reset_seconds: 365 * 86_400,
     });
     // No overflow, no panic: the override is clamped to what stores count exactly.
-    let d = l.check(Some("d"), &[h.clone()]).await.unwrap();
+    let d = check(&l, Some("d"), &[h.clone()]).await.unwrap();
     assert!(d.items[0].decider.credit_limit <= crate::config::model::MAX_CREDIT_MS);
     h.cost = 1;
     assert!(
-        l.check(Some("d"), &[h.clone()]).await.unwrap().items[0]
+        check(&l, Some("d"), &[h.clone()]).await.unwrap().items[0]
             .decider
             .allowed
     );
     let stop = crate::knobs::Knob::credit_limit(0);
     knobs.set("tb", stop).await.unwrap();
-    let d = l.check(Some("d"), &[h]).await.unwrap();
+    let d = check(&l, Some("d"), &[h]).await.unwrap();
     assert!(
         !d.items[0].decider.allowed,
         "the breaker wins over a request's own limit"

@@ -95,8 +95,8 @@ pub async fn serve_grpc(
         needs_config: answers.envoy.error_without_config,
     };
     let health_service = spawn_health(limiter.clone(), readiness).await;
-    let service = RlsService::new(limiter, answers.headers, answers.envoy)
-        .with_deadline_margin(limits.deadline_margin);
+    let service =
+        RlsService::new(limiter, answers.headers).with_deadline_margin(limits.deadline_margin);
     let service =
         RateLimitServiceServer::new(service).max_decoding_message_size(limits.max_request_bytes);
     let router = tonic::transport::Server::builder()

@@ -25,8 +25,9 @@ use tonic::{Request, Response, Status};
 
 use super::headers::{rate_limit_headers, HeaderStyle};
 use super::rls_envoy;
-use crate::limiter::envoy::EnvoySettings;
-use crate::limiter::{Decisions, Descriptor, Hit, LimitOverride, Limiter, Outcome, Reset, Verdict};
+use crate::limiter::{
+    Decisions, Descriptor, Hit, LimitOverride, Limiter, Outcome, Request as Decide, Reset, Verdict,
+};
 use crate::observe::metrics::metrics;
 use crate::rules::Rule;
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
@@ -43,20 +44,17 @@ pub const MAX_ENTRIES: usize = 256;
 pub struct RlsService {
     limiter: Arc<Limiter>,
     headers: HeaderStyle,
-    /// envoyproxy/ratelimit's settings, for the domains its files define.
-    envoy: EnvoySettings,
     /// Kept back from a caller's timeout to answer in time.
     margin: Duration,
 }
 
 impl RlsService {
     /// A service deciding with `limiter`, returning rate-limit headers in
-    /// `headers` style, answering envoyproxy/ratelimit's domains with `envoy`.
-    pub fn new(limiter: Arc<Limiter>, headers: HeaderStyle, envoy: EnvoySettings) -> RlsService {
+    /// `headers` style.
+    pub fn new(limiter: Arc<Limiter>, headers: HeaderStyle) -> RlsService {
         RlsService {
             limiter,
             headers,
-            envoy,
             margin: super::deadline::DEFAULT_MARGIN,
         }
     }
@@ -76,15 +74,9 @@ impl RateLimitService for RlsService {
     ) -> Result<Response<RateLimitResponse>, Status> {
         let deadline = super::deadline::caller_timeout(request.metadata().as_ref())
             .map(|timeout| super::deadline::store_deadline(Instant::now(), timeout, self.margin));
-        respond(
-            &self.limiter,
-            &self.envoy,
-            self.headers,
-            request.into_inner(),
-            deadline,
-        )
-        .await
-        .map(Response::new)
+        respond(&self.limiter, self.headers, request.into_inner(), deadline)
+            .await
+            .map(Response::new)
     }
 }
 
@@ -96,14 +88,14 @@ impl RateLimitService for RlsService {
 /// policy decides.
 pub async fn respond(
     limiter: &Limiter,
-    envoy: &EnvoySettings,
     headers: HeaderStyle,
     request: RateLimitRequest,
     deadline: Option<Instant>,
 ) -> Result<RateLimitResponse, Status> {
+    let envoy = limiter.envoy();
     let descriptors = validate(&request).inspect_err(|_| metrics().error("invalid-argument"))?;
     let verdict = limiter
-        .should_rate_limit(&request.domain, &descriptors, envoy, deadline)
+        .decide(&Decide::envoy(&request.domain, &descriptors).until(deadline))
         .await
         .map_err(|e| {
             metrics().error("unavailable");

@@ -307,9 +307,7 @@ async fn json_check(State(s): State<AdminState>, headers: HeaderMap, body: Bytes
         Ok(r) => r,
         Err(e) => return bad(e),
     };
-    match crate::server::rls::respond(&s.limiter, &s.envoy, HeaderStyle::None, request, deadline)
-        .await
-    {
+    match crate::server::rls::respond(&s.limiter, HeaderStyle::None, request, deadline).await {
         Ok(response) => {
             let code = if response.overall_code == 2 {
                 StatusCode::TOO_MANY_REQUESTS

@@ -29,8 +29,6 @@ pub struct AdminState {
     /// The failure policy that decides while a shared counter store fails
     /// (`None` for the memory store), for the dashboard.
     pub failure_policy: Option<&'static str>,
-    /// envoyproxy/ratelimit's settings, as ShouldRateLimit answers with them (for `POST /json`).
-    pub envoy: Arc<crate::limiter::envoy::EnvoySettings>,
     /// The RLQS streams (for `GET /rlqs`).
     pub rlqs: Arc<crate::server::rlqs::Hub>,
 }

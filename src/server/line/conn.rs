@@ -18,7 +18,7 @@ use tokio::time::Instant;
 
 use super::parse::{parse_text, plain_text, LineError};
 use crate::clock::CoarseInstant;
-use crate::limiter::{Hit, Limiter, Reset};
+use crate::limiter::{Hit, Limiter, Request, Reset, Verdict};
 use crate::observe::metrics::metrics;
 use crate::rules::OperationBuilder;
 
@@ -341,7 +341,13 @@ async fn answer(limiter: &Limiter, slots: &[Slot], hits: &[Hit], out: &mut Vec<u
     let decided = if hits.is_empty() {
         None
     } else {
-        Some(limiter.check_each(None, hits).await)
+        // The line protocol's rules are always divvy rules.
+        Some(
+            limiter
+                .decide(&Request::line(hits))
+                .await
+                .map(Verdict::into_decisions),
+        )
     };
     let mut next_hit = 0;
     for slot in slots {
@@ -352,7 +358,7 @@ async fn answer(limiter: &Limiter, slots: &[Slot], hits: &[Hit], out: &mut Vec<u
                 let i = next_hit;
                 next_hit += 1;
                 match &decided {
-                    Some(Ok(d)) => match d.items.get(i) {
+                    Some(Ok(d)) => match d.as_ref().and_then(|d| d.items.get(i)) {
                         Some(item) => {
                             let o = &item.decider;
                             let reset: i64 = match o.reset {

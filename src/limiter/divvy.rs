@@ -1,0 +1,171 @@
+//! The divvy-rules engine: each hit's canaries and deciding rule planned
+//! into counter ops, and their outcomes from the store's answer.
+
+use std::borrow::Cow;
+use std::sync::Arc;
+
+use crate::global::Global;
+use crate::knobs::Knobs;
+use crate::observe::metrics::metrics;
+use crate::rules::{Rule, RuleSet};
+use crate::store::{Charge, CounterOp, CounterState};
+
+use super::bucket::{self, BucketLimit};
+use super::engine::Engine;
+use super::outcome::{Decision, Decisions, Outcome, Reset, Verdict};
+use super::plan::{Planner, Prepared};
+use super::record::Tally;
+use super::request::{Caller, Descriptor, Hit, Items, Request};
+
+/// The divvy rules in force, with the knobs and the region's global leases.
+pub(super) struct DivvyRules<'a> {
+    pub(super) rules: &'a Arc<RuleSet>,
+    pub(super) knobs: &'a Knobs,
+    pub(super) global: Option<&'a Global>,
+}
+
+/// A request planned: its hits, and each one's canaries and deciding rule.
+pub(super) struct DivvyPlan<'r> {
+    hits: Cow<'r, [Hit]>,
+    prepared: Vec<(Vec<Prepared>, Prepared)>,
+}
+
+impl<'r> Engine<'r> for DivvyRules<'_> {
+    type Plan = DivvyPlan<'r>;
+
+    fn plan(&self, request: &Request<'r>, ops: &mut Vec<CounterOp>) -> (DivvyPlan<'r>, Charge) {
+        let hits: Cow<'r, [Hit]> = match request.items {
+            Items::Hits(hits) => Cow::Borrowed(hits),
+            Items::Descriptors(d) => Cow::Owned(d.iter().map(Descriptor::hit).collect()),
+        };
+        let mut planner = Planner {
+            rules: self.rules,
+            // Whether any knob is set, looked at once for the whole call.
+            knobs: self.knobs.any().then_some(self.knobs),
+            global: self.global,
+            ops: std::mem::take(ops),
+        };
+        let mut prepared = Vec::with_capacity(hits.len());
+        // A deciding rule that denies without a counter (creditLimit 0).
+        let mut denied_outside = false;
+        for hit in hits.iter() {
+            let plan = self.rules.plan(request.domain, &hit.operation);
+            let canaries = plan
+                .canaries
+                .iter()
+                .map(|&rule| planner.prepare(rule, hit, None, false))
+                .collect();
+            let decider = planner.prepare(plan.decider, hit, hit.limit_override, true);
+            // Counted limits are decided by the store; an always-deny rule has none.
+            denied_outside |= decider.ops.is_empty() && decider.limits.iter().any(|l| !l.allowed);
+            prepared.push((canaries, decider));
+        }
+        *ops = planner.ops;
+        // With one descriptor per request, all-or-nothing is what each rule's
+        // limits already are: charging each group on its own is the same.
+        let charge = match self.rules.charge() {
+            _ if request.caller == Caller::Line => Charge::Each,
+            Charge::AllOrNothing if denied_outside => Charge::Denied,
+            other => other,
+        };
+        (DivvyPlan { hits, prepared }, charge)
+    }
+
+    fn finish(
+        &self,
+        plan: DivvyPlan<'r>,
+        ops: &mut [CounterOp],
+        states: &[CounterState],
+        tallies: &mut Vec<Tally>,
+    ) -> Verdict {
+        let mut items = Vec::with_capacity(plan.prepared.len());
+        for ((canaries, decider), hit) in plan.prepared.into_iter().zip(plan.hits.iter()) {
+            let canaries: Vec<Outcome> = canaries
+                .into_iter()
+                .map(|p| self.outcome(p, ops, states))
+                .collect();
+            let decider = self.outcome(decider, ops, states);
+            for c in &canaries {
+                tallies.push(Tally::Rule {
+                    rule: c.rule,
+                    canary: true,
+                    allowed: c.allowed,
+                    cost: hit.cost,
+                    actor: String::new(),
+                });
+            }
+            let rule = self.rules.rule(decider.rule);
+            tallies.push(Tally::Rule {
+                rule: decider.rule,
+                canary: false,
+                allowed: decider.allowed,
+                cost: hit.cost,
+                actor: match decider.allowed {
+                    true => String::new(),
+                    false => denied_actor(rule, &decider, hit),
+                },
+            });
+            items.push(Decision { decider, canaries });
+        }
+        Verdict::Divvy(Decisions {
+            rules: self.rules.clone(),
+            items,
+        })
+    }
+
+    fn bucket(&self, domain: &str, entries: &[(&str, &str)]) -> BucketLimit {
+        bucket::divvy_limit(self.rules, self.knobs, domain, entries)
+    }
+}
+
+impl DivvyRules<'_> {
+    /// A prepared rule's outcome from the store's states of its ops; each
+    /// op's key is moved into its limit's outcome.
+    fn outcome(&self, p: Prepared, ops: &mut [CounterOp], states: &[CounterState]) -> Outcome {
+        let mut limits = p.limits;
+        // The counted limits are those not always allowed, their ops in
+        // `p.ops`, in the same order (an always-deny rule has no ops).
+        let counted = limits.iter_mut().filter(|o| o.reset != Reset::Unlimited);
+        for (o, i) in counted.zip(p.ops) {
+            let (state, op) = (&states[i], &mut ops[i]);
+            // A hit that only gives back or checks is not admitted.
+            if o.global && state.allowed && !op.refund && op.cost != 0 {
+                let spec = &self.rules.rule(p.rule).spec;
+                let label = spec.limits.get(o.limit).and_then(|s| s.label.as_deref());
+                metrics()
+                    .global
+                    .admitted
+                    .with_label_values(&[label.unwrap_or("")])
+                    .inc();
+            }
+            o.allowed = state.allowed;
+            o.remaining = state.remaining;
+            o.reset = Reset::After(match (o.global, self.global) {
+                // A new lease may come at the next renewal: never tell a
+                // client to wait longer than a lease period.
+                (true, Some(g)) => state.reset_after.min(g.period()),
+                _ => state.reset_after,
+            });
+            o.counter_key = Some(std::mem::take(&mut op.key));
+        }
+        Outcome::from_limits(p.rule, limits)
+    }
+}
+
+/// The actor of a denied hit, bounded as its counter key keeps it: the
+/// value of the denying limit's `actorField` ("" for a rule without one).
+fn denied_actor(rule: &Rule, decider: &Outcome, hit: &Hit) -> String {
+    let limit = decider
+        .limits
+        .iter()
+        .find(|l| !l.allowed)
+        .map_or(0, |l| l.limit);
+    let actor = rule
+        .spec
+        .limits
+        .get(limit)
+        .map_or("", |l| rule.actor(&hit.operation, l));
+    let mut bounded = String::with_capacity(actor.len().min(64));
+    crate::rules::bounded::push_value(&mut bounded, actor);
+    bounded
+}

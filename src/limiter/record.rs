@@ -1,0 +1,132 @@
+//! The one record step every engine shares: the request's counters,
+//! dashboard history and offenders, and its latency.
+
+use std::time::Duration;
+
+use crate::config::envoy_ratelimit::EnvoyUnit;
+use crate::observe::metrics::{metrics, HitStatus};
+use crate::observe::recorder::recorder;
+use crate::rules::RuleSet;
+
+/// What one outcome adds to the metrics and the dashboard.
+pub(super) enum Tally {
+    /// A divvy rule's outcome for a hit.
+    Rule {
+        /// The rule's index in the rule set.
+        rule: usize,
+        /// Canary (never decides) or deciding rule.
+        canary: bool,
+        /// Whether the rule allowed the hit.
+        allowed: bool,
+        /// The hit's credits.
+        cost: u64,
+        /// A denied hit's actor, bounded as its counter key keeps it.
+        actor: String,
+    },
+    /// An envoyproxy/ratelimit limit's outcome for a descriptor.
+    Tree {
+        /// The limit's stats key (`<domain>.<key_value path>`).
+        stats_key: String,
+        /// The limit, for the dashboard's description of it.
+        requests_per_unit: u32,
+        /// Its unit.
+        unit: EnvoyUnit,
+        /// Whether the descriptor was within the limit.
+        allowed: bool,
+        /// A shadow limit (counted over, never denying).
+        shadow: bool,
+        /// The descriptor's hits.
+        cost: u64,
+        /// Of them, those past the near-limit share.
+        near: u64,
+        /// A denied descriptor's entries as counted (`k=v,...`).
+        actor: String,
+    },
+}
+
+/// Counts every tally, then the request's time to decide (`decided`, for
+/// `descriptors` hits: each is one hit, timed as its request).
+pub(super) fn record(rules: &RuleSet, tallies: &[Tally], decided: Duration, descriptors: usize) {
+    let board = recorder();
+    // One clock read for the request.
+    let now = board.now();
+    for tally in tallies {
+        match tally {
+            Tally::Rule {
+                rule,
+                canary,
+                allowed,
+                cost,
+                actor,
+            } => {
+                let rule = rules.rule(*rule);
+                let label = rule.spec.label.as_deref();
+                let (status, i) = match (canary, allowed) {
+                    (false, true) => (HitStatus::Accepted, 0),
+                    (false, false) => (HitStatus::Rejected, 1),
+                    (true, true) => (HitStatus::CanaryAccepted, 2),
+                    (true, false) => (HitStatus::CanaryRejected, 3),
+                };
+                rule.counters.hits[i].inc();
+                metrics().hit_statsd(status, label);
+                if !canary {
+                    rule.counters.decisions[i].inc();
+                    board.record(now, &rule.stats, *allowed, actor, *cost);
+                    tracing::debug!(
+                        rule = %rule.spec,
+                        comment = rule.spec.comment.as_deref().unwrap_or(""),
+                        allowed,
+                        "decided"
+                    );
+                }
+            }
+            Tally::Tree { .. } => tree(tally, now),
+        }
+    }
+    metrics().hit_times(decided, descriptors);
+}
+
+/// An envoyproxy/ratelimit limit's stats (envoyproxy/ratelimit's names)
+/// and its dashboard history.
+fn tree(tally: &Tally, now: u64) {
+    let Tally::Tree {
+        stats_key,
+        requests_per_unit,
+        unit,
+        allowed,
+        shadow,
+        cost,
+        near,
+        actor,
+    } = tally
+    else {
+        return;
+    };
+    let m = metrics();
+    let key = m.envoy_stats_key(stats_key);
+    let add = |stat: &str, n: u64| {
+        if n > 0 {
+            m.envoy_stats.with_label_values(&[key, stat]).inc_by(n);
+        }
+    };
+    add("total_hits", *cost);
+    if *allowed {
+        add("within_limit", *cost);
+        add("near_limit", *near);
+    } else {
+        add("over_limit", *cost);
+        if *shadow {
+            add("shadow_mode", *cost);
+        }
+    }
+    let board = recorder();
+    let describe = || {
+        format!(
+            "{requests_per_unit} per {}",
+            unit.as_str().to_ascii_lowercase()
+        )
+    };
+    if let Some(stats) = board.envoy_limit(stats_key, describe) {
+        board.record(now, &stats, *allowed || *shadow, actor, *cost);
+    }
+}

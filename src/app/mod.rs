@@ -182,7 +182,9 @@ async fn build_limiter(
     // Knobs set while this replica was down apply from the first request.
     let _ = knobs.refresh().await;
     knobs.spawn_refresh(Duration::from_millis(250));
-    let limiter = Limiter::with_knobs(RuleSet::new(policy.clone()), parts.store, knobs)
+    // Decisions are recorded to what `/metrics` and the dashboard serve.
+    let telemetry = crate::observe::telemetry::Telemetry::process();
+    let limiter = Limiter::build(RuleSet::new(policy.clone()), parts.store, knobs, telemetry)
         .with_envoy(Arc::new(s.envoy.clone()));
     let (limiter, secret_client) =
         stores::with_global(s, limiter, parts.redis.clone(), parts.secret_client).await?;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use crate::global::Global;
 use crate::knobs::Knobs;
-use crate::observe::metrics::metrics;
+use crate::observe::metrics::Metrics;
 use crate::rules::{Rule, RuleSet};
 use crate::store::{Charge, CounterOp, CounterState};
 
@@ -22,6 +22,7 @@ pub(super) struct DivvyRules<'a> {
     pub(super) rules: &'a Arc<RuleSet>,
     pub(super) knobs: &'a Knobs,
     pub(super) global: Option<&'a Global>,
+    pub(super) metrics: &'a Metrics,
 }
 
 /// A request planned: its hits, and each one's canaries and deciding rule.
@@ -132,7 +133,7 @@ impl DivvyRules<'_> {
             if o.global && state.allowed && !op.refund && op.cost != 0 {
                 let spec = &self.rules.rule(p.rule).spec;
                 let label = spec.limits.get(o.limit).and_then(|s| s.label.as_deref());
-                metrics()
+                self.metrics
                     .global
                     .admitted
                     .with_label_values(&[label.unwrap_or("")])

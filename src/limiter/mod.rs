@@ -27,7 +27,7 @@ use std::time::Instant;
 
 use arc_swap::ArcSwap;
 
-use crate::observe::metrics::metrics;
+use crate::observe::telemetry::Telemetry;
 
 use crate::global::Global;
 use crate::knobs::Knobs;
@@ -46,6 +46,7 @@ pub struct Limiter {
     knobs: Arc<Knobs>,
     global: Option<Arc<Global>>,
     envoy: Arc<EnvoySettings>,
+    telemetry: Telemetry,
 }
 
 impl Limiter {
@@ -54,14 +55,28 @@ impl Limiter {
         Limiter::with_knobs(rules, store, Arc::new(Knobs::local()))
     }
 
-    /// A limiter over `rules` and `store` that applies `knobs`.
+    /// A limiter over `rules` and `store` that applies `knobs`, recording
+    /// to the process's metrics and dashboard.
     pub fn with_knobs(rules: RuleSet, store: Arc<dyn Store>, knobs: Arc<Knobs>) -> Limiter {
+        Limiter::build(rules, store, knobs, Telemetry::process())
+    }
+
+    /// A limiter over `rules` and `store` that applies `knobs` and records
+    /// every decision to `telemetry`.
+    pub fn build(
+        mut rules: RuleSet,
+        store: Arc<dyn Store>,
+        knobs: Arc<Knobs>,
+        telemetry: Telemetry,
+    ) -> Limiter {
+        rules.attach(&telemetry);
         Limiter {
             rules: ArcSwap::from_pointee(rules),
             store,
             knobs,
             global: None,
             envoy: Arc::new(EnvoySettings::default()),
+            telemetry,
         }
     }
 
@@ -101,8 +116,14 @@ impl Limiter {
     }
 
     /// Installs a new rule set in one atomic step; requests in flight finish on the old one.
-    pub fn install(&self, rules: RuleSet) {
+    pub fn install(&self, mut rules: RuleSet) {
+        rules.attach(&self.telemetry);
         self.rules.store(Arc::new(rules));
+    }
+
+    /// Where decisions are recorded.
+    pub fn telemetry(&self) -> &Telemetry {
+        &self.telemetry
     }
 
     /// The counter store.
@@ -131,6 +152,7 @@ impl Limiter {
             rules,
             knobs: &self.knobs,
             global: self.global.as_deref(),
+            metrics: &self.telemetry.metrics,
         }
     }
 
@@ -175,7 +197,13 @@ impl Limiter {
         let verdict = engine.finish(plan, &mut ops, &states, &mut tallies);
         let decided_at = decided_at.unwrap_or_else(Instant::now);
         let decided = decided_at.duration_since(started);
-        record::record(rules, &tallies, decided, request.items.len());
+        record::record(
+            &self.telemetry,
+            rules,
+            &tallies,
+            decided,
+            request.items.len(),
+        );
         Ok(verdict)
     }
 
@@ -191,11 +219,11 @@ impl Limiter {
         let store_started = Instant::now();
         let applied = self.store.apply_by(ops, charge, deadline).await;
         let answered = Instant::now();
-        metrics()
-            .store
+        let store = &self.telemetry.metrics.store;
+        store
             .duration
             .observe(answered.duration_since(store_started).as_secs_f64());
-        let states = applied.inspect_err(|_| metrics().store.errors.inc())?;
+        let states = applied.inspect_err(|_| store.errors.inc())?;
         Ok((crate::store::answered_all(states, ops.len())?, answered))
     }
 }

@@ -4,8 +4,9 @@
 use std::time::Duration;
 
 use crate::config::envoy_ratelimit::EnvoyUnit;
-use crate::observe::metrics::{metrics, HitStatus};
-use crate::observe::recorder::recorder;
+use crate::observe::metrics::{HitStatus, Metrics};
+use crate::observe::recorder::Recorder;
+use crate::observe::telemetry::Telemetry;
 use crate::rules::RuleSet;
 
 /// What one outcome adds to the metrics and the dashboard.
@@ -46,8 +47,14 @@ pub(super) enum Tally {
 
 /// Counts every tally, then the request's time to decide (`decided`, for
 /// `descriptors` hits: each is one hit, timed as its request).
-pub(super) fn record(rules: &RuleSet, tallies: &[Tally], decided: Duration, descriptors: usize) {
-    let board = recorder();
+pub(super) fn record(
+    telemetry: &Telemetry,
+    rules: &RuleSet,
+    tallies: &[Tally],
+    decided: Duration,
+    descriptors: usize,
+) {
+    let (m, board) = (&*telemetry.metrics, &*telemetry.recorder);
     // One clock read for the request.
     let now = board.now();
     for tally in tallies {
@@ -60,6 +67,9 @@ pub(super) fn record(rules: &RuleSet, tallies: &[Tally], decided: Duration, desc
                 actor,
             } => {
                 let rule = rules.rule(*rule);
+                let Some(t) = rule.telemetry() else {
+                    continue;
+                };
                 let label = rule.spec.label.as_deref();
                 let (status, i) = match (canary, allowed) {
                     (false, true) => (HitStatus::Accepted, 0),
@@ -67,11 +77,11 @@ pub(super) fn record(rules: &RuleSet, tallies: &[Tally], decided: Duration, desc
                     (true, true) => (HitStatus::CanaryAccepted, 2),
                     (true, false) => (HitStatus::CanaryRejected, 3),
                 };
-                rule.counters.hits[i].inc();
-                metrics().hit_statsd(status, label);
+                t.counters.hits[i].inc();
+                m.hit_statsd(status, label);
                 if !canary {
-                    rule.counters.decisions[i].inc();
-                    board.record(now, &rule.stats, *allowed, actor, *cost);
+                    t.counters.decisions[i].inc();
+                    board.record(now, &t.stats, *allowed, actor, *cost);
                     tracing::debug!(
                         rule = %rule.spec,
                         comment = rule.spec.comment.as_deref().unwrap_or(""),
@@ -80,15 +90,15 @@ pub(super) fn record(rules: &RuleSet, tallies: &[Tally], decided: Duration, desc
                     );
                 }
             }
-            Tally::Tree { .. } => tree(tally, now),
+            Tally::Tree { .. } => tree(m, board, tally, now),
         }
     }
-    metrics().hit_times(decided, descriptors);
+    m.hit_times(decided, descriptors);
 }
 
 /// An envoyproxy/ratelimit limit's stats (envoyproxy/ratelimit's names)
 /// and its dashboard history.
-fn tree(tally: &Tally, now: u64) {
+fn tree(m: &Metrics, board: &Recorder, tally: &Tally, now: u64) {
     let Tally::Tree {
         stats_key,
         requests_per_unit,
@@ -102,7 +112,6 @@ fn tree(tally: &Tally, now: u64) {
     else {
         return;
     };
-    let m = metrics();
     let key = m.envoy_stats_key(stats_key);
     let add = |stat: &str, n: u64| {
         if n > 0 {
@@ -119,7 +128,6 @@ fn tree(tally: &Tally, now: u64) {
             add("shadow_mode", *cost);
         }
     }
-    let board = recorder();
     let describe = || {
         format!(
             "{requests_per_unit} per {}",

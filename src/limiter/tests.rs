@@ -1,8 +1,9 @@
 //! Unit tests of `limiter/mod.rs`.
 
 use super::*;
+use crate::clock::SystemClock;
 use crate::config::{parse_str, Format};
-use crate::observe::recorder::recorder;
+use crate::observe::telemetry::Telemetry;
 use crate::rules::Operation;
 use crate::store::{Algorithm, MemoryStore};
 
@@ -101,13 +102,17 @@ async fn decisions_reach_the_dashboard_and_long_actors_come_bounded() {
             "t.yaml",
         )
         .unwrap();
-    let l = Limiter::new(RuleSet::new(policy), Arc::new(MemoryStore::new()));
+    let telemetry = Telemetry::detached(Arc::new(SystemClock::default()));
+    let rules = RuleSet::new(policy);
+    let store = Arc::new(MemoryStore::new());
+    let knobs = Arc::new(Knobs::local());
+    let l = Limiter::build(rules, store, knobs, telemetry.clone());
     let long = "x".repeat(100);
     for _ in 0..3 {
         one(&l, &[("k", "d"), ("who", &long)]).await;
     }
-    let board = recorder();
-    let stats = l.rules().rule(0).stats.clone();
+    let board = &telemetry.recorder;
+    let stats = l.rules().rule(0).telemetry().unwrap().stats.clone();
     let counted = stats.history.sum(board.now(), 5);
     assert_eq!((counted.allowed, counted.denied), (1, 2));
     let top = board.top(60, Some("dash-limiter-test"), 20);
@@ -267,5 +272,38 @@ async fn huge_overrides_are_kept_countable_and_a_stopped_rule_stays_stopped() {
     assert!(
         !d.items[0].decider.allowed,
         "the breaker wins over a request's own limit"
+    );
+}
+
+#[tokio::test]
+async fn compiling_registers_nothing_and_a_limiter_records_to_what_it_is_handed() {
+    let policy = parse_str(
+        "overrides:\n  - label: handed-in\n    operation: {k: v}\n    creditLimit: 1\n    resetSeconds: 60\ndefault: {creditLimit: 1, resetSeconds: 60}\n",
+        Format::Yaml,
+        "t.yaml",
+    )
+    .unwrap();
+    let telemetry = Telemetry::detached(Arc::new(SystemClock::default()));
+    let rules = RuleSet::new(policy);
+    assert!(rules.rules().iter().all(|r| r.telemetry().is_none()));
+    assert!(
+        !telemetry.metrics.render().contains("handed-in"),
+        "compiling a rule registers no series"
+    );
+    let store = Arc::new(MemoryStore::new());
+    let l = Limiter::build(rules, store, Arc::new(Knobs::local()), telemetry.clone());
+    one(&l, &[("k", "v")]).await;
+    one(&l, &[("k", "v")]).await;
+    let text = telemetry.metrics.render();
+    let line = |status: &str| {
+        format!("divvy_hits_total{{rule_label=\"handed-in\",status=\"{status}\"}} 1")
+    };
+    assert!(text.contains(&line("accepted")), "{text}");
+    assert!(text.contains(&line("rejected")), "{text}");
+    assert!(
+        !crate::observe::metrics::metrics()
+            .render()
+            .contains("handed-in"),
+        "nothing reaches the process's registry"
     );
 }

@@ -5,7 +5,7 @@
 //! request values, so the number of series stays bounded whatever clients
 //! send. Rules without a label are counted under `rule_label=""`.
 
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use prometheus::{
@@ -80,8 +80,7 @@ pub struct RuleCounters {
 
 impl RuleCounters {
     /// The counters of a rule with `label` and `domain`.
-    pub fn new(label: Option<&str>, domain: Option<&str>) -> RuleCounters {
-        let m = metrics();
+    pub fn new(m: &Metrics, label: Option<&str>, domain: Option<&str>) -> RuleCounters {
         let label = label.unwrap_or("");
         let domain = domain.unwrap_or("");
         let hit = |s: HitStatus| m.hits.with_label_values(&[s.as_str(), label]);
@@ -560,8 +559,15 @@ impl TlsMetrics {
     }
 }
 
+impl Default for Metrics {
+    fn default() -> Metrics {
+        Metrics::new()
+    }
+}
+
 impl Metrics {
-    fn new() -> Metrics {
+    /// Every metric, in a registry of its own.
+    pub fn new() -> Metrics {
         let r = Registry::new();
         Metrics {
             hits: counter_vec(
@@ -783,9 +789,15 @@ impl HitStatus {
     }
 }
 
-static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
+static METRICS: LazyLock<Arc<Metrics>> = LazyLock::new(|| Arc::new(Metrics::new()));
 
-/// The process's metrics.
+/// The process's metrics (what records is handed them where it can be:
+/// [`crate::observe::telemetry::Telemetry`]).
 pub fn metrics() -> &'static Metrics {
     &METRICS
+}
+
+/// The process's metrics, shared.
+pub fn process_metrics() -> Arc<Metrics> {
+    METRICS.clone()
 }

@@ -8,3 +8,4 @@ pub mod offenders;
 pub mod ratelimit_names;
 pub mod recorder;
 pub mod statsd;
+pub mod telemetry;

@@ -12,7 +12,7 @@
 //! 10,000 rules) and [`super::offenders`] (8 MB at most).
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
+use std::sync::{Arc, LazyLock, Mutex, RwLock, Weak};
 
 use super::history::{RuleHistory, Second, SECONDS};
 use super::offenders::{Offender, Offenders};
@@ -47,8 +47,15 @@ pub struct Recorder {
 
 /// The process's recorder, on the system clock.
 pub fn recorder() -> &'static Recorder {
-    static RECORDER: OnceLock<Recorder> = OnceLock::new();
-    RECORDER.get_or_init(|| Recorder::new(Arc::new(SystemClock::default())))
+    &RECORDER
+}
+
+static RECORDER: LazyLock<Arc<Recorder>> =
+    LazyLock::new(|| Arc::new(Recorder::new(Arc::new(SystemClock::default()))));
+
+/// The process's recorder, shared.
+pub fn process_recorder() -> Arc<Recorder> {
+    RECORDER.clone()
 }
 
 impl Recorder {

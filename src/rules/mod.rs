@@ -16,6 +16,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::config::{GovernorSpec, LimitSpec, MatchPolicy, Policy, RuleSpec};
+use crate::observe::telemetry::{RuleTelemetry, Telemetry};
 use crate::pattern::Pattern;
 use crate::store::{Algorithm, Charge};
 pub use operation::{Operation, OperationBuilder};
@@ -32,11 +33,9 @@ pub struct Rule {
     /// Per limit of the spec: the end of its counter keys, after the actor
     /// (`:<creditLimit>:<resetSeconds>[:<algorithm>]`).
     key_suffixes: Vec<String>,
-    /// Its metrics, looked up once.
-    pub counters: crate::observe::metrics::RuleCounters,
-    /// Its decisions per second for the dashboard, looked up by name once
-    /// (a reload that keeps the rule's name keeps its history).
-    pub stats: std::sync::Arc<crate::observe::recorder::RuleStats>,
+    /// Its metrics and dashboard history, attached when the rule set is
+    /// installed (compiling registers nothing).
+    telemetry: Option<RuleTelemetry>,
     /// See [`Rule::name`].
     name: String,
 }
@@ -58,22 +57,22 @@ impl Rule {
             .iter()
             .map(|limit| key_suffix(&spec, limit))
             .collect();
-        let counters = crate::observe::metrics::RuleCounters::new(
-            spec.label.as_deref(),
-            spec.domain.as_deref(),
-        );
         let name = spec.label.clone().unwrap_or_else(|| spec.to_string());
-        let stats = crate::observe::recorder::recorder().rule(&name);
         Rule {
             spec,
             matchers,
             domain,
             key_prefix,
             key_suffixes,
-            counters,
-            stats,
+            telemetry: None,
             name,
         }
+    }
+
+    /// Its metrics and dashboard history (`None` until its rule set is
+    /// installed in a limiter).
+    pub fn telemetry(&self) -> Option<&RuleTelemetry> {
+        self.telemetry.as_ref()
     }
 
     /// How answers name the rule: its label, else the rule as written
@@ -255,6 +254,17 @@ impl RuleSet {
                 })
                 .collect(),
             divvy_rules: policy.divvy_rules,
+        }
+    }
+
+    /// Attaches each rule's metrics and dashboard history from `telemetry`
+    /// (what installing the rule set in a limiter does; until then the
+    /// rules register nothing).
+    pub fn attach(&mut self, telemetry: &Telemetry) {
+        for rule in &mut self.rules {
+            let spec = &rule.spec;
+            let t = telemetry.rule(&rule.name, spec.label.as_deref(), spec.domain.as_deref());
+            rule.telemetry = Some(t);
         }
     }
 

@@ -19,7 +19,6 @@ use super::state::AdminState;
 use crate::limiter::knob_for;
 use crate::observe::history::{RuleHistory, Second, SECONDS};
 use crate::observe::metrics::metrics;
-use crate::observe::recorder::recorder;
 use crate::rules::Rule;
 
 /// Seconds over which `allowedPerSecond` and `deniedPerSecond` are averaged.
@@ -132,14 +131,14 @@ fn p99_seconds() -> Option<f64> {
 
 /// `GET /api/v1/overview`.
 pub async fn overview(State(s): State<AdminState>) -> Json<Value> {
-    let board = recorder();
+    let board = &*s.limiter.telemetry().recorder;
     let now = board.now();
     let rules = s.limiter.rules();
     let envoy = board.envoy_limits();
     let all = rules
         .rules()
         .iter()
-        .map(|r| &*r.stats)
+        .filter_map(|r| r.telemetry().map(|t| &*t.stats))
         .chain(envoy.iter().map(|e| &**e));
     let seconds = board.total(now, all);
     let (allowed, denied) = series(&seconds, SECONDS);
@@ -239,13 +238,16 @@ fn rows<'a>(
     envoy: &'a [std::sync::Arc<crate::observe::recorder::RuleStats>],
     now: u64,
 ) -> Vec<Row<'a>> {
-    let divvy = rules.rules().iter().map(move |r| Row {
-        name: r.name(),
-        kind: if r.spec.aux { "aux" } else { "divvy" },
-        rule: Some(r),
-        history: &r.stats.history,
-        envoy_limit: None,
-        rate: r.stats.history.sum(now, RATE_SECONDS),
+    let divvy = rules.rules().iter().filter_map(move |r| {
+        let stats = &r.telemetry()?.stats;
+        Some(Row {
+            name: r.name(),
+            kind: if r.spec.aux { "aux" } else { "divvy" },
+            rule: Some(r),
+            history: &stats.history,
+            envoy_limit: None,
+            rate: stats.history.sum(now, RATE_SECONDS),
+        })
     });
     let envoy = envoy.iter().map(move |e| Row {
         name: &e.name,
@@ -280,7 +282,7 @@ fn sort_rows(rows: &mut [Row], sort: &str, desc: bool) -> Result<(), QueryError>
 
 /// `GET /api/v1/rules`: every rule, filtered, sorted and cut into a page.
 pub async fn rules(State(s): State<AdminState>, Query(q): Query<RulesQuery>) -> Response {
-    let board = recorder();
+    let board = &*s.limiter.telemetry().recorder;
     let now = board.now();
     let set = s.limiter.rules();
     let envoy = board.envoy_limits();
@@ -321,7 +323,7 @@ pub async fn rules(State(s): State<AdminState>, Query(q): Query<RulesQuery>) -> 
 /// `GET /api/v1/rules/{name}`: one rule's 900 seconds and its top actors in
 /// each window.
 pub async fn rule(State(s): State<AdminState>, Path(name): Path<String>) -> Response {
-    let board = recorder();
+    let board = &*s.limiter.telemetry().recorder;
     let now = board.now();
     let set = s.limiter.rules();
     let envoy = board.envoy_limits();
@@ -354,7 +356,7 @@ pub struct OffendersQuery {
 }
 
 /// `GET /api/v1/offenders`: the actors with the most denied hits.
-pub async fn offenders(Query(q): Query<OffendersQuery>) -> Response {
+pub async fn offenders(State(s): State<AdminState>, Query(q): Query<OffendersQuery>) -> Response {
     let seconds = match window_seconds(q.window.as_deref()) {
         Ok(s) => s,
         Err(e) => return e.into_response(),
@@ -365,7 +367,7 @@ pub async fn offenders(Query(q): Query<OffendersQuery>) -> Response {
         "window": q.window.as_deref().unwrap_or("5m"),
         "rule": rule,
         "capacity": crate::observe::offenders::CAPACITY,
-        "offenders": recorder().top(seconds, rule, top),
+        "offenders": s.limiter.telemetry().recorder.top(seconds, rule, top),
     }))
     .into_response()
 }

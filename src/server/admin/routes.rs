@@ -128,13 +128,13 @@ async fn global(State(s): State<AdminState>) -> Json<Value> {
     })
 }
 
-async fn prometheus() -> Response {
+async fn prometheus(State(s): State<AdminState>) -> Response {
     (
         [(
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        metrics().render(),
+        s.limiter.telemetry().metrics.render(),
     )
         .into_response()
 }

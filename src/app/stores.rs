@@ -168,6 +168,7 @@ pub(super) async fn with_global(
     if !connected {
         warn!("global store unreachable at startup; global limits start on conservative quotas");
     }
+    let global_coord = Coordination::redis(&global_store);
     let global = Arc::new(Global::new(
         GlobalOptions {
             region: s.region.clone(),
@@ -177,16 +178,13 @@ pub(super) async fn with_global(
             headroom: 0.05,
             replica: s.replica.clone(),
         },
-        Coordination::redis(&global_store),
+        global_coord.clone(),
         regional,
     ));
     global.spawn();
     info!(region = %s.region, holder = %global.holder(), "global limits coordinated through the global store");
     // Every region hashes long actor values with one key.
-    Ok((
-        limiter.with_global(global),
-        Some(Coordination::redis(&global_store)),
-    ))
+    Ok((limiter.with_global(global), Some(global_coord)))
 }
 
 /// Agrees with the other replicas on the key that hashes long actor values

@@ -212,6 +212,38 @@ impl Global {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::global::GlobalOptions;
+
+    fn replica(name: &str, regional: &Coordination) -> Global {
+        let options = GlobalOptions {
+            region: "eu".to_owned(),
+            period: Duration::from_secs(60),
+            fallback_share: 0.5,
+            floor: 0.01,
+            headroom: 0.05,
+            replica: name.to_owned(),
+        };
+        Global::new(options, Coordination::in_process(), Some(regional.clone()))
+    }
+
+    #[tokio::test]
+    async fn one_replica_of_a_region_renews_and_the_others_read_its_leases() {
+        let regional = Coordination::in_process();
+        let (a, b) = (replica("a:1", &regional), replica("b:2", &regional));
+        assert!(a.hold_renewer(&regional).await);
+        assert!(!b.hold_renewer(&regional).await);
+        assert!(a.hold_renewer(&regional).await);
+        let lease = Lease {
+            rate: 2.0,
+            burst: 4,
+            expires_at_ms: u64::MAX,
+            fallback: false,
+        };
+        let leases = HashMap::from([("c".to_owned(), lease)]);
+        a.write_regional_leases(&regional, &leases).await;
+        b.read_regional(&regional).await;
+        assert_eq!(b.leases.load().get("c"), Some(&lease));
+    }
 
     #[test]
     fn a_spec_reads_back_as_written_and_its_label_may_hold_spaces() {

@@ -84,3 +84,32 @@ impl SharedKnobs {
             .collect())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::coord::Coordination;
+
+    fn knob(credit_limit: u64, expires_at_ms: Option<u64>) -> Knob {
+        Knob {
+            expires_at_ms,
+            ..Knob::credit_limit(credit_limit)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_knob_written_through_one_handle_is_read_through_another() {
+        let coord = Coordination::in_process();
+        let (a, b) = (SharedKnobs::new(coord.clone()), SharedKnobs::new(coord));
+        a.put("api", &knob(20, None)).await.unwrap();
+        a.put("old", &knob(5, Some(10))).await.unwrap();
+        let seen = b.read_all().await.unwrap();
+        assert_eq!(seen.get("api"), Some(&knob(20, None)));
+        b.delete_if_expired("old", 11).await;
+        b.delete_if_expired("api", 11).await;
+        let seen = a.read_all().await.unwrap();
+        assert_eq!(seen.keys().collect::<Vec<_>>(), vec!["api"]);
+        a.delete("api").await.unwrap();
+        assert!(b.read_all().await.unwrap().is_empty());
+    }
+}

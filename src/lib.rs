@@ -20,6 +20,7 @@ pub mod allocator;
 pub mod app;
 pub mod clock;
 pub mod config;
+pub mod coord;
 pub mod global;
 pub mod governor;
 pub mod knobs;

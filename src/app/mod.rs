@@ -19,6 +19,7 @@ use std::time::Duration;
 use tracing::{error, info};
 
 use crate::config::Policy;
+use crate::coord::Coordination;
 use crate::governor::Governors;
 use crate::limiter::Limiter;
 use crate::rules::RuleSet;
@@ -89,11 +90,11 @@ impl App {
             None => (crate::config::no_policy()?, String::new()),
         };
         info!(rules = policy.rules.len(), source = %policy.source, "policy loaded");
-        let (limiter, redis) = build_limiter(&settings, &policy).await?;
+        let (limiter, coord) = build_limiter(&settings, &policy).await?;
         // Governors elect one replica per rule through the counters' Redis.
         let governors = Arc::new(Governors::new(
             limiter.clone(),
-            redis.clone(),
+            coord.clone(),
             settings.prometheus_url.clone().filter(|u| !u.is_empty()),
         ));
         governors.spawn();
@@ -109,7 +110,7 @@ impl App {
             info!(host = %statsd.host, port = statsd.port, tcp = statsd.tcp, "sending statsd metrics");
             crate::observe::statsd::init(statsd);
         }
-        let admin = admin_state(&settings, &limiter, &reloader, governors, redis);
+        let admin = admin_state(&settings, &limiter, &reloader, governors, coord);
         Ok(App {
             settings,
             limiter,
@@ -170,12 +171,12 @@ impl App {
 const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// The store, the knobs (refreshed from the start), the limiter, global
-/// leases, and the agreement on the actor-hash key; with the counters'
-/// Redis client, which governors and RLQS share.
+/// leases, and the agreement on the actor-hash key; with the coordination
+/// handle of the counters' Redis, which governors and RLQS share.
 async fn build_limiter(
     s: &Settings,
     policy: &Policy,
-) -> Result<(Arc<Limiter>, Option<fred::prelude::Client>), AppError> {
+) -> Result<(Arc<Limiter>, Coordination), AppError> {
     let budget = stores::memory_budget(s, policy.rules.len());
     let parts = stores::build_store(s, budget.max_counters).await?;
     let knobs = Arc::new(parts.knobs.with_replica(s.replica.clone()));
@@ -186,12 +187,11 @@ async fn build_limiter(
     let telemetry = crate::observe::telemetry::Telemetry::process();
     let limiter = Limiter::build(RuleSet::new(policy.clone()), parts.store, knobs, telemetry)
         .with_envoy(Arc::new(s.envoy.clone()));
-    let (limiter, secret_client) =
-        stores::with_global(s, limiter, parts.redis.clone(), parts.secret_client).await?;
-    if let Some(client) = secret_client {
-        stores::agree_on_key_secret(client).await;
+    let (limiter, secret_coord) = stores::with_global(s, limiter, &parts.coord).await?;
+    if let Some(coord) = secret_coord {
+        stores::agree_on_key_secret(coord).await;
     }
-    Ok((Arc::new(limiter), parts.redis))
+    Ok((Arc::new(limiter), parts.coord))
 }
 
 /// The policy file's reloader (watching it unless told not to), the
@@ -240,7 +240,7 @@ fn admin_state(
     limiter: &Arc<Limiter>,
     reloader: &Reloader,
     governors: Arc<Governors>,
-    redis: Option<fred::prelude::Client>,
+    coord: Coordination,
 ) -> AdminState {
     if s.tokens.admin.is_none() {
         info!("no --admin-token: knob changes are refused (GET /knobs still answers)");
@@ -261,17 +261,13 @@ fn admin_state(
         deadline_margin: s.deadline_margin,
         healthy_needs_config: s.healthy_needs_config,
         failure_policy: s.redis.is_some().then(|| s.on_store_failure.as_str()),
-        rlqs: Arc::new(rlqs_hub(s, limiter, redis)),
+        rlqs: Arc::new(rlqs_hub(s, limiter, coord)),
     }
 }
 
 /// The RLQS streams' hub; with the counters' Redis, limits are shared
 /// with the other replicas through it.
-fn rlqs_hub(
-    s: &Settings,
-    limiter: &Arc<Limiter>,
-    redis: Option<fred::prelude::Client>,
-) -> crate::server::rlqs::Hub {
+fn rlqs_hub(s: &Settings, limiter: &Arc<Limiter>, coord: Coordination) -> crate::server::rlqs::Hub {
     use crate::server::rlqs::{replicas::Replicas, Hub, RlqsSettings};
     let hub = Hub::new(
         limiter.clone(),
@@ -281,12 +277,10 @@ fn rlqs_hub(
         },
         Arc::new(crate::clock::SystemClock::default()),
     );
-    match redis {
-        Some(client) => {
-            let replicas = Arc::new(Replicas::new(client, s.replica.clone()));
-            info!(holder = %replicas.holder(), "RLQS limits shared with the other replicas through Redis");
-            hub.with_replicas(replicas)
-        }
-        None => hub,
+    if !coord.is_shared() {
+        return hub;
     }
+    let replicas = Arc::new(Replicas::new(coord, s.replica.clone()));
+    info!(holder = %replicas.holder(), "RLQS limits shared with the other replicas through Redis");
+    hub.with_replicas(replicas)
 }

@@ -4,15 +4,16 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use fred::prelude::Client;
 use tracing::{info, warn};
 
 use super::{AppError, Settings};
+use crate::coord::Coordination;
 use crate::global::{Global, GlobalOptions};
 use crate::knobs::shared::SharedKnobs;
 use crate::knobs::Knobs;
 use crate::limiter::Limiter;
 use crate::memory_budget::{cgroup_limit, plan, LimitSource, MemoryBudget, MemoryLimit, Reserved};
+use crate::rules::bounded::{fresh_secret_hex, secret_hex, set_secret_hex, SECRET_KEY};
 use crate::store::failover::FailoverStore;
 use crate::store::memory::SystemClock;
 use crate::store::over_limit::OverLimitCache;
@@ -24,11 +25,10 @@ use crate::store::{MemoryStore, Store};
 pub(super) struct StoreParts {
     pub store: Arc<dyn Store>,
     pub knobs: Knobs,
-    /// The counters' Redis: the regional store of global limits, and where
-    /// governors elect their leader.
-    pub redis: Option<Client>,
-    /// Where replicas agree on the key that hashes long actor values.
-    pub secret_client: Option<Client>,
+    /// Coordination through the counters' Redis (this process's own without
+    /// it): the regional store of global limits, where governors elect their
+    /// leader, where RLQS limits are shared and the actor-hash key agreed.
+    pub coord: Coordination,
 }
 
 /// The memory budget: `memory_limit` (0: none), else the cgroup's limit;
@@ -89,8 +89,7 @@ pub(super) async fn build_store(s: &Settings, max_counters: usize) -> Result<Sto
         return Ok(StoreParts {
             store: memory,
             knobs: Knobs::local(),
-            redis: None,
-            secret_client: None,
+            coord: Coordination::in_process(),
         });
     };
     info!(target = ?target, policy = ?s.on_store_failure, "counters in redis");
@@ -100,7 +99,7 @@ pub(super) async fn build_store(s: &Settings, max_counters: usize) -> Result<Sto
     }
     let options = redis_options(s, target, s.redis_timeout, s.redis_batches_in_flight)?;
     let (redis, connected) = RedisStore::connect(&options, Duration::from_secs(2)).await?;
-    let client = redis.client();
+    let coord = Coordination::redis(&redis);
     let mut primary: Arc<dyn Store> = Arc::new(redis);
     if s.over_limit_cache > 0 {
         primary = Arc::new(OverLimitCache::new(
@@ -120,9 +119,8 @@ pub(super) async fn build_store(s: &Settings, max_counters: usize) -> Result<Sto
     failover.spawn_probe();
     Ok(StoreParts {
         store: failover,
-        knobs: Knobs::shared(SharedKnobs::new(client.clone())),
-        redis: Some(client.clone()),
-        secret_client: Some(client),
+        knobs: Knobs::shared(SharedKnobs::new(coord.clone())),
+        coord,
     })
 }
 
@@ -148,15 +146,16 @@ fn redis_options(
 }
 
 /// With a global store, the limiter counts global limits against this
-/// region's leases; the global store then holds the actor-hash key.
+/// region's leases; the global store then holds the actor-hash key (else
+/// the counters' Redis does, if shared). Returns where that key is agreed.
 pub(super) async fn with_global(
     s: &Settings,
     limiter: Limiter,
-    regional: Option<Client>,
-    secret_client: Option<Client>,
-) -> Result<(Limiter, Option<Client>), AppError> {
+    coord: &Coordination,
+) -> Result<(Limiter, Option<Coordination>), AppError> {
+    let regional = coord.is_shared().then(|| coord.clone());
     let Some(target) = s.global.clone() else {
-        return Ok((limiter, secret_client));
+        return Ok((limiter, regional));
     };
     let timeout = (s.global_lease / 4).max(Duration::from_millis(50));
     let options = redis_options(
@@ -169,6 +168,7 @@ pub(super) async fn with_global(
     if !connected {
         warn!("global store unreachable at startup; global limits start on conservative quotas");
     }
+    let global_coord = Coordination::redis(&global_store);
     let global = Arc::new(Global::new(
         GlobalOptions {
             region: s.region.clone(),
@@ -178,13 +178,13 @@ pub(super) async fn with_global(
             headroom: 0.05,
             replica: s.replica.clone(),
         },
-        global_store.client(),
+        global_coord.clone(),
         regional,
     ));
     global.spawn();
     info!(region = %s.region, holder = %global.holder(), "global limits coordinated through the global store");
     // Every region hashes long actor values with one key.
-    Ok((limiter.with_global(global), Some(global_store.client())))
+    Ok((limiter.with_global(global), Some(global_coord)))
 }
 
 /// Agrees with the other replicas on the key that hashes long actor values
@@ -194,9 +194,8 @@ pub(super) async fn with_global(
 ///
 /// Then, every 30 s, puts the key back if Redis lost it, so replicas
 /// started later still agree with this one.
-pub(super) async fn agree_on_key_secret(client: Client) {
-    use crate::rules::bounded::{agree_through_redis, keep_in_redis};
-    let agreed = agree_through_redis(&client).await;
+pub(super) async fn agree_on_key_secret(coord: Coordination) {
+    let agreed = agree_on_secret(&coord).await;
     if !agreed {
         warn!(
             "could not read the shared key for long actor values from Redis; retrying every second"
@@ -204,14 +203,56 @@ pub(super) async fn agree_on_key_secret(client: Client) {
     }
     tokio::spawn(async move {
         if !agreed {
-            while !agree_through_redis(&client).await {
+            while !agree_on_secret(&coord).await {
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
             info!("agreed on the shared key for long actor values through Redis");
         }
         loop {
             tokio::time::sleep(Duration::from_secs(30)).await;
-            keep_in_redis(&client).await;
+            keep_secret(&coord).await;
         }
     });
+}
+
+/// Agrees on the hash key with every replica: offers a fresh one (written
+/// only if none is stored) and uses whichever is stored. False when Redis
+/// did not answer (this process keeps its own key meanwhile).
+async fn agree_on_secret(coord: &Coordination) -> bool {
+    let offer = fresh_secret_hex();
+    if coord.set_if_absent(SECRET_KEY, &offer, None).await.is_err() {
+        return false;
+    }
+    match coord.get(SECRET_KEY).await {
+        Ok(Some(hex)) if set_secret_hex(&hex) => true,
+        Ok(Some(_)) => {
+            warn!("{SECRET_KEY} in Redis is not 32 hex digits; long actor values are hashed with this replica's own key (delete the key to let replicas agree again)");
+            true
+        }
+        // Gone between the write and the read: try again.
+        Ok(None) | Err(_) => false,
+    }
+}
+
+/// Puts this process's key back if it is gone (a flush, an eviction), so
+/// replicas started later agree with the running ones; a different stored
+/// key is only reported (switching would move every long actor to a new
+/// counter). False when Redis did not answer.
+async fn keep_secret(coord: &Coordination) -> bool {
+    let mine = secret_hex();
+    match coord.set_if_absent(SECRET_KEY, &mine, None).await {
+        Err(_) => false,
+        Ok(true) => {
+            warn!("{SECRET_KEY} had gone from Redis; this replica's key is stored again");
+            true
+        }
+        Ok(false) => {
+            if let Ok(Some(hex)) = coord.get(SECRET_KEY).await {
+                if hex != mine {
+                    warn!("{SECRET_KEY} in Redis differs from the key this replica hashes long actor values with (it changed while this replica ran); restart replicas to agree again");
+                }
+            }
+            true
+        }
+    }
 }

@@ -7,8 +7,9 @@
 //! - The renewer sends all demands in one script call per period (sooner
 //!   when one moved by a fifth; `store/lua/global_renew.lua` mirrors
 //!   [`crate::quota`]); live grants never sum above the global rate. A region's
-//!   replicas share one lease through a regional Redis (one renews, under a
-//!   `SET NX PX` lock; on the memory store each has its own). While the
+//!   replicas share one lease through a regional Redis (one renews, holding
+//!   a lease of the coordination handle; on the memory store each has its
+//!   own). While the
 //!   global store fails, a region uses `fallback_share` of its last lease.
 
 mod regional;
@@ -22,15 +23,15 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
-use fred::prelude::Client;
 use serde_json::{json, Value};
 
 use crate::clock::now_ms;
 use crate::config::LimitSpec;
+use crate::coord::Coordination;
 use crate::observe::metrics::metrics;
 
-/// The renewal script.
-pub const RENEW_SCRIPT: &str = include_str!("../store/lua/global_renew.lua");
+/// The renewal script (kept with the coordination handle that runs it).
+pub use crate::coord::RENEW_SCRIPT;
 
 /// How a region takes part in global limits.
 #[derive(Debug, Clone)]
@@ -124,9 +125,8 @@ struct Counter {
 pub struct Global {
     options: GlobalOptions,
     holder: String,
-    store: Client,
-    regional: Option<Client>,
-    sha: String,
+    store: Coordination,
+    regional: Option<Coordination>,
     leases: ArcSwap<HashMap<String, Lease>>,
     last_good: Mutex<HashMap<String, Lease>>,
     counters: Mutex<HashMap<String, Counter>>,
@@ -153,7 +153,11 @@ fn gauge_value(x: f64) -> f64 {
 impl Global {
     /// Global limits through `store` (the global store); `regional` is the
     /// region's Redis when replicas share one (else each holds its own lease).
-    pub fn new(options: GlobalOptions, store: Client, regional: Option<Client>) -> Global {
+    pub fn new(
+        options: GlobalOptions,
+        store: Coordination,
+        regional: Option<Coordination>,
+    ) -> Global {
         let replica = options.replica.clone();
         let holder = if regional.is_some() {
             options.region.clone()
@@ -164,7 +168,6 @@ impl Global {
             holder,
             store,
             regional,
-            sha: fred::util::sha1_hash(RENEW_SCRIPT),
             leases: ArcSwap::from_pointee(HashMap::new()),
             last_good: Mutex::new(HashMap::new()),
             counters: Mutex::new(HashMap::new()),

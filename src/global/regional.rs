@@ -1,6 +1,6 @@
 //! One lease for all the replicas of a region, through the regional Redis:
 //! every replica writes its demand and its counters' specs there, one
-//! replica (holding a `SET NX PX` lock) renews for the region and writes the
+//! replica (holding a lease, [`Coordination::hold`]) renews for the region and writes the
 //! leases and the world's view back, and the others read them.
 //!
 //! Keys are `divvy:global:<what>:<region>`; values are text: a demand is
@@ -10,10 +10,11 @@ use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use fred::prelude::*;
+use std::time::Duration;
 
 use super::{gauge_value, Demands, Global, GlobalSpec, Lease, Specs};
 use crate::clock::now_ms;
+use crate::coord::{CoordError, Coordination};
 use crate::observe::metrics::metrics;
 
 /// A spec as the regional store holds it.
@@ -64,20 +65,20 @@ impl Global {
         self.options.replica.clone()
     }
 
-    /// How long the region's hashes outlive their last write (ms): ten periods.
-    fn regional_life_ms(&self) -> i64 {
-        i64::try_from(self.options.period.as_millis() * 10).unwrap_or(i64::MAX)
+    /// How long the region's hashes outlive their last write: ten periods.
+    fn regional_life(&self) -> Duration {
+        self.options.period * 10
     }
 
     /// Writes this replica's demand rates (field `counter<TAB>replica`,
     /// value `rate ms`) and the counters' specs to the regional store.
     pub(super) async fn flush_regional(
         &self,
-        regional: &Client,
+        regional: &Coordination,
         demands: &Demands,
         specs: &Specs,
         now: u64,
-    ) -> Result<(), Error> {
+    ) -> Result<(), CoordError> {
         let demand_key = self.regional_key("demand");
         let spec_key = self.regional_key("specs");
         let me = self.replica();
@@ -89,47 +90,34 @@ impl Global {
                 spec_fields.push((k.clone(), encode_spec(spec)));
             }
         }
-        let life = self.regional_life_ms();
+        let life = Some(self.regional_life());
         if !rates.is_empty() {
-            regional.hset::<(), _, _>(&demand_key, rates).await?;
-            regional.hset::<(), _, _>(&spec_key, spec_fields).await?;
-            let _ = regional.pexpire::<(), _>(&demand_key, life, None).await;
-            let _ = regional.pexpire::<(), _>(&spec_key, life, None).await;
+            regional.hash_set(&demand_key, rates, life).await?;
+            regional.hash_set(&spec_key, spec_fields, life).await?;
         }
         Ok(())
     }
 
     /// Takes or keeps the region's renewer lock; true when this replica holds it.
-    pub(super) async fn hold_renewer(&self, regional: &Client) -> bool {
+    /// Redis not answering: not the renewer.
+    pub(super) async fn hold_renewer(&self, regional: &Coordination) -> bool {
         let key = self.regional_key("renewer");
-        let me = self.replica();
-        let px = i64::try_from(self.options.period.as_millis() * 3 / 2).unwrap_or(3000);
-        let got: Result<Option<String>, Error> = regional
-            .set(
-                &key,
-                me.as_str(),
-                Some(Expiration::PX(px)),
-                Some(SetOptions::NX),
-                false,
-            )
-            .await;
-        if matches!(got, Ok(Some(_))) {
-            return true;
-        }
-        match regional.get::<Option<String>, _>(&key).await {
-            Ok(Some(holder)) if holder == me => {
-                let _ = regional.pexpire::<(), _>(&key, px, None).await;
-                true
-            }
-            _ => false,
-        }
+        let ttl = self.options.period * 3 / 2;
+        regional
+            .hold(&key, &self.replica(), ttl)
+            .await
+            .unwrap_or(false)
     }
 
     /// The region's demand: the sum of every replica's fresh rate per counter.
-    pub(super) async fn take_regional(&self, regional: &Client, now: u64) -> (Demands, Specs) {
+    pub(super) async fn take_regional(
+        &self,
+        regional: &Coordination,
+        now: u64,
+    ) -> (Demands, Specs) {
         let demand_key = self.regional_key("demand");
         let spec_key = self.regional_key("specs");
-        let raw: HashMap<String, String> = regional.hgetall(&demand_key).await.unwrap_or_default();
+        let raw = regional.hash_get_all(&demand_key).await.unwrap_or_default();
         let fresh_ms = u64::try_from(self.options.period.as_millis() * 2).unwrap_or(u64::MAX);
         let mut demands = Demands::new();
         let mut stale = Vec::new();
@@ -148,9 +136,9 @@ impl Global {
             *demands.entry(counter.to_owned()).or_default() += rate;
         }
         if !stale.is_empty() {
-            let _ = regional.hdel::<(), _, _>(&demand_key, stale).await;
+            let _ = regional.hash_delete(&demand_key, stale).await;
         }
-        let raw: HashMap<String, String> = regional.hgetall(&spec_key).await.unwrap_or_default();
+        let raw = regional.hash_get_all(&spec_key).await.unwrap_or_default();
         let specs = raw
             .into_iter()
             .filter_map(|(k, v)| Some((k, decode_spec(&v)?)))
@@ -162,23 +150,19 @@ impl Global {
     /// region's other replicas.
     pub(super) async fn write_regional_view(
         &self,
-        regional: &Client,
+        regional: &Coordination,
         views: HashMap<String, String>,
     ) {
         let key = self.regional_key("view");
         let fields: Vec<(String, String)> = views.into_iter().collect();
-        if !fields.is_empty() {
-            let _ = regional.hset::<(), _, _>(&key, fields).await;
-            let _ = regional
-                .pexpire::<(), _>(&key, self.regional_life_ms(), None)
-                .await;
-        }
+        let life = Some(self.regional_life());
+        let _ = regional.hash_set(&key, fields, life).await;
     }
 
     /// Writes the leases just decided, for the region's other replicas.
     pub(super) async fn write_regional_leases(
         &self,
-        regional: &Client,
+        regional: &Coordination,
         leases: &HashMap<String, Lease>,
     ) {
         let key = self.regional_key("leases");
@@ -186,18 +170,14 @@ impl Global {
             .iter()
             .map(|(k, l)| (k.clone(), encode_lease(l)))
             .collect();
-        if !fields.is_empty() {
-            let _ = regional.hset::<(), _, _>(&key, fields).await;
-            let _ = regional
-                .pexpire::<(), _>(&key, self.regional_life_ms(), None)
-                .await;
-        }
+        let life = Some(self.regional_life());
+        let _ = regional.hash_set(&key, fields, life).await;
     }
 
     /// A replica that does not renew: puts the region's leases and view in force.
-    pub(super) async fn read_regional(&self, regional: &Client) {
+    pub(super) async fn read_regional(&self, regional: &Coordination) {
         let key = self.regional_key("leases");
-        let Ok(raw) = regional.hgetall::<HashMap<String, String>, _>(&key).await else {
+        let Ok(raw) = regional.hash_get_all(&key).await else {
             return;
         };
         let leases: HashMap<String, Lease> = raw
@@ -223,10 +203,7 @@ impl Global {
             }
         }
         self.leases.store(Arc::new(leases));
-        if let Ok(view) = regional
-            .hgetall::<HashMap<String, String>, _>(&self.regional_key("view"))
-            .await
-        {
+        if let Ok(view) = regional.hash_get_all(&self.regional_key("view")).await {
             self.view.store(Arc::new(view));
         }
     }
@@ -235,6 +212,38 @@ impl Global {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::global::GlobalOptions;
+
+    fn replica(name: &str, regional: &Coordination) -> Global {
+        let options = GlobalOptions {
+            region: "eu".to_owned(),
+            period: Duration::from_secs(60),
+            fallback_share: 0.5,
+            floor: 0.01,
+            headroom: 0.05,
+            replica: name.to_owned(),
+        };
+        Global::new(options, Coordination::in_process(), Some(regional.clone()))
+    }
+
+    #[tokio::test]
+    async fn one_replica_of_a_region_renews_and_the_others_read_its_leases() {
+        let regional = Coordination::in_process();
+        let (a, b) = (replica("a:1", &regional), replica("b:2", &regional));
+        assert!(a.hold_renewer(&regional).await);
+        assert!(!b.hold_renewer(&regional).await);
+        assert!(a.hold_renewer(&regional).await);
+        let lease = Lease {
+            rate: 2.0,
+            burst: 4,
+            expires_at_ms: u64::MAX,
+            fallback: false,
+        };
+        let leases = HashMap::from([("c".to_owned(), lease)]);
+        a.write_regional_leases(&regional, &leases).await;
+        b.read_regional(&regional).await;
+        assert_eq!(b.leases.load().get("c"), Some(&lease));
+    }
 
     #[test]
     fn a_spec_reads_back_as_written_and_its_label_may_hold_spaces() {

@@ -8,17 +8,17 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{gauge_value, Demands, Global, GlobalSpec, Lease, Specs, RENEW_SCRIPT};
+use super::{gauge_value, Demands, Global, GlobalSpec, Lease, Specs};
 use crate::clock::now_ms;
+use crate::coord::{CoordError, ShareAsk, ShareRenewal};
 use crate::observe::metrics::metrics;
-use crate::store::redis::evalsha_or_load;
 
 /// Why a renewal gave no leases: the region falls back to conservative quotas.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum RenewError {
     /// The global store answered with an error.
     #[error("{0}")]
-    Store(#[from] fred::error::Error),
+    Store(#[from] CoordError),
     /// The global store did not answer in time.
     #[error("no answer within {0:?}")]
     TimedOut(Duration),
@@ -91,14 +91,8 @@ impl Global {
         }
         let sent: Vec<(&String, &GlobalSpec)> = specs.iter().collect();
         let timeout = self.options.period / 4;
-        let call = evalsha_or_load::<Vec<String>, _, _>(
-            &self.store,
-            &self.sha,
-            RENEW_SCRIPT,
-            "renewal",
-            || self.script_call(&sent, demands),
-        );
-        let result = tokio::time::timeout(timeout, call).await;
+        let renewal = self.renewal(&sent, demands);
+        let result = tokio::time::timeout(timeout, self.store.renew_shares(&renewal)).await;
         // The global store counts the life from when the script ran: up to `timeout` ago.
         let expires = now_ms()
             + u64::try_from(self.lease_life_ms())
@@ -116,26 +110,23 @@ impl Global {
         true
     }
 
-    /// The script's keys and arguments (see `store/lua/global_renew.lua`).
-    fn script_call(
-        &self,
-        sent: &[(&String, &GlobalSpec)],
-        demands: &Demands,
-    ) -> (Vec<String>, Vec<String>) {
-        let keys = sent.iter().map(|(k, _)| global_key(k)).collect();
-        let mut args: Vec<String> = vec![
-            self.holder.clone(),
-            self.lease_life_ms().to_string(),
-            self.options.floor.to_string(),
-            self.options.headroom.to_string(),
-            "-1".to_owned(),
-        ];
-        for (k, spec) in sent {
-            let demand = demands.get(*k).copied().unwrap_or(0.0);
-            args.push(spec.rate.to_string());
-            args.push(demand.to_string());
+    /// What the region asks the global store for: its share of each counter.
+    fn renewal(&self, sent: &[(&String, &GlobalSpec)], demands: &Demands) -> ShareRenewal<'_> {
+        ShareRenewal {
+            purpose: "renewal",
+            holder: &self.holder,
+            life_ms: self.lease_life_ms(),
+            floor: self.options.floor,
+            headroom: self.options.headroom,
+            asks: sent
+                .iter()
+                .map(|(k, spec)| ShareAsk {
+                    key: global_key(k),
+                    rate: spec.rate,
+                    demand: demands.get(*k).copied().unwrap_or(0.0),
+                })
+                .collect(),
         }
-        (keys, args)
     }
 
     /// Installs the granted leases and leaves fallback, if the region was in it.

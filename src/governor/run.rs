@@ -11,7 +11,6 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use fred::prelude::Client;
 use serde::Serialize;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -21,6 +20,7 @@ use super::pid::{Controller, Step};
 use super::prometheus::{Prometheus, ReadError};
 use crate::clock::now_ms;
 use crate::config::GovernorSpec;
+use crate::coord::Coordination;
 use crate::knobs::body::target;
 use crate::knobs::Knob;
 use crate::limiter::Limiter;
@@ -79,7 +79,7 @@ struct Running {
 /// Every governor of the policy in force, and their state.
 pub struct Governors {
     limiter: Arc<Limiter>,
-    lease_client: Option<Client>,
+    coord: Coordination,
     default_prometheus: Option<String>,
     states: Mutex<BTreeMap<String, GovernorState>>,
     running: Mutex<BTreeMap<String, Running>>,
@@ -90,17 +90,17 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Governors {
-    /// Governors for `limiter`'s policy. `lease_client`: the Redis store's
-    /// client (replicas elect who governs), or `None` for the memory store.
+    /// Governors for `limiter`'s policy. `coord`: where replicas elect who
+    /// governs (this process's own without Redis).
     /// `default_prometheus`: `--prometheus-url`.
     pub fn new(
         limiter: Arc<Limiter>,
-        lease_client: Option<Client>,
+        coord: Coordination,
         default_prometheus: Option<String>,
     ) -> Governors {
         Governors {
             limiter,
-            lease_client,
+            coord,
             default_prometheus,
             states: Mutex::new(BTreeMap::new()),
             running: Mutex::new(BTreeMap::new()),
@@ -150,7 +150,7 @@ impl Governors {
                 // A governor that only changed restarts below under the same
                 // name and keeps its lease; one that is gone gives it up.
                 if !wanted.contains_key(&label) {
-                    let lease = Lease::new(self.lease_client.clone(), &label, self.replica());
+                    let lease = Lease::new(self.coord.clone(), &label, self.replica());
                     tokio::spawn(async move { lease.release().await });
                 }
                 lock(&self.states).remove(&label);
@@ -224,7 +224,7 @@ impl Governors {
             return;
         };
         let label = spec.rule.clone();
-        let lease = Lease::new(self.lease_client.clone(), &label, self.replica());
+        let lease = Lease::new(self.coord.clone(), &label, self.replica());
         // The query must answer well within the interval.
         let timeout = (spec.every * 4 / 5).max(Duration::from_millis(50));
         let stale_after = spec.every * 3;

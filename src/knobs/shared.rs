@@ -12,53 +12,55 @@
 
 use std::collections::HashMap;
 
-use fred::prelude::*;
-
 use super::{Knob, KnobError};
+use crate::coord::{CoordError, Coordination};
 
 /// The Redis hash holding every knob.
 pub const KNOBS_KEY: &str = "divvy:knobs";
 
-/// The knobs' Redis client.
+/// The knobs' shared copy, through the coordination handle.
 #[derive(Clone)]
 pub struct SharedKnobs {
-    client: Client,
+    coord: Coordination,
 }
 
-fn unavailable(e: &Error) -> KnobError {
+fn unavailable(e: &CoordError) -> KnobError {
     KnobError::Unavailable(e.to_string())
 }
 
 impl SharedKnobs {
-    /// Knobs through `client` (the Redis store's).
-    pub fn new(client: Client) -> SharedKnobs {
-        SharedKnobs { client }
+    /// Knobs through `coord` (the Redis store's).
+    pub fn new(coord: Coordination) -> SharedKnobs {
+        SharedKnobs { coord }
     }
 
     /// Writes `label`'s knob.
     pub async fn put(&self, label: &str, knob: &Knob) -> Result<(), KnobError> {
         let json = serde_json::to_string(knob)
             .map_err(|e| KnobError::Invalid(format!("cannot encode the knob: {e}")))?;
-        self.client
-            .hset::<(), _, _>(KNOBS_KEY, (label, json))
+        self.coord
+            .hash_set(KNOBS_KEY, vec![(label.to_owned(), json)], None)
             .await
             .map_err(|e| unavailable(&e))
     }
 
     /// Removes `label`'s knob.
     pub async fn delete(&self, label: &str) -> Result<(), KnobError> {
-        self.client
-            .hdel::<(), _, _>(KNOBS_KEY, label)
+        self.coord
+            .hash_delete(KNOBS_KEY, vec![label.to_owned()])
             .await
             .map_err(|e| unavailable(&e))
     }
 
     /// Removes `label`'s knob if the stored one has expired by `now_ms`.
     pub async fn delete_if_expired(&self, label: &str, now_ms: u64) {
-        let stored: Result<Option<String>, Error> = self.client.hget(KNOBS_KEY, label).await;
+        let stored = self.coord.hash_get(KNOBS_KEY, label).await;
         if let Ok(Some(json)) = stored {
             if serde_json::from_str::<Knob>(&json).is_ok_and(|k| !k.live(now_ms)) {
-                let _ = self.client.hdel::<(), _, _>(KNOBS_KEY, label).await;
+                let _ = self
+                    .coord
+                    .hash_delete(KNOBS_KEY, vec![label.to_owned()])
+                    .await;
             }
         }
     }
@@ -66,8 +68,8 @@ impl SharedKnobs {
     /// Every knob stored (unreadable entries are skipped with a warning).
     pub async fn read_all(&self) -> Result<HashMap<String, Knob>, KnobError> {
         let raw: HashMap<String, String> = self
-            .client
-            .hgetall(KNOBS_KEY)
+            .coord
+            .hash_get_all(KNOBS_KEY)
             .await
             .map_err(|e| unavailable(&e))?;
         Ok(raw
@@ -80,5 +82,34 @@ impl SharedKnobs {
                 }
             })
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::coord::Coordination;
+
+    fn knob(credit_limit: u64, expires_at_ms: Option<u64>) -> Knob {
+        Knob {
+            expires_at_ms,
+            ..Knob::credit_limit(credit_limit)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_knob_written_through_one_handle_is_read_through_another() {
+        let coord = Coordination::in_process();
+        let (a, b) = (SharedKnobs::new(coord.clone()), SharedKnobs::new(coord));
+        a.put("api", &knob(20, None)).await.unwrap();
+        a.put("old", &knob(5, Some(10))).await.unwrap();
+        let seen = b.read_all().await.unwrap();
+        assert_eq!(seen.get("api"), Some(&knob(20, None)));
+        b.delete_if_expired("old", 11).await;
+        b.delete_if_expired("api", 11).await;
+        let seen = a.read_all().await.unwrap();
+        assert_eq!(seen.keys().collect::<Vec<_>>(), vec!["api"]);
+        a.delete("api").await.unwrap();
+        assert!(b.read_all().await.unwrap().is_empty());
     }
 }

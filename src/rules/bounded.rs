@@ -67,6 +67,12 @@ pub fn set_secret_hex(hex: &str) -> bool {
     }
 }
 
+/// The hash key in use, as 32 hex digits.
+pub fn secret_hex() -> String {
+    let (a, b) = secret();
+    format!("{a:016x}{b:016x}")
+}
+
 /// A fresh random hash key as 32 hex digits (to offer to Redis).
 pub fn fresh_secret_hex() -> String {
     let (a, b) = random_secret();
@@ -111,65 +117,6 @@ pub fn push_value(key: &mut String, value: &str) {
     let digest = h.finish128();
     // Writing to a String cannot fail.
     let _ = write!(key, "{:016x}{:016x}", digest.h1, digest.h2);
-}
-
-/// Agrees on the hash key with every replica through Redis: offers a fresh
-/// one (`SET NX`) and uses whichever is stored. False when Redis did not
-/// answer (this process keeps its own key meanwhile).
-pub async fn agree_through_redis(client: &fred::prelude::Client) -> bool {
-    use fred::prelude::*;
-    let offer = fresh_secret_hex();
-    let set: Result<Option<String>, _> = client
-        .set(
-            SECRET_KEY,
-            offer.as_str(),
-            None,
-            Some(SetOptions::NX),
-            false,
-        )
-        .await;
-    if set.is_err() {
-        return false;
-    }
-    let stored: Result<Option<String>, _> = client.get(SECRET_KEY).await;
-    match stored {
-        Ok(Some(hex)) if set_secret_hex(&hex) => true,
-        Ok(Some(_)) => {
-            tracing::warn!("{SECRET_KEY} in Redis is not 32 hex digits; long actor values are hashed with this replica's own key (delete the key to let replicas agree again)");
-            true
-        }
-        // Gone between the SET NX and the GET: try again.
-        Ok(None) | Err(_) => false,
-    }
-}
-
-/// Puts this process's key back in Redis if it is gone (a flush, an
-/// eviction), so replicas started later agree with the running ones; a
-/// different stored key is only reported (switching would move every long
-/// actor to a new counter). False when Redis did not answer.
-pub async fn keep_in_redis(client: &fred::prelude::Client) -> bool {
-    use fred::prelude::*;
-    let (a, b) = secret();
-    let mine = format!("{a:016x}{b:016x}");
-    let set: Result<Option<String>, _> = client
-        .set(SECRET_KEY, mine.as_str(), None, Some(SetOptions::NX), false)
-        .await;
-    match set {
-        Err(_) => false,
-        Ok(Some(_)) => {
-            tracing::warn!("{SECRET_KEY} had gone from Redis; this replica's key is stored again");
-            true
-        }
-        Ok(None) => {
-            let stored: Result<Option<String>, _> = client.get(SECRET_KEY).await;
-            if let Ok(Some(hex)) = stored {
-                if hex != mine {
-                    tracing::warn!("{SECRET_KEY} in Redis differs from the key this replica hashes long actor values with (it changed while this replica ran); restart replicas to agree again");
-                }
-            }
-            true
-        }
-    }
 }
 
 #[cfg(test)]

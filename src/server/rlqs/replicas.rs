@@ -13,12 +13,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use fred::prelude::Client;
-
 use super::assign::{FLOOR, HEADROOM};
-use crate::global::{parse_grants, RENEW_SCRIPT};
+use crate::coord::{Coordination, ShareAsk, ShareRenewal};
+use crate::global::parse_grants;
 use crate::observe::metrics::metrics;
-use crate::store::redis::evalsha_or_load;
 
 /// How often a replica renews its shares (sooner when a new limit appears).
 pub const PERIOD: Duration = Duration::from_millis(500);
@@ -40,9 +38,8 @@ pub struct Ask {
 
 /// This replica's side of the sharing.
 pub struct Replicas {
-    client: Client,
+    coord: Coordination,
     holder: String,
-    sha: String,
     /// Counter → this replica's share of its rate.
     grants: Mutex<HashMap<String, f64>>,
     /// Counter → every live holder's share (`holder=grant ...`), for `GET /rlqs`.
@@ -51,12 +48,12 @@ pub struct Replicas {
 }
 
 impl Replicas {
-    /// Sharing through `client`, as `holder` (this process, `host:pid`).
-    pub fn new(client: Client, holder: String) -> Replicas {
+    /// Sharing through `coord` (the counters' Redis), as `holder` (this
+    /// process, `host:pid`).
+    pub fn new(coord: Coordination, holder: String) -> Replicas {
         Replicas {
-            client,
+            coord,
             holder,
-            sha: fred::util::sha1_hash(RENEW_SCRIPT),
             grants: Mutex::new(HashMap::new()),
             views: Mutex::new(HashMap::new()),
             failing: AtomicBool::new(false),
@@ -97,13 +94,8 @@ impl Replicas {
     /// On failure the last grants stay in force (counters no stream
     /// reports any more are forgotten either way).
     pub async fn renew(&self, asks: &[Ask]) {
-        let call = evalsha_or_load::<Vec<String>, _, _>(
-            &self.client,
-            &self.sha,
-            RENEW_SCRIPT,
-            "RLQS sharing",
-            || self.script_call(asks),
-        );
+        let renewal = self.renewal(asks);
+        let call = self.coord.renew_shares(&renewal);
         let answer = match tokio::time::timeout(TIMEOUT, call).await {
             Ok(Ok(raw)) => parse_grants(&raw, asks.len()).map_err(|e| e.to_string()),
             Ok(Err(e)) => Err(e.to_string()),
@@ -140,21 +132,23 @@ impl Replicas {
             .inc();
     }
 
-    /// The script's keys and arguments (see `store/lua/global_renew.lua`).
-    fn script_call(&self, asks: &[Ask]) -> (Vec<String>, Vec<String>) {
-        let keys = asks.iter().map(|a| shared_key(&a.counter)).collect();
-        let mut args = vec![
-            self.holder.clone(),
-            LEASE_LIFE.as_millis().to_string(),
-            FLOOR.to_string(),
-            HEADROOM.to_string(),
-            "-1".to_owned(),
-        ];
-        for a in asks {
-            args.push(a.rate.to_string());
-            args.push(a.demand.to_string());
+    /// What this replica asks for: its share of each limit counter.
+    fn renewal(&self, asks: &[Ask]) -> ShareRenewal<'_> {
+        ShareRenewal {
+            purpose: "RLQS sharing",
+            holder: &self.holder,
+            life_ms: LEASE_LIFE.as_millis(),
+            floor: FLOOR,
+            headroom: HEADROOM,
+            asks: asks
+                .iter()
+                .map(|a| ShareAsk {
+                    key: shared_key(&a.counter),
+                    rate: a.rate,
+                    demand: a.demand,
+                })
+                .collect(),
         }
-        (keys, args)
     }
 }
 

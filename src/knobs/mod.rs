@@ -22,7 +22,6 @@ use crate::clock::now_ms;
 
 use crate::config::LimitSpec;
 use crate::observe::metrics::metrics;
-use crate::store::Algorithm;
 pub use body::KnobBody;
 
 /// The numbers a knob sets, and who set it when.
@@ -94,7 +93,7 @@ impl Knob {
         LimitSpec {
             credit_limit,
             reset_seconds: self.reset_seconds.unwrap_or(limit.reset_seconds),
-            burst: if limit.algorithm == Algorithm::TokenBucket {
+            burst: if limit.algorithm.spec().has_burst {
                 burst
             } else {
                 credit_limit

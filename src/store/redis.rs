@@ -850,7 +850,8 @@ fn script_args<'a>(
         for (i, op) in ops.iter().enumerate() {
             keys.push(op.key.as_str());
             let shape = [
-                op.algorithm.code(),
+                // (+ 4: the op fills; see the prelude's `filled`)
+                op.algorithm.code() + if op.fill { 4 } else { 0 },
                 int(op.limit),
                 int(window_ms(op.window)),
                 int(op.burst.max(1)),

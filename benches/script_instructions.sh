@@ -39,7 +39,7 @@ else
   script=$(mktemp)
   joined=$script
   cat "$lua"/prelude.lua "$lua"/window.lua "$lua"/fixed.lua "$lua"/sliding.lua \
-    "$lua"/token_bucket.lua "$lua"/driver.lua >"$script"
+    "$lua"/token_bucket.lua "$lua"/lone.lua "$lua"/driver.lua >"$script"
 fi
 algorithm=${2:-0}
 if [ "$algorithm" = group ]; then hints=${3:-2}; else hints=${3:-3}; fi

@@ -351,6 +351,8 @@ struct OpGen {
     refund: bool,
     joint: bool,
     decides: bool,
+    /// [`CounterOp::fill`].
+    fill: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -399,13 +401,15 @@ fn op_gen() -> impl Strategy<Value = OpGen> {
         prop::bool::weighted(0.15),
         prop::bool::weighted(0.3),
         prop::bool::weighted(0.85),
+        prop::bool::weighted(0.3),
     )
-        .prop_map(|(counter, cost, refund, joint, decides)| OpGen {
+        .prop_map(|(counter, cost, refund, joint, decides, fill)| OpGen {
             counter,
             cost,
             refund,
             joint,
             decides,
+            fill,
         })
 }
 
@@ -466,6 +470,7 @@ impl OpGen {
             refund: self.refund,
             joint: self.joint,
             decides: self.decides,
+            fill: self.fill,
             ..c.op(cost)
         }
     }
@@ -482,6 +487,7 @@ fn describe(requests: &[Request]) -> String {
                     (o.refund, " refund"),
                     (o.joint, " joint"),
                     (!o.decides, " canary"),
+                    (o.fill, " fill"),
                 ] {
                     if on {
                         s.push_str(word);
@@ -794,4 +800,48 @@ async fn one_call_of_more_counters_than_lua_unpacks_at_once() {
         let cost = 1 + (i as u64) % 3;
         assert_eq!(*state, st(true, 10 - cost, 1000), "counter {i}");
     }
+}
+
+#[tokio::test]
+async fn a_filled_hit_takes_what_is_left_in_both_stores() {
+    let (_server, clock, redis) = setup().await;
+    // 5 per 10 s; T0 is a window boundary.
+    let counters = vec![
+        Counter::new("fx", Algorithm::Fixed, 5, 10_000, 5),
+        Counter::new("win", Algorithm::Window, 5, 10_000, 5),
+        Counter::new("tb", Algorithm::TokenBucket, 10, 1000, 5),
+    ];
+    let mut b = Bench::new(clock, &redis, counters, T0 + 4_000).await;
+    let fill = |b: &Bench, i: usize, cost: u64| CounterOp {
+        fill: true,
+        ..b.counters[i].op(cost)
+    };
+    assert_eq!(b.hit(0, 3).await, st(true, 2, 6_000));
+    // 4 does not fit in the 2 left: they are taken, the hit is denied.
+    let f = fill(&b, 0, 4);
+    assert_eq!(
+        b.one(std::slice::from_ref(&f), Charge::Each).await,
+        vec![st(false, 0, 6_000)]
+    );
+    // The counter reads exhausted.
+    assert_eq!(b.hit(0, 1).await, st(false, 0, 6_000));
+    // Nothing left: filling takes nothing.
+    assert_eq!(b.one(&[f], Charge::Each).await, vec![st(false, 0, 6_000)]);
+    // divvy's window: the same.
+    assert_eq!(b.hit(1, 4).await, st(true, 1, 10_000));
+    let f = fill(&b, 1, 3);
+    assert_eq!(b.one(&[f], Charge::Each).await, vec![st(false, 0, 10_000)]);
+    assert_eq!(b.hit(1, 1).await, st(false, 0, 10_000));
+    // A token bucket: the reset is a retry's of the same hit.
+    assert_eq!(b.hit(2, 3).await, st(true, 2, 300));
+    let f = fill(&b, 2, 4);
+    assert_eq!(b.one(&[f], Charge::Each).await, vec![st(false, 0, 400)]);
+    // All or nothing: the fill is a plain denied hit.
+    b.at(T0 + 14_000);
+    assert_eq!(b.hit(0, 4).await, st(true, 1, 6_000));
+    let f = fill(&b, 0, 2);
+    let g = b.counters[2].op(1);
+    let answers = b.one(&[f, g], Charge::AllOrNothing).await;
+    assert_eq!(answers[0], st(false, 1, 6_000));
+    assert_eq!(b.hit(0, 1).await, st(true, 0, 6_000));
 }

@@ -65,6 +65,14 @@ pub struct CounterOp {
     /// Whether a denial of this op's group denies the request (false for a
     /// canary rule's counters); matters for [`Charge::AllOrNothing`].
     pub decides: bool,
+    /// When the hit is denied because it is larger than what is left, take
+    /// what is left instead, so the counter reads exhausted
+    /// (envoyproxy/ratelimit counts every hit). The op still answers denied,
+    /// with 0 credits left and the reset a retry of the same hit would get.
+    /// Honoured for an op charged on its own: under [`Charge::Each`], in a
+    /// group of one, not a refund, cost above 0; elsewhere it is a plain
+    /// denied hit.
+    pub fill: bool,
 }
 
 impl CounterOp {
@@ -86,6 +94,7 @@ impl CounterOp {
             refund: false,
             joint: false,
             decides: true,
+            fill: false,
         }
     }
 }

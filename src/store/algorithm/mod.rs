@@ -158,6 +158,7 @@ pub const SCRIPT: &str = concat!(
     include_str!("../lua/fixed.lua"),
     include_str!("../lua/sliding.lua"),
     include_str!("../lua/token_bucket.lua"),
+    include_str!("../lua/lone.lua"),
     include_str!("../lua/driver.lua"),
 );
 
@@ -258,6 +259,50 @@ impl Verdict {
     }
 }
 
+/// The verdict of a hit denied by `v` on `state` when it fills (see
+/// [`CounterOp::fill`]): the credits left taken instead, answered denied
+/// with what is left after them (0) and the reset a retry of the same hit
+/// would get; `None` where filling takes nothing (allowed, a refund or a
+/// check, nothing left).
+pub fn fill(
+    algorithm: Algorithm,
+    state: Option<State>,
+    now: u64,
+    p: &Params,
+    v: &Verdict,
+) -> Option<Verdict> {
+    if v.allowed || p.refund || p.cost == 0 || v.remaining == 0 {
+        return None;
+    }
+    let take = Params {
+        cost: v.remaining,
+        ..*p
+    };
+    let f = step(algorithm, state, now, &take);
+    let next = f.next.filter(|_| f.allowed)?;
+    let retry = step(algorithm, Some(next), now, p);
+    Some(Verdict {
+        allowed: false,
+        remaining: f.remaining,
+        reset_ms: retry.reset_ms,
+        next: Some(next),
+    })
+}
+
+/// The verdict of `op` on `state`, filled where `may_fill` (the op is
+/// charged on its own), and whether it takes credits (allowed, or filled).
+fn decide(op: &CounterOp, state: Option<State>, now: u64, may_fill: bool) -> (Verdict, bool) {
+    let p = Params::of(op);
+    let v = step(op.algorithm, state, now, &p);
+    if op.fill && may_fill {
+        if let Some(f) = fill(op.algorithm, state, now, &p, &v) {
+            return (f, true);
+        }
+    }
+    let takes = v.allowed;
+    (v, takes)
+}
+
 /// Applies `p` to a counter of `algorithm` holding `state` at time `now` (ms).
 pub fn step(algorithm: Algorithm, state: Option<State>, now: u64, p: &Params) -> Verdict {
     (algorithm.spec().step)(state, now, p)
@@ -354,28 +399,36 @@ pub fn apply_request<S: States>(
 /// saves in order. What it leaves out is the general path's bookkeeping:
 /// several vectors a call and one per group.
 fn apply_each<S: States>(states: &mut S, now: u64, ops: &[CounterOp]) -> Vec<CounterState> {
-    let verdicts: Vec<(Option<State>, Verdict)> = ops
+    let verdicts: Vec<(Option<State>, Verdict, bool)> = ops
         .iter()
         .enumerate()
         .map(|(i, op)| {
             let st = states.load(i);
-            (st, step(op.algorithm, st, now, &Params::of(op)))
+            let (v, takes) = decide(op, st, now, true);
+            (st, v, takes)
         })
         .collect();
     verdicts
         .into_iter()
         .enumerate()
-        .map(|(i, (st, v))| {
-            save_if_charged(states, i, st, &v);
+        .map(|(i, (st, v, takes))| {
+            save_if_charged(states, i, st, &v, takes);
             v.answer()
         })
         .collect()
 }
 
 /// Saves op `i`'s counter after verdict `v` on its state `st`: when the op
-/// was allowed and changed the counter (its own group, charged).
-fn save_if_charged<S: States>(states: &mut S, i: usize, st: Option<State>, v: &Verdict) {
-    if let (true, Some(new)) = (v.allowed, v.next) {
+/// took credits (allowed or filled) and changed the counter (its own group,
+/// charged).
+fn save_if_charged<S: States>(
+    states: &mut S,
+    i: usize,
+    st: Option<State>,
+    v: &Verdict,
+    takes: bool,
+) {
+    if let (true, Some(new)) = (takes, v.next) {
         if Some(new) != st {
             states.save(i, new);
         }
@@ -419,8 +472,9 @@ fn apply_groups<S: States>(
                     None => load(states, &mut stored, k),
                 },
             };
-            let v = step(op.algorithm, st, now, &Params::of(op));
-            all &= v.allowed;
+            let may_fill = charge == Charge::Each && end - start == 1;
+            let (v, takes) = decide(op, st, now, may_fill);
+            all &= takes;
             overlay.push((k, v.next.or(st)));
             before.push(st);
             verdicts.push(v);
@@ -478,7 +532,7 @@ fn apply_groups<S: States>(
 fn apply_one<S: States>(states: &mut S, now: u64, op: &CounterOp, charge: Charge) -> CounterState {
     let p = Params::of(op);
     let st = states.load(0);
-    let v = step(op.algorithm, st, now, &p);
+    let (v, takes) = decide(op, st, now, charge == Charge::Each);
     if charge == Charge::Denied {
         if v.allowed && v.next.is_some() {
             // Allowed, but the request was denied: the counter stays as it was.
@@ -491,7 +545,7 @@ fn apply_one<S: States>(states: &mut S, now: u64, op: &CounterOp, charge: Charge
         }
         return v.answer();
     }
-    save_if_charged(states, 0, st, &v);
+    save_if_charged(states, 0, st, &v, takes);
     v.answer()
 }
 

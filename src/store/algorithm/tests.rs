@@ -81,20 +81,24 @@ fn any_op() -> impl Strategy<Value = CounterOp> {
         0u64..=16,
         any::<bool>(),
         any::<bool>(),
+        any::<bool>(),
     )
-        .prop_map(|(algorithm, limit, secs, burst, cost, refund, decides)| {
-            let burst = if algorithm == Algorithm::TokenBucket {
-                burst
-            } else {
-                limit
-            };
-            CounterOp {
-                burst,
-                refund,
-                decides,
-                ..CounterOp::new("k", algorithm, limit, Duration::from_secs(secs), cost)
-            }
-        })
+        .prop_map(
+            |(algorithm, limit, secs, burst, cost, refund, decides, fill)| {
+                let burst = if algorithm == Algorithm::TokenBucket {
+                    burst
+                } else {
+                    limit
+                };
+                CounterOp {
+                    burst,
+                    refund,
+                    decides,
+                    fill,
+                    ..CounterOp::new("k", algorithm, limit, Duration::from_secs(secs), cost)
+                }
+            },
+        )
 }
 
 fn any_charge() -> impl Strategy<Value = Charge> {
@@ -192,5 +196,51 @@ proptest! {
             prop_assert_eq!(a, b);
             prop_assert_eq!(&fast.log, &general.log);
         }
+    }
+}
+
+/// A filled hit takes what is left and answers denied with none left, for
+/// every algorithm; under all-or-nothing it is a plain denied hit.
+#[test]
+fn a_filled_hit_takes_what_is_left() {
+    for algorithm in [
+        Algorithm::Window,
+        Algorithm::Fixed,
+        Algorithm::Sliding,
+        Algorithm::TokenBucket,
+    ] {
+        let op = |cost, fill| CounterOp {
+            fill,
+            ..CounterOp::new("k", algorithm, 5, Duration::from_secs(10), cost)
+        };
+        let mut one = One {
+            state: None,
+            saves: Vec::new(),
+        };
+        let now = 1_700_000_004_000;
+        let first = apply_request(&mut one, now, &[op(3, false)], &[0], Charge::Each);
+        assert!(first[0].allowed, "{algorithm:?}");
+        let aon = apply_request(&mut one, now, &[op(4, true)], &[0], Charge::AllOrNothing);
+        assert_eq!(
+            (aon[0].allowed, aon[0].remaining),
+            (false, 2),
+            "{algorithm:?}"
+        );
+        let filled = apply_request(&mut one, now, &[op(4, true)], &[0], Charge::Each);
+        assert_eq!(
+            (filled[0].allowed, filled[0].remaining),
+            (false, 0),
+            "{algorithm:?}"
+        );
+        let after = apply_request(&mut one, now, &[op(1, false)], &[0], Charge::Each);
+        assert_eq!(
+            (after[0].allowed, after[0].remaining),
+            (false, 0),
+            "{algorithm:?}"
+        );
+        // The reset is what a retry of the filled hit gets.
+        let retry = apply_request(&mut one, now, &[op(4, false)], &[0], Charge::Each);
+        assert_eq!(filled[0].reset_after, retry[0].reset_after, "{algorithm:?}");
+        assert_eq!(one.saves.len(), 2, "{algorithm:?}");
     }
 }

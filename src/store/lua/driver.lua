@@ -1,78 +1,9 @@
--- The calls: every op through its algorithm's functions, each algorithm's
--- built the first time a call needs it. Every algorithm file builds:
---   read(k, v, W): the state in the key's value v (MGET's string, or
---     false), up to 3 numbers; nothing for no counter;
---   step(s1, s2, s3, L, W, B, cost, refund, undo): allowed (1 or 0),
---     credits left, ms to reset, and the state to store (nothing: none);
---   view(s1, s2, s3, L, W, B): credits left and ms until full, uncharged;
---   save(k, s1, s2, s3, L, W, r1, r2, r3): writes the state over the one
---     stored (as `read` gave it, or as last saved; r1 nil or false: none).
--- A state's first number is nil or false for no counter. Each algorithm
--- file puts its builder in `build` under its number (see prelude.lua).
-local algorithms = setmetatable({}, {__index = function(t, a)
-  local A = build[a]()
-  t[a] = A
-  return A
-end})
-
--- The lone path: every op a counter charged or checked on its own (most
--- calls), on plain numbers, its runs read as it goes; each counter written
--- at once when charged. When a key may come twice, its state is kept by
--- the op that first read it (`first`): now (S1-S3) and as stored (R1-R3).
-local function lone_path()
-  local out, j = {}, 0
-  local first, S1, S2, S3, R1, R2, R3
-  if not distinct then first, S1, S2, S3, R1, R2, R3 = {}, {}, {}, {}, {}, {}, {} end
-  -- The run under way: keys left in it, its shape's numbers and functions.
-  local left, rb, p, L, W, B, cost, read, step, save = 0, base
-  for i = 1, n do
-    if left == 0 then
-      local x
-      left, x = head(rb)
-      p = (x - x % 128) / 128
-      L, W, B, cost = slim[p], swin[p], sbur[p], number[ARGV[rb + 2]]
-      local A = algorithms[salg[p]]
-      read, step, save = A.read, A.step, A.save
-      rb = rb + 2
-    end
-    left = left - 1
-    local k = KEYS[i]
-    local a1, a2, a3, f
-    if first then
-      f = first[k]
-      if f == nil then
-        f = i
-        first[k] = i
-        a1, a2, a3 = read(k, raw[i], W)
-        a1, a2, a3 = a1 or false, a2 or false, a3 or false
-        S1[i], S2[i], S3[i], R1[i], R2[i], R3[i] = a1, a2, a3, a1, a2, a3
-      else
-        a1, a2, a3 = S1[f], S2[f], S3[f]
-      end
-    else
-      a1, a2, a3 = read(k, raw[i], W)
-    end
-    local a, r, t, n1, n2, n3 = step(a1, a2, a3, L, W, B, cost, false)
-    if n1 ~= nil then
-      if first then
-        save(k, n1, n2, n3, L, W, R1[f], R2[f], R3[f])
-        S1[f], S2[f], S3[f], R1[f], R2[f], R3[f] = n1, n2, n3, n1, n2, n3
-      else
-        save(k, n1, n2, n3, L, W, a1, a2, a3)
-      end
-    end
-    out[j + 1], out[j + 2] = (a == 1) and r or -1 - r, t
-    j = j + 2
-  end
-  return out
-end
-if lone then return lone_path() end
-
--- The general path: groups (one rule's limits, charged all or none),
--- all-or-nothing requests of several counters, refunds, requests denied
+-- The general path (lone.lua returns before it): groups (one rule's
+-- limits, charged all or none), all-or-nothing requests of several counters, refunds, requests denied
 -- beforehand. States are tables {s1, s2, s3} (false: none) by key here;
 -- nothing is written before the end. An op's shape p and flags f are in
--- xs[o] = p * 128 + f (so xs[o] % 2 == f % 2, and so on).
+-- xs[o] = p * 128 + f (so xs[o] % 2 == f % 2, and so on). KEYS, ARGV: see
+-- prelude.lua.
 
 -- By key: the committed state and the one read (false: none), the last op
 -- that changed it, whose numbers save it (as the lone path saves it at
@@ -92,14 +23,19 @@ local function load(o)
   end
   return s
 end
--- Op o's step on state `st`: allowed, left, reset, and the new state or nil.
-local function step(o, st)
+-- Op o's step on state `st`: allowed, left, reset, the new state or nil,
+-- and whether it fills (`may`: the op is charged on its own).
+local function step(o, st, may)
   local x = xs[o]
   local f = x % 128
   local p = (x - f) / 128
   st = st or NONE
-  local a, r, t, n1, n2, n3 = algorithms[salg[p]].step(st[1], st[2], st[3], slim[p], swin[p],
-    sbur[p], number[cts[o]], f >= 32, f >= 64)
+  local A, L, W, B, cost = algorithms[salg[p]], slim[p], swin[p], sbur[p], number[cts[o]]
+  local a, r, t, n1, n2, n3 = A.step(st[1], st[2], st[3], L, W, B, cost, f >= 32, f >= 64)
+  if a ~= 1 and may and sfill[p] and f < 32 then
+    local ft, fr, f1, f2, f3 = filled(A, st[1], st[2], st[3], L, W, B, cost, r)
+    if ft then return a, fr, ft, {f1, f2, f3}, true end
+  end
   if n1 ~= nil then return a, r, t, {n1, n2, n3} end
   return a, r, t, nil
 end
@@ -131,8 +67,8 @@ local function request(rs, re)
       local st = overlay[k]
       if st == nil then st = charged_state[k] end
       if st == nil then st = load(o) end
-      local a, r, t, nx = step(o, st)
-      if a ~= 1 then all = false end
+      local a, r, t, nx, fills = step(o, st, i == g and not aon)
+      if a ~= 1 and not fills then all = false end
       overlay[k] = nx or st
       before[o] = st
       ra[o], rr[o], rt[o], rn[o] = a, r, t, nx ~= nil
@@ -174,8 +110,8 @@ while rs <= n do
   if re == rs and xs[rs] % 32 < 16 then
     -- One op, not denied: what `request` does for it, without its tables.
     local k = KEYS[rs]
-    local a, r, t, nx = step(rs, load(rs))
-    if a == 1 and nx then stored[k], dirty[k], owner[k] = nx, true, rs end
+    local a, r, t, nx, fills = step(rs, load(rs), xs[rs] % 16 < 8)
+    if (a == 1 or fills) and nx then stored[k], dirty[k], owner[k] = nx, true, rs end
     out[j + 1], out[j + 2] = (a == 1) and r or -1 - r, t
     j = j + 2
   else

@@ -2,7 +2,8 @@
 -- src/store/algorithm (same arithmetic, same integers; a property test runs
 -- random sequences through both and compares the answers). The script is
 -- this prelude (arguments, helpers, the keys' values), one file per
--- algorithm, and driver.lua, joined by src/store/redis.rs.
+-- algorithm, lone.lua (the lean path) and driver.lua (the general one),
+-- joined by src/store/algorithm/mod.rs.
 --
 -- KEYS: the counters, in op order.
 -- ARGV[1]: the time in ms since the epoch, or -1 to read Redis TIME (so
@@ -12,7 +13,8 @@
 -- flag 1, 16, 32 or 64, no all-or-nothing request of more than one
 -- counter); 2 no key appears twice in the call.
 -- Then 4 values per shape: algorithm (0 divvy window, 1 fixed, 2 sliding,
--- 3 token bucket), limit, window in ms, burst;
+-- 3 token bucket; + 4: its ops fill, see `filled`), limit, window in ms,
+-- burst;
 -- then the keys' shapes, flags and costs in runs, in key order: 2 values per
 -- run of keys that share them: (how many keys - 1) * 2^32 + shape * 128 +
 -- flags (shapes count from 1), and the cost (each argument costs Redis a
@@ -57,11 +59,24 @@ local texts = setmetatable({}, {__index = function(t, x)
   t[x] = v
   return v
 end})
--- Each algorithm file's builder, by the algorithm's number (driver.lua).
+-- Each algorithm file's builder, by the algorithm's number (lone.lua).
 local build = {}
 -- A counter's value `v` written with `ttl` ms to live (none left: deleted).
 local function put(k, v, ttl)
   if ttl <= 0 then rcall('DEL', k) else rcall('SET', k, v, 'PX', texts[ttl]) end
+end
+
+-- A hit of algorithm A denied with r credits left on state s1-s3, when
+-- its op fills (src/store/mod.rs, CounterOp::fill: an op charged on its
+-- own): the r credits taken instead. The reset a retry of the hit would
+-- get, the credits left after, and the state to store; nothing where
+-- filling takes nothing.
+local function filled(A, s1, s2, s3, L, W, B, cost, r)
+  if r <= 0 or cost <= 0 then return end
+  local a, left, _, n1, n2, n3 = A.step(s1, s2, s3, L, W, B, r, false)
+  if a ~= 1 or n1 == nil then return end
+  local _, _, t = A.step(n1, n2, n3, L, W, B, cost, false)
+  return t, left, n1, n2, n3
 end
 
 local n = #KEYS
@@ -69,10 +84,12 @@ local shapes = tonumber(ARGV[2])
 local hints = tonumber(ARGV[3])
 local lone = hints % 2 == 1
 local distinct = hints % 4 >= 2
-local salg, slim, swin, sbur = {}, {}, {}, {}
+local salg, slim, swin, sbur, sfill = {}, {}, {}, {}, {}
 for p = 1, shapes do
   local b = 4 * p - 1
-  salg[p] = tonumber(ARGV[b + 1])
+  local a = tonumber(ARGV[b + 1])
+  sfill[p] = a >= 4
+  salg[p] = a % 4
   slim[p] = tonumber(ARGV[b + 2])
   swin[p] = tonumber(ARGV[b + 3])
   sbur[p] = tonumber(ARGV[b + 4])
@@ -160,8 +177,14 @@ end
 -- Every value in one call (a few for very large calls: Lua unpacks at most
 -- about 8,000 values at once). A string, or false: no key, or a key of
 -- another type, which reads as no counter and is overwritten when charged.
-local raw = {}
-if n > 0 and n <= 4000 then
+-- A lone call of divvy's windows alone on distinct keys reads each key as
+-- it goes (window.lua's A.run).
+local raw, mget = {}, not (lone and distinct)
+for p = 1, shapes do
+  if salg[p] ~= 0 or sfill[p] then mget = true end
+end
+if not mget then
+elseif n > 0 and n <= 4000 then
   raw = rcall('MGET', unpack(KEYS))
 elseif n > 4000 then
   for from = 1, n, 4000 do

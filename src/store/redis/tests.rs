@@ -1,4 +1,4 @@
-//! Unit tests of `store/redis.rs`.
+//! Unit tests of `store/redis/`.
 
 use super::*;
 

@@ -22,17 +22,6 @@ pub(super) trait Engine<'r> {
     /// store is to charge them.
     fn plan(&self, request: &Request<'r>, ops: &mut Vec<CounterOp>) -> (Self::Plan, Charge);
 
-    /// Ops to apply after the store answered, best effort and only while
-    /// the caller still waits (none by default).
-    fn settle(
-        &self,
-        _plan: &Self::Plan,
-        _ops: &[CounterOp],
-        _states: &[CounterState],
-    ) -> Vec<CounterOp> {
-        Vec::new()
-    }
-
     /// The verdict from the store's `states` (one per op, in order; a key
     /// may be moved out of its op), with what the record step counts
     /// pushed to `tallies`.

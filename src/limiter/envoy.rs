@@ -8,8 +8,9 @@
 //!
 //! `MARK`: envoyproxy/ratelimit counts every hit, over the limit or not;
 //! here a hit counts only up to one past the limit (the counter's limit is
-//! requests_per_unit + 1), so the answers are the same and the counter stays
-//! bounded. More: README, "Migrating from envoyproxy/ratelimit".
+//! requests_per_unit + 1, and a hit larger than what is left fills the
+//! counter: `CounterOp::fill`), so the answers are the same, the counter
+//! stays bounded, and the request takes one store call. More: README, "Migrating from envoyproxy/ratelimit".
 
 use std::collections::HashSet;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -287,6 +288,9 @@ fn slot(
         // (hits_addend 0).
         op.decides = !f.shadow && d.cost > 0 && !d.refund;
         op.refund = d.refund;
+        // A hit larger than what is left takes what is left, so the
+        // window reads over (see `MARK`); all-or-nothing never over-counts.
+        op.fill = !settings.all_or_nothing;
         ops.push(op);
         ops.len() - 1
     });
@@ -314,24 +318,6 @@ fn charge(slots: &[Slot], settings: &EnvoySettings) -> Charge {
         true if zero_over => Charge::Denied,
         true => Charge::AllOrNothing,
     }
-}
-
-/// The ops of hits larger than what was left, taking what is left: the
-/// store did not count them, and their windows must read over.
-fn marks(slots: &[Slot], ops: &[CounterOp], states: &[CounterState]) -> Vec<CounterOp> {
-    slots
-        .iter()
-        .filter_map(|s| match s {
-            Slot::Counted(p) => {
-                p.op.filter(|&i| p.cost > 0 && !states[i].allowed && states[i].remaining > 0)
-            }
-            _ => None,
-        })
-        .map(|i| CounterOp {
-            cost: states[i].remaining,
-            ..ops[i].clone()
-        })
-        .collect()
 }
 
 /// The envoyproxy/ratelimit engine: the tree of the file that defines the
@@ -366,18 +352,6 @@ impl<'r> Engine<'r> for Tree<'_> {
             .collect();
         let charge = charge(&slots, self.settings);
         (slots, charge)
-    }
-
-    fn settle(
-        &self,
-        slots: &Vec<Slot>,
-        ops: &[CounterOp],
-        states: &[CounterState],
-    ) -> Vec<CounterOp> {
-        match self.settings.all_or_nothing {
-            true => Vec::new(),
-            false => marks(slots, ops, states),
-        }
     }
 
     fn finish(

@@ -182,17 +182,6 @@ impl Limiter {
             let (states, answered) = self.apply(&ops, charge, request.deadline).await?;
             (states, Some(answered))
         };
-        let settle = engine.settle(&plan, &ops, &states);
-        // Best effort, and only while the caller still waits.
-        let in_time = request
-            .deadline
-            .is_none_or(|d| tokio::time::Instant::now() < d);
-        if !settle.is_empty() && in_time {
-            let _ = self
-                .store
-                .apply_by(&settle, Charge::Each, request.deadline)
-                .await;
-        }
         let mut tallies = Vec::with_capacity(request.items.len());
         let verdict = engine.finish(plan, &mut ops, &states, &mut tallies);
         let decided_at = decided_at.unwrap_or_else(Instant::now);

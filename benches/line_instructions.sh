@@ -31,8 +31,9 @@
 # `baseline:LOAD` for the load benchmark's constant-answer line server, LOAD
 # being `cargo bench --bench load`'s executable. The server runs on CPU 0
 # under callgrind, the Python client on CPU 1; the 65,536 actors' counters
-# are made first, then callgrind's counts are zeroed, 20,000 HITs sent, the
-# counts dumped and divided by them. Every answer must be `OK true`.
+# are made first, then the client opens its connections, has each answered
+# once, zeroes callgrind's counts, sends 20,000 HITs and dumps the counts,
+# which are divided by them. Every answer must be `OK true`.
 # KEEP=FILE (environment) keeps the dump, for callgrind_annotate. About a
 # minute.
 set -euo pipefail
@@ -68,19 +69,39 @@ if [ "${1:-}" = server ]; then
   fi
   server_pids+=("$server_pid")
   # CONNS connections, one HIT in flight on each, HITS HITs in all (the load
-  # benchmark's request line, the actors in turn).
+  # benchmark's request line, the actors in turn). With a PID, callgrind's
+  # counts are zeroed once every connection has had its first answer and
+  # dumped after the last: a connection's start is not counted.
   cat >"$work/client.py" <<'PY'
-import selectors, socket, sys
+import selectors, socket, subprocess, sys
 
 port, conns, hits = (int(a) for a in sys.argv[1:4])
+pid = sys.argv[4] if len(sys.argv) > 4 else None
 def line(n):
     return b"HIT method=GET path=/api/items ip=10.0.%d.%d\n" % ((n >> 8) & 255, n & 255)
+def control(*args):
+    out = subprocess.run(["callgrind_control", *args, pid], capture_output=True, text=True).stdout
+    if "OK" not in out or "rror" in out:
+        sys.exit("callgrind_control %s failed: %s" % (" ".join(args), out))
 sel = selectors.DefaultSelector()
-sent = done = 0
-for _ in range(min(conns, hits)):
+socks = []
+for _ in range(conns):
     c = socket.create_connection(("127.0.0.1", port))
     c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    socks.append(c)
+for i, c in enumerate(socks):
+    c.sendall(line(i))
+for c in socks:
+    answer = b""
+    while not answer.endswith(b"\n"):
+        answer += c.recv(64)
+    if not answer.startswith(b"OK true "):
+        sys.exit("unexpected first answer: %r" % answer)
     sel.register(c, selectors.EVENT_READ, bytearray())
+if pid:
+    control("--zero")
+sent = done = 0
+for c in socks[:hits]:
     c.sendall(line(sent))
     sent += 1
 while done < hits:
@@ -99,12 +120,12 @@ while done < hits:
             if sent < hits:
                 c.sendall(line(sent))
                 sent += 1
+if pid:
+    control("--dump=counted")
 PY
   wait_port "$port" "$server_pid"
   taskset -c 1 python3 "$work/client.py" "$port" "$conns" 65536
-  grind_control --zero "$server_pid"
-  taskset -c 1 python3 "$work/client.py" "$port" "$conns" 20000
-  grind_control --dump=counted "$server_pid"
+  taskset -c 1 python3 "$work/client.py" "$port" "$conns" 20000 "$server_pid"
   total=$(grind_counted_total "$work/out" "$server_pid")
   if [ -n "${KEEP:-}" ]; then cp "$work/out.$server_pid.1" "$KEEP"; fi
   echo "$(basename "${server#baseline:}"), $conns connections x 1 in flight:" \

@@ -293,7 +293,10 @@ where
         if let Poll::Ready(read) = read.poll(cx) {
             return Poll::Ready(Woke::Read(read));
         }
-        let quiet = w.polled_with.as_ref().is_some_and(|k| k.will_wake(cx.waker()))
+        let quiet = w
+            .polled_with
+            .as_ref()
+            .is_some_and(|k| k.will_wake(cx.waker()))
             && matches!(w.shutdown.has_changed(), Ok(false))
             && !w.timer.is_elapsed();
         if quiet {

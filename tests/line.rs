@@ -309,6 +309,14 @@ fn idle_connections_are_closed() {
         assert_eq!(line, "OK true 7 0\n");
         std::thread::sleep(Duration::from_millis(400));
     }
+    // Its timer fired while it was busy and was moved: it still closes once idle.
+    let mut rest = Vec::new();
+    assert_eq!(
+        reader
+            .read_to_end(&mut rest)
+            .expect("closed by the server, not timed out"),
+        0
+    );
 }
 
 #[test]

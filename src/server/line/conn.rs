@@ -9,12 +9,15 @@
 //! flight per connection is bounded and a client that sends faster than it
 //! reads is held back by TCP. Connections never wait for each other.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Poll, Waker};
 use std::time::Duration;
 
-use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::time::Instant;
+use tokio::sync::watch;
+use tokio::time::{Instant, Sleep};
 
 use super::parse::{parse_text, plain_text, LineError};
 use crate::clock::CoarseInstant;
@@ -42,60 +45,75 @@ enum Slot {
 }
 
 /// Splits complete lines off the front of a buffer, discarding over-long ones.
+/// Lines are borrowed from the buffer (a parsed line is copied into its
+/// operation at once), and the consumed front is dropped only when no
+/// complete line is left, so a read's worth of lines costs one move of the
+/// unfinished tail at most.
 struct Framer {
-    buf: BytesMut,
+    buf: Vec<u8>,
+    /// Where the bytes not yet framed start in `buf`.
+    start: usize,
     /// Whether we are skipping the rest of an over-long line.
     discarding: bool,
     max_line: usize,
 }
 
 /// One framed item.
-enum Frame {
+enum Frame<'a> {
     /// A line without its newline (bytes, decoded where it is parsed).
-    Line(BytesMut),
+    Line(&'a [u8]),
     TooLong,
 }
 
+/// Room made in a connection's buffer before each read, and its first size.
+const READ_ROOM: usize = 8 * 1024;
+
 impl Framer {
-    fn next(&mut self) -> Option<Frame> {
+    fn new(max_line: usize) -> Framer {
+        Framer {
+            buf: Vec::with_capacity(READ_ROOM),
+            start: 0,
+            discarding: false,
+            max_line,
+        }
+    }
+
+    fn next(&mut self) -> Option<Frame<'_>> {
         loop {
-            match memchr::memchr(b'\n', &self.buf) {
+            let pending = &self.buf[self.start..];
+            match memchr::memchr(b'\n', pending) {
                 Some(at) => {
-                    let mut line = self.buf.split_to(at + 1);
+                    let from = self.start;
+                    self.start += at + 1;
                     if self.discarding {
                         // The tail of an over-long line, already answered.
                         self.discarding = false;
                         continue;
                     }
-                    line.truncate(at);
-                    if line.last() == Some(&b'\r') {
-                        line.truncate(at - 1);
+                    let mut end = from + at;
+                    if end > from && self.buf[end - 1] == b'\r' {
+                        end -= 1;
                     }
-                    if line.len() > self.max_line {
-                        metrics()
-                            .rejected
-                            .with_label_values(&["line_too_long"])
-                            .inc();
+                    if end - from > self.max_line {
+                        line_too_long();
                         return Some(Frame::TooLong);
                     }
-                    return Some(Frame::Line(line));
+                    return Some(Frame::Line(&self.buf[from..end]));
                 }
                 None => {
                     // A trailing `\r` may be the start of this line's `\r\n`:
                     // it does not count towards the limit yet.
-                    let pending = match self.buf.last() {
-                        Some(b'\r') => self.buf.len() - 1,
-                        _ => self.buf.len(),
+                    let pending = match pending.last() {
+                        Some(b'\r') => pending.len() - 1,
+                        _ => pending.len(),
                     };
                     if pending > self.max_line {
                         // Answer now and skip the rest of the line when it comes.
                         self.buf.clear();
+                        self.start = 0;
                         if !self.discarding {
                             self.discarding = true;
-                            metrics()
-                                .rejected
-                                .with_label_values(&["line_too_long"])
-                                .inc();
+                            line_too_long();
                             return Some(Frame::TooLong);
                         }
                     }
@@ -104,6 +122,27 @@ impl Framer {
             }
         }
     }
+
+    /// The buffer to read into: the framed front dropped (what is left is
+    /// an unfinished line) and room for a read.
+    fn read_room(&mut self) -> &mut Vec<u8> {
+        if self.start > 0 {
+            self.buf.drain(..self.start);
+            self.start = 0;
+        }
+        if self.buf.capacity() - self.buf.len() < READ_ROOM / 2 {
+            self.buf.reserve(READ_ROOM);
+        }
+        &mut self.buf
+    }
+}
+
+/// Counts a line refused for its length.
+fn line_too_long() {
+    metrics()
+        .rejected
+        .with_label_values(&["line_too_long"])
+        .inc();
 }
 
 /// Counts an open connection in the metrics for as long as it lives.
@@ -146,11 +185,7 @@ pub async fn serve_connection<S>(
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let _open = OpenConnection::new();
-    let mut framer = Framer {
-        buf: BytesMut::with_capacity(8 * 1024),
-        discarding: false,
-        max_line: limits.max_line,
-    };
+    let mut framer = Framer::new(limits.max_line);
     let too_long = LineError::Malformed(format!(
         "Line too long: the limit is {} bytes.",
         limits.max_line
@@ -166,6 +201,12 @@ pub async fn serve_connection<S>(
         let _ = stop_rx.wait_for(|&stop| stop).await;
     };
     tokio::pin!(stopped);
+    let mut waiting = Waiting {
+        stopped,
+        timer,
+        shutdown: &shutdown,
+        polled_with: None,
+    };
     let mut out = Vec::with_capacity(8 * 1024);
     let mut slots: Vec<Slot> = Vec::new();
     let mut hits: Vec<Hit> = Vec::new();
@@ -184,7 +225,7 @@ pub async fn serve_connection<S>(
             answer(&limiter, &slots, &hits, &mut out).await;
             last_active = CoarseInstant::now();
             // A client that stops reading its answers is idle too.
-            if !write_answers(&mut stream, &out, timer.as_mut(), last_active, idle).await {
+            if !write_answers(&mut stream, &out, &mut waiting, last_active, idle).await {
                 return;
             }
             // Deciding and writing are not the client's idle time.
@@ -199,28 +240,78 @@ pub async fn serve_connection<S>(
             // A last line without a newline cannot be answered, so it is not executed.
             return;
         }
-        // The read first: a connection with bytes waiting polls neither the
-        // shutdown signal's future nor the timer (polling the signal's
-        // future costs far more than looking at its value); a connection
-        // with nothing to read waits on all three. What was read
-        // as shutdown came is not answered, as when the signal came first.
-        tokio::select! {
-            biased;
-            read = stream.read_buf(&mut framer.buf) => match read {
-                Ok(0) => eof = true,
-                // (A dropped sender stops the connection too.)
-                Ok(_) if stopping(&shutdown) => return,
-                Ok(_) => last_active = CoarseInstant::now(),
-                Err(_) => return,
-            },
-            () = &mut stopped => return,
-            () = &mut timer => {
-                if !still_active(timer.as_mut(), last_active, idle) {
+        // The read first; the signal and the timer only when they may have
+        // fired (see `wait_input`). What was read as shutdown came is not
+        // answered, as when the signal came first.
+        match wait_input(&mut stream, &mut framer, &mut waiting).await {
+            Woke::Read(Ok(0)) => eof = true,
+            // (A dropped sender stops the connection too.)
+            Woke::Read(Ok(_)) if stopping(&shutdown) => return,
+            Woke::Read(Ok(_)) => last_active = CoarseInstant::now(),
+            Woke::Read(Err(_)) | Woke::Stop => return,
+            Woke::Timer => {
+                if !still_active(waiting.timer.as_mut(), last_active, idle) {
                     return;
                 }
+                // The moved timer registers when next polled.
+                waiting.polled_with = None;
             }
         }
     }
+}
+
+/// What a connection waits on besides its input: the shutdown signal, the
+/// idle timer, and the waker they were last polled with.
+struct Waiting<'a, F> {
+    stopped: Pin<&'a mut F>,
+    timer: Pin<&'a mut Sleep>,
+    shutdown: &'a watch::Receiver<bool>,
+    polled_with: Option<Waker>,
+}
+
+/// What ended a wait for input.
+enum Woke {
+    Read(std::io::Result<usize>),
+    Stop,
+    Timer,
+}
+
+/// Reads into `framer`, or waits for input, the shutdown signal or the
+/// idle timer, the read polled first. Once polled, the signal's future and
+/// the timer keep the task's waker, so a poll that finds nothing to read
+/// polls them again only when they may have fired (the signal's version
+/// moved, the timer elapsed) or the waker is another: polling both cost
+/// about as much as the read itself, on every HIT of a connection with one
+/// in flight.
+async fn wait_input<S, F>(stream: &mut S, framer: &mut Framer, w: &mut Waiting<'_, F>) -> Woke
+where
+    S: AsyncRead + Unpin,
+    F: Future<Output = ()>,
+{
+    std::future::poll_fn(|cx| {
+        let read = std::pin::pin!(stream.read_buf(framer.read_room()));
+        if let Poll::Ready(read) = read.poll(cx) {
+            return Poll::Ready(Woke::Read(read));
+        }
+        let quiet = w
+            .polled_with
+            .as_ref()
+            .is_some_and(|k| k.will_wake(cx.waker()))
+            && matches!(w.shutdown.has_changed(), Ok(false))
+            && !w.timer.is_elapsed();
+        if quiet {
+            return Poll::Pending;
+        }
+        w.polled_with = Some(cx.waker().clone());
+        if w.stopped.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Woke::Stop);
+        }
+        if w.timer.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Woke::Timer);
+        }
+        Poll::Pending
+    })
+    .await
 }
 
 /// Whether the connection is to stop: the signal turned true, or its sender
@@ -247,7 +338,7 @@ fn fill_batch(
 ) {
     while slots.len() < max_batch {
         match framer.next() {
-            Some(Frame::Line(line)) => match parse_line(&line, hits) {
+            Some(Frame::Line(line)) => match parse_line(line, hits) {
                 Ok(()) => slots.push(Slot::Hit),
                 Err(e) => {
                     metrics().error(e.code());
@@ -283,10 +374,10 @@ fn parse_line(line: &[u8], hits: &mut Vec<Hit>) -> Result<(), LineError> {
 
 /// Writes `out` while keeping the idle limit (a client that reads none of
 /// its answers for `idle` is idle); false when the connection is done.
-async fn write_answers<S: AsyncWrite + Unpin>(
+async fn write_answers<S: AsyncWrite + Unpin, F>(
     stream: &mut S,
     out: &[u8],
-    mut timer: std::pin::Pin<&mut tokio::time::Sleep>,
+    waiting: &mut Waiting<'_, F>,
     last_active: CoarseInstant,
     idle: Duration,
 ) -> bool {
@@ -299,10 +390,12 @@ async fn write_answers<S: AsyncWrite + Unpin>(
         tokio::select! {
             biased;
             written = &mut write => return written.is_ok(),
-            () = &mut timer => {
-                if !still_active(timer.as_mut(), last_active, idle) {
+            () = &mut waiting.timer => {
+                if !still_active(waiting.timer.as_mut(), last_active, idle) {
                     return false;
                 }
+                // The moved timer may not be polled here again.
+                waiting.polled_with = None;
             }
         }
     }

@@ -185,6 +185,43 @@ pub async fn serve_connection<S>(
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let _open = OpenConnection::new();
+    serve_until_end(&mut stream, limiter, limits, shutdown.clone()).await;
+    if stopping(&shutdown) {
+        close_gently(&mut stream).await;
+    }
+}
+
+/// How long a connection the server is stopping keeps reading (and
+/// dropping) what its client still sends, waiting for it to close.
+const LINGER: Duration = Duration::from_secs(1);
+
+/// Ends a connection the server is stopping, whose answers are all written:
+/// the write side is closed, then input is read and dropped until the
+/// client closes too (or [`LINGER`]). Closing a socket with input unread
+/// resets it, and the client could lose answers already sent.
+async fn close_gently<S: AsyncRead + AsyncWrite + Unpin>(stream: &mut S) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let _ = stream.shutdown().await;
+    let mut sink = [0u8; 4096];
+    let drain = async {
+        while let Ok(n) = stream.read(&mut sink).await {
+            if n == 0 {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(LINGER, drain).await;
+}
+
+/// [`serve_connection`]'s loop: returns when the connection is to end.
+async fn serve_until_end<S>(
+    mut stream: S,
+    limiter: Arc<Limiter>,
+    limits: ConnLimits,
+    shutdown: tokio::sync::watch::Receiver<bool>,
+) where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
     let mut framer = Framer::new(limits.max_line);
     let too_long = LineError::Malformed(format!(
         "Line too long: the limit is {} bytes.",

@@ -269,7 +269,9 @@ fn line_path() {
 /// The gRPC handler in-process: `rls::respond` on the load benchmark's
 /// request (path `/api/items`, a per-IP actor) over 65,536 actors. The
 /// requests of a round are built before it is timed (as tonic decodes
-/// them before the handler runs).
+/// them before the handler runs). `DIVVY_CORE_GRPC_ROUNDS` (default 8)
+/// rounds, the first untimed: two counts under callgrind with different
+/// rounds give the instructions of a call on existing counters.
 fn grpc_handler() {
     use divvy::server::headers::HeaderStyle;
     use divvy::server::rls::respond;
@@ -299,7 +301,7 @@ fn grpc_handler() {
     };
     let mut per_call: Vec<f64> = Vec::new();
     rt.block_on(async {
-        for round in 0..8 {
+        for round in 0..env_count("DIVVY_CORE_GRPC_ROUNDS", 8) {
             let batch = requests();
             let start = Instant::now();
             for request in batch {

@@ -12,6 +12,9 @@
 # DIVVY_BINARY  the divvy executable (default: built here with `cargo build
 #               --profile profiling`); another commit's, for a before/after
 # KEEP=FILE     (environment) keep callgrind's dump there, for callgrind_annotate
+# MEMORY=1      (environment) the same load on divvy's memory store (no
+#               --redis-url, no redis-server counted): the baseline that
+#               divvy's side on Redis is held to
 #
 # It starts redis-server on a free loopback port and `divvy serve` (the load
 # benchmark's policy, benches/line_policy.yaml, on that Redis) under
@@ -49,9 +52,15 @@ redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no \
 redis_pid=$!
 server_pids+=("$redis_pid")
 
+store_args=(--redis-url "redis://127.0.0.1:$redis_port")
+store_name=Redis
+if [ -n "${MEMORY:-}" ]; then
+  store_args=()
+  store_name=memory
+fi
 valgrind --tool=callgrind --callgrind-out-file="$work/out.%p" "$binary" serve \
   --config "$here/line_policy.yaml" --worker-threads 1 --no-watch \
-  --redis-url "redis://127.0.0.1:$redis_port" \
+  "${store_args[@]}" \
   --line-addr "127.0.0.1:$line_port" --grpc-addr "127.0.0.1:$grpc_port" \
   --http-addr "127.0.0.1:$http_port" --line-max-batch 4096 \
   >"$work/divvy.log" 2>&1 &
@@ -109,5 +118,9 @@ grind_control --dump=counted "$divvy_pid"
 total=$(grind_counted_total "$work/out" "$divvy_pid")
 if [ -n "${KEEP:-}" ]; then cp "$work/out.$divvy_pid.1" "$KEEP"; fi
 calls=$((after - before))
-echo "divvy on the Redis store, rounds of $round HITs: $((total / 32768)) instructions per HIT" \
-  "(32768 HITs counted; $(python3 -c "print(f'{32768 / max($calls, 1):.1f}')") HITs a script call)"
+per_call=""
+if [ -z "${MEMORY:-}" ]; then
+  per_call="; $(python3 -c "print(f'{32768 / max($calls, 1):.1f}')") HITs a script call"
+fi
+echo "divvy on the $store_name store, rounds of $round HITs: $((total / 32768)) instructions per HIT" \
+  "(32768 HITs counted$per_call)"

@@ -185,7 +185,11 @@ impl Breaker {
     pub fn note_budget(&self, budget: Duration) {
         if budget >= MIN_BUDGET {
             let us = u64::try_from(budget.as_micros()).unwrap_or(u64::MAX);
-            self.budget_us.fetch_min(us, Ordering::Relaxed);
+            // A plain load first: callers mostly allow what they allowed
+            // before, and a read-modify-write on every call is not free.
+            if us < self.budget_us.load(Ordering::Relaxed) {
+                self.budget_us.fetch_min(us, Ordering::Relaxed);
+            }
         }
     }
 

@@ -99,9 +99,9 @@ impl OverLimitCache {
         lock(&self.shards[(id >> 64) as usize % SHARDS])
     }
 
-    /// The cached denial of `op`, if its counter is known full now.
-    fn lookup(&self, op: &CounterOp, now: u64) -> Option<CounterState> {
-        let id = self.id_of(&op.key);
+    /// The cached denial of `op` (whose key hashes to `id`), if its counter
+    /// is known full now.
+    fn lookup(&self, id: u128, op: &CounterOp, now: u64) -> Option<CounterState> {
         let mut shard = self.shard(id);
         let entry = *shard.get(id)?;
         if !entry.matches(op) || now >= entry.until_ms {
@@ -115,27 +115,24 @@ impl OverLimitCache {
         })
     }
 
-    /// Remembers what the store answered for the cacheable ops.
-    fn learn(&self, ops: &[&CounterOp], states: &[CounterState], now: u64) {
-        for (op, state) in ops.iter().zip(states) {
-            let id = self.id_of(&op.key);
-            let mut shard = self.shard(id);
-            if state.allowed || state.remaining > 0 || state.reset_after.is_zero() {
-                shard.remove(id);
-                continue;
-            }
-            let entry = Entry {
-                until_ms: now.saturating_add(
-                    u64::try_from(state.reset_after.as_millis()).unwrap_or(u64::MAX),
-                ),
-                algorithm: op.algorithm,
-                limit: op.limit,
-                window_ms: u64::try_from(op.window.as_millis()).unwrap_or(u64::MAX),
-            };
-            shard.put(id, entry);
-            while shard.len() > self.per_shard {
-                shard.pop_lru();
-            }
+    /// Remembers what the store answered for a cacheable op (whose key
+    /// hashes to `id`): a full counter until its reset, else nothing.
+    fn learn(&self, id: u128, op: &CounterOp, state: &CounterState, now: u64) {
+        let mut shard = self.shard(id);
+        if state.allowed || state.remaining > 0 || state.reset_after.is_zero() {
+            shard.remove(id);
+            return;
+        }
+        let entry = Entry {
+            until_ms: now
+                .saturating_add(u64::try_from(state.reset_after.as_millis()).unwrap_or(u64::MAX)),
+            algorithm: op.algorithm,
+            limit: op.limit,
+            window_ms: u64::try_from(op.window.as_millis()).unwrap_or(u64::MAX),
+        };
+        shard.put(id, entry);
+        while shard.len() > self.per_shard {
+            shard.pop_lru();
         }
     }
 
@@ -146,33 +143,40 @@ impl OverLimitCache {
         deadline: Option<tokio::time::Instant>,
     ) -> Result<Vec<CounterState>, StoreError> {
         let now = self.now_ms();
-        let cacheable: Vec<bool> = (0..ops.len()).map(|i| cacheable(ops, i, charge)).collect();
-        let cached: Vec<Option<CounterState>> = ops
+        // Each key hashed once, for the lookup and for what is learnt.
+        let looked: Vec<Looked> = ops
             .iter()
-            .zip(&cacheable)
-            .map(|(op, &c)| if c { self.lookup(op, now) } else { None })
+            .enumerate()
+            .map(|(i, op)| {
+                if !cacheable(ops, i, charge) {
+                    return Looked::Uncached;
+                }
+                let id = self.id_of(&op.key);
+                self.lookup(id, op, now)
+                    .map_or(Looked::Missed(id), Looked::Hit)
+            })
             .collect();
-        let hits = cached.iter().filter(|c| c.is_some()).count();
+        let hits = looked
+            .iter()
+            .filter(|l| matches!(l, Looked::Hit(_)))
+            .count();
         if hits > 0 {
             metrics().store.over_limit_cache_hits.inc_by(hits as u64);
         }
         let states = if hits == 0 {
             self.inner.apply_by(ops, charge, deadline).await?
         } else if hits == ops.len() {
-            return Ok(cached.into_iter().flatten().collect());
+            return Ok(looked.iter().filter_map(Looked::hit).collect());
         } else {
-            self.apply_rest(ops, charge, deadline, &cached).await?
+            self.apply_rest(ops, charge, deadline, &looked).await?
         };
-        let learnt: (Vec<&CounterOp>, Vec<CounterState>) = ops
-            .iter()
-            .zip(&states)
-            .zip(cacheable.iter().zip(&cached))
-            .filter(|(_, (&c, hit))| c && hit.is_none())
-            .map(|((op, s), _)| (op, *s))
-            .unzip();
         // From the time before the call: the store's reset is counted from
         // when its script ran, later, so the entry never outlives the window.
-        self.learn(&learnt.0, &learnt.1, now);
+        for ((op, state), l) in ops.iter().zip(&states).zip(&looked) {
+            if let Looked::Missed(id) = *l {
+                self.learn(id, op, state, now);
+            }
+        }
         Ok(states)
     }
 
@@ -184,24 +188,45 @@ impl OverLimitCache {
         ops: &[CounterOp],
         charge: Charge,
         deadline: Option<tokio::time::Instant>,
-        cached: &[Option<CounterState>],
+        looked: &[Looked],
     ) -> Result<Vec<CounterState>, StoreError> {
         let rest: Vec<CounterOp> = ops
             .iter()
-            .zip(cached)
-            .filter(|(_, c)| c.is_none())
+            .zip(looked)
+            .filter(|(_, l)| l.hit().is_none())
             .map(|(op, _)| op.clone())
             .collect();
         let answered = self.inner.apply_by(&rest, charge, deadline).await?;
         let mut answered = super::answered_all(answered, rest.len())?.into_iter();
         let mut out = Vec::with_capacity(ops.len());
-        for c in cached {
-            match c {
-                Some(state) => out.push(*state),
+        for l in looked {
+            match l.hit() {
+                Some(state) => out.push(state),
                 None => out.extend(answered.next()),
             }
         }
         Ok(out)
+    }
+}
+
+/// What the cache knew of one op of a call.
+#[derive(Clone, Copy)]
+enum Looked {
+    /// Not cacheable: the store decides, nothing is learnt.
+    Uncached,
+    /// Cacheable, not known full: the store decides, its answer is learnt
+    /// under this id (the key's hash).
+    Missed(u128),
+    /// Known full: answered here.
+    Hit(CounterState),
+}
+
+impl Looked {
+    fn hit(&self) -> Option<CounterState> {
+        match self {
+            Looked::Hit(state) => Some(*state),
+            _ => None,
+        }
     }
 }
 

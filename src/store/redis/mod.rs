@@ -229,14 +229,20 @@ async fn run_batcher(core: Arc<Core>, mut rx: mpsc::Receiver<Pending>, calls: us
         }
         let core = core.clone();
         tokio::spawn(async move {
-            // One script call per hash slot (a single server: slot 0 only),
-            // in parallel.
-            let mut slots: BTreeMap<u16, Vec<Pending>> = BTreeMap::new();
-            for p in batch {
-                slots.entry(p.slot).or_default().push(p);
+            // One script call per hash slot, in parallel; a batch of one slot
+            // (always, on a single server) is the one call, with no map of
+            // slots and no join to build.
+            let first_slot = batch.first().map_or(0, |p| p.slot);
+            if batch.iter().all(|p| p.slot == first_slot) {
+                eval_batch(&core, batch).await;
+            } else {
+                let mut slots: BTreeMap<u16, Vec<Pending>> = BTreeMap::new();
+                for p in batch {
+                    slots.entry(p.slot).or_default().push(p);
+                }
+                let calls = slots.into_values().map(|b| eval_batch(&core, b));
+                futures_util::future::join_all(calls).await;
             }
-            let calls = slots.into_values().map(|b| eval_batch(&core, b));
-            futures_util::future::join_all(calls).await;
             drop(permit);
         });
     }

@@ -18,7 +18,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use super::bucket::{self, BucketLimit};
 use super::engine::Engine;
 use super::outcome::Verdict;
-use super::record::Tally;
+use super::record::{Tally, TreeTally};
 use super::request::{Descriptor, Items, Request};
 use crate::config::envoy_ratelimit::EnvoyUnit;
 use crate::rules::bounded;
@@ -408,7 +408,7 @@ fn status(
     };
     let used = rpu.saturating_sub(remaining);
     let near_at = (rpu as f64 * settings.near_limit_ratio).floor() as u64;
-    tallies.push(Tally::Tree {
+    tallies.push(Tally::Tree(TreeTally {
         stats_key: p.stats_key,
         requests_per_unit: p.current.requests_per_unit,
         unit: p.current.unit,
@@ -423,7 +423,7 @@ fn status(
             true => String::new(),
             false => actor(&p.path),
         },
-    });
+    }));
     EnvoyStatus {
         over: !allowed && !p.shadow,
         remaining: if allowed {

@@ -25,24 +25,27 @@ pub(super) enum Tally {
         actor: String,
     },
     /// An envoyproxy/ratelimit limit's outcome for a descriptor.
-    Tree {
-        /// The limit's stats key (`<domain>.<key_value path>`).
-        stats_key: String,
-        /// The limit, for the dashboard's description of it.
-        requests_per_unit: u32,
-        /// Its unit.
-        unit: EnvoyUnit,
-        /// Whether the descriptor was within the limit.
-        allowed: bool,
-        /// A shadow limit (counted over, never denying).
-        shadow: bool,
-        /// The descriptor's hits.
-        cost: u64,
-        /// Of them, those past the near-limit share.
-        near: u64,
-        /// A denied descriptor's entries as counted (`k=v,...`).
-        actor: String,
-    },
+    Tree(TreeTally),
+}
+
+/// What an envoyproxy/ratelimit limit's outcome adds.
+pub(super) struct TreeTally {
+    /// The limit's stats key (`<domain>.<key_value path>`).
+    pub(super) stats_key: String,
+    /// The limit, for the dashboard's description of it.
+    pub(super) requests_per_unit: u32,
+    /// Its unit.
+    pub(super) unit: EnvoyUnit,
+    /// Whether the descriptor was within the limit.
+    pub(super) allowed: bool,
+    /// A shadow limit (counted over, never denying).
+    pub(super) shadow: bool,
+    /// The descriptor's hits.
+    pub(super) cost: u64,
+    /// Of them, those past the near-limit share.
+    pub(super) near: u64,
+    /// A denied descriptor's entries as counted (`k=v,...`).
+    pub(super) actor: String,
 }
 
 /// Counts every tally, then the request's time to decide (`decided`, for
@@ -90,7 +93,7 @@ pub(super) fn record(
                     );
                 }
             }
-            Tally::Tree { .. } => tree(m, board, tally, now),
+            Tally::Tree(t) => tree(m, board, t, now),
         }
     }
     m.hit_times(decided, descriptors);
@@ -98,8 +101,8 @@ pub(super) fn record(
 
 /// An envoyproxy/ratelimit limit's stats (envoyproxy/ratelimit's names)
 /// and its dashboard history.
-fn tree(m: &Metrics, board: &Recorder, tally: &Tally, now: u64) {
-    let Tally::Tree {
+fn tree(m: &Metrics, board: &Recorder, t: &TreeTally, now: u64) {
+    let TreeTally {
         stats_key,
         requests_per_unit,
         unit,
@@ -108,10 +111,7 @@ fn tree(m: &Metrics, board: &Recorder, tally: &Tally, now: u64) {
         cost,
         near,
         actor,
-    } = tally
-    else {
-        return;
-    };
+    } = t;
     let key = m.envoy_stats_key(stats_key);
     let add = |stat: &str, n: u64| {
         if n > 0 {

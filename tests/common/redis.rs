@@ -43,8 +43,16 @@ impl Redis {
     }
 
     /// A server with extra arguments.
+    /// The port is picked free, with its cluster bus port (port + 10000)
+    /// free too; if redis-server still exits (another process took either
+    /// meanwhile), it is started again on a new port.
     pub fn start_with(extra: &[&str]) -> Redis {
-        Redis::start_on(free_port(), extra)
+        for _ in 0..4 {
+            if let Some(r) = Redis::try_start_on(bus_free_port(), extra) {
+                return r;
+            }
+        }
+        Redis::start_on(bus_free_port(), extra)
     }
 
     /// A plain server on a given port.
@@ -53,6 +61,17 @@ impl Redis {
     }
 
     fn start_on(port: u16, extra: &[&str]) -> Redis {
+        let mut r = Redis::unstarted(port, extra);
+        r.spawn();
+        r
+    }
+
+    fn try_start_on(port: u16, extra: &[&str]) -> Option<Redis> {
+        let mut r = Redis::unstarted(port, extra);
+        r.try_spawn().then_some(r)
+    }
+
+    fn unstarted(port: u16, extra: &[&str]) -> Redis {
         let tmp = tempfile::tempdir().expect("temp dir");
         let mut args: Vec<String> = vec![
             "--port".into(),
@@ -68,16 +87,14 @@ impl Redis {
         ];
         args.extend(extra.iter().map(|s| (*s).to_owned()));
         let dir = tmp.path().to_path_buf();
-        let mut r = Redis {
+        Redis {
             child: None,
             port,
             args,
             tls_cli: Vec::new(),
             dir,
             _tmp: tmp,
-        };
-        r.spawn();
-        r
+        }
     }
 
     /// A TLS-only server (`--port 0`) presenting `server`, verifying client
@@ -185,6 +202,16 @@ impl Redis {
     }
 
     fn spawn(&mut self) {
+        assert!(
+            self.try_spawn(),
+            "redis on port {} did not start",
+            self.port
+        );
+    }
+
+    /// Starts redis-server and waits for its PONG; false if it exited
+    /// (its port was taken) or did not answer within 20 s.
+    fn try_spawn(&mut self) -> bool {
         let child = Command::new("redis-server")
             .args(&self.args)
             .current_dir(&self.dir)
@@ -195,13 +222,20 @@ impl Redis {
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(20);
         while self.cli(&["PING"]) != "PONG" {
-            assert!(
-                Instant::now() < deadline,
-                "redis on port {} did not start",
-                self.port
-            );
+            let exited = self
+                .child
+                .as_mut()
+                .is_some_and(|c| matches!(c.try_wait(), Ok(Some(_))));
+            if exited || Instant::now() >= deadline {
+                if let Some(mut c) = self.child.take() {
+                    let _ = c.kill();
+                    let _ = c.wait();
+                }
+                return false;
+            }
             std::thread::sleep(Duration::from_millis(20));
         }
+        true
     }
 
     /// `redis://127.0.0.1:port`.
@@ -280,6 +314,17 @@ const CLUSTER_NODE: [&str; 6] = [
     "--cluster-node-timeout",
     "2000",
 ];
+
+/// A free loopback port whose cluster bus port (port + 10000) is free too.
+fn bus_free_port() -> u16 {
+    for _ in 0..50 {
+        let port = free_port();
+        if port < 55_000 && std::net::TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
+            return port;
+        }
+    }
+    free_port()
+}
 
 /// A Redis Cluster of `n` masters (no replicas).
 pub struct Cluster {

@@ -87,14 +87,15 @@ pub fn is_long(value: &str) -> bool {
 // `has_mark` looks for a marker of two bytes.
 const _: () = assert!(MARK.len() == 2);
 
-/// Whether `value` holds [`MARK`]: a search for its first byte and a look
-/// at the next (a short value is scanned in a few instructions, where
-/// `str::contains` sets up a two-way searcher on every call).
+/// Whether `value` holds [`MARK`]. Values here are at most
+/// [`MAX_VALUE_BYTES`] long: a plain scan of byte pairs costs a few
+/// instructions a byte, where `memchr` and `str::contains` pay a setup
+/// of their own on every call that is larger than such a scan.
 fn has_mark(value: &[u8]) -> bool {
     let [first, second] = *MARK.as_bytes() else {
         return false;
     };
-    memchr::memchr_iter(first, value).any(|i| value.get(i + 1) == Some(&second))
+    value.windows(2).any(|w| w[0] == first && w[1] == second)
 }
 
 /// Appends `value` to `key`, bounded as the module describes.

@@ -25,19 +25,26 @@ pub(super) struct DivvyRules<'a> {
     pub(super) metrics: &'a Metrics,
 }
 
-/// A request planned: its hits, and each one's canaries and deciding rule.
+/// A request planned: each hit with its canaries and deciding rule.
 pub(super) struct DivvyPlan<'r> {
-    hits: Cow<'r, [Hit]>,
-    prepared: Vec<(Vec<Prepared>, Prepared)>,
+    prepared: Vec<Planned<'r>>,
+}
+
+/// One hit planned.
+struct Planned<'r> {
+    /// The request's hit, or one made from its descriptor.
+    hit: Cow<'r, Hit>,
+    canaries: Vec<Prepared>,
+    decider: Prepared,
 }
 
 impl<'r> Engine<'r> for DivvyRules<'_> {
     type Plan = DivvyPlan<'r>;
 
     fn plan(&self, request: &Request<'r>, ops: &mut Vec<CounterOp>) -> (DivvyPlan<'r>, Charge) {
-        let hits: Cow<'r, [Hit]> = match request.items {
-            Items::Hits(hits) => Cow::Borrowed(hits),
-            Items::Descriptors(d) => Cow::Owned(d.iter().map(Descriptor::hit).collect()),
+        let (hits, descriptors): (&'r [Hit], &[Descriptor]) = match request.items {
+            Items::Hits(hits) => (hits, &[]),
+            Items::Descriptors(d) => (&[], d),
         };
         let mut planner = Planner {
             rules: self.rules,
@@ -46,20 +53,25 @@ impl<'r> Engine<'r> for DivvyRules<'_> {
             global: self.global,
             ops: std::mem::take(ops),
         };
-        let mut prepared = Vec::with_capacity(hits.len());
+        let mut prepared = Vec::with_capacity(request.items.len());
         // A deciding rule that denies without a counter (creditLimit 0).
         let mut denied_outside = false;
-        for hit in hits.iter() {
+        let made = descriptors.iter().map(|d| Cow::Owned(d.hit()));
+        for hit in hits.iter().map(Cow::Borrowed).chain(made) {
             let plan = self.rules.plan(request.domain, &hit.operation);
             let canaries = plan
                 .canaries
                 .iter()
-                .map(|&rule| planner.prepare(rule, hit, None, false))
+                .map(|&rule| planner.prepare(rule, &hit, None, false))
                 .collect();
-            let decider = planner.prepare(plan.decider, hit, hit.limit_override, true);
+            let decider = planner.prepare(plan.decider, &hit, hit.limit_override, true);
             // Counted limits are decided by the store; an always-deny rule has none.
             denied_outside |= decider.ops.is_empty() && decider.limits.iter().any(|l| !l.allowed);
-            prepared.push((canaries, decider));
+            prepared.push(Planned {
+                hit,
+                canaries,
+                decider,
+            });
         }
         *ops = planner.ops;
         // With one descriptor per request, all-or-nothing is what each rule's
@@ -69,7 +81,7 @@ impl<'r> Engine<'r> for DivvyRules<'_> {
             Charge::AllOrNothing if denied_outside => Charge::Denied,
             other => other,
         };
-        (DivvyPlan { hits, prepared }, charge)
+        (DivvyPlan { prepared }, charge)
     }
 
     fn finish(
@@ -80,7 +92,12 @@ impl<'r> Engine<'r> for DivvyRules<'_> {
         tallies: &mut Vec<Tally>,
     ) -> Verdict {
         let mut items = Vec::with_capacity(plan.prepared.len());
-        for ((canaries, decider), hit) in plan.prepared.into_iter().zip(plan.hits.iter()) {
+        for planned in plan.prepared {
+            let Planned {
+                hit,
+                canaries,
+                decider,
+            } = planned;
             let canaries: Vec<Outcome> = canaries
                 .into_iter()
                 .map(|p| self.outcome(p, ops, states))
@@ -103,7 +120,7 @@ impl<'r> Engine<'r> for DivvyRules<'_> {
                 cost: hit.cost,
                 actor: match decider.allowed {
                     true => String::new(),
-                    false => denied_actor(rule, &decider, hit),
+                    false => denied_actor(rule, &decider, &hit),
                 },
             });
             items.push(Decision { decider, canaries });

@@ -226,7 +226,7 @@ fn find(tree: &DomainTree, d: &Descriptor, replacing: &mut HashSet<String>) -> O
 /// A descriptor's own limit: its entries are the counter's path.
 fn override_found(domain: &str, d: &Descriptor, rpu: u32, unit: EnvoyUnit) -> Found {
     let mut stats_key = domain.to_owned();
-    for &(k, v) in &d.entries {
+    for &(k, v) in d.entries.iter() {
         stats_key.push('.');
         bounded::push_value(&mut stats_key, k);
         if !v.is_empty() {

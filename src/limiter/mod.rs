@@ -15,10 +15,11 @@ mod outcome;
 mod plan;
 mod record;
 mod request;
+mod scratch;
 
 pub use bucket::{BucketLimit, BucketRate};
 pub use outcome::{Decision, Decisions, LimitOutcome, Outcome, Reset, Verdict};
-pub use request::{Caller, Descriptor, Hit, Items, LimitOverride, Request};
+pub use request::{Caller, Descriptor, Entries, Hit, Items, LimitOverride, Request};
 
 pub use plan::{counter_op, knob_for};
 
@@ -171,8 +172,7 @@ impl Limiter {
         request: &Request<'r>,
     ) -> Result<Verdict, StoreError> {
         let started = Instant::now();
-        // Most descriptors count one limit: one op each, room made once.
-        let mut ops = Vec::with_capacity(request.items.len());
+        let mut ops = scratch::ops();
         let (plan, charge) = engine.plan(request, &mut ops);
         // The store's answer ends the decision's time too (what follows is
         // bookkeeping); without a store call, the time is read at the end.
@@ -182,7 +182,7 @@ impl Limiter {
             let (states, answered) = self.apply(&ops, charge, request.deadline).await?;
             (states, Some(answered))
         };
-        let mut tallies = Vec::with_capacity(request.items.len());
+        let mut tallies = scratch::tallies();
         let verdict = engine.finish(plan, &mut ops, &states, &mut tallies);
         let decided_at = decided_at.unwrap_or_else(Instant::now);
         let decided = decided_at.duration_since(started);
@@ -193,6 +193,8 @@ impl Limiter {
             decided,
             request.items.len(),
         );
+        scratch::keep_ops(ops);
+        scratch::keep_tallies(tallies);
         Ok(verdict)
     }
 

@@ -38,13 +38,63 @@ impl Hit {
     }
 }
 
+/// A descriptor's entries, in request order: up to [`Entries::INLINE`]
+/// held in place (most descriptors carry one to three), more in a `Vec`.
+/// Unlike `SmallVec`, it keeps a descriptor covariant in its lifetime, so
+/// a request can borrow descriptors that live on the caller's stack.
+#[derive(Debug, Clone)]
+pub enum Entries<'a> {
+    /// Up to `INLINE` entries; the count is the second field.
+    Inline([(&'a str, &'a str); Entries::INLINE], u8),
+    /// More.
+    Heap(Vec<(&'a str, &'a str)>),
+}
+
+impl Entries<'_> {
+    /// Entries held in place.
+    pub const INLINE: usize = 4;
+}
+
+impl<'a> std::ops::Deref for Entries<'a> {
+    type Target = [(&'a str, &'a str)];
+
+    fn deref(&self) -> &Self::Target {
+        match self {
+            Entries::Inline(items, n) => &items[..usize::from(*n)],
+            Entries::Heap(v) => v,
+        }
+    }
+}
+
+impl<'a> FromIterator<(&'a str, &'a str)> for Entries<'a> {
+    fn from_iter<I: IntoIterator<Item = (&'a str, &'a str)>>(iter: I) -> Self {
+        let mut items = [("", ""); Entries::INLINE];
+        let mut iter = iter.into_iter();
+        for (n, slot) in items.iter_mut().enumerate() {
+            match iter.next() {
+                Some(e) => *slot = e,
+                None => return Entries::Inline(items, n as u8),
+            }
+        }
+        match iter.next() {
+            None => Entries::Inline(items, Entries::INLINE as u8),
+            Some(e) => {
+                let mut v = items.to_vec();
+                v.push(e);
+                v.extend(iter);
+                Entries::Heap(v)
+            }
+        }
+    }
+}
+
 /// One descriptor of a domain's request, in no protocol's shape: its
 /// entries in order, borrowed from the request, and what it asks besides.
 #[derive(Debug, Clone)]
 pub struct Descriptor<'a> {
     /// Key/value entries in request order (a repeated key: the last wins
     /// for divvy rules; envoyproxy/ratelimit trees walk them in order).
-    pub entries: Vec<(&'a str, &'a str)>,
+    pub entries: Entries<'a>,
     /// Hits to add; 0 checks without consuming.
     pub cost: u64,
     /// Give `cost` back instead of taking it.

@@ -93,9 +93,20 @@ pub async fn respond(
     deadline: Option<Instant>,
 ) -> Result<RateLimitResponse, Status> {
     let envoy = limiter.envoy();
-    let descriptors = validate(&request).inspect_err(|_| metrics().error("invalid-argument"))?;
+    let (one, many);
+    // Most requests carry one descriptor: held in place, not in a Vec.
+    let descriptors: &[Descriptor] = match validate_one(&request) {
+        Some(d) => {
+            one = [d.inspect_err(|_| metrics().error("invalid-argument"))?];
+            &one
+        }
+        None => {
+            many = validate(&request).inspect_err(|_| metrics().error("invalid-argument"))?;
+            &many
+        }
+    };
     let verdict = limiter
-        .decide(&Decide::envoy(&request.domain, &descriptors).until(deadline))
+        .decide(&Decide::envoy(&request.domain, descriptors).until(deadline))
         .await
         .map_err(|e| {
             metrics().error("unavailable");
@@ -168,20 +179,38 @@ fn validate(request: &RateLimitRequest) -> Result<Vec<Descriptor<'_>>, Status> {
         .descriptors
         .iter()
         .enumerate()
-        .map(|(i, d)| {
-            let t = terms(i, d, request_cost)?;
-            Ok(Descriptor {
-                entries: d
-                    .entries
-                    .iter()
-                    .map(|e| (e.key.as_str(), e.value.as_str()))
-                    .collect(),
-                cost: t.cost,
-                refund: t.refund,
-                limit_override: t.limit_override,
-            })
-        })
+        .map(|(i, d)| descriptor(i, d, request_cost))
         .collect()
+}
+
+/// [`validate`] for a request of one descriptor with a domain (`None` for
+/// any other request, which `validate` checks).
+fn validate_one(request: &RateLimitRequest) -> Option<Result<Descriptor<'_>, Status>> {
+    match &request.descriptors[..] {
+        [d] if !request.domain.is_empty() => {
+            Some(descriptor(0, d, u64::from(request.hits_addend.max(1))))
+        }
+        _ => None,
+    }
+}
+
+/// Descriptor `index` in the limiter's shape, borrowing its entries.
+fn descriptor(
+    index: usize,
+    d: &RateLimitDescriptor,
+    request_cost: u64,
+) -> Result<Descriptor<'_>, Status> {
+    let t = terms(index, d, request_cost)?;
+    Ok(Descriptor {
+        entries: d
+            .entries
+            .iter()
+            .map(|e| (e.key.as_str(), e.value.as_str()))
+            .collect(),
+        cost: t.cost,
+        refund: t.refund,
+        limit_override: t.limit_override,
+    })
 }
 
 fn terms(index: usize, d: &RateLimitDescriptor, request_cost: u64) -> Result<Terms, Status> {

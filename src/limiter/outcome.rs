@@ -7,6 +7,7 @@ use crate::rules::{Rule, RuleSet};
 use crate::store::Algorithm;
 
 use super::envoy::EnvoyStatus;
+use super::plan::Limits;
 
 /// When a rule's credit comes back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,7 +71,11 @@ pub struct Outcome {
 
 impl Outcome {
     /// The rule's outcome from its limits' (at least one).
-    pub(super) fn from_limits(rule: usize, mut limits: Vec<LimitOutcome>) -> Outcome {
+    pub(super) fn from_limits(rule: usize, limits: Limits) -> Outcome {
+        let mut limits = match limits {
+            Limits::One(l) => return Outcome::from_one(rule, l),
+            Limits::Many(v) => v,
+        };
         let wait = |l: &LimitOutcome| match l.reset {
             Reset::Never => Duration::MAX,
             Reset::After(d) => d,
@@ -104,13 +109,9 @@ impl Outcome {
             limits: Vec::new(),
         };
         if limits.len() == 1 {
-            let l = limits.swap_remove(0);
-            outcome.credit_limit = l.credit_limit;
-            outcome.reset_seconds = l.reset_seconds;
-            outcome.algorithm = l.algorithm;
-            outcome.reset = l.reset;
-            outcome.counter_key = l.counter_key;
-        } else if let Some(l) = limits.get(speaker) {
+            return Outcome::from_one(rule, limits.swap_remove(0));
+        }
+        if let Some(l) = limits.get(speaker) {
             outcome.credit_limit = l.credit_limit;
             outcome.reset_seconds = l.reset_seconds;
             outcome.algorithm = l.algorithm;
@@ -119,6 +120,23 @@ impl Outcome {
             outcome.limits = limits;
         }
         outcome
+    }
+}
+
+impl Outcome {
+    /// The outcome of a rule of one limit.
+    fn from_one(rule: usize, l: LimitOutcome) -> Outcome {
+        Outcome {
+            rule,
+            allowed: l.allowed,
+            remaining: l.remaining,
+            credit_limit: l.credit_limit,
+            reset_seconds: l.reset_seconds,
+            algorithm: l.algorithm,
+            reset: l.reset,
+            counter_key: l.counter_key,
+            limits: Vec::new(),
+        }
     }
 }
 

@@ -20,11 +20,39 @@ pub(super) struct Prepared {
     pub(super) rule: usize,
     /// Every limit's outcome; the counted ones (all but the always-allowed,
     /// `Reset::Unlimited`) are decided by the store.
-    pub(super) limits: Vec<LimitOutcome>,
+    pub(super) limits: Limits,
     /// Where the counted limits' ops are in the request's ops, one per
     /// counted limit in order (empty: nothing counted, as for an
     /// always-deny rule).
     pub(super) ops: std::ops::Range<usize>,
+}
+
+/// A rule's limits' outcomes: most rules have one, held in place.
+pub(super) enum Limits {
+    /// A rule of one limit (or one that denies every hit).
+    One(LimitOutcome),
+    /// A rule of several limits.
+    Many(Vec<LimitOutcome>),
+}
+
+impl std::ops::Deref for Limits {
+    type Target = [LimitOutcome];
+
+    fn deref(&self) -> &[LimitOutcome] {
+        match self {
+            Limits::One(l) => std::slice::from_ref(l),
+            Limits::Many(v) => v,
+        }
+    }
+}
+
+impl std::ops::DerefMut for Limits {
+    fn deref_mut(&mut self) -> &mut [LimitOutcome] {
+        match self {
+            Limits::One(l) => std::slice::from_mut(l),
+            Limits::Many(v) => v,
+        }
+    }
 }
 
 /// Prepares the rules of one request's hits, gathering their ops.
@@ -67,12 +95,11 @@ impl Planner<'_> {
         if let Some(i) = limits.iter().position(|l| l.credit_limit == 0) {
             return Prepared {
                 rule,
-                limits: vec![pending(i, &limits[i])],
+                limits: Limits::One(pending(i, &limits[i])),
                 ops: first..first,
             };
         }
-        let mut outcomes = Vec::with_capacity(limits.len());
-        for (i, limit) in limits.iter().enumerate() {
+        let mut outcome = |(i, limit): (usize, &LimitSpec)| {
             let mut o = pending(i, limit);
             if limit.reset_seconds == 0 {
                 o.allowed = true;
@@ -93,11 +120,15 @@ impl Planner<'_> {
                 }
                 self.ops.push(op);
             }
-            outcomes.push(o);
-        }
+            o
+        };
+        let limits = match &limits[..] {
+            [one] => Limits::One(outcome((0, one))),
+            many => Limits::Many(many.iter().enumerate().map(outcome).collect()),
+        };
         Prepared {
             rule,
-            limits: outcomes,
+            limits,
             ops: first..self.ops.len(),
         }
     }

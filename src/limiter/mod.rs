@@ -193,6 +193,7 @@ impl Limiter {
             decided,
             request.items.len(),
         );
+        crate::store::keep_states(states);
         scratch::keep_ops(ops);
         scratch::keep_tallies(tallies);
         Ok(verdict)

@@ -154,6 +154,25 @@ pub fn answered_all(
     }
 }
 
+thread_local! {
+    static STATES: std::cell::Cell<Vec<CounterState>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// An empty list for a call's answers: the one the thread's previous
+/// caller gave back with [`keep_states`], so a warm call allocates none.
+pub fn state_list() -> Vec<CounterState> {
+    STATES.take()
+}
+
+/// Gives a call's answers back, emptied, for the thread's next call (a
+/// list with room for more than 16 is dropped instead).
+pub fn keep_states(mut states: Vec<CounterState>) {
+    if states.capacity() <= 16 {
+        states.clear();
+        STATES.set(states);
+    }
+}
+
 /// A counter store.
 pub trait Store: Send + Sync + 'static {
     /// Applies the ops of one request atomically and in order (see

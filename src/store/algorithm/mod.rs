@@ -376,7 +376,9 @@ pub fn apply_request<S: States>(
     charge: Charge,
 ) -> Vec<CounterState> {
     if let [op] = ops {
-        return vec![apply_one(states, now, op, charge)];
+        let mut answer = super::state_list();
+        answer.push(apply_one(states, now, op, charge));
+        return answer;
     }
     // Independent ops on distinct counters (a line connection's batch, a
     // canary and its decider, descriptors charged each on their own).

@@ -276,13 +276,48 @@ fn batches_in_flight_outside_1_to_64_is_refused() {
     assert!(!err.contains("1..=64"), "{err}");
 }
 
+/// What `server`'s failure policy decided so far: every nonzero
+/// `divvy_failure_policy_decisions_total{policy,reason}` sample.
+fn policy_decisions(server: &Server) -> Vec<(String, f64)> {
+    server
+        .metric_samples()
+        .into_iter()
+        .filter(|(k, v)| k.starts_with("divvy_failure_policy_decisions_total") && *v != 0.0)
+        .collect()
+}
+
+/// Waits until `server`'s breaker is closed: it decides from Redis (a
+/// replica whose startup probe missed its time starts with the breaker
+/// open, and its probe closes it within a quarter second of Redis answering).
+fn wait_for_breaker_closed(server: &Server) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while server.metric_samples().get("divvy_store_breaker_state") != Some(&0.0) {
+        assert!(
+            Instant::now() < deadline,
+            "the breaker did not close within 20 s"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 #[test]
 fn two_replicas_sharing_redis_allow_exactly_the_limit() {
     let redis = Redis::start();
+    // Exactness is Redis's to keep: a hit Redis does not answer within
+    // `--redis-timeout-ms` is decided by the failure policy, and `local`
+    // (the default) grants up to half the limit on each replica; a loaded
+    // machine once starved a replica past the default 100 ms and got 150.
+    // A generous timeout keeps the policy out; the metrics show it stayed out.
+    let timeout = ["--redis-timeout-ms", "10000"];
     // One script call out at a time on one replica (the default), several
     // on the other, whose calls may reach Redis in any order.
-    let a = serve(Some(&redis.url()), &[]);
-    let b = serve(Some(&redis.url()), &["--redis-batches-in-flight", "4"]);
+    let a = serve(Some(&redis.url()), &timeout);
+    let b = serve(
+        Some(&redis.url()),
+        &[&timeout[..], &["--redis-batches-in-flight", "4"]].concat(),
+    );
+    wait_for_breaker_closed(&a);
+    wait_for_breaker_closed(&b);
     let allowed = Arc::new(AtomicUsize::new(0));
     let answered = Arc::new(AtomicUsize::new(0));
     let threads: Vec<_> = (0..40)
@@ -311,8 +346,21 @@ fn two_replicas_sharing_redis_allow_exactly_the_limit() {
     for t in threads {
         t.join().unwrap();
     }
+    let allowed = allowed.load(Ordering::SeqCst);
     assert_eq!(answered.load(Ordering::SeqCst), 2000);
-    assert_eq!(allowed.load(Ordering::SeqCst), 100);
+    let (by_policy_a, by_policy_b) = (policy_decisions(&a), policy_decisions(&b));
+    assert!(
+        by_policy_a.is_empty() && by_policy_b.is_empty(),
+        "not an exactness failure: Redis did not decide every hit (slower than \
+         --redis-timeout-ms {}, or failing), so the failure policy did; \
+         {allowed} allowed of 100; replica a: {by_policy_a:?}, replica b: {by_policy_b:?}",
+        timeout[1]
+    );
+    assert_eq!(
+        allowed, 100,
+        "an exactness bug: Redis decided every hit (no failure-policy decision), \
+         yet {allowed} were allowed for a limit of 100"
+    );
     assert_eq!(redis.cli(&["GET", "divvy:k=hundred::100:3600"]), "0");
 }
 

@@ -1,8 +1,8 @@
 -- The fixed window (algorithm 1; src/store/algorithm/fixed.rs): windows
 -- aligned to the epoch, each with its own count.
 -- Reads: its key's value (MGET), PTTL on a lone charge. Writes: SET value
--- PX ttl (DEL once over); where the expiry is already right, SETRANGE of
--- the count (or SET ... KEEPTTL).
+-- PX ttl (DEL once over); a lone charge in the window, SETRANGE of the
+-- count where the expiry is already right (prelude's `rewrite`).
 -- Stored value: "start:count", the window's start in epoch ms and the
 -- credits used in it; it lives until the window ends. State: s, c.
 build[1] = function()
@@ -46,19 +46,13 @@ build[1] = function()
   -- Lone ops (no refunds) on keys i..last, one shape, for the lean path
   -- (see window.lua's A.run): a charge allowed in the current window (the
   -- value MGET read is its start's text, ':', a count) is A.step's allowed
-  -- branch inline. Where the key's expiry is already the window's end
-  -- (PTTL: not earlier than SET ... PX would set it, at most KEEP ms later,
-  -- as Redis's clock moves on during a call and `now` does not), the new
-  -- count is written over the old one with SETRANGE (which keeps the
-  -- expiry; the count only grows, so it covers the old digits unless they
-  -- had leading zeros: SET ... KEEPTTL then); else SET ... PX. The rest go
-  -- through read, step and save.
-  local KEEP = 20
+  -- branch inline, its count written over the old (prelude's `rewrite`);
+  -- the rest go through read, step and save.
   function A.run(i, last, L, W, B, cost, _, out, j)
     local s0 = now - now % W
     local ttl = s0 + W - now
     local pre = texts[s0] .. ':'
-    local pat, at = '^' .. pre .. '(%d+)$', texts[#pre]
+    local pat = '^' .. pre .. '(%d+)$'
     -- (below 2e15 every sum here is exact, and '%d' formats it)
     local quick = wide_d and cost > 0 and cost <= L and L < 2e15
     for i = i, last do
@@ -67,14 +61,7 @@ build[1] = function()
       if c then c = c + 0 end
       if c and c <= L - cost then
         c = c + cost
-        local p, d = rcall('PTTL', k), format('%d', c)
-        if p < ttl or p > ttl + KEEP then
-          rcall('SET', k, pre .. d, 'PX', texts[ttl])
-        elseif #pre + #d >= #v then
-          rcall('SETRANGE', k, at, d)
-        else
-          rcall('SET', k, pre .. d, 'KEEPTTL')
-        end
+        rewrite(k, v, pre, format('%d', c), ttl)
         out[j + 1], out[j + 2] = L - c, ttl
       else
         local s, n

@@ -69,16 +69,14 @@ end
 -- over key k's value v (as read), which starts with `head`, where d is a
 -- count that only grew: SETRANGE of the count where the key's expiry is
 -- already that (PTTL not earlier, at most 20 ms later: Redis's clock moves
--- on during a call, `now` does not) and the new digits cover the old;
--- SET ... KEEPTTL where they do not (leading zeros); else SET ... PX.
+-- on during a call, `now` does not) and the new digits cover the old (not
+-- so after leading zeros); else SET ... PX, as `save`.
 local function rewrite(k, v, head, d, ttl)
   local p = rcall('PTTL', k)
-  if p < ttl or p > ttl + 20 then
-    rcall('SET', k, head .. d, 'PX', texts[ttl])
-  elseif #head + #d >= #v then
+  if p >= ttl and p <= ttl + 20 and #head + #d >= #v then
     rcall('SETRANGE', k, texts[#head], d)
   else
-    rcall('SET', k, head .. d, 'KEEPTTL')
+    rcall('SET', k, head .. d, 'PX', texts[ttl])
   end
 end
 

@@ -5,6 +5,7 @@
 -- count where the expiry is already right (prelude's `rewrite`).
 -- Stored value: "start:count", the window's start in epoch ms and the
 -- credits used in it; it lives until the window ends. State: s, c.
+-- KEYS, ARGV: see prelude.lua.
 build[1] = function()
   local A = {}
 

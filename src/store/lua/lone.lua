@@ -10,9 +10,13 @@
 --     credits left, ms to reset, and the state to store (nothing: none);
 --   view(s1, s2, s3, L, W, B): credits left and ms until full, uncharged;
 --   save(k, s1, s2, s3, L, W, r1, r2, r3): writes the state over the one
---     stored (as `read` gave it, or as last saved; r1 nil or false: none).
--- A state's first number is nil or false for no counter. Each algorithm
--- file puts its builder in `build` under its number (see prelude.lua).
+--     stored (as `read` gave it, or as last saved; r1 nil or false: none);
+-- and all but the token bucket run(i, last, L, W, B, cost, ct, out, j): a
+-- lone run of distinct keys, one shape, answered into `out` (see
+-- window.lua). A state's first number is nil or false for no counter.
+-- Each algorithm file puts its builder in `build` under its number (see
+-- prelude.lua).
+
 -- A hit of algorithm A denied with r credits left on state s1-s3, when
 -- its op fills (src/store/mod.rs, CounterOp::fill: an op charged on its
 -- own): the r credits taken instead. The reset a retry of the hit would

@@ -7,6 +7,7 @@
 -- Stored value: "start:prev:cur", the current window's start in epoch ms
 -- and the credits used in the previous and the current window; it lives
 -- two windows from its start. State: s, p, c.
+-- KEYS, ARGV: see prelude.lua.
 build[2] = function()
   local A = {}
 

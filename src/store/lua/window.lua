@@ -7,6 +7,7 @@
 -- layout. State: r (those credits), e (epoch ms the window ends), and w: e
 -- when the key has a TTL, -e when it has none and must be written whole.
 -- Every algorithm file builds the same five functions (see lone.lua).
+-- KEYS, ARGV: see prelude.lua.
 build[0] = function()
   local A = {}
 

@@ -27,6 +27,8 @@
 # 60 counters (one request each, cost 1, limit 10^9, window 1 h; for
 # `group`, 30 requests of two) on existing counters; it is done for 100
 # and for 300 calls, and the difference is divided by 200 x 60, so start-up and loading cancel out.
+# (A token bucket of 10^9 an hour holding one credit's use is full again,
+# and its key gone, 1 ms later: ALGORITHM 3 and `group` count new buckets.)
 # Needs valgrind (callgrind_annotate), redis-server, redis-cli,
 # redis-benchmark and python3 (for a free port). About 10 s.
 set -euo pipefail

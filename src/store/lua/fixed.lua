@@ -1,8 +1,11 @@
 -- The fixed window (algorithm 1; src/store/algorithm/fixed.rs): windows
 -- aligned to the epoch, each with its own count.
--- Reads: its key's value (MGET). Writes: SET value PX ttl (DEL once over).
+-- Reads: its key's value (MGET), PTTL on a lone charge. Writes: SET value
+-- PX ttl (DEL once over); a lone charge in the window, SETRANGE of the
+-- count where the expiry is already right (prelude's `rewrite`).
 -- Stored value: "start:count", the window's start in epoch ms and the
 -- credits used in it; it lives until the window ends. State: s, c.
+-- KEYS, ARGV: see prelude.lua.
 build[1] = function()
   local A = {}
 
@@ -39,6 +42,39 @@ build[1] = function()
     local _, r = A.step(s, c, nil, L, W, B, 0, false)
     s = current(s, c, W)
     return r, max(s + W - now, 0)
+  end
+
+  -- Lone ops (no refunds) on keys i..last, one shape, for the lean path
+  -- (see window.lua's A.run): a charge allowed in the current window (the
+  -- value MGET read is its start's text, ':', a count) is A.step's allowed
+  -- branch inline, its count written over the old (prelude's `rewrite`);
+  -- the rest go through read, step and save.
+  function A.run(i, last, L, W, B, cost, _, out, j)
+    local s0 = now - now % W
+    local ttl = s0 + W - now
+    local pre = texts[s0] .. ':'
+    local pat = '^' .. pre .. '(%d+)$'
+    -- (below 2e15 every sum here is exact, and '%d' formats it)
+    local quick = wide_d and cost > 0 and cost <= L and L < 2e15
+    for i = i, last do
+      local k, v = KEYS[i], raw[i]
+      local c = quick and v and match(v, pat)
+      if c then c = c + 0 end
+      if c and c <= L - cost then
+        c = c + cost
+        rewrite(k, v, pre, format('%d', c), ttl)
+        out[j + 1], out[j + 2] = L - c, ttl
+      else
+        local s, n
+        s, c = A.read(k, v)
+        local a, r, t
+        a, r, t, s, n = A.step(s, c, nil, L, W, B, cost, false)
+        if s ~= nil then A.save(k, s, n, nil, L, W) end
+        out[j + 1], out[j + 2] = (a == 1) and r or -1 - r, t
+      end
+      j = j + 2
+    end
+    return j
   end
 
   function A.save(k, s, c, _, _, W)

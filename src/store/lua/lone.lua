@@ -10,9 +10,26 @@
 --     credits left, ms to reset, and the state to store (nothing: none);
 --   view(s1, s2, s3, L, W, B): credits left and ms until full, uncharged;
 --   save(k, s1, s2, s3, L, W, r1, r2, r3): writes the state over the one
---     stored (as `read` gave it, or as last saved; r1 nil or false: none).
--- A state's first number is nil or false for no counter. Each algorithm
--- file puts its builder in `build` under its number (see prelude.lua).
+--     stored (as `read` gave it, or as last saved; r1 nil or false: none);
+-- and all but the token bucket run(i, last, L, W, B, cost, ct, out, j): a
+-- lone run of distinct keys, one shape, answered into `out` (see
+-- window.lua). A state's first number is nil or false for no counter.
+-- Each algorithm file puts its builder in `build` under its number (see
+-- prelude.lua).
+
+-- A hit of algorithm A denied with r credits left on state s1-s3, when
+-- its op fills (src/store/mod.rs, CounterOp::fill: an op charged on its
+-- own): the r credits taken instead. The reset a retry of the hit would
+-- get, the credits left after, and the state to store; nothing where
+-- filling takes nothing.
+local function filled(A, s1, s2, s3, L, W, B, cost, r)
+  if r <= 0 or cost <= 0 then return end
+  local a, left, _, n1, n2, n3 = A.step(s1, s2, s3, L, W, B, r, false)
+  if a ~= 1 or n1 == nil then return end
+  local _, _, t = A.step(n1, n2, n3, L, W, B, cost, false)
+  return t, left, n1, n2, n3
+end
+
 local algorithms = setmetatable({}, {__index = function(t, a)
   local A = build[a]()
   t[a] = A

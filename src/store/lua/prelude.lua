@@ -13,7 +13,7 @@
 -- flag 1, 16, 32 or 64, no all-or-nothing request of more than one
 -- counter); 2 no key appears twice in the call.
 -- Then 4 values per shape: algorithm (0 divvy window, 1 fixed, 2 sliding,
--- 3 token bucket; + 4: its ops fill, see `filled`), limit, window in ms,
+-- 3 token bucket; + 4: its ops fill, see lone.lua's `filled`), limit, window in ms,
 -- burst;
 -- then the keys' shapes, flags and costs in runs, in key order: 2 values per
 -- run of keys that share them: (how many keys - 1) * 2^32 + shape * 128 +
@@ -44,7 +44,6 @@ local function fmt(x)
   if wide_d and x < 9e15 and x > -9e15 then return format('%d', x) end
   return format('%.0f', x)
 end
-local function has(f, bit) return f % (bit * 2) >= bit end
 -- For whole numbers below 2^53, (x - x % b) / b is floor(x / b) exactly,
 -- without a math.* call (each cost a counter a few hundred instructions).
 local function ceil_div(a, b)
@@ -66,17 +65,19 @@ local function put(k, v, ttl)
   if ttl <= 0 then rcall('DEL', k) else rcall('SET', k, v, 'PX', texts[ttl]) end
 end
 
--- A hit of algorithm A denied with r credits left on state s1-s3, when
--- its op fills (src/store/mod.rs, CounterOp::fill: an op charged on its
--- own): the r credits taken instead. The reset a retry of the hit would
--- get, the credits left after, and the state to store; nothing where
--- filling takes nothing.
-local function filled(A, s1, s2, s3, L, W, B, cost, r)
-  if r <= 0 or cost <= 0 then return end
-  local a, left, _, n1, n2, n3 = A.step(s1, s2, s3, L, W, B, r, false)
-  if a ~= 1 or n1 == nil then return end
-  local _, _, t = A.step(n1, n2, n3, L, W, B, cost, false)
-  return t, left, n1, n2, n3
+-- Writes `head .. d` (the value `save` would write, to live `ttl` ms > 0)
+-- over key k's value v (as read), which starts with `head`, where d is a
+-- count that only grew: SETRANGE of the count where the key's expiry is
+-- already that (PTTL not earlier, at most 20 ms later: Redis's clock moves
+-- on during a call, `now` does not) and the new digits cover the old (not
+-- so after leading zeros); else SET ... PX, as `save`.
+local function rewrite(k, v, head, d, ttl)
+  local p = rcall('PTTL', k)
+  if p >= ttl and p <= ttl + 20 and #head + #d >= #v then
+    rcall('SETRANGE', k, texts[#head], d)
+  else
+    rcall('SET', k, head .. d, 'PX', texts[ttl])
+  end
 end
 
 local n = #KEYS

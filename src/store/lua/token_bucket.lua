@@ -5,6 +5,7 @@
 -- the epoch ms it is valid at; it lives until the bucket is full again.
 -- divvy keeps burst x window ms <= 2^52, so the arithmetic is exact; a
 -- value beyond 2^53 is someone else's, and no counter. State: u, a.
+-- KEYS, ARGV: see prelude.lua.
 build[3] = function()
   local A = {}
 

@@ -7,6 +7,7 @@
 -- layout. State: r (those credits), e (epoch ms the window ends), and w: e
 -- when the key has a TTL, -e when it has none and must be written whole.
 -- Every algorithm file builds the same five functions (see lone.lua).
+-- KEYS, ARGV: see prelude.lua.
 build[0] = function()
   local A = {}
 
@@ -63,39 +64,43 @@ build[0] = function()
   -- with a TTL, allowed) is A.step's allowed branch inline, on the value
   -- DECRBY left; the rest (denied, no TTL, a check, a value Redis cannot
   -- count) goes through read, step and save. `ct`: the cost as text.
+  local type = type
   function A.run(i, last, L, W, B, cost, ct, out, j)
-    local shift = L - B
-    -- Below 2e15 each, every sum here stays exact (under 2^53).
-    local small = shift < 2e15 and shift > -2e15 and cost < 2e15
+    local shift, charge = L - B, cost > 0
+    -- The common case: DECRBY answered d with -shift <= d < hi (none when
+    -- shift or cost reach 2e15): below 2e15 each, every sum stays exact.
+    local hi = (shift < 2e15 and shift > -2e15 and cost < 2e15) and 2e15 or -1 / 0
     for i = i, last do
       local k = KEYS[i]
       local ttl = rcall('PTTL', k)
-      local d = ttl > 0 and cost > 0 and rpcall('DECRBY', k, ct)
-      local a, left, t
-      if d and type(d) == 'number' then
-        if small and d < 2e15 and d > -2e15 and d + shift >= 0 then
-          -- (r = d + cost, have = r + shift: allowed, have >= cost)
-          a, left, t = 1, d + shift, ttl
-        elseif d + cost < 9e15 and d + cost > -9e15 then
-          local e, v = now + ttl, nil
-          a, left, t, v = A.step(d + cost, e, e, L, W, B, cost, false)
-          if a ~= 1 or v == nil then
+      local d = ttl > 0 and charge and rpcall('DECRBY', k, ct)
+      if d and type(d) == 'number' and d < hi and d >= -shift then
+        -- (r = d + cost, have = r + shift: allowed, have >= cost)
+        out[j + 1], out[j + 2] = d + shift, ttl
+      else
+        local a, left, t
+        if d and type(d) == 'number' then
+          if d + cost < 9e15 and d + cost > -9e15 then
+            local e, v = now + ttl, nil
+            a, left, t, v = A.step(d + cost, e, e, L, W, B, cost, false)
+            if a ~= 1 or v == nil then
+              rcall('INCRBY', k, ct)
+            elseif v ~= d then
+              A.save(k, v, e, nil, L, W, d, nil, e)
+            end
+          else
             rcall('INCRBY', k, ct)
-          elseif v ~= d then
-            A.save(k, v, e, nil, L, W, d, nil, e)
           end
-        else
-          rcall('INCRBY', k, ct)
         end
+        if not a then
+          local r, e, w
+          if ttl ~= -2 then r, e, w = A.read(k, rpcall('GET', k), W) end
+          local n1, n2
+          a, left, t, n1, n2 = A.step(r, e, w, L, W, B, cost, false)
+          if a == 1 and n1 ~= nil then A.save(k, n1, n2, nil, L, W, r, nil, w) end
+        end
+        out[j + 1], out[j + 2] = (a == 1) and left or -1 - left, t
       end
-      if not a then
-        local r, e, w
-        if ttl ~= -2 then r, e, w = A.read(k, rpcall('GET', k), W) end
-        local n1, n2
-        a, left, t, n1, n2 = A.step(r, e, w, L, W, B, cost, false)
-        if a == 1 and n1 ~= nil then A.save(k, n1, n2, nil, L, W, r, nil, w) end
-      end
-      out[j + 1], out[j + 2] = (a == 1) and left or -1 - left, t
       j = j + 2
     end
     return j

@@ -124,6 +124,9 @@ impl<'r> Engine<'r> for DivvyRules<'_> {
                 },
             });
             items.push(Decision { decider, canaries });
+            if let Cow::Owned(made) = hit {
+                made.operation.recycle();
+            }
         }
         Verdict::Divvy(Decisions {
             rules: self.rules.clone(),

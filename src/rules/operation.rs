@@ -1,5 +1,7 @@
 //! A request's key/value pairs, as the rules see them.
 
+use std::cell::Cell;
+
 use crate::pattern::short_eq;
 
 /// The key/value pairs of one request or Envoy descriptor, sorted by key.
@@ -84,6 +86,16 @@ impl Operation {
         found.map(|s| self.value(s))
     }
 
+    /// Gives the operation's buffers to the thread's next
+    /// [`OperationBuilder::with_capacity`], so a request that is done with
+    /// its operation lets the next one build without allocating (buffers
+    /// grown past a usual request's are dropped instead).
+    pub fn recycle(self) {
+        if self.text.capacity() <= SPARE_TEXT && self.spans.capacity() <= SPARE_PAIRS {
+            SPARE.set(Some((self.text, self.spans)));
+        }
+    }
+
     /// The pairs, sorted by key.
     pub fn pairs(&self) -> impl ExactSizeIterator<Item = (&str, &str)> + '_ {
         self.spans.iter().map(|s| (self.key(s), self.value(s)))
@@ -100,6 +112,15 @@ impl Operation {
     }
 }
 
+thread_local! {
+    /// The buffers of an operation given back with [`Operation::recycle`].
+    static SPARE: Cell<Option<(String, Vec<Span>)>> = const { Cell::new(None) };
+}
+
+/// The most text bytes and pairs of buffers kept for reuse.
+const SPARE_TEXT: usize = 256;
+const SPARE_PAIRS: usize = 16;
+
 /// An [`Operation`] built pair by pair, in request order (as a parser
 /// finds them, with no list of pairs in between).
 #[derive(Default)]
@@ -112,6 +133,12 @@ impl OperationBuilder {
     /// A builder with room for `pairs` pairs and, as most requests need,
     /// 64 bytes of text: two allocations in all.
     pub fn with_capacity(pairs: usize) -> OperationBuilder {
+        if let Some((mut text, mut spans)) = SPARE.take() {
+            text.clear();
+            spans.clear();
+            spans.reserve(pairs);
+            return OperationBuilder { text, spans };
+        }
         OperationBuilder {
             text: String::with_capacity(64),
             spans: Vec::with_capacity(pairs),
@@ -222,6 +249,24 @@ mod tests {
     use super::Operation;
     use proptest::prelude::*;
     use std::collections::BTreeMap;
+
+    #[test]
+    fn an_operation_built_on_recycled_buffers_holds_only_its_own_pairs() {
+        let first =
+            Operation::from_pairs([("path", "/a/long/path/x"), ("ip", "10.0.0.1"), ("z", "9")]);
+        let text = first.text.as_ptr();
+        first.recycle();
+        let second = Operation::from_pairs([("method", "GET")]);
+        // The buffer was reused, and nothing of the first operation shows.
+        assert_eq!(second.text.as_ptr(), text);
+        assert_eq!(second.pairs().collect::<Vec<_>>(), [("method", "GET")]);
+        assert_eq!((second.get("path"), second.get("ip")), (None, None));
+        // Buffers grown past a usual request's are not kept.
+        let big = Operation::from_pairs([("k", "v".repeat(1000))]);
+        big.recycle();
+        let third = Operation::from_pairs([("a", "b")]);
+        assert!(third.text.capacity() < 1000);
+    }
 
     proptest! {
         /// An operation holds what a map holds after inserting the pairs in

@@ -250,6 +250,10 @@ async fn serve_until_end<S>(
     let mut eof = false;
     loop {
         slots.clear();
+        // One operation's buffers serve the next HIT's (the thread keeps one).
+        if let Some(last) = hits.pop() {
+            last.operation.recycle();
+        }
         hits.clear();
         fill_batch(
             &mut framer,

@@ -164,6 +164,19 @@ impl Decisions {
     pub fn rule(&self, outcome: &Outcome) -> &Rule {
         self.rules.rule(outcome.rule)
     }
+
+    /// Gives the outcomes' counter keys back for the thread's next
+    /// decisions (an adapter calls it once the answer is written).
+    pub fn recycle(self) {
+        for item in self.items {
+            for outcome in item.canaries.into_iter().chain([item.decider]) {
+                let limits = outcome.limits.into_iter().filter_map(|l| l.counter_key);
+                for key in outcome.counter_key.into_iter().chain(limits) {
+                    crate::rules::recycle_key(key);
+                }
+            }
+        }
+    }
 }
 
 /// How a request was decided, for its adapter to format.

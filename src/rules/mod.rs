@@ -117,7 +117,8 @@ impl Rule {
     /// 64 bytes is written bounded ([`bounded`]).
     pub fn counter_key(&self, op: &Operation, limit: &LimitSpec) -> String {
         let actor = self.actor(op, limit);
-        let mut key = String::with_capacity(self.key_prefix.len() + actor.len() + 40);
+        let mut key = spare_key();
+        key.reserve(self.key_prefix.len() + actor.len() + 40);
         key.push_str(&self.key_prefix);
         if self.spec.multi {
             if let Some(field) = &limit.actor_field {
@@ -144,6 +145,39 @@ impl Rule {
     pub fn is_canary(&self) -> bool {
         self.spec.match_policy == MatchPolicy::Canary
     }
+}
+
+thread_local! {
+    /// Counter keys given back with [`recycle_key`], for the thread's next.
+    static SPARE_KEYS: std::cell::Cell<Vec<String>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// Most keys, and the longest, kept for reuse.
+const SPARE_KEYS_KEPT: usize = 8;
+const SPARE_KEY_BYTES: usize = 256;
+
+/// An empty string for a counter key: a recycled one when the thread has one.
+fn spare_key() -> String {
+    let mut spare = SPARE_KEYS.take();
+    let key = spare.pop();
+    SPARE_KEYS.set(spare);
+    let mut key = key.unwrap_or_default();
+    key.clear();
+    key
+}
+
+/// Gives a counter key that is no longer needed to the thread's next
+/// [`Rule::counter_key`], so a warm decision builds its keys without
+/// allocating (keys grown long, or more than a few, are dropped).
+pub fn recycle_key(key: String) {
+    if key.capacity() == 0 || key.capacity() > SPARE_KEY_BYTES {
+        return;
+    }
+    let mut spare = SPARE_KEYS.take();
+    if spare.len() < SPARE_KEYS_KEPT {
+        spare.push(key);
+    }
+    SPARE_KEYS.set(spare);
 }
 
 /// The end of a counter key of `limit` (a limit of `spec`, or one made
@@ -437,6 +471,25 @@ default:
         assert_eq!(rs.plan(Some("api"), &post).decider, 4);
         assert_eq!(rs.plan(Some("web"), &post).decider, 5);
         assert_eq!(rs.plan(None, &post).decider, 5);
+    }
+
+    #[test]
+    fn a_counter_key_built_on_a_recycled_one_is_its_own() {
+        let rs = set(POLICY);
+        let o = op(&[
+            ("method", "GET"),
+            ("path", "/pantry/cookies/x"),
+            ("ip", "1.2.3.4"),
+        ]);
+        let old = String::from("divvy:something much longer than the next key, to see it gone");
+        let buffer = old.as_ptr();
+        recycle_key(old);
+        let key = rs.rule(5).counter_key(&o, rs.rule(5).spec.first_limit());
+        assert_eq!((key.as_str(), key.as_ptr()), ("divvy:::2:30", buffer));
+        // A long one is not kept.
+        recycle_key("x".repeat(SPARE_KEY_BYTES + 1));
+        let next = rs.rule(5).counter_key(&o, rs.rule(5).spec.first_limit());
+        assert!(next.capacity() <= SPARE_KEY_BYTES);
     }
 
     #[test]

@@ -130,6 +130,7 @@ pub async fn respond(
                     ..Default::default()
                 })
                 .collect();
+            decisions.recycle();
             response
         }
     })

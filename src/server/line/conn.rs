@@ -527,6 +527,9 @@ async fn answer(limiter: &Limiter, slots: &[Slot], hits: &[Hit], out: &mut Vec<u
             }
         };
     }
+    if let Some(Ok(Some(d))) = decided {
+        d.recycle();
+    }
 }
 
 #[cfg(test)]

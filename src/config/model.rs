@@ -8,6 +8,7 @@
 use std::fmt;
 use std::time::Duration;
 
+use crate::store::algorithm::Numbers;
 use crate::store::{Algorithm, Charge};
 
 /// Longest window accepted: 100 years of 365 days.
@@ -61,13 +62,16 @@ impl LimitSpec {
         match (self.credit_limit, self.reset_seconds) {
             (0, _) => "always deny".to_owned(),
             (n, 0) => format!("always allow ({n})"),
-            (n, s) => match self.algorithm {
-                Algorithm::Window => format!("{n} per {s}s"),
-                Algorithm::TokenBucket => {
-                    format!("token bucket {n} per {s}s, burst {}", self.burst)
-                }
-                a => format!("{} {n} per {s}s", a.as_str()),
-            },
+            (n, s) => (self.algorithm.spec().describe)(n, s, self.burst),
+        }
+    }
+
+    /// Its numbers, as an algorithm counts them.
+    pub fn numbers(&self) -> Numbers {
+        Numbers {
+            credit_limit: self.credit_limit,
+            reset_seconds: self.reset_seconds,
+            burst: self.burst,
         }
     }
 }

@@ -10,7 +10,7 @@ use crate::config::{LimitSpec, RuleSpec};
 use crate::global::Global;
 use crate::knobs::{Knob, Knobs};
 use crate::rules::{Operation, Rule, RuleSet};
-use crate::store::{Algorithm, CounterOp};
+use crate::store::CounterOp;
 
 use super::{Hit, LimitOutcome, LimitOverride, Reset};
 
@@ -205,51 +205,23 @@ fn overridden(rule: &Rule, o: LimitOverride, knobs: Option<&Knobs>) -> LimitSpec
 
 /// The counter op of `own` (a limit of `rule` as written) for `operation`
 /// (cost 1), counted with the numbers of `effective` (the same limit with a
-/// knob applied, or `own`). The counter keeps `own`'s key, so consumption
-/// carries over when a knob changes the numbers:
-/// - divvy's window: the stored credits count against `own`'s limit (sent
-///   as the op's burst) and are shifted by the difference;
-/// - fixed and sliding: the stored counts are used credits, whatever the limit;
-/// - token bucket: the bucket keeps `own`'s period as its unit; a knob's
-///   period becomes the equivalent rate per that unit (rounded down, at
-///   least 1), and creditLimit and burst apply as they are.
+/// knob applied, or `own`) as its algorithm counts a knob's numbers
+/// ([`crate::store::algorithm::Spec::counted`]). The counter keeps `own`'s
+/// key, so consumption carries over when a knob changes the numbers.
 pub fn counter_op(
     rule: &Rule,
     operation: &Operation,
     own: &LimitSpec,
     effective: &LimitSpec,
 ) -> CounterOp {
-    let (limit, window, burst) = match effective.algorithm {
-        Algorithm::Window => (
-            effective.credit_limit,
-            effective.reset_seconds,
-            own.credit_limit,
-        ),
-        Algorithm::Fixed | Algorithm::Sliding => (
-            effective.credit_limit,
-            effective.reset_seconds,
-            effective.credit_limit,
-        ),
-        Algorithm::TokenBucket if effective.reset_seconds == own.reset_seconds => {
-            (effective.credit_limit, own.reset_seconds, effective.burst)
-        }
-        Algorithm::TokenBucket => {
-            let rate = u128::from(effective.credit_limit) * u128::from(own.reset_seconds)
-                / u128::from(effective.reset_seconds.max(1));
-            (
-                u64::try_from(rate).unwrap_or(u64::MAX).max(1),
-                own.reset_seconds,
-                effective.burst,
-            )
-        }
-    };
+    let c = (effective.algorithm.spec().counted)(own.numbers(), effective.numbers());
     CounterOp {
-        burst,
+        burst: c.burst,
         ..CounterOp::new(
             rule.counter_key(operation, own),
             effective.algorithm,
-            limit,
-            Duration::from_secs(window),
+            c.limit,
+            Duration::from_secs(c.window_seconds),
             1,
         )
     }

@@ -17,6 +17,8 @@ pub const SPEC: Spec = Spec {
     line_reset: round_up_to_second,
     step,
     full_in: Some(window_end_in),
+    counted: super::counted_as_set,
+    describe: |n, s, _| super::describe_named("fixed", n, s),
 };
 
 /// The counted window at `now`: its start and the credits used in it. A

@@ -19,6 +19,8 @@ pub const SPEC: Spec = Spec {
     line_reset: round_up_to_second,
     step,
     full_in: Some(window_end_in),
+    counted: super::counted_as_set,
+    describe: |n, s, _| super::describe_named("sliding", n, s),
 };
 
 /// The current window at `now`: its start, the previous and current counts.

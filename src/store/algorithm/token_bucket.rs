@@ -8,7 +8,7 @@
 //! bucket drains (refills) `limit` units per millisecond, so the capacity is
 //! `burst × window_ms` and every rate is exact.
 
-use super::{round_up_to_second, Params, Spec, State, Verdict};
+use super::{round_up_to_second, Counted, Numbers, Params, Spec, State, Verdict};
 
 /// The token bucket, as the rest of the service sees it: it counts its
 /// burst in credit × window ms; it refills continuously, so the over-limit
@@ -22,7 +22,27 @@ pub const SPEC: Spec = Spec {
     line_reset: round_up_to_second,
     step,
     full_in: Some(full_in),
+    counted,
+    describe: |n, s, b| format!("token bucket {n} per {s}s, burst {b}"),
 };
+
+/// The bucket keeps `own`'s period as its unit: a knob's period becomes
+/// the equivalent rate per that unit (rounded down, at least 1); the
+/// knob's creditLimit and burst apply as they are.
+fn counted(own: Numbers, effective: Numbers) -> Counted {
+    let limit = if effective.reset_seconds == own.reset_seconds {
+        effective.credit_limit
+    } else {
+        let rate = u128::from(effective.credit_limit) * u128::from(own.reset_seconds)
+            / u128::from(effective.reset_seconds.max(1));
+        u64::try_from(rate).unwrap_or(u64::MAX).max(1)
+    };
+    Counted {
+        limit,
+        window_seconds: own.reset_seconds,
+        burst: effective.burst,
+    }
+}
 
 /// The capacity in use at `now`, and the time it is valid at. A state from
 /// the future (the clock went back) is kept as it is.

@@ -3,7 +3,7 @@
 //! Stored in Redis as divvy stores it: the credits left, with the window as
 //! the key's TTL.
 
-use super::{round_to_nearest_second, Params, Spec, State, Verdict};
+use super::{round_to_nearest_second, Counted, Numbers, Params, Spec, State, Verdict};
 
 /// divvy's window, as the rest of the service sees it: it counts credits
 /// only (every limit is exact); its denials last until its window ends,
@@ -18,7 +18,19 @@ pub const SPEC: Spec = Spec {
     line_reset: round_to_nearest_second,
     step,
     full_in: None,
+    counted,
+    describe: |n, s, _| format!("{n} per {s}s"),
 };
+
+/// The stored credits count against `own`'s limit, sent as the op's
+/// burst, and are shifted by the difference (see `shift`).
+fn counted(own: Numbers, effective: Numbers) -> Counted {
+    Counted {
+        limit: effective.credit_limit,
+        window_seconds: effective.reset_seconds,
+        burst: own.credit_limit,
+    }
+}
 
 /// `remaining` in the state counts against the rule's own limit, carried in
 /// `p.burst` (a knob may set another `p.limit`): the credits left under the

@@ -150,9 +150,14 @@ pub fn target<'a>(rules: &'a RuleSet, label: &str) -> Result<&'a LimitSpec, Knob
 /// Whether `knob` makes a valid limit of `limit`.
 pub fn check(knob: &Knob, limit: &LimitSpec, label: &str) -> Result<(), KnobError> {
     if knob.burst.is_some() && !limit.algorithm.spec().has_burst {
+        let with_burst: Vec<&str> = Algorithm::ALL
+            .iter()
+            .filter(|a| a.spec().has_burst)
+            .map(|a| a.as_str())
+            .collect();
         return Err(bad(format!(
             "burst applies only to {} limits; `{label}` uses {}",
-            Algorithm::TokenBucket.as_str(),
+            with_burst.join(" or "),
             limit.algorithm.as_str()
         )));
     }

@@ -117,8 +117,7 @@ impl Rule {
     /// 64 bytes is written bounded ([`bounded`]).
     pub fn counter_key(&self, op: &Operation, limit: &LimitSpec) -> String {
         let actor = self.actor(op, limit);
-        let mut key = spare_key();
-        key.reserve(self.key_prefix.len() + actor.len() + 40);
+        let mut key = spare_key(self.key_prefix.len() + actor.len() + 40);
         key.push_str(&self.key_prefix);
         if self.spec.multi {
             if let Some(field) = &limit.actor_field {
@@ -156,14 +155,20 @@ thread_local! {
 const SPARE_KEYS_KEPT: usize = 8;
 const SPARE_KEY_BYTES: usize = 256;
 
-/// An empty string for a counter key: a recycled one when the thread has one.
-fn spare_key() -> String {
+/// An empty string with room for `capacity` bytes for a counter key: a
+/// recycled one when the thread has one.
+fn spare_key(capacity: usize) -> String {
     let mut spare = SPARE_KEYS.take();
     let key = spare.pop();
     SPARE_KEYS.set(spare);
-    let mut key = key.unwrap_or_default();
-    key.clear();
-    key
+    match key {
+        Some(mut key) => {
+            key.clear();
+            key.reserve(capacity);
+            key
+        }
+        None => String::with_capacity(capacity),
+    }
 }
 
 /// Gives a counter key that is no longer needed to the thread's next

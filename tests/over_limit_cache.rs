@@ -22,6 +22,11 @@ use divvy::store::redis::{RedisOptions, RedisStore};
 use divvy::store::redis_url::parse_redis_url;
 use divvy::store::{Algorithm, Charge, CounterOp, CounterState, Store, StoreError, StoreFuture};
 
+/// A metrics registry of the test's own.
+fn registry() -> Arc<divvy::observe::metrics::Metrics> {
+    Arc::new(divvy::observe::metrics::Metrics::new())
+}
+
 /// A small deterministic generator (xorshift64*): the same calls every run.
 struct Rng(u64);
 
@@ -150,7 +155,7 @@ async fn fixed_windows_answer_exactly_as_redis_alone_with_a_tenth_of_the_calls()
     let clock = Arc::new(SimClock(AtomicU64::new(1_700_000_000_000)));
     let plain = store(&plain_redis, Some(clock.clone())).await;
     let inner = store(&cached_redis, Some(clock.clone())).await;
-    let cached = OverLimitCache::new(Arc::new(inner), 1000, clock.clone());
+    let cached = OverLimitCache::new(Arc::new(inner), 1000, clock.clone(), registry());
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     // Calls 5 ms apart on the simulated clock: a 10 s window ends every
     // 2000 calls. Redis's real clock runs far slower, so no key expires on
@@ -208,7 +213,12 @@ async fn divvy_windows_answered_by_the_cache_are_full_in_redis() {
         inner: store(&redis, None).await,
         calls: AtomicU64::new(0),
     });
-    let cached = OverLimitCache::new(seen.clone(), 1000, Arc::new(SystemClock::default()));
+    let cached = OverLimitCache::new(
+        seen.clone(),
+        1000,
+        Arc::new(SystemClock::default()),
+        registry(),
+    );
     let mut rng = Rng(0x2545_f491_4f6c_dd1d);
     let (mut hits, mut answered) = (0u64, 0u64);
     let start = std::time::Instant::now();

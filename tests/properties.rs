@@ -90,7 +90,7 @@ proptest! {
         let limiter = Limiter::new(RuleSet::new(policy), Arc::new(MemoryStore::new()));
         let request = RateLimitRequest { domain, descriptors, hits_addend };
         let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
-        if let Ok(hits) = to_hits(request.clone()) {
+        if let Ok(hits) = to_hits(request.clone(), &limiter.telemetry().metrics) {
             prop_assert_eq!(hits.len(), request.descriptors.len());
             let decisions = runtime
                 .block_on(limiter.decide(&Request::hits(Some(&request.domain), &hits)))

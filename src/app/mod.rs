@@ -177,14 +177,15 @@ async fn build_limiter(
     s: &Settings,
     policy: &Policy,
 ) -> Result<(Arc<Limiter>, Coordination), AppError> {
-    let budget = stores::memory_budget(s, policy.rules.len());
-    let parts = stores::build_store(s, budget.max_counters).await?;
+    // The store and the decisions are recorded to what `/metrics` and the
+    // dashboard serve.
+    let telemetry = crate::observe::telemetry::Telemetry::process();
+    let budget = stores::memory_budget(s, policy.rules.len(), &telemetry.metrics);
+    let parts = stores::build_store(s, budget.max_counters, &telemetry.metrics).await?;
     let knobs = Arc::new(parts.knobs.with_replica(s.replica.clone()));
     // Knobs set while this replica was down apply from the first request.
     let _ = knobs.refresh().await;
     knobs.spawn_refresh(Duration::from_millis(250));
-    // Decisions are recorded to what `/metrics` and the dashboard serve.
-    let telemetry = crate::observe::telemetry::Telemetry::process();
     let limiter = Limiter::build(RuleSet::new(policy.clone()), parts.store, knobs, telemetry)
         .with_envoy(Arc::new(s.envoy.clone()));
     let (limiter, secret_coord) = stores::with_global(s, limiter, &parts.coord).await?;

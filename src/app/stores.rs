@@ -13,6 +13,7 @@ use crate::knobs::shared::SharedKnobs;
 use crate::knobs::Knobs;
 use crate::limiter::Limiter;
 use crate::memory_budget::{cgroup_limit, plan, LimitSource, MemoryBudget, MemoryLimit, Reserved};
+use crate::observe::metrics::Metrics;
 use crate::rules::bounded::{fresh_secret_hex, secret_hex, set_secret_hex, SECRET_KEY};
 use crate::store::failover::FailoverStore;
 use crate::store::memory::SystemClock;
@@ -32,8 +33,9 @@ pub(super) struct StoreParts {
 }
 
 /// The memory budget: `memory_limit` (0: none), else the cgroup's limit;
-/// logged, and exported as `divvy_memory_budget_bytes` and `divvy_max_counters`.
-pub(super) fn memory_budget(s: &Settings, rules: usize) -> MemoryBudget {
+/// logged, and exported in `metrics` as `divvy_memory_budget_bytes` and
+/// `divvy_max_counters`.
+pub(super) fn memory_budget(s: &Settings, rules: usize, metrics: &Metrics) -> MemoryBudget {
     let limit = match s.memory_limit {
         Some(0) => None,
         Some(bytes) => Some(MemoryLimit {
@@ -53,7 +55,7 @@ pub(super) fn memory_budget(s: &Settings, rules: usize) -> MemoryBudget {
     };
     let resident = crate::memory_budget::resident_bytes();
     let budget = plan(limit, resident, reserved, s.max_counters);
-    let store = &crate::observe::metrics::metrics().store;
+    let store = &metrics.store;
     store
         .memory_budget
         .set(budget.limit.as_ref().map_or(0, |l| l.bytes) as i64);
@@ -77,12 +79,18 @@ pub(super) fn memory_budget(s: &Settings, rules: usize) -> MemoryBudget {
 }
 
 /// The memory store, or Redis behind its failure policy (with the knobs
-/// shared through it).
-pub(super) async fn build_store(s: &Settings, max_counters: usize) -> Result<StoreParts, AppError> {
+/// shared through it); the stores record to `metrics` (the process's: what
+/// `/metrics` serves).
+pub(super) async fn build_store(
+    s: &Settings,
+    max_counters: usize,
+    metrics: &Arc<Metrics>,
+) -> Result<StoreParts, AppError> {
     let Some(target) = s.redis.clone() else {
         let memory = Arc::new(MemoryStore::with_max_counters(
             Arc::new(SystemClock::default()),
             max_counters,
+            metrics.clone(),
         ));
         memory.spawn_sweeper(s.sweep.max(Duration::from_secs(1)));
         info!("counters in the embedded memory store");
@@ -106,9 +114,10 @@ pub(super) async fn build_store(s: &Settings, max_counters: usize) -> Result<Sto
             primary,
             s.over_limit_cache,
             Arc::new(SystemClock::default()),
+            metrics.clone(),
         ));
     }
-    let failover = FailoverStore::new(primary, s.on_store_failure, s.local_share)
+    let failover = FailoverStore::new(primary, s.on_store_failure, s.local_share, metrics.clone())
         .with_breaker(options.timeout, s.breaker_failures)
         .with_max_counters(max_counters);
     let failover = Arc::new(if connected {

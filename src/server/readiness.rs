@@ -113,8 +113,13 @@ mod tests {
             "test.yaml",
         )
         .expect("policy");
-        let failed = FailoverStore::new(Arc::new(MemoryStore::new()), FailurePolicy::Local, 0.5)
-            .start_failed();
+        let failed = FailoverStore::new(
+            Arc::new(MemoryStore::new()),
+            FailurePolicy::Local,
+            0.5,
+            Arc::new(crate::observe::metrics::Metrics::new()),
+        )
+        .start_failed();
         let l = Limiter::new(RuleSet::new(policy), Arc::new(failed));
         let verdict = Readiness::default().check(&l, false);
         assert!(verdict.is_ready());

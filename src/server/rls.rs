@@ -28,7 +28,7 @@ use super::rls_envoy;
 use crate::limiter::{
     Decisions, Descriptor, Hit, LimitOverride, Limiter, Outcome, Request as Decide, Reset, Verdict,
 };
-use crate::observe::metrics::metrics;
+use crate::observe::metrics::Metrics;
 use crate::rules::Rule;
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 
@@ -93,15 +93,17 @@ pub async fn respond(
     deadline: Option<Instant>,
 ) -> Result<RateLimitResponse, Status> {
     let envoy = limiter.envoy();
+    let metrics = &*limiter.telemetry().metrics;
     let (one, many);
     // Most requests carry one descriptor: held in place, not in a Vec.
-    let descriptors: &[Descriptor] = match validate_one(&request) {
+    let descriptors: &[Descriptor] = match validate_one(&request, metrics) {
         Some(d) => {
-            one = [d.inspect_err(|_| metrics().error("invalid-argument"))?];
+            one = [d.inspect_err(|_| metrics.error("invalid-argument"))?];
             &one
         }
         None => {
-            many = validate(&request).inspect_err(|_| metrics().error("invalid-argument"))?;
+            many =
+                validate(&request, metrics).inspect_err(|_| metrics.error("invalid-argument"))?;
             &many
         }
     };
@@ -109,14 +111,14 @@ pub async fn respond(
         .decide(&Decide::envoy(&request.domain, descriptors).until(deadline))
         .await
         .map_err(|e| {
-            metrics().error("unavailable");
+            metrics.error("unavailable");
             Status::unavailable(e.to_string())
         })?;
     Ok(match verdict {
         Verdict::Envoy(statuses) => rls_envoy::response(&request, &statuses, envoy),
         Verdict::NoRules => rls_envoy::no_limit(&request),
         Verdict::NoConfig if envoy.error_without_config => {
-            metrics().error("service-error");
+            metrics.error("service-error");
             return Err(Status::unknown("no rate limit configuration loaded"));
         }
         Verdict::NoConfig => rls_envoy::no_limit(&request),
@@ -138,9 +140,12 @@ pub async fn respond(
 
 /// Validates a request and turns its descriptors into hits (what
 /// [`respond`] does before deciding; the service itself goes through
-/// `respond`).
-pub fn to_hits(request: RateLimitRequest) -> Result<Vec<Hit>, Status> {
-    Ok(validate(&request)?.iter().map(Descriptor::hit).collect())
+/// `respond`); requests refused for their size are counted in `metrics`.
+pub fn to_hits(request: RateLimitRequest, metrics: &Metrics) -> Result<Vec<Hit>, Status> {
+    Ok(validate(&request, metrics)?
+        .iter()
+        .map(Descriptor::hit)
+        .collect())
 }
 
 /// What a valid descriptor asks besides its entries.
@@ -152,8 +157,12 @@ struct Terms {
 
 /// Checks the whole request (domain, descriptor and entry counts, keys,
 /// overrides); when it is valid, its descriptors in the limiter's shape,
-/// borrowing their entries.
-fn validate(request: &RateLimitRequest) -> Result<Vec<Descriptor<'_>>, Status> {
+/// borrowing their entries. Requests refused for their size are counted in
+/// `metrics`.
+fn validate<'r>(
+    request: &'r RateLimitRequest,
+    metrics: &Metrics,
+) -> Result<Vec<Descriptor<'r>>, Status> {
     if request.domain.is_empty() {
         return Err(Status::invalid_argument(
             "rate limit domain must not be empty",
@@ -165,7 +174,7 @@ fn validate(request: &RateLimitRequest) -> Result<Vec<Descriptor<'_>>, Status> {
         ));
     }
     if request.descriptors.len() > MAX_DESCRIPTORS {
-        metrics()
+        metrics
             .rejected
             .with_label_values(&["too_many_descriptors"])
             .inc();
@@ -180,28 +189,35 @@ fn validate(request: &RateLimitRequest) -> Result<Vec<Descriptor<'_>>, Status> {
         .descriptors
         .iter()
         .enumerate()
-        .map(|(i, d)| descriptor(i, d, request_cost))
+        .map(|(i, d)| descriptor(i, d, request_cost, metrics))
         .collect()
 }
 
 /// [`validate`] for a request of one descriptor with a domain (`None` for
 /// any other request, which `validate` checks).
-fn validate_one(request: &RateLimitRequest) -> Option<Result<Descriptor<'_>, Status>> {
+fn validate_one<'r>(
+    request: &'r RateLimitRequest,
+    metrics: &Metrics,
+) -> Option<Result<Descriptor<'r>, Status>> {
     match &request.descriptors[..] {
-        [d] if !request.domain.is_empty() => {
-            Some(descriptor(0, d, u64::from(request.hits_addend.max(1))))
-        }
+        [d] if !request.domain.is_empty() => Some(descriptor(
+            0,
+            d,
+            u64::from(request.hits_addend.max(1)),
+            metrics,
+        )),
         _ => None,
     }
 }
 
 /// Descriptor `index` in the limiter's shape, borrowing its entries.
-fn descriptor(
+fn descriptor<'d>(
     index: usize,
-    d: &RateLimitDescriptor,
+    d: &'d RateLimitDescriptor,
     request_cost: u64,
-) -> Result<Descriptor<'_>, Status> {
-    let t = terms(index, d, request_cost)?;
+    metrics: &Metrics,
+) -> Result<Descriptor<'d>, Status> {
+    let t = terms(index, d, request_cost, metrics)?;
     Ok(Descriptor {
         entries: d
             .entries
@@ -214,14 +230,19 @@ fn descriptor(
     })
 }
 
-fn terms(index: usize, d: &RateLimitDescriptor, request_cost: u64) -> Result<Terms, Status> {
+fn terms(
+    index: usize,
+    d: &RateLimitDescriptor,
+    request_cost: u64,
+    metrics: &Metrics,
+) -> Result<Terms, Status> {
     if d.entries.is_empty() {
         return Err(Status::invalid_argument(format!(
             "descriptor {index} has no entries"
         )));
     }
     if d.entries.len() > MAX_ENTRIES {
-        metrics()
+        metrics
             .rejected
             .with_label_values(&["too_many_descriptors"])
             .inc();

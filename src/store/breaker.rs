@@ -8,11 +8,12 @@
 //! closes it when the store answers within the time callers allow.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::observe::metrics::metrics;
+use crate::observe::metrics::Metrics;
 
 /// Why a store call failed, or why the failure policy decided a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,7 +80,6 @@ pub const DEFAULT_THRESHOLD: u32 = 3;
 pub const MIN_BUDGET: Duration = Duration::from_millis(2);
 
 /// A circuit breaker counting consecutive failures.
-#[derive(Debug)]
 pub struct Breaker {
     state: AtomicU8,
     failures: AtomicU32,
@@ -87,16 +87,31 @@ pub struct Breaker {
     /// The shortest time a caller has allowed the store, in µs: a probe
     /// must answer within it to close the breaker.
     budget_us: AtomicU64,
+    /// Where failures and the state are shown (`divvy_store_*`).
+    metrics: Arc<Metrics>,
+}
+
+impl std::fmt::Debug for Breaker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Breaker")
+            .field("state", &self.state())
+            .field("failures", &self.failures)
+            .field("threshold", &self.threshold)
+            .field("budget_us", &self.budget_us)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Breaker {
-    /// A closed breaker opening after `threshold` failures in a row (at least 1).
-    pub fn new(threshold: u32) -> Breaker {
+    /// A closed breaker opening after `threshold` failures in a row (at
+    /// least 1), counting failures and showing its state in `metrics`.
+    pub fn new(threshold: u32, metrics: Arc<Metrics>) -> Breaker {
         Breaker {
             state: AtomicU8::new(BreakerState::Closed as u8),
             failures: AtomicU32::new(0),
             threshold: threshold.max(1),
             budget_us: AtomicU64::new(u64::MAX),
+            metrics,
         }
     }
 
@@ -126,7 +141,7 @@ impl Breaker {
             .compare_exchange(from as u8, to as u8, Ordering::AcqRel, Ordering::Acquire)
             .is_ok();
         if moved {
-            publish(to);
+            self.publish(to);
         }
         moved
     }
@@ -140,8 +155,8 @@ impl Breaker {
 
     /// A store call failed; true when this failure opened the breaker.
     pub fn failed(&self, reason: FailureReason) -> bool {
-        metrics().store.errors.inc();
-        metrics()
+        self.metrics.store.errors.inc();
+        self.metrics
             .store
             .failures
             .with_label_values(&[reason.as_str()])
@@ -159,7 +174,7 @@ impl Breaker {
     pub fn open(&self) {
         self.state
             .store(BreakerState::Open as u8, Ordering::Release);
-        publish(BreakerState::Open);
+        self.publish(BreakerState::Open);
     }
 
     /// A probe is about to check the store: open → half-open. False when
@@ -201,15 +216,15 @@ impl Breaker {
             us => wait.min(Duration::from_micros(us)),
         }
     }
-}
 
-/// Shows `state` in the metrics.
-fn publish(state: BreakerState) {
-    metrics().store.breaker_state.set(state as i64);
-    metrics()
-        .store
-        .ready
-        .set(i64::from(state == BreakerState::Closed));
+    /// Shows `state` in the metrics.
+    fn publish(&self, state: BreakerState) {
+        self.metrics.store.breaker_state.set(state as i64);
+        self.metrics
+            .store
+            .ready
+            .set(i64::from(state == BreakerState::Closed));
+    }
 }
 
 /// When a store call started at `now` stops waiting, and why: the caller's
@@ -270,7 +285,7 @@ mod tests {
 
     #[test]
     fn opens_after_the_threshold_in_a_row_and_a_success_starts_again() {
-        let b = Breaker::new(3);
+        let b = Breaker::new(3, Arc::new(Metrics::new()));
         assert!(!b.failed(FailureReason::Deadline));
         assert!(!b.failed(FailureReason::Abandoned));
         b.succeeded();
@@ -299,8 +314,24 @@ mod tests {
     }
 
     #[test]
+    fn failures_and_the_state_are_shown_in_the_registry_handed_in() {
+        let m = Arc::new(Metrics::new());
+        let b = Breaker::new(1, m.clone());
+        assert!(b.failed(FailureReason::Timeout));
+        assert_eq!(m.store.errors.get(), 1);
+        assert_eq!(m.store.failures.with_label_values(&["timeout"]).get(), 1);
+        assert_eq!(m.store.breaker_state.get(), BreakerState::Open as i64);
+        assert_eq!(m.store.ready.get(), 0);
+        assert!(b.half_open());
+        assert_eq!(m.store.breaker_state.get(), BreakerState::HalfOpen as i64);
+        assert!(b.probed(true));
+        assert_eq!(m.store.breaker_state.get(), BreakerState::Closed as i64);
+        assert_eq!(m.store.ready.get(), 1);
+    }
+
+    #[test]
     fn the_probe_must_answer_within_the_shortest_budget_seen_since_it_closed() {
-        let b = Breaker::new(1);
+        let b = Breaker::new(1, Arc::new(Metrics::new()));
         assert_eq!(b.probe_budget(50 * MS), 50 * MS);
         b.note_budget(15 * MS);
         b.note_budget(30 * MS);

@@ -17,7 +17,7 @@ use std::time::Duration;
 use prometheus::IntCounter;
 use tokio::time::Instant;
 
-use crate::observe::metrics::metrics;
+use crate::observe::metrics::Metrics;
 
 use super::breaker::{
     wait_until, Breaker, BreakerState, FailureReason, DEFAULT_THRESHOLD, MIN_BUDGET,
@@ -61,6 +61,8 @@ pub struct FailoverStore {
     /// `divvy_failure_policy_decisions_total{policy,reason}` by
     /// [`FailureReason`], looked up once.
     decided: [IntCounter; FailureReason::ALL.len()],
+    /// Where the breaker, the policy and the local counters are shown.
+    metrics: Arc<Metrics>,
 }
 
 /// Counts the store call it guards as abandoned when dropped before
@@ -104,30 +106,39 @@ fn log_opened(
 impl FailoverStore {
     /// Wraps `primary` (breaker closed, opening after
     /// [`DEFAULT_THRESHOLD`] failures in a row; calls without a deadline
-    /// wait up to 100 ms); `local_share` is clamped to (0, 1].
-    pub fn new(primary: Arc<dyn Store>, policy: FailurePolicy, local_share: f64) -> FailoverStore {
+    /// wait up to 100 ms); `local_share` is clamped to (0, 1]. The breaker,
+    /// the policy's decisions and the local counters are shown in `metrics`
+    /// (the service's: the registry `/metrics` serves).
+    pub fn new(
+        primary: Arc<dyn Store>,
+        policy: FailurePolicy,
+        local_share: f64,
+        metrics: Arc<Metrics>,
+    ) -> FailoverStore {
         let local_share = if local_share.is_finite() && local_share > 0.0 {
             local_share.min(1.0)
         } else {
             0.5
         };
-        metrics()
-            .store
-            .breaker_state
-            .set(BreakerState::Closed as i64);
+        metrics.store.breaker_state.set(BreakerState::Closed as i64);
         FailoverStore {
             primary,
-            local: MemoryStore::new(),
+            local: MemoryStore::build(
+                Arc::new(super::memory::SystemClock::default()),
+                None,
+                metrics.clone(),
+            ),
             policy,
             local_share,
-            breaker: Breaker::new(DEFAULT_THRESHOLD),
+            breaker: Breaker::new(DEFAULT_THRESHOLD, metrics.clone()),
             wait: Duration::from_millis(100),
             decided: FailureReason::ALL.map(|r| {
-                metrics()
+                metrics
                     .store
                     .failure_decisions
                     .with_label_values(&[policy.as_str(), r.as_str()])
             }),
+            metrics,
         }
     }
 
@@ -135,15 +146,18 @@ impl FailoverStore {
     /// command timeout); `failures` in a row open the breaker.
     pub fn with_breaker(mut self, wait: Duration, failures: u32) -> FailoverStore {
         self.wait = wait;
-        self.breaker = Breaker::new(failures);
+        self.breaker = Breaker::new(failures, self.metrics.clone());
         self
     }
 
     /// Caps the local counters (the `local` policy's) at `max`, as
     /// `--max-counters` caps the memory store.
     pub fn with_max_counters(mut self, max: usize) -> FailoverStore {
-        self.local =
-            MemoryStore::with_max_counters(Arc::new(super::memory::SystemClock::default()), max);
+        self.local = MemoryStore::with_max_counters(
+            Arc::new(super::memory::SystemClock::default()),
+            max,
+            self.metrics.clone(),
+        );
         self
     }
 
@@ -196,7 +210,7 @@ impl FailoverStore {
     /// Starts with the breaker open when the primary is known to be down.
     pub fn start_failed(self) -> FailoverStore {
         self.breaker.open();
-        metrics()
+        self.metrics
             .store
             .failure_activations
             .with_label_values(&[self.policy.as_str()])
@@ -212,7 +226,7 @@ impl FailoverStore {
     /// Counts a failed call toward the breaker; logs and counts its opening.
     fn failed(&self, reason: FailureReason, error: Option<&StoreError>) {
         if self.breaker.failed(reason) {
-            metrics()
+            self.metrics
                 .store
                 .failure_activations
                 .with_label_values(&[self.policy.as_str()])

@@ -74,6 +74,11 @@ fn hung(probe_delay: Duration) -> Arc<Flaky> {
     })
 }
 
+/// A failover store recording to a registry of its own.
+fn failover(primary: Arc<dyn Store>, policy: FailurePolicy, local_share: f64) -> FailoverStore {
+    FailoverStore::new(primary, policy, local_share, Arc::new(Metrics::new()))
+}
+
 const MS: Duration = Duration::from_millis(1);
 
 #[tokio::test]
@@ -88,7 +93,7 @@ async fn policies_answer_while_down_and_the_breaker_skips_the_store() {
         ),
     ] {
         let primary = flaky();
-        let store = FailoverStore::new(primary.clone(), policy, 0.5);
+        let store = failover(primary.clone(), policy, 0.5);
         let mut got = Vec::new();
         for _ in 0..6 {
             got.push(store.apply(&[op(10)], Charge::Each).await.unwrap()[0].allowed);
@@ -106,8 +111,7 @@ async fn policies_answer_while_down_and_the_breaker_skips_the_store() {
 #[tokio::test(start_paused = true)]
 async fn a_hung_store_is_decided_at_the_deadline_then_skipped() {
     let primary = hung(Duration::ZERO);
-    let store =
-        FailoverStore::new(primary.clone(), FailurePolicy::Deny, 0.5).with_breaker(50 * MS, 3);
+    let store = failover(primary.clone(), FailurePolicy::Deny, 0.5).with_breaker(50 * MS, 3);
     for n in 1..=3 {
         let started = Instant::now();
         let deadline = Some(started + 15 * MS);
@@ -133,8 +137,7 @@ async fn a_hung_store_is_decided_at_the_deadline_then_skipped() {
 
 #[tokio::test(start_paused = true)]
 async fn without_a_deadline_the_store_timeout_bounds_the_wait() {
-    let store = FailoverStore::new(hung(Duration::ZERO), FailurePolicy::Allow, 0.5)
-        .with_breaker(50 * MS, 2);
+    let store = failover(hung(Duration::ZERO), FailurePolicy::Allow, 0.5).with_breaker(50 * MS, 2);
     // No deadline, or one later than the timeout: the timeout ends the wait.
     for after in [None, Some(80 * MS)] {
         let started = Instant::now();
@@ -152,8 +155,7 @@ async fn without_a_deadline_the_store_timeout_bounds_the_wait() {
 #[tokio::test(start_paused = true)]
 async fn a_caller_that_allowed_almost_nothing_is_answered_but_blames_nothing() {
     let primary = hung(Duration::ZERO);
-    let store =
-        FailoverStore::new(primary.clone(), FailurePolicy::Allow, 0.5).with_breaker(50 * MS, 1);
+    let store = failover(primary.clone(), FailurePolicy::Allow, 0.5).with_breaker(50 * MS, 1);
     // Already past: answered at once, the store not asked.
     let now = Instant::now();
     let states = store
@@ -182,8 +184,7 @@ async fn a_caller_that_allowed_almost_nothing_is_answered_but_blames_nothing() {
 
 #[tokio::test(start_paused = true)]
 async fn a_caller_that_goes_away_mid_call_counts_as_a_failure() {
-    let store = FailoverStore::new(hung(Duration::ZERO), FailurePolicy::Local, 0.5)
-        .with_breaker(50 * MS, 2);
+    let store = failover(hung(Duration::ZERO), FailurePolicy::Local, 0.5).with_breaker(50 * MS, 2);
     for _ in 0..2 {
         // The caller gives up after 5 ms (its client disconnected): the
         // call's future is dropped while the store has not answered.
@@ -195,7 +196,7 @@ async fn a_caller_that_goes_away_mid_call_counts_as_a_failure() {
     // A call answered in time is no failure, even with a threshold of 1.
     let up = flaky();
     up.down.store(false, Ordering::SeqCst);
-    let healthy = FailoverStore::new(up, FailurePolicy::Local, 0.5).with_breaker(50 * MS, 1);
+    let healthy = failover(up, FailurePolicy::Local, 0.5).with_breaker(50 * MS, 1);
     healthy.apply(&[op(10)], Charge::Each).await.unwrap();
     assert!(healthy.ready());
 }
@@ -205,8 +206,7 @@ async fn the_probe_closes_the_breaker_only_when_the_store_answers_in_time() {
     // Callers allow 15 ms; the store answers again, in 30 ms or in 10 ms.
     for (probe_takes, closes) in [(30 * MS, false), (10 * MS, true)] {
         let primary = hung(probe_takes);
-        let store =
-            FailoverStore::new(primary.clone(), FailurePolicy::Deny, 0.5).with_breaker(50 * MS, 1);
+        let store = failover(primary.clone(), FailurePolicy::Deny, 0.5).with_breaker(50 * MS, 1);
         let now = Instant::now();
         store
             .apply_by(&[op(3)], Charge::Each, Some(now + 15 * MS))
@@ -245,8 +245,7 @@ impl Store for Refusing {
 
 #[tokio::test]
 async fn a_refused_call_is_decided_by_the_policy_and_blames_nothing() {
-    let store =
-        FailoverStore::new(Arc::new(Refusing), FailurePolicy::Deny, 0.5).with_breaker(50 * MS, 1);
+    let store = failover(Arc::new(Refusing), FailurePolicy::Deny, 0.5).with_breaker(50 * MS, 1);
     for _ in 0..3 {
         let states = store.apply(&[op(10)], Charge::Each).await.unwrap();
         assert!(!states[0].allowed);
@@ -260,9 +259,8 @@ async fn a_refused_call_is_decided_by_the_policy_and_blames_nothing() {
 #[tokio::test]
 async fn probe_closes_the_breaker() {
     let primary = flaky();
-    let store = Arc::new(
-        FailoverStore::new(primary.clone(), FailurePolicy::Deny, 0.5).with_breaker(100 * MS, 1),
-    );
+    let store =
+        Arc::new(failover(primary.clone(), FailurePolicy::Deny, 0.5).with_breaker(100 * MS, 1));
     let _probe = store.spawn_probe();
     assert!(!store.apply(&[op(3)], Charge::Each).await.unwrap()[0].allowed);
     assert!(!store.ready());
@@ -281,10 +279,30 @@ async fn probe_closes_the_breaker() {
 
 #[test]
 fn local_share_keeps_at_least_one_credit() {
-    let store = FailoverStore::new(flaky(), FailurePolicy::Local, 0.5);
+    let store = failover(flaky(), FailurePolicy::Local, 0.5);
     assert_eq!(store.share(1), 1);
     assert_eq!(store.share(3), 1);
     assert_eq!(store.share(100), 50);
-    let store = FailoverStore::new(flaky(), FailurePolicy::Local, 7.0);
+    let store = failover(flaky(), FailurePolicy::Local, 7.0);
     assert_eq!(store.share(100), 100);
+}
+
+#[tokio::test]
+async fn the_breaker_and_the_policy_are_shown_in_the_registry_handed_in() {
+    let m = Arc::new(Metrics::new());
+    let store =
+        FailoverStore::new(flaky(), FailurePolicy::Deny, 0.5, m.clone()).with_breaker(50 * MS, 1);
+    assert!(!store.apply(&[op(10)], Charge::Each).await.unwrap()[0].allowed);
+    assert!(!store.apply(&[op(10)], Charge::Each).await.unwrap()[0].allowed);
+    let decided = |reason: &str| {
+        m.store
+            .failure_decisions
+            .with_label_values(&["deny", reason])
+            .get()
+    };
+    assert_eq!((decided("connection"), decided("breaker_open")), (1, 1));
+    let activations = m.store.failure_activations.with_label_values(&["deny"]);
+    assert_eq!(activations.get(), 1);
+    assert_eq!(m.store.failures.with_label_values(&["connection"]).get(), 1);
+    assert_eq!(m.store.breaker_state.get(), BreakerState::Open as i64);
 }

@@ -19,6 +19,7 @@ use std::time::Duration;
 use super::algorithm::{self, Params, State, States};
 use super::lru_table::{LruTable, MAX_SLOTS};
 use super::{Charge, CounterOp, CounterState, Store, StoreError, StoreFuture};
+use crate::observe::metrics::Metrics;
 
 pub use crate::clock::{Clock, SystemClock};
 
@@ -74,6 +75,8 @@ pub struct MemoryStore {
     evicted: AtomicU64,
     /// Epoch ms of the last eviction log line.
     evict_logged: AtomicU64,
+    /// Where evictions and the sweeper's count of counters are shown.
+    metrics: Arc<Metrics>,
 }
 
 impl Default for MemoryStore {
@@ -88,24 +91,33 @@ fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
 }
 
 impl MemoryStore {
-    /// A store on the system clock.
+    /// A store on the system clock, without a cap, recording to a registry
+    /// of its own (tests, benchmarks: nothing reaches `/metrics`).
     pub fn new() -> MemoryStore {
         MemoryStore::default()
     }
 
-    /// A store on the given clock.
+    /// A store on the given clock, without a cap, recording to a registry
+    /// of its own (tests, benchmarks: nothing reaches `/metrics`).
     pub fn with_clock(clock: Arc<dyn Clock>) -> MemoryStore {
-        MemoryStore::build(clock, None)
+        MemoryStore::build(clock, None, Arc::new(Metrics::new()))
     }
 
     /// A store on `clock` holding at most `max` live counters (at least one
     /// per shard): a new counter in a full shard evicts its least recently
-    /// used one.
-    pub fn with_max_counters(clock: Arc<dyn Clock>, max: usize) -> MemoryStore {
-        MemoryStore::build(clock, Some(max.max(1)))
+    /// used one. Evictions and the sweeper's count are shown in `metrics`.
+    pub fn with_max_counters(
+        clock: Arc<dyn Clock>,
+        max: usize,
+        metrics: Arc<Metrics>,
+    ) -> MemoryStore {
+        MemoryStore::build(clock, Some(max.max(1)), metrics)
     }
 
-    fn build(clock: Arc<dyn Clock>, max: Option<usize>) -> MemoryStore {
+    /// A store on `clock`, holding at most `max` live counters when given
+    /// (see [`with_max_counters`](Self::with_max_counters)), showing its
+    /// evictions and the sweeper's count in `metrics`.
+    pub fn build(clock: Arc<dyn Clock>, max: Option<usize>, metrics: Arc<Metrics>) -> MemoryStore {
         let mut shards =
             (std::thread::available_parallelism().map_or(4, |n| n.get()) * 32).next_power_of_two();
         if let Some(max) = max {
@@ -127,6 +139,7 @@ impl MemoryStore {
             per_shard,
             evicted: AtomicU64::new(0),
             evict_logged: AtomicU64::new(0),
+            metrics,
         }
     }
 
@@ -142,7 +155,7 @@ impl MemoryStore {
 
     fn note_eviction(&self, now: u64) {
         let total = self.evicted.fetch_add(1, Ordering::Relaxed) + 1;
-        let m = crate::observe::metrics::metrics();
+        let m = &self.metrics;
         m.store.counters_evicted.inc();
         m.rejected.with_label_values(&["eviction"]).inc();
         // At most one log line a minute.
@@ -217,7 +230,8 @@ impl MemoryStore {
                 // Sweeping walks every shard: keep it off the async workers.
                 let dropped = tokio::task::spawn_blocking(move || {
                     let n = store.sweep();
-                    crate::observe::metrics::metrics()
+                    store
+                        .metrics
                         .store
                         .counters
                         .set(i64::try_from(store.len()).unwrap_or(i64::MAX));

@@ -53,7 +53,8 @@ fn a_batch_reads_every_counter_before_a_new_one_evicts() {
     let clock = Arc::new(ManualClock::default());
     clock.advance(Duration::from_secs(1_700_000_000));
     // One counter per shard.
-    let s = MemoryStore::with_max_counters(clock, 1);
+    let metrics = Arc::new(Metrics::new());
+    let s = MemoryStore::with_max_counters(clock, 1, metrics.clone());
     let shard = |k: &str| s.shard_of(s.id_of(k));
     let fresh = (0..10_000)
         .map(|i| format!("a{i}"))
@@ -63,6 +64,10 @@ fn a_batch_reads_every_counter_before_a_new_one_evicts() {
     let states = s.apply_now(&[op(&fresh, 1, 60, 1), op("b", 1, 60, 1)], Charge::Each);
     let allowed: Vec<bool> = states.iter().map(|st| st.allowed).collect();
     assert_eq!(allowed, [true, false], "b was spent before the batch");
+    // The eviction is shown in the registry handed in.
+    assert_eq!(metrics.store.counters_evicted.get(), 1);
+    let evictions = metrics.rejected.with_label_values(&["eviction"]).get();
+    assert_eq!(evictions, 1);
 }
 
 #[test]

@@ -18,7 +18,7 @@ use std::time::Duration;
 use super::lru_table::LruTable;
 use super::{Algorithm, Charge, CounterOp, CounterState, Store, StoreError, StoreFuture};
 use crate::clock::Clock;
-use crate::observe::metrics::metrics;
+use crate::observe::metrics::Metrics;
 
 /// Independent tables; a key's shard is picked by its hash's top bits.
 const SHARDS: usize = 16;
@@ -52,12 +52,20 @@ pub struct OverLimitCache {
     per_shard: usize,
     clock: Arc<dyn Clock>,
     hash_key: (u64, u64),
+    /// Where the HITs answered here are counted.
+    metrics: Arc<Metrics>,
 }
 
 impl OverLimitCache {
     /// `inner` with at most `entries` counters cached (least recently used
-    /// dropped first), timed by `clock`.
-    pub fn new(inner: Arc<dyn Store>, entries: usize, clock: Arc<dyn Clock>) -> OverLimitCache {
+    /// dropped first), timed by `clock`; the HITs it answers are counted in
+    /// `metrics` (`divvy_store_over_limit_cache_hits_total`).
+    pub fn new(
+        inner: Arc<dyn Store>,
+        entries: usize,
+        clock: Arc<dyn Clock>,
+        metrics: Arc<Metrics>,
+    ) -> OverLimitCache {
         let per_shard = entries.div_ceil(SHARDS).max(1);
         OverLimitCache {
             inner,
@@ -70,6 +78,7 @@ impl OverLimitCache {
                 let s = std::collections::hash_map::RandomState::new();
                 (s.hash_one(0x5eed_u64), s.hash_one(0xd1f7_u64))
             },
+            metrics,
         }
     }
 
@@ -161,7 +170,7 @@ impl OverLimitCache {
             .filter(|l| matches!(l, Looked::Hit(_)))
             .count();
         if hits > 0 {
-            metrics().store.over_limit_cache_hits.inc_by(hits as u64);
+            self.metrics.store.over_limit_cache_hits.inc_by(hits as u64);
         }
         let states = if hits == 0 {
             self.inner.apply_by(ops, charge, deadline).await?
@@ -303,7 +312,7 @@ mod tests {
         let plain_clock = Arc::new(ManualClock::default());
         let inner = Arc::new(MemoryStore::with_clock(clock.clone()));
         Pair {
-            cached: OverLimitCache::new(inner, entries, clock.clone()),
+            cached: OverLimitCache::new(inner, entries, clock.clone(), Arc::new(Metrics::new())),
             plain: MemoryStore::with_clock(plain_clock.clone()),
             clock,
             plain_clock,
@@ -342,9 +351,10 @@ mod tests {
         assert_eq!(again[0].reset_after, Duration::from_secs(6));
         // A knob raising the limit: the entry no longer holds; the store
         // answers (a window keeps what it has left until it ends).
-        let hits = metrics().store.over_limit_cache_hits.get();
+        let hits = || p.cached.metrics.store.over_limit_cache_hits.get();
+        let before = hits();
         p.both(&[op("k", 5)]).await;
-        assert_eq!(metrics().store.over_limit_cache_hits.get(), hits);
+        assert_eq!(hits(), before);
         // A quota check (cost 0) and a refund are never answered by it.
         for _ in 0..4 {
             p.both(&[op("k", 5)]).await;

@@ -22,7 +22,7 @@ use tokio::time::{Instant, Sleep};
 use super::parse::{parse_text, plain_text, LineError};
 use crate::clock::CoarseInstant;
 use crate::limiter::{Hit, Limiter, Request, Reset, Verdict};
-use crate::observe::metrics::metrics;
+use crate::observe::metrics::Metrics;
 use crate::rules::OperationBuilder;
 
 /// Limits of one connection.
@@ -56,6 +56,8 @@ struct Framer {
     /// Whether we are skipping the rest of an over-long line.
     discarding: bool,
     max_line: usize,
+    /// Where a line refused for its length is counted.
+    metrics: Arc<Metrics>,
 }
 
 /// One framed item.
@@ -69,12 +71,13 @@ enum Frame<'a> {
 const READ_ROOM: usize = 8 * 1024;
 
 impl Framer {
-    fn new(max_line: usize) -> Framer {
+    fn new(max_line: usize, metrics: Arc<Metrics>) -> Framer {
         Framer {
             buf: Vec::with_capacity(READ_ROOM),
             start: 0,
             discarding: false,
             max_line,
+            metrics,
         }
     }
 
@@ -95,7 +98,7 @@ impl Framer {
                         end -= 1;
                     }
                     if end - from > self.max_line {
-                        line_too_long();
+                        line_too_long(&self.metrics);
                         return Some(Frame::TooLong);
                     }
                     return Some(Frame::Line(&self.buf[from..end]));
@@ -113,7 +116,7 @@ impl Framer {
                         self.start = 0;
                         if !self.discarding {
                             self.discarding = true;
-                            line_too_long();
+                            line_too_long(&self.metrics);
                             return Some(Frame::TooLong);
                         }
                     }
@@ -138,26 +141,23 @@ impl Framer {
 }
 
 /// Counts a line refused for its length.
-fn line_too_long() {
-    metrics()
-        .rejected
-        .with_label_values(&["line_too_long"])
-        .inc();
+fn line_too_long(metrics: &Metrics) {
+    metrics.rejected.with_label_values(&["line_too_long"]).inc();
 }
 
 /// Counts an open connection in the metrics for as long as it lives.
-struct OpenConnection;
+struct OpenConnection(Arc<Metrics>);
 
 impl OpenConnection {
-    fn new() -> OpenConnection {
-        metrics().connections(1);
-        OpenConnection
+    fn new(metrics: Arc<Metrics>) -> OpenConnection {
+        metrics.connections(1);
+        OpenConnection(metrics)
     }
 }
 
 impl Drop for OpenConnection {
     fn drop(&mut self) {
-        metrics().connections(-1);
+        self.0.connections(-1);
     }
 }
 
@@ -184,7 +184,8 @@ pub async fn serve_connection<S>(
 ) where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    let _open = OpenConnection::new();
+    // Counted in the registry the limiter records to.
+    let _open = OpenConnection::new(limiter.telemetry().metrics.clone());
     serve_until_end(&mut stream, limiter, limits, shutdown.clone()).await;
     if stopping(&shutdown) {
         close_gently(&mut stream).await;
@@ -222,7 +223,8 @@ async fn serve_until_end<S>(
 ) where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    let mut framer = Framer::new(limits.max_line);
+    let metrics = limiter.telemetry().metrics.clone();
+    let mut framer = Framer::new(limits.max_line, metrics.clone());
     let too_long = LineError::Malformed(format!(
         "Line too long: the limit is {} bytes.",
         limits.max_line
@@ -261,6 +263,7 @@ async fn serve_until_end<S>(
             &too_long,
             &mut slots,
             &mut hits,
+            &metrics,
         );
         if !slots.is_empty() {
             answer(&limiter, &slots, &hits, &mut out).await;
@@ -368,7 +371,8 @@ fn stopping(shutdown: &tokio::sync::watch::Receiver<bool>) -> bool {
 }
 
 /// Takes up to `max_batch` framed lines off `framer`: a hit for each line
-/// that parses, an answer ready for each that does not.
+/// that parses, an answer ready for each that does not (its error
+/// counted in `metrics`).
 #[inline]
 fn fill_batch(
     framer: &mut Framer,
@@ -376,18 +380,19 @@ fn fill_batch(
     too_long: &str,
     slots: &mut Vec<Slot>,
     hits: &mut Vec<Hit>,
+    metrics: &Metrics,
 ) {
     while slots.len() < max_batch {
         match framer.next() {
             Some(Frame::Line(line)) => match parse_line(line, hits) {
                 Ok(()) => slots.push(Slot::Hit),
                 Err(e) => {
-                    metrics().error(e.code());
+                    metrics.error(e.code());
                     slots.push(Slot::Ready(e.to_string()));
                 }
             },
             Some(Frame::TooLong) => {
-                metrics().error("unknown");
+                metrics.error("unknown");
                 slots.push(Slot::Ready(too_long.to_owned()));
             }
             None => break,
@@ -519,7 +524,7 @@ async fn answer(limiter: &Limiter, slots: &[Slot], hits: &[Hit], out: &mut Vec<u
                         None => writeln!(out, "ERR unknown \"internal error: missing decision\""),
                     },
                     Some(Err(e)) => {
-                        metrics().error("unknown");
+                        limiter.telemetry().metrics.error("unknown");
                         writeln!(out, "{}", LineError::Malformed(e.to_string()))
                     }
                     None => Ok(()),

@@ -24,13 +24,19 @@ const MAX_REFUSING: usize = 256;
 /// Answers a connection over the cap with one `ERR` line and closes it: the
 /// line is written, the write side shut, and what the client sent is read
 /// and dropped for up to 200 ms (closing with unread input would reset the
-/// connection, and the client could lose the line).
-fn refuse(stream: tokio::net::TcpStream, peer: std::net::SocketAddr, max: usize) {
+/// connection, and the client could lose the line). The refusal is
+/// counted in `metrics`.
+fn refuse(
+    stream: tokio::net::TcpStream,
+    peer: std::net::SocketAddr,
+    max: usize,
+    metrics: &crate::observe::metrics::Metrics,
+) {
     use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     static REFUSING: AtomicUsize = AtomicUsize::new(0);
     static LOGGED: AtomicU64 = AtomicU64::new(0);
-    crate::observe::metrics::metrics()
+    metrics
         .rejected
         .with_label_values(&["connection_limit"])
         .inc();
@@ -91,7 +97,7 @@ pub async fn serve_line(
                 Ok((stream, peer)) => {
                     while connections.try_join_next().is_some() {}
                     if connections.len() >= limits.max_connections {
-                        refuse(stream, peer, limits.max_connections);
+                        refuse(stream, peer, limits.max_connections, &limiter.telemetry().metrics);
                         continue;
                     }
                     let _ = stream.set_nodelay(true);

@@ -252,10 +252,6 @@ async fn serve_until_end<S>(
     let mut eof = false;
     loop {
         slots.clear();
-        // One operation's buffers serve the next HIT's (the thread keeps one).
-        if let Some(last) = hits.pop() {
-            last.operation.recycle();
-        }
         hits.clear();
         fill_batch(
             &mut framer,
@@ -531,9 +527,6 @@ async fn answer(limiter: &Limiter, slots: &[Slot], hits: &[Hit], out: &mut Vec<u
                 }
             }
         };
-    }
-    if let Some(Ok(Some(d))) = decided {
-        d.recycle();
     }
 }
 

@@ -12,8 +12,11 @@
 //! all-or-nothing request charges nothing if any deciding group is denied.
 
 pub mod fixed;
+mod numbers;
 pub mod sliding;
 pub mod token_bucket;
+
+pub use numbers::{counted_as_set, describe_named, Counted, Numbers};
 pub mod window;
 
 use super::{Charge, CounterOp, CounterState};
@@ -73,44 +76,6 @@ pub struct Spec {
     pub counted: fn(own: Numbers, effective: Numbers) -> Counted,
     /// A limit's description: `40 per 1s`, `token bucket 40 per 1s, burst 80`.
     pub describe: fn(limit: u64, seconds: u64, burst: u64) -> String,
-}
-
-/// A limit's numbers: credits per window, the window in seconds, and the burst.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Numbers {
-    /// Credits per window.
-    pub credit_limit: u64,
-    /// Window in seconds.
-    pub reset_seconds: u64,
-    /// The burst (its credit limit for an algorithm without one).
-    pub burst: u64,
-}
-
-/// What a counter op carries: credits per window, the window in seconds,
-/// and the op's burst.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Counted {
-    /// The op's limit.
-    pub limit: u64,
-    /// The op's window, in seconds.
-    pub window_seconds: u64,
-    /// The op's burst.
-    pub burst: u64,
-}
-
-/// Fixed and sliding windows: the stored counts are used credits, whatever
-/// the limit, so a knob's numbers apply as they are.
-pub fn counted_as_set(_own: Numbers, effective: Numbers) -> Counted {
-    Counted {
-        limit: effective.credit_limit,
-        window_seconds: effective.reset_seconds,
-        burst: effective.credit_limit,
-    }
-}
-
-/// `<name> 40 per 1s`, for an algorithm described by its name.
-pub fn describe_named(name: &str, limit: u64, seconds: u64) -> String {
-    format!("{name} {limit} per {seconds}s")
 }
 
 /// Ms until a counter holding a state is full again, at a time, for an op.

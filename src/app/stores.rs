@@ -96,7 +96,7 @@ pub(super) async fn build_store(
         info!("counters in the embedded memory store");
         return Ok(StoreParts {
             store: memory,
-            knobs: Knobs::local(),
+            knobs: Knobs::local(metrics.clone()),
             coord: Coordination::in_process(),
         });
     };
@@ -128,7 +128,7 @@ pub(super) async fn build_store(
     failover.spawn_probe();
     Ok(StoreParts {
         store: failover,
-        knobs: Knobs::shared(SharedKnobs::new(coord.clone())),
+        knobs: Knobs::shared(SharedKnobs::new(coord.clone()), metrics.clone()),
         coord,
     })
 }

@@ -21,7 +21,7 @@ use thiserror::Error;
 use crate::clock::now_ms;
 
 use crate::config::LimitSpec;
-use crate::observe::metrics::metrics;
+use crate::observe::metrics::Metrics;
 pub use body::KnobBody;
 
 /// The numbers a knob sets, and who set it when.
@@ -125,26 +125,31 @@ pub struct Knobs {
     /// Shared knobs (`Arc`): the request path takes one without copying it.
     current: ArcSwap<HashMap<String, Arc<Knob>>>,
     shared: Option<shared::SharedKnobs>,
+    /// Where the knob count, changes and refreshes are recorded.
+    metrics: Arc<Metrics>,
     replica: String,
     /// Serialises changes made through this replica.
     writing: tokio::sync::Mutex<()>,
 }
 
 impl Knobs {
-    /// Knobs kept in this process only (the memory store).
-    pub fn local() -> Knobs {
-        Knobs::new(None)
+    /// Knobs kept in this process only (the memory store), recording to
+    /// `metrics`.
+    pub fn local(metrics: Arc<Metrics>) -> Knobs {
+        Knobs::new(None, metrics)
     }
 
-    /// Knobs kept in Redis and shared by every replica.
-    pub fn shared(shared: shared::SharedKnobs) -> Knobs {
-        Knobs::new(Some(shared))
+    /// Knobs kept in Redis and shared by every replica, recording to
+    /// `metrics`.
+    pub fn shared(shared: shared::SharedKnobs, metrics: Arc<Metrics>) -> Knobs {
+        Knobs::new(Some(shared), metrics)
     }
 
-    fn new(shared: Option<shared::SharedKnobs>) -> Knobs {
+    fn new(shared: Option<shared::SharedKnobs>, metrics: Arc<Metrics>) -> Knobs {
         Knobs {
             current: ArcSwap::from_pointee(HashMap::new()),
             shared,
+            metrics,
             replica: format!("localhost:{}", std::process::id()),
             writing: tokio::sync::Mutex::new(()),
         }
@@ -224,7 +229,7 @@ impl Knobs {
     }
 
     fn install(&self, map: HashMap<String, Arc<Knob>>) {
-        metrics()
+        self.metrics
             .knobs
             .set(i64::try_from(map.len()).unwrap_or(i64::MAX));
         self.current.store(Arc::new(map));
@@ -265,7 +270,10 @@ impl Knobs {
             if let Some(k) = map.remove(label) {
                 if old.contains_key(label) {
                     tracing::info!(label = %label, knob = %k.fields(), "knob expired");
-                    metrics().knob_changes.with_label_values(&["expire"]).inc();
+                    self.metrics
+                        .knob_changes
+                        .with_label_values(&["expire"])
+                        .inc();
                 }
             }
             if let Some(shared) = &self.shared {
@@ -301,7 +309,7 @@ impl Knobs {
                 tick.tick().await;
                 let Some(me) = me.upgrade() else { return };
                 me.refresh().await;
-                metrics()
+                me.metrics
                     .knobs_refreshed
                     .set(i64::try_from(now_ms() / 1000).unwrap_or(0));
             }

@@ -206,7 +206,9 @@ default: {creditLimit: 5, resetSeconds: 0}
 
     #[tokio::test]
     async fn each_kind_of_rule_becomes_a_bucket_limit_and_knobs_apply() {
-        let knobs = Arc::new(Knobs::local());
+        let knobs = Arc::new(Knobs::local(Arc::new(
+            crate::observe::metrics::Metrics::new(),
+        )));
         let l = limiter(knobs.clone());
         assert!(matches!(
             l.bucket_limit("d", &[("user", "zero")]),

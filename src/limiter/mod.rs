@@ -53,7 +53,9 @@ pub struct Limiter {
 impl Limiter {
     /// A limiter over `rules` and `store`, with knobs of its own.
     pub fn new(rules: RuleSet, store: Arc<dyn Store>) -> Limiter {
-        Limiter::with_knobs(rules, store, Arc::new(Knobs::local()))
+        let telemetry = Telemetry::process();
+        let knobs = Arc::new(Knobs::local(telemetry.metrics.clone()));
+        Limiter::build(rules, store, knobs, telemetry)
     }
 
     /// A limiter over `rules` and `store` that applies `knobs`, recording

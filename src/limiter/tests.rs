@@ -105,7 +105,7 @@ async fn decisions_reach_the_dashboard_and_long_actors_come_bounded() {
     let telemetry = Telemetry::detached(Arc::new(SystemClock::default()));
     let rules = RuleSet::new(policy);
     let store = Arc::new(MemoryStore::new());
-    let knobs = Arc::new(Knobs::local());
+    let knobs = Arc::new(Knobs::local(telemetry.metrics.clone()));
     let l = Limiter::build(rules, store, knobs, telemetry.clone());
     let long = "x".repeat(100);
     for _ in 0..3 {
@@ -245,7 +245,9 @@ async fn huge_overrides_are_kept_countable_and_a_stopped_rule_stays_stopped() {
             "t.yaml",
         )
         .unwrap();
-    let knobs = Arc::new(Knobs::local());
+    let knobs = Arc::new(Knobs::local(Arc::new(
+        crate::observe::metrics::Metrics::new(),
+    )));
     let l = Limiter::with_knobs(
         RuleSet::new(policy),
         Arc::new(MemoryStore::new()),
@@ -291,7 +293,12 @@ async fn compiling_registers_nothing_and_a_limiter_records_to_what_it_is_handed(
         "compiling a rule registers no series"
     );
     let store = Arc::new(MemoryStore::new());
-    let l = Limiter::build(rules, store, Arc::new(Knobs::local()), telemetry.clone());
+    let l = Limiter::build(
+        rules,
+        store,
+        Arc::new(Knobs::local(telemetry.metrics.clone())),
+        telemetry.clone(),
+    );
     one(&l, &[("k", "v")]).await;
     one(&l, &[("k", "v")]).await;
     let text = telemetry.metrics.render();

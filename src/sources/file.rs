@@ -22,7 +22,7 @@ use tokio::sync::mpsc;
 use super::content_hash;
 use crate::config::{self, Policy};
 use crate::limiter::Limiter;
-use crate::observe::metrics::metrics;
+use crate::observe::metrics::Metrics;
 use crate::sources::RuleSources;
 
 /// Quiet time after the last file event before reloading.
@@ -31,8 +31,9 @@ pub const DEBOUNCE: Duration = Duration::from_millis(150);
 pub const MAX_DEBOUNCE: Duration = Duration::from_secs(1);
 
 /// What is known about the rules in force and the last reload attempt.
-#[derive(Debug, Default)]
 pub struct ReloadStatus {
+    /// Where the rule count, generation and reload outcomes are recorded.
+    metrics: Arc<Metrics>,
     generation: AtomicU64,
     successes: AtomicU64,
     failures: AtomicU64,
@@ -64,6 +65,17 @@ pub struct StatusSnapshot {
 }
 
 impl ReloadStatus {
+    /// No rules loaded yet; recording to `metrics`.
+    fn new(metrics: Arc<Metrics>) -> ReloadStatus {
+        ReloadStatus {
+            metrics,
+            generation: AtomicU64::new(0),
+            successes: AtomicU64::new(0),
+            failures: AtomicU64::new(0),
+            state: Mutex::new(StatusText::default()),
+        }
+    }
+
     /// A snapshot for the admin API and logs.
     pub fn snapshot(&self) -> StatusSnapshot {
         let text = self.state.lock().map(|s| s.clone()).unwrap_or_default();
@@ -78,7 +90,7 @@ impl ReloadStatus {
     }
 
     fn installed(&self, hash: String, rules: usize) {
-        metrics()
+        self.metrics
             .rules
             .set(i64::try_from(rules).unwrap_or(i64::MAX));
         if let Ok(mut s) = self.state.lock() {
@@ -87,13 +99,13 @@ impl ReloadStatus {
             s.last_error = None;
         }
         let generation = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
-        metrics()
+        self.metrics
             .generation
             .set(i64::try_from(generation).unwrap_or(i64::MAX));
     }
 
     fn failed(&self, error: String) {
-        metrics().reloads.with_label_values(&["failure"]).inc();
+        self.metrics.reloads.with_label_values(&["failure"]).inc();
         if let Ok(mut s) = self.state.lock() {
             s.last_error = Some(error);
         }
@@ -141,7 +153,7 @@ impl Reloader {
         sources: Arc<RuleSources>,
         hash: String,
     ) -> Reloader {
-        let status = Arc::new(ReloadStatus::default());
+        let status = Arc::new(ReloadStatus::new(limiter.telemetry().metrics.clone()));
         status.installed(hash, limiter.rules().rules().len());
         Reloader {
             path,
@@ -176,7 +188,11 @@ impl Reloader {
                 Ok(rules) => {
                     self.status.installed(hash.clone(), rules);
                     self.status.successes.fetch_add(1, Ordering::AcqRel);
-                    metrics().reloads.with_label_values(&["success"]).inc();
+                    self.status
+                        .metrics
+                        .reloads
+                        .with_label_values(&["success"])
+                        .inc();
                     tracing::info!(
                         rules,
                         generation = self.status.generation.load(Ordering::Acquire),

@@ -18,7 +18,7 @@ use crate::config::schema::RawRule;
 use crate::config::validate::with_aux_rules;
 use crate::config::Policy;
 use crate::limiter::Limiter;
-use crate::observe::metrics::metrics;
+use crate::observe::telemetry::Telemetry;
 use crate::rules::RuleSet;
 
 /// The rules of every source, and the limiter they are installed in.
@@ -54,6 +54,12 @@ impl RuleSources {
         }
     }
 
+    /// Where the sources record (the limiter's registry: the process's
+    /// in production).
+    pub fn telemetry(&self) -> &Telemetry {
+        self.limiter.telemetry()
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -75,7 +81,7 @@ impl RuleSources {
                         aux_rules = latest.len(),
                         "aux rules refused earlier fit the new policy file; installed"
                     );
-                    set_aux_gauge(latest.len());
+                    self.set_aux_gauge(latest.len());
                     state.aux = latest;
                     state.file = policy;
                     return Ok(n);
@@ -103,7 +109,7 @@ impl RuleSources {
         };
         let n = combined.rules.len();
         self.limiter.install(RuleSet::new(combined));
-        set_aux_gauge(aux.len());
+        self.set_aux_gauge(aux.len());
         state.aux = aux;
         state.refused = None;
         Ok(n)
@@ -123,13 +129,14 @@ impl RuleSources {
         state.xds_loaded = true;
         Ok(n)
     }
-}
 
-fn set_aux_gauge(n: usize) {
-    metrics()
-        .sources
-        .aux_rules
-        .set(i64::try_from(n).unwrap_or(i64::MAX));
+    fn set_aux_gauge(&self, n: usize) {
+        self.telemetry()
+            .metrics
+            .sources
+            .aux_rules
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
 }
 
 /// The file's policy with the aux rules ahead and the xDS domains added; a

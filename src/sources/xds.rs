@@ -25,7 +25,6 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity
 
 use super::RuleSources;
 use crate::config::envoy_xds;
-use crate::observe::metrics::metrics;
 
 /// The resource type of envoyproxy/ratelimit's configuration.
 pub const RATE_LIMIT_CONFIG_TYPE: &str =
@@ -100,7 +99,7 @@ pub fn spawn(options: XdsOptions, sources: Arc<RuleSources>) -> tokio::task::Joi
                     answered
                 }
             };
-            metrics().sources.xds_stream_up.set(0);
+            sources.telemetry().metrics.sources.xds_stream_up.set(0);
             if answered {
                 wait = options.backoff_initial;
             }
@@ -143,7 +142,7 @@ async fn stream(options: &XdsOptions, sources: &RuleSources) -> Result<bool, (bo
         .await
         .map_err(stream_err(false))?
         .into_inner();
-    metrics().sources.xds_stream_up.set(1);
+    sources.telemetry().metrics.sources.xds_stream_up.set(1);
     tracing::info!(server = %options.server, node = %options.node_id, "xDS stream open");
     let mut accepted = String::new();
     let mut answered = false;
@@ -151,7 +150,9 @@ async fn stream(options: &XdsOptions, sources: &RuleSources) -> Result<bool, (bo
         answered = true;
         let error = match install(&response, sources) {
             Ok(domains) => {
-                metrics()
+                sources
+                    .telemetry()
+                    .metrics
                     .sources
                     .xds_updates
                     .with_label_values(&["accepted"])
@@ -161,7 +162,9 @@ async fn stream(options: &XdsOptions, sources: &RuleSources) -> Result<bool, (bo
                 None
             }
             Err(message) => {
-                metrics()
+                sources
+                    .telemetry()
+                    .metrics
                     .sources
                     .xds_updates
                     .with_label_values(&["rejected"])

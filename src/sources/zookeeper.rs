@@ -18,7 +18,7 @@ use zookeeper_client as zk;
 use super::content_hash;
 use super::RuleSources;
 use crate::config::schema::RawRule;
-use crate::observe::metrics::metrics;
+use crate::observe::metrics::Metrics;
 
 /// Where the aux rules are.
 #[derive(Debug, Clone)]
@@ -41,10 +41,15 @@ pub fn spawn(options: ZkOptions, sources: Arc<RuleSources>) -> tokio::task::Join
             match tokio::time::timeout(Duration::from_secs(10), connect).await {
                 Ok(Ok(client)) => {
                     backoff = Duration::from_millis(500);
-                    follow_session(&client);
+                    follow_session(&client, sources.telemetry().metrics.clone());
                     tracing::info!(hosts = %options.hosts, path = %options.path, "watching ZooKeeper for aux rules");
                     watch(&client, &options.path, &sources, &mut applied).await;
-                    metrics().sources.aux_rules_source_up.set(0);
+                    sources
+                        .telemetry()
+                        .metrics
+                        .sources
+                        .aux_rules_source_up
+                        .set(0);
                 }
                 Ok(Err(e)) => {
                     tracing::warn!(hosts = %options.hosts, "ZooKeeper unreachable ({e}); keeping the last aux rules, retrying in {backoff:?}");
@@ -61,7 +66,7 @@ pub fn spawn(options: ZkOptions, sources: Arc<RuleSources>) -> tokio::task::Join
 
 /// Keeps `divvy_aux_rules_source_up` following the session: 0 while
 /// disconnected, 1 while connected, until the session ends.
-fn follow_session(client: &zk::Client) {
+fn follow_session(client: &zk::Client, metrics: Arc<Metrics>) {
     let mut states = client.state_watcher();
     tokio::spawn(async move {
         loop {
@@ -70,7 +75,7 @@ fn follow_session(client: &zk::Client) {
                 state,
                 zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly
             );
-            metrics().sources.aux_rules_source_up.set(i64::from(up));
+            metrics.sources.aux_rules_source_up.set(i64::from(up));
             if !up {
                 tracing::warn!(%state, "ZooKeeper connection lost; keeping the last aux rules");
             }
@@ -108,7 +113,12 @@ async fn watch(
                 }
             },
         };
-        metrics().sources.aux_rules_source_up.set(1);
+        sources
+            .telemetry()
+            .metrics
+            .sources
+            .aux_rules_source_up
+            .set(1);
         if let Some(data) = data {
             apply(&data, stat.is_some(), sources, applied);
         }
@@ -151,7 +161,7 @@ fn apply(data: &[u8], exists: bool, sources: &RuleSources, applied: &mut Option<
             *applied = Some(hash);
         }
         Err(e) => {
-            metrics().sources.aux_rules_refused.inc();
+            sources.telemetry().metrics.sources.aux_rules_refused.inc();
             tracing::error!("aux rules from ZooKeeper refused; the previous ones stay: {e}");
             // The same bad data is reported once, not at every safety-net
             // read; a new policy file tries it again (RuleSources).

@@ -23,10 +23,10 @@ use super::state::AdminState;
 use crate::clock::now_ms;
 use crate::knobs::body::target;
 use crate::knobs::{KnobBody, KnobError};
-use crate::observe::metrics::metrics;
+use crate::observe::metrics::Metrics;
 
-fn refuse(code: StatusCode, message: String) -> Response {
-    metrics().knob_changes.with_label_values(&["refused"]).inc();
+fn refuse(metrics: &Metrics, code: StatusCode, message: String) -> Response {
+    metrics.knob_changes.with_label_values(&["refused"]).inc();
     let mut response = (code, Json(json!({"error": message}))).into_response();
     if code == StatusCode::UNAUTHORIZED {
         response.headers_mut().insert(
@@ -41,6 +41,7 @@ fn refuse(code: StatusCode, message: String) -> Response {
 fn authorize(state: &AdminState, headers: &HeaderMap) -> Option<Response> {
     if state.tokens.admin.is_none() {
         return Some(refuse(
+            &state.limiter.telemetry().metrics,
             StatusCode::FORBIDDEN,
             "knob changes are disabled: start the server with --admin-token (or DIVVY_ADMIN_TOKEN) \
              and send it as `Authorization: Bearer <token>`"
@@ -67,7 +68,11 @@ fn authorize(state: &AdminState, headers: &HeaderMap) -> Option<Response> {
         ),
     };
     count_failure(reason);
-    Some(refuse(code, message.to_owned()))
+    Some(refuse(
+        &state.limiter.telemetry().metrics,
+        code,
+        message.to_owned(),
+    ))
 }
 
 fn status_of(e: &KnobError) -> StatusCode {
@@ -120,12 +125,17 @@ pub async fn set(
         Ok(k) => k,
         Err(e) => {
             tracing::warn!(label = %label, from = %from, "knob change refused: {e}");
-            return refuse(status_of(&e), e.to_string());
+            return refuse(&s.limiter.telemetry().metrics, status_of(&e), e.to_string());
         }
     };
     match knobs.set(&label, knob.clone()).await {
         Ok(old) => {
-            metrics().knob_changes.with_label_values(&["set"]).inc();
+            s.limiter
+                .telemetry()
+                .metrics
+                .knob_changes
+                .with_label_values(&["set"])
+                .inc();
             tracing::info!(
                 label = %label,
                 old = %old.as_ref().map_or_else(|| "(rule's own values)".to_owned(), |k| k.fields()),
@@ -142,7 +152,7 @@ pub async fn set(
         }
         Err(e) => {
             tracing::warn!(label = %label, from = %from, "knob change failed: {e}");
-            refuse(status_of(&e), e.to_string())
+            refuse(&s.limiter.telemetry().metrics, status_of(&e), e.to_string())
         }
     }
 }
@@ -160,13 +170,18 @@ pub async fn delete(
     }
     match s.limiter.knobs().delete(&label).await {
         Ok(old) => {
-            metrics().knob_changes.with_label_values(&["delete"]).inc();
+            s.limiter
+                .telemetry()
+                .metrics
+                .knob_changes
+                .with_label_values(&["delete"])
+                .inc();
             tracing::info!(label = %label, old = %old.fields(), new = "(rule's own values)", from = %from, "knob deleted");
             let mut v = knob_json(&old);
             v["label"] = json!(label);
             v["deleted"] = json!(true);
             (StatusCode::OK, Json(v)).into_response()
         }
-        Err(e) => refuse(status_of(&e), e.to_string()),
+        Err(e) => refuse(&s.limiter.telemetry().metrics, status_of(&e), e.to_string()),
     }
 }

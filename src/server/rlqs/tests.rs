@@ -49,7 +49,9 @@ struct Setup {
 
 fn setup(max_buckets: usize) -> Setup {
     let policy = parse_str(POLICY, Format::Yaml, "t.yaml").unwrap();
-    let knobs = Arc::new(Knobs::local());
+    let knobs = Arc::new(Knobs::local(Arc::new(
+        crate::observe::metrics::Metrics::new(),
+    )));
     let limiter = Arc::new(Limiter::with_knobs(
         RuleSet::new(policy),
         Arc::new(MemoryStore::new()),

@@ -30,6 +30,7 @@ pub mod observe;
 /// The glob matcher of rule values: a leaf that [`config`] and [`rules`] both use.
 pub mod pattern;
 pub mod quota;
+pub mod reuse;
 pub mod rules;
 pub mod runtime;
 pub mod server;

@@ -15,7 +15,6 @@ mod outcome;
 mod plan;
 mod record;
 mod request;
-mod scratch;
 
 pub use bucket::{BucketLimit, BucketRate};
 pub use outcome::{Decision, Decisions, LimitOutcome, Outcome, Reset, Verdict};
@@ -32,6 +31,7 @@ use crate::observe::telemetry::Telemetry;
 
 use crate::global::Global;
 use crate::knobs::Knobs;
+use crate::reuse;
 use crate::rules::RuleSet;
 use crate::store::{Charge, CounterOp, CounterState, Store, StoreError};
 
@@ -174,7 +174,7 @@ impl Limiter {
         request: &Request<'r>,
     ) -> Result<Verdict, StoreError> {
         let started = Instant::now();
-        let mut ops = scratch::ops();
+        let mut ops = reuse::take(&OPS);
         let (plan, charge) = engine.plan(request, &mut ops);
         // The store's answer ends the decision's time too (what follows is
         // bookkeeping); without a store call, the time is read at the end.
@@ -184,7 +184,7 @@ impl Limiter {
             let (states, answered) = self.apply(&ops, charge, request.deadline).await?;
             (states, Some(answered))
         };
-        let mut tallies = scratch::tallies();
+        let mut tallies = reuse::take(&TALLIES);
         let verdict = engine.finish(plan, &mut ops, &states, &mut tallies);
         let decided_at = decided_at.unwrap_or_else(Instant::now);
         let decided = decided_at.duration_since(started);
@@ -196,8 +196,8 @@ impl Limiter {
             request.items.len(),
         );
         crate::store::keep_states(states);
-        scratch::keep_ops(ops);
-        scratch::keep_tallies(tallies);
+        reuse::keep(&OPS, ops);
+        reuse::keep(&TALLIES, tallies);
         Ok(verdict)
     }
 
@@ -220,6 +220,12 @@ impl Limiter {
         let states = applied.inspect_err(|_| store.errors.inc())?;
         Ok((crate::store::answered_all(states, ops.len())?, answered))
     }
+}
+
+thread_local! {
+    /// A decision's ops and tallies, kept for the thread's next (see [`crate::reuse`]).
+    static OPS: std::cell::Cell<Vec<CounterOp>> = const { std::cell::Cell::new(Vec::new()) };
+    static TALLIES: std::cell::Cell<Vec<record::Tally>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
 #[cfg(test)]

@@ -155,22 +155,19 @@ pub fn answered_all(
 }
 
 thread_local! {
+    /// A call's answer list, kept for the thread's next (see [`crate::reuse`]).
     static STATES: std::cell::Cell<Vec<CounterState>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
 /// An empty list for a call's answers: the one the thread's previous
 /// caller gave back with [`keep_states`], so a warm call allocates none.
 pub fn state_list() -> Vec<CounterState> {
-    STATES.take()
+    crate::reuse::take(&STATES)
 }
 
-/// Gives a call's answers back, emptied, for the thread's next call (a
-/// list with room for more than 16 is dropped instead).
-pub fn keep_states(mut states: Vec<CounterState>) {
-    if states.capacity() <= 16 {
-        states.clear();
-        STATES.set(states);
-    }
+/// Gives a call's answers back for the thread's next call.
+pub fn keep_states(states: Vec<CounterState>) {
+    crate::reuse::keep(&STATES, states);
 }
 
 /// A counter store.

@@ -13,7 +13,7 @@
 
 use std::collections::BTreeMap;
 
-use super::schema::{RawConfig, RawLimit, RawRule, Scalar};
+use super::schema::{RawConfig, RawFairShare, RawLimit, RawRule, Scalar};
 
 /// Parses INI text; an error carries the 1-based line and what is wrong.
 pub fn parse(text: &str) -> Result<RawConfig, (usize, String)> {
@@ -92,12 +92,13 @@ pub fn parse(text: &str) -> Result<RawConfig, (usize, String)> {
             "algorithm" => set_text(&mut rule.algorithm, value),
             "burst" => set_scalar(&mut rule.burst, value),
             "scope" => set_text(&mut rule.scope, value),
+            "fairShare" => set_fair_share(&mut rule.fair_share, value),
             other => {
                 return Err((
                     line_no,
                     format!(
                         "unknown field `{other}`; expected one of creditLimit, resetSeconds, \
-                         actorField, matchPolicy, label, comment, domain, algorithm, burst, \
+                         actorField, matchPolicy, label, comment, domain, algorithm, burst, fairShare, \
                          limits.<n>.<field>"
                     ),
                 ))
@@ -140,10 +141,11 @@ fn set_limit_field(rule: &mut RawRule, rest: &str, value: String) -> Result<(), 
         "actorField" => set_text(&mut limit.actor_field, value),
         "label" => set_text(&mut limit.label, value),
         "scope" => set_text(&mut limit.scope, value),
+        "fairShare" => set_fair_share(&mut limit.fair_share, value),
         other => {
             return Err(format!(
                 "unknown limit field `{other}`; expected one of creditLimit, resetSeconds, \
-                 algorithm, burst, actorField, label"
+                 algorithm, burst, actorField, label, scope, fairShare"
             ))
         }
     };
@@ -171,6 +173,13 @@ fn set_scalar(slot: &mut Option<Scalar>, value: String) -> bool {
 fn set_text(slot: &mut Option<String>, value: String) -> bool {
     let fresh = slot.is_none();
     *slot = Some(value);
+    fresh
+}
+
+/// `fairShare = KEY` (the short form; INI has no nested values).
+fn set_fair_share(slot: &mut Option<RawFairShare>, value: String) -> bool {
+    let fresh = slot.is_none();
+    *slot = Some(RawFairShare::Key(value));
     fresh
 }
 

@@ -25,7 +25,7 @@ use std::path::Path;
 
 use thiserror::Error;
 
-pub use model::{GovernorSpec, LimitSpec, MatchPolicy, Policy, RuleSpec};
+pub use model::{FairShareSpec, GovernorSpec, LimitSpec, MatchPolicy, Policy, RuleSpec};
 
 /// The syntax of a config file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

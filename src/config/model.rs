@@ -54,6 +54,26 @@ pub struct LimitSpec {
     pub label: Option<String>,
     /// Whether the limit is one token bucket shared by every region (`scope: global`).
     pub global: bool,
+    /// Whether the limit is divided among the values of a request key.
+    pub fair_share: Option<FairShareSpec>,
+}
+
+/// Default of `fairShare.idle`.
+pub const FAIR_SHARE_IDLE: Duration = Duration::from_secs(5);
+/// Default of `fairShare.maxActors`.
+pub const FAIR_SHARE_MAX_ACTORS: usize = 10_000;
+/// Largest `fairShare.maxActors` accepted.
+pub const FAIR_SHARE_MOST_ACTORS: usize = 1_000_000;
+
+/// A limit divided among the values of one request key (`fairShare`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FairShareSpec {
+    /// The request key whose values share the limit.
+    pub by: String,
+    /// How long a value stays active after its last request.
+    pub idle: Duration,
+    /// Most values tracked per counter; beyond, new values share one overflow share.
+    pub max_actors: usize,
 }
 
 impl LimitSpec {

@@ -57,6 +57,30 @@ pub struct RawRule {
     pub limits: Option<Vec<RawLimit>>,
     /// `local` (default) or `global`: a token bucket shared by every region.
     pub scope: Option<String>,
+    /// Divides the limit among the values of a request key, max-min fair by demand.
+    pub fair_share: Option<RawFairShare>,
+}
+
+/// `fairShare: KEY` or `fairShare: {by: KEY, idle: 5s, maxActors: 10000}`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum RawFairShare {
+    /// The short form: the key alone.
+    Key(String),
+    /// The long form.
+    Full(RawFairShareFull),
+}
+
+/// The long form of `fairShare`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RawFairShareFull {
+    /// The request key whose values share the limit.
+    pub by: Option<String>,
+    /// How long a value stays active after its last request (default 5s).
+    pub idle: Option<Scalar>,
+    /// Most values tracked; beyond, new values share one overflow share.
+    pub max_actors: Option<Scalar>,
 }
 
 /// One limit of a rule's `limits`.
@@ -77,6 +101,8 @@ pub struct RawLimit {
     pub label: Option<String>,
     /// `local` (default) or `global`: a token bucket shared by every region.
     pub scope: Option<String>,
+    /// Divides the limit among the values of a request key, max-min fair by demand.
+    pub fair_share: Option<RawFairShare>,
 }
 
 /// A scalar value from YAML, JSON or INI: numbers and booleans are accepted

@@ -76,6 +76,34 @@ pub fn targets(s: &Sharing, demands: &[f64]) -> Vec<f64> {
     out
 }
 
+/// Max-min fair shares of `rate` among claimants with `demands` (credits
+/// per second), by water-filling: from the smallest demand up, each gets
+/// `min(demand × (1 + headroom), an equal split of what is left)`, so a
+/// claimant that needs less than an equal share gets what it needs and the
+/// others split the rest equally. What nobody wants is spread in proportion
+/// to what each wants, so a growing claimant need not wait a recompute.
+/// A claimant with no demand gets nothing; the shares never sum above `rate`.
+pub fn max_min(rate: f64, headroom: f64, demands: &[f64]) -> Vec<f64> {
+    let want = |d: f64| if d > 0.0 { d * (1.0 + headroom) } else { 0.0 };
+    let mut order: Vec<usize> = (0..demands.len()).filter(|&i| demands[i] > 0.0).collect();
+    order.sort_unstable_by(|&a, &b| demands[a].total_cmp(&demands[b]));
+    let mut out = vec![0.0; demands.len()];
+    let mut left = rate.max(0.0);
+    for (done, &i) in order.iter().enumerate() {
+        let fair = left / (order.len() - done) as f64;
+        let give = want(demands[i]).min(fair);
+        out[i] = give;
+        left -= give;
+    }
+    let wanted: f64 = order.iter().map(|&i| want(demands[i])).sum();
+    if left > 1e-9 && wanted > 0.0 {
+        for &i in &order {
+            out[i] += left * want(demands[i]) / wanted;
+        }
+    }
+    out
+}
+
 /// Whether a counter's demand moved since the region last reported it by
 /// more than 20 % of what it reported (or of the floor share, so a trickle
 /// does not count) and by more than chance would move it: three standard
@@ -136,6 +164,28 @@ mod tests {
         // A region with a trickle of demand gets at least the floor.
         let t = targets(&sharing(200.0), &[1000.0, 0.01]);
         assert!(t[1] >= 2.0, "{t:?}");
+    }
+
+    #[test]
+    fn max_min_gives_the_small_what_they_need_and_splits_the_rest_equally() {
+        let near = |a: &[f64], b: &[f64]| a.iter().zip(b).all(|(x, y)| (x - y).abs() < 1e-9);
+        // Everyone wants more than an equal share: equal shares.
+        let s = max_min(100.0, 0.1, &[30.0, 40.0, 60.0, 80.0]);
+        assert!(near(&s, &[25.0, 25.0, 25.0, 25.0]), "{s:?}");
+        // Three light users get what they ask (with headroom), the heavy the rest.
+        let s = max_min(100.0, 0.1, &[200.0, 10.0, 10.0, 10.0]);
+        assert!(near(&s, &[67.0, 11.0, 11.0, 11.0]), "{s:?}");
+        // One at 30 under a split of 33.3: 33 (its want); the others 33.5.
+        let s = max_min(100.0, 0.1, &[30.0, 40.0, 80.0, 0.0]);
+        assert!(near(&s, &[33.0, 33.5, 33.5, 0.0]), "{s:?}");
+        // Under the limit: the rest in proportion to wants; never above the rate.
+        let s = max_min(100.0, 0.0, &[10.0, 30.0]);
+        assert!(near(&s, &[25.0, 75.0]), "{s:?}");
+        assert!(max_min(100.0, 0.1, &[0.0, 0.0]).iter().all(|&x| x == 0.0));
+        assert!(max_min(100.0, 0.1, &[]).is_empty());
+        for d in [[1e9, 1.0, 0.5], [3.0, 3.0, 3.0], [50.0, 49.0, 1.0]] {
+            assert!(max_min(90.0, 0.1, &d).iter().sum::<f64>() <= 90.0 + 1e-9);
+        }
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! whether the Redis script can hold them exactly.
 
 use super::check_label;
+use super::fair::{check_fair_share, FairContext};
 use crate::config::duration::parse_seconds;
 use crate::config::model::{LimitSpec, MAX_CREDIT_LIMIT, MAX_CREDIT_MS, MAX_RESET_SECONDS};
 use crate::config::schema::{RawLimit, Scalar};
@@ -20,6 +21,7 @@ pub(super) fn same_counter(a: &LimitSpec, b: &LimitSpec) -> bool {
 /// Validates one limit; `field` prefixes field names (`limits[1].`).
 pub(super) fn check_limit(
     raw: &RawLimit,
+    operation: &[(String, String)],
     who: &str,
     field: &str,
     problems: &mut Vec<String>,
@@ -43,6 +45,12 @@ pub(super) fn check_limit(
         field,
         problems,
     );
+    let fair = FairContext {
+        operation,
+        credit_limit,
+        reset_seconds,
+    };
+    let fair_share = check_fair_share(raw.fair_share.as_ref(), &fair, who, field, problems);
     let limit = LimitSpec {
         credit_limit,
         reset_seconds,
@@ -51,6 +59,7 @@ pub(super) fn check_limit(
         actor_field: raw.actor_field.clone().filter(|a| !a.is_empty()),
         label: raw.label.clone(),
         global,
+        fair_share,
     };
     check_exact_in_scripts(&limit, who, field, problems);
     if let Some(label) = &raw.label {

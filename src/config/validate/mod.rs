@@ -12,6 +12,7 @@ use crate::config::model::{LimitSpec, MatchPolicy, Policy, RuleSpec};
 use crate::config::schema::{RawConfig, RawLimit, RawRule, Scalar};
 use crate::store::Charge;
 
+mod fair;
 mod limits;
 mod reachability;
 
@@ -129,10 +130,13 @@ fn check_rule(
     check_operation(&raw, &operation, is_default, &who, problems);
     let (limits, multi) = match &raw.limits {
         None => {
-            let single = check_limit(&single_limit(&raw), &who, "", problems);
+            let single = check_limit(&single_limit(&raw), &operation, &who, "", problems);
             (single.into_iter().collect(), false)
         }
-        Some(list) => (check_limit_list(&raw, list, &who, problems), true),
+        Some(list) => (
+            check_limit_list(&raw, list, &operation, &who, problems),
+            true,
+        ),
     };
     let match_policy = check_match_policy(raw.match_policy.as_deref(), is_default, &who, problems);
     if let Some(label) = &raw.label {
@@ -207,6 +211,7 @@ fn single_limit(raw: &RawRule) -> RawLimit {
         actor_field: raw.actor_field.clone(),
         label: None,
         scope: raw.scope.clone(),
+        fair_share: raw.fair_share.clone(),
     }
 }
 
@@ -215,6 +220,7 @@ fn single_limit(raw: &RawRule) -> RawLimit {
 fn check_limit_list(
     raw: &RawRule,
     list: &[RawLimit],
+    operation: &[(String, String)],
     who: &str,
     problems: &mut Vec<String>,
 ) -> Vec<LimitSpec> {
@@ -225,6 +231,7 @@ fn check_limit_list(
         ("burst", raw.burst.is_some()),
         ("actorField", raw.actor_field.is_some()),
         ("scope", raw.scope.is_some()),
+        ("fairShare", raw.fair_share.is_some()),
     ] {
         if set {
             problems.push(format!(
@@ -240,7 +247,7 @@ fn check_limit_list(
     let limits: Vec<LimitSpec> = list
         .iter()
         .enumerate()
-        .filter_map(|(i, l)| check_limit(l, who, &format!("limits[{i}]."), problems))
+        .filter_map(|(i, l)| check_limit(l, operation, who, &format!("limits[{i}]."), problems))
         .collect();
     for (i, a) in limits.iter().enumerate() {
         if let Some(j) = limits[..i].iter().position(|b| same_counter(a, b)) {

@@ -13,9 +13,11 @@ use prometheus::{Encoder, Histogram, IntCounter, IntCounterVec, IntGauge, Regist
 use crate::observe::statsd;
 
 mod build;
+mod fair;
 mod parts;
 
 use build::{counter, counter_vec, gauge, histogram};
+pub use fair::FairMetrics;
 pub use parts::{
     GlobalMetrics, GovernorMetrics, RlqsMetrics, SourceMetrics, StoreMetrics, TlsMetrics,
 };
@@ -71,6 +73,8 @@ pub struct Metrics {
     pub tls: TlsMetrics,
     /// Envoy's Rate Limit Quota Service.
     pub rlqs: RlqsMetrics,
+    /// Fair shares among a limit's active values.
+    pub fair: FairMetrics,
 }
 
 /// A rule's counters, looked up once when the rule set is compiled (a
@@ -230,6 +234,7 @@ impl Metrics {
             governor: GovernorMetrics::new(&r),
             tls: TlsMetrics::new(&r),
             rlqs: RlqsMetrics::new(&r),
+            fair: FairMetrics::new(&r),
             registry: r,
         }
     }

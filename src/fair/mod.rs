@@ -1,0 +1,313 @@
+//! Fair shares: a limit divided among the values of one request key that
+//! are using it now, max-min fair by demand (`fairShare: user`).
+//!
+//! Each counter of a `fairShare` limit (one per actor of the limit, one
+//! per region's lease of a global limit) has a [`tracker::Tracker`]: the
+//! values that asked in the last `idle`, each one's demand (credits per
+//! second asked, allowed or not) and share. The planner asks it for the
+//! value's share and adds a second counter op, the value's own bucket at
+//! that share, beside the limit's own: the hit is allowed only when both
+//! allow it. Shares are recomputed every quarter second by [`FairShares::run`];
+//! with a shared coordination store (Redis) each replica first exchanges
+//! its values' demands ([`exchange`]), so every replica computes the same
+//! shares over the whole deployment.
+
+pub mod exchange;
+pub mod meter;
+pub mod tracker;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use crate::clock::Clock;
+use crate::config::FairShareSpec;
+use crate::coord::Coordination;
+use crate::observe::metrics::FairMetrics;
+use crate::store::CounterOp;
+use tracker::{ActorView, Ask, Tracker, OVERFLOW};
+
+/// How often shares are recomputed (and demands exchanged).
+pub const RECOMPUTE_EVERY: Duration = Duration::from_millis(250);
+/// Most counters whose values are tracked in one process; beyond, a new
+/// counter's hits are held by the limit alone (counted as overflow).
+pub const MAX_COUNTERS: usize = 10_000;
+
+/// One tracked counter: its values, and the names metrics and `/fair` use.
+pub struct Entry {
+    tracker: Mutex<Tracker>,
+    /// The limit's name in metrics (its label, else the rule's).
+    pub limit: Arc<str>,
+    /// The rule's name (its label, else the rule as written).
+    pub rule: Arc<str>,
+}
+
+impl Entry {
+    /// Counts `cost` admitted for a value `ask` was made for.
+    pub fn admitted(&self, value: &str, overflow: bool, cost: u64, now_ms: u64) {
+        if let Ok(mut t) = self.tracker.lock() {
+            t.admitted(value, overflow, cost, now_ms);
+        }
+    }
+}
+
+/// A value's share asked for on the decision path.
+pub struct Share {
+    /// The tracked counter (to count what the store admits).
+    pub entry: Arc<Entry>,
+    /// The value as kept (bounded as counter keys bound it).
+    pub value: String,
+    /// The tracker's answer.
+    pub ask: Ask,
+}
+
+/// What `/fair` lists for one counter.
+#[derive(Debug, Clone)]
+pub struct CounterView {
+    /// The shared counter's key.
+    pub key: String,
+    /// The limit's name.
+    pub limit: String,
+    /// The counter's rate, credits per second.
+    pub rate: f64,
+    /// Its active values.
+    pub actors: Vec<ActorView>,
+}
+
+/// Every fair-share counter of this process.
+pub struct FairShares {
+    entries: RwLock<HashMap<String, Arc<Entry>, ahash::RandomState>>,
+    clock: Arc<dyn Clock>,
+    metrics: FairMetrics,
+    exchange: Option<exchange::Exchange>,
+}
+
+impl FairShares {
+    /// Fair shares timed by `clock`, recorded in `metrics`; with a shared
+    /// `coord`, demands are exchanged with the other replicas as `replica`.
+    pub fn new(
+        clock: Arc<dyn Clock>,
+        metrics: FairMetrics,
+        coord: Option<(Coordination, String)>,
+    ) -> FairShares {
+        let exchange = coord
+            .filter(|(c, _)| c.is_shared())
+            .map(|(coord, replica)| exchange::Exchange::new(coord, replica));
+        FairShares {
+            entries: RwLock::new(HashMap::default()),
+            clock,
+            metrics,
+            exchange,
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.clock.now_coarse().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Counts a hit of `cost` by `value` on the counter `key` of a limit
+    /// of `rate` credits per second shared by `spec`, and answers the
+    /// value's share (`None` when the process tracks [`MAX_COUNTERS`]
+    /// counters already: the limit alone holds the hit).
+    pub fn ask(
+        &self,
+        key: &str,
+        names: (&str, &str),
+        spec: &FairShareSpec,
+        value: &str,
+        cost: u64,
+        rate: f64,
+    ) -> Option<Share> {
+        let entry = self.entry(key, names, spec)?;
+        let mut kept = String::new();
+        let value = if crate::rules::bounded::is_long(value) {
+            crate::rules::bounded::push_value(&mut kept, value);
+            kept.as_str()
+        } else {
+            value
+        };
+        let ask = entry
+            .tracker
+            .lock()
+            .ok()?
+            .ask(value, cost, rate, self.now_ms());
+        if ask.overflow {
+            self.metrics
+                .overflow
+                .with_label_values(&[&entry.limit])
+                .inc();
+        }
+        let value = if kept.is_empty() {
+            value.to_owned()
+        } else {
+            kept
+        };
+        Some(Share { entry, value, ask })
+    }
+
+    fn entry(
+        &self,
+        key: &str,
+        (limit, rule): (&str, &str),
+        spec: &FairShareSpec,
+    ) -> Option<Arc<Entry>> {
+        if let Some(e) = self.entries.read().ok()?.get(key) {
+            return Some(e.clone());
+        }
+        let mut all = self.entries.write().ok()?;
+        if all.len() >= MAX_COUNTERS && !all.contains_key(key) {
+            self.metrics.overflow.with_label_values(&[limit]).inc();
+            return None;
+        }
+        let idle = u64::try_from(spec.idle.as_millis()).unwrap_or(u64::MAX);
+        let now = self.now_ms();
+        let e = all.entry(key.to_owned()).or_insert_with(|| {
+            Arc::new(Entry {
+                tracker: Mutex::new(Tracker::new(idle, spec.max_actors, now)),
+                limit: limit.into(),
+                rule: rule.into(),
+            })
+        });
+        Some(e.clone())
+    }
+
+    /// The time now, as the trackers count it (ms since the epoch).
+    pub fn now(&self) -> u64 {
+        self.now_ms()
+    }
+
+    /// Recomputes every counter's shares, drops idle values and counters,
+    /// and sets the gauges.
+    pub fn recompute(&self) {
+        let now = self.now_ms();
+        let entries: Vec<(String, Arc<Entry>)> = match self.entries.read() {
+            Ok(all) => all.iter().map(|(k, e)| (k.clone(), e.clone())).collect(),
+            Err(_) => return,
+        };
+        let mut by_limit: HashMap<Arc<str>, (i64, f64, f64)> = HashMap::new();
+        let mut idle = Vec::new();
+        for (key, e) in &entries {
+            let Ok(mut t) = e.tracker.lock() else {
+                continue;
+            };
+            t.recompute(now);
+            if t.is_idle(now) {
+                idle.push(key.clone());
+                continue;
+            }
+            let slot = by_limit
+                .entry(e.limit.clone())
+                .or_insert((0, f64::MAX, 0.0));
+            slot.0 += t.active() as i64;
+            for row in t.view(now) {
+                slot.1 = slot.1.min(row.share);
+                slot.2 = slot.2.max(row.share);
+            }
+        }
+        if !idle.is_empty() {
+            if let Ok(mut all) = self.entries.write() {
+                for key in &idle {
+                    all.remove(key);
+                }
+            }
+        }
+        self.metrics.set(&by_limit);
+    }
+
+    /// Every counter of the rule named `rule`, with its active values.
+    pub fn view(&self, rule: &str) -> Vec<CounterView> {
+        let now = self.now_ms();
+        let Ok(all) = self.entries.read() else {
+            return Vec::new();
+        };
+        let mut out: Vec<CounterView> = all
+            .iter()
+            .filter(|(_, e)| &*e.rule == rule || &*e.limit == rule)
+            .filter_map(|(key, e)| {
+                let mut t = e.tracker.lock().ok()?;
+                Some(CounterView {
+                    key: key.clone(),
+                    limit: e.limit.to_string(),
+                    rate: t.rate(),
+                    actors: t.view(now),
+                })
+            })
+            .collect();
+        out.sort_by(|a, b| a.key.cmp(&b.key));
+        out
+    }
+
+    /// The share and demand (credits per second) of `value` on `key`, if active.
+    pub fn share_of(&self, key: &str, value: &str) -> Option<(f64, f64)> {
+        let now = self.now_ms();
+        let all = self.entries.read().ok()?;
+        let mut t = all.get(key)?.tracker.lock().ok()?;
+        t.share_of(value, now)
+    }
+
+    /// Recomputes every [`RECOMPUTE_EVERY`] (exchanging demands first when
+    /// the coordination store is shared) until `shutdown` says stop.
+    pub async fn run(self: Arc<Self>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+        let mut every = tokio::time::interval(RECOMPUTE_EVERY);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = every.tick() => {}
+                _ = shutdown.changed() => return,
+            }
+            if let Some(x) = &self.exchange {
+                let entries: Vec<(String, Arc<Entry>)> = match self.entries.read() {
+                    Ok(all) => all.iter().map(|(k, e)| (k.clone(), e.clone())).collect(),
+                    Err(_) => Vec::new(),
+                };
+                x.exchange(&entries, self.now_ms(), &self.metrics).await;
+            }
+            self.recompute();
+            self.metrics
+                .alive
+                .set(i64::try_from(crate::clock::now_ms() / 1000).unwrap_or(0));
+        }
+    }
+}
+
+/// The op of a value's own bucket at `fraction` of the shared counter's
+/// `whole` op (appended to its key as `:fair:<value>`), joint with it.
+/// `scaled`: the whole op already counts in thousandths (a global lease).
+pub fn share_op(whole: &CounterOp, share: &Share, scaled: bool) -> CounterOp {
+    let f = share.ask.fraction;
+    let mut key = String::with_capacity(whole.key.len() + 6 + share.value.len());
+    key.push_str(&whole.key);
+    key.push_str(":fair:");
+    key.push_str(if share.ask.overflow {
+        OVERFLOW
+    } else {
+        &share.value
+    });
+    let mut op = CounterOp {
+        key,
+        joint: true,
+        ..whole.clone()
+    };
+    if whole.algorithm.spec().has_burst {
+        // A token bucket's rate is kept fine: in thousandths when it is not already.
+        let k = if scaled { 1 } else { 1000 };
+        op.window = whole.window.saturating_mul(k);
+        op.limit = ((whole.limit as f64 * k as f64 * f).floor() as u64).max(1);
+        op.burst = ((whole.burst as f64 * f).round() as u64).max(1);
+    } else {
+        op.limit = ((whole.limit as f64 * f).round() as u64).max(1);
+        op.burst = op.limit;
+    }
+    op
+}
+
+/// A share's credits per the limit's own window, as answers report it.
+pub fn share_credits(whole: &CounterOp, fraction: f64, scaled: bool) -> u64 {
+    let per_window = whole.limit as f64 * fraction / if scaled { 1000.0 } else { 1.0 };
+    (per_window.round() as u64).max(1)
+}
+
+/// The rate of a counter op, credits per second.
+pub fn rate_of(op: &CounterOp) -> f64 {
+    op.limit as f64 / op.window.as_secs_f64().max(1e-9)
+}

@@ -20,6 +20,7 @@ use tracing::{error, info};
 
 use crate::config::Policy;
 use crate::coord::Coordination;
+use crate::fair::FairShares;
 use crate::governor::Governors;
 use crate::limiter::Limiter;
 use crate::rules::RuleSet;
@@ -186,8 +187,15 @@ async fn build_limiter(
     // Knobs set while this replica was down apply from the first request.
     let _ = knobs.refresh().await;
     knobs.spawn_refresh(Duration::from_millis(250));
+    let fair = Arc::new(FairShares::new(
+        Arc::new(crate::clock::SystemClock::default()),
+        telemetry.metrics.fair.clone(),
+        Some((parts.coord.clone(), s.replica.clone())),
+    ));
+    fair.spawn();
     let limiter = Limiter::build(RuleSet::new(policy.clone()), parts.store, knobs, telemetry)
-        .with_envoy(Arc::new(s.envoy.clone()));
+        .with_envoy(Arc::new(s.envoy.clone()))
+        .with_fair(fair);
     let (limiter, secret_coord) = stores::with_global(s, limiter, &parts.coord).await?;
     if let Some(coord) = secret_coord {
         stores::agree_on_key_secret(coord).await;

@@ -246,27 +246,32 @@ impl FairShares {
     }
 
     /// Recomputes every [`RECOMPUTE_EVERY`] (exchanging demands first when
-    /// the coordination store is shared) until `shutdown` says stop.
-    pub async fn run(self: Arc<Self>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
-        let mut every = tokio::time::interval(RECOMPUTE_EVERY);
-        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = every.tick() => {}
-                _ = shutdown.changed() => return,
+    /// the coordination store is shared), until the last holder drops it.
+    pub fn spawn(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+        let me = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(RECOMPUTE_EVERY);
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                every.tick().await;
+                let Some(me) = me.upgrade() else { return };
+                me.step().await;
             }
-            if let Some(x) = &self.exchange {
-                let entries: Vec<(String, Arc<Entry>)> = match self.entries.read() {
-                    Ok(all) => all.iter().map(|(k, e)| (k.clone(), e.clone())).collect(),
-                    Err(_) => Vec::new(),
-                };
-                x.exchange(&entries, self.now_ms(), &self.metrics).await;
-            }
-            self.recompute();
-            self.metrics
-                .alive
-                .set(i64::try_from(crate::clock::now_ms() / 1000).unwrap_or(0));
+        })
+    }
+
+    /// One step of the task: exchange, recompute.
+    async fn step(&self) {
+        if let Some(x) = &self.exchange {
+            let entries: Vec<(String, Arc<Entry>)> = match self.entries.read() {
+                Ok(all) => all.iter().map(|(k, e)| (k.clone(), e.clone())).collect(),
+                Err(_) => Vec::new(),
+            };
+            x.exchange(&entries, self.now_ms(), &self.metrics).await;
         }
+        self.recompute();
+        let now = i64::try_from(crate::clock::now_ms() / 1000).unwrap_or(0);
+        self.metrics.alive.set(now);
     }
 }
 

@@ -66,7 +66,12 @@ pub struct Tracker {
     /// (`None`: this process's own are used).
     deployment: Option<HashMap<String, f64>>,
     pub(super) touched_ms: u64,
+    computed_ms: u64,
 }
+
+/// Shares older than this are recomputed by the next ask (the recompute
+/// task, every quarter second, normally comes first).
+pub const STALE_SHARES_MS: u64 = 500;
 
 /// The name the overflow share goes by.
 pub const OVERFLOW: &str = "~overflow";
@@ -82,6 +87,7 @@ impl Tracker {
             overflow: None,
             deployment: None,
             touched_ms: now_ms,
+            computed_ms: now_ms,
         }
     }
 
@@ -90,6 +96,9 @@ impl Tracker {
     pub fn ask(&mut self, value: &str, cost: u64, rate: f64, now_ms: u64) -> Ask {
         self.rate = rate;
         self.touched_ms = now_ms;
+        if now_ms.saturating_sub(self.computed_ms) >= STALE_SHARES_MS {
+            self.recompute(now_ms);
+        }
         let active = self.actors.len() + usize::from(self.overflow.is_some());
         if self.actors.len() < self.max_actors && !self.actors.contains_key(value) {
             self.actors.insert(value.into(), Actor::new(now_ms));
@@ -128,6 +137,7 @@ impl Tracker {
     /// value's share: max-min fair by demand ([`crate::quota::max_min`]),
     /// over the deployment's demands when an exchange gave them.
     pub fn recompute(&mut self, now_ms: u64) {
+        self.computed_ms = now_ms;
         let idle = self.idle_ms;
         self.actors
             .retain(|_, a| now_ms.saturating_sub(a.seen_ms) <= idle);

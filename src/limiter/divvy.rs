@@ -4,6 +4,7 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
+use crate::fair::{FairShares, Share};
 use crate::global::Global;
 use crate::knobs::Knobs;
 use crate::observe::metrics::Metrics;
@@ -22,12 +23,15 @@ pub(super) struct DivvyRules<'a> {
     pub(super) rules: &'a Arc<RuleSet>,
     pub(super) knobs: &'a Knobs,
     pub(super) global: Option<&'a Global>,
+    pub(super) fair: &'a FairShares,
     pub(super) metrics: &'a Metrics,
 }
 
 /// A request planned: each hit with its canaries and deciding rule.
 pub(super) struct DivvyPlan<'r> {
     prepared: Vec<Planned<'r>>,
+    /// Fair shares asked for, with their ops' indices.
+    shares: Vec<(usize, Share)>,
 }
 
 /// One hit planned.
@@ -51,7 +55,9 @@ impl<'r> Engine<'r> for DivvyRules<'_> {
             // Whether any knob is set, looked at once for the whole call.
             knobs: self.knobs.any().then_some(self.knobs),
             global: self.global,
+            fair: Some(self.fair),
             ops: std::mem::take(ops),
+            shares: Vec::new(),
         };
         let mut prepared = Vec::with_capacity(request.items.len());
         // A deciding rule that denies without a counter (creditLimit 0).
@@ -81,7 +87,8 @@ impl<'r> Engine<'r> for DivvyRules<'_> {
             Charge::AllOrNothing if denied_outside => Charge::Denied,
             other => other,
         };
-        (DivvyPlan { prepared }, charge)
+        let shares = planner.shares;
+        (DivvyPlan { prepared, shares }, charge)
     }
 
     fn finish(
@@ -91,6 +98,7 @@ impl<'r> Engine<'r> for DivvyRules<'_> {
         states: &[CounterState],
         tallies: &mut Vec<Tally>,
     ) -> Verdict {
+        self.count_admitted(&plan.shares, ops, states);
         let mut items = Vec::with_capacity(plan.prepared.len());
         for planned in plan.prepared {
             let Planned {
@@ -140,6 +148,27 @@ impl<'r> Engine<'r> for DivvyRules<'_> {
 }
 
 impl DivvyRules<'_> {
+    /// Counts what the store admitted of each value's fair share (for `/fair`).
+    fn count_admitted(
+        &self,
+        shares: &[(usize, Share)],
+        ops: &[CounterOp],
+        states: &[CounterState],
+    ) {
+        if shares.is_empty() {
+            return;
+        }
+        let now = self.fair.now();
+        for (i, share) in shares {
+            let (op, state) = (&ops[*i], &states[*i]);
+            if state.allowed && !op.refund && op.cost > 0 {
+                share
+                    .entry
+                    .admitted(&share.value, share.ask.overflow, op.cost, now);
+            }
+        }
+    }
+
     /// A prepared rule's outcome from the store's states of its ops; each
     /// op's key is moved into its limit's outcome.
     fn outcome(&self, p: Prepared, ops: &mut [CounterOp], states: &[CounterState]) -> Outcome {
@@ -181,11 +210,16 @@ fn denied_actor(rule: &Rule, decider: &Outcome, hit: &Hit) -> String {
         .iter()
         .find(|l| !l.allowed)
         .map_or(0, |l| l.limit);
-    let actor = rule
-        .spec
-        .limits
-        .get(limit)
-        .map_or("", |l| rule.actor(&hit.operation, l));
+    let denier = decider.limits.iter().find(|l| !l.allowed);
+    let spec = rule.spec.limits.get(limit);
+    // A value held to its fair share is named by the fair-share key.
+    let fair_key = spec
+        .and_then(|l| l.fair_share.as_ref())
+        .filter(|_| denier.is_some_and(|l| l.fair));
+    let actor = match fair_key {
+        Some(f) => hit.operation.get(&f.by).unwrap_or(""),
+        None => spec.map_or("", |l| rule.actor(&hit.operation, l)),
+    };
     let mut bounded = String::with_capacity(actor.len().min(64));
     crate::rules::bounded::push_value(&mut bounded, actor);
     bounded

@@ -29,6 +29,7 @@ use arc_swap::ArcSwap;
 
 use crate::observe::telemetry::Telemetry;
 
+use crate::fair::FairShares;
 use crate::global::Global;
 use crate::knobs::Knobs;
 use crate::reuse;
@@ -46,6 +47,7 @@ pub struct Limiter {
     store: Arc<dyn Store>,
     knobs: Arc<Knobs>,
     global: Option<Arc<Global>>,
+    fair: Arc<FairShares>,
     envoy: Arc<EnvoySettings>,
     telemetry: Telemetry,
 }
@@ -73,11 +75,14 @@ impl Limiter {
         telemetry: Telemetry,
     ) -> Limiter {
         rules.attach(&telemetry);
+        let clock = Arc::new(crate::clock::SystemClock::default());
+        let fair = FairShares::new(clock, telemetry.metrics.fair.clone(), None);
         Limiter {
             rules: ArcSwap::from_pointee(rules),
             store,
             knobs,
             global: None,
+            fair: Arc::new(fair),
             envoy: Arc::new(EnvoySettings::default()),
             telemetry,
         }
@@ -89,6 +94,18 @@ impl Limiter {
     pub fn with_global(mut self, global: Arc<Global>) -> Limiter {
         self.global = Some(global);
         self
+    }
+
+    /// Keeps fair shares in `fair` (one that exchanges demands with the
+    /// other replicas; without, this process's own).
+    pub fn with_fair(mut self, fair: Arc<FairShares>) -> Limiter {
+        self.fair = fair;
+        self
+    }
+
+    /// The fair shares of `fairShare` limits.
+    pub fn fair(&self) -> &Arc<FairShares> {
+        &self.fair
     }
 
     /// Decides envoyproxy/ratelimit domains under `settings` (built once at
@@ -155,6 +172,7 @@ impl Limiter {
             rules,
             knobs: &self.knobs,
             global: self.global.as_deref(),
+            fair: &self.fair,
             metrics: &self.telemetry.metrics,
         }
     }

@@ -42,6 +42,9 @@ pub struct LimitOutcome {
     pub counter_key: Option<String>,
     /// Whether it is counted against this region's lease of a global limit.
     pub global: bool,
+    /// Whether it is a value's own share of a `fairShare` limit (the limit
+    /// `limit` itself has an outcome of its own, just before this one).
+    pub fair: bool,
 }
 
 /// What one rule said about one descriptor: the limit that speaks for the

@@ -6,7 +6,8 @@ use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::config::{LimitSpec, RuleSpec};
+use crate::config::{FairShareSpec, LimitSpec, RuleSpec};
+use crate::fair::{self, FairShares, Share};
 use crate::global::Global;
 use crate::knobs::{Knob, Knobs};
 use crate::rules::{Operation, Rule, RuleSet};
@@ -61,8 +62,12 @@ pub(super) struct Planner<'a> {
     /// The knobs, when any is set (looked at once for the whole request).
     pub(super) knobs: Option<&'a Knobs>,
     pub(super) global: Option<&'a Global>,
+    /// Fair shares, when the limiter keeps them.
+    pub(super) fair: Option<&'a FairShares>,
     /// Every counter op of the request, in order.
     pub(super) ops: Vec<CounterOp>,
+    /// The values' shares asked for, with the index of each one's op.
+    pub(super) shares: Vec<(usize, Share)>,
 }
 
 impl Planner<'_> {
@@ -105,32 +110,79 @@ impl Planner<'_> {
                 o.allowed = true;
                 o.remaining = limit.credit_limit;
                 o.reset = Reset::Unlimited;
-            } else {
-                let mut op = CounterOp {
-                    cost: hit.cost,
-                    refund: hit.refund,
-                    // Not the rule's first counted limit.
-                    joint: self.ops.len() > first,
-                    decides,
-                    ..counter_op(compiled, &hit.operation, &own[i], limit)
-                };
-                if let (true, Some(global)) = (limit.global, self.global) {
-                    lease(global, &mut op, limit, hit.cost);
-                    o.global = true;
-                }
-                self.ops.push(op);
+                return (o, None);
             }
-            o
+            let mut op = CounterOp {
+                cost: hit.cost,
+                refund: hit.refund,
+                // Not the rule's first counted limit.
+                joint: self.ops.len() > first,
+                decides,
+                ..counter_op(compiled, &hit.operation, &own[i], limit)
+            };
+            if let (true, Some(global)) = (limit.global, self.global) {
+                lease(global, &mut op, limit, hit.cost);
+                o.global = true;
+            }
+            let share = limit
+                .fair_share
+                .as_ref()
+                .and_then(|spec| self.share(compiled, (i, limit), spec, hit, &op, o.global));
+            self.ops.push(op);
+            let share = share.map(|(outcome, op, share)| {
+                // The value's op follows the limit's own.
+                self.shares.push((self.ops.len(), share));
+                self.ops.push(op);
+                outcome
+            });
+            (o, share)
         };
         let limits = match &limits[..] {
-            [one] => Limits::One(outcome((0, one))),
-            many => Limits::Many(many.iter().enumerate().map(outcome).collect()),
+            [one] => match outcome((0, one)) {
+                (o, None) => Limits::One(o),
+                (o, Some(share)) => Limits::Many(vec![o, share]),
+            },
+            many => {
+                let mut all = Vec::with_capacity(many.len() + 1);
+                for (o, share) in many.iter().enumerate().map(outcome) {
+                    all.push(o);
+                    all.extend(share);
+                }
+                Limits::Many(all)
+            }
         };
         Prepared {
             rule,
             limits,
             ops: first..self.ops.len(),
         }
+    }
+}
+
+impl Planner<'_> {
+    /// The value's own share of limit `i` (a `fairShare` limit) whose op
+    /// is `whole` (counted in thousandths when `scaled`, a global lease):
+    /// its outcome, its op and the share asked for (`None`: the limit
+    /// alone holds the hit).
+    fn share(
+        &self,
+        rule: &Rule,
+        (i, limit): (usize, &LimitSpec),
+        spec: &FairShareSpec,
+        hit: &Hit,
+        whole: &CounterOp,
+        scaled: bool,
+    ) -> Option<(LimitOutcome, CounterOp, Share)> {
+        let fair = self.fair?;
+        let value = hit.operation.get(&spec.by).unwrap_or("");
+        // What the value asks: a check-only hit asks for one, a refund for nothing.
+        let asked = if hit.refund { 0 } else { hit.cost.max(1) };
+        let names = (limit.label.as_deref().unwrap_or(rule.name()), rule.name());
+        let share = fair.ask(&whole.key, names, spec, value, asked, fair::rate_of(whole))?;
+        let mut o = pending(i, limit);
+        o.credit_limit = fair::share_credits(whole, share.ask.fraction, scaled);
+        o.fair = true;
+        Some((o, fair::share_op(whole, &share, scaled), share))
     }
 }
 
@@ -159,6 +211,7 @@ fn pending(i: usize, limit: &LimitSpec) -> LimitOutcome {
         reset: Reset::Never,
         counter_key: None,
         global: false,
+        fair: false,
     }
 }
 

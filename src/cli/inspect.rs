@@ -105,9 +105,10 @@ pub fn explain(file: &Path, domain: Option<&str>, pairs: &[String]) -> anyhow::R
                     (0, _) => format!("{name}always denies (creditLimit 0); no counter"),
                     (_, 0) => format!("{name}always allows (resetSeconds 0); no counter"),
                     _ => format!(
-                        "{name}{}; counter {}",
+                        "{name}{}; counter {}{}",
                         l.describe(),
-                        rule.counter_key(&op, l)
+                        rule.counter_key(&op, l),
+                        fair_text(l, &op)
                     ),
                 }
             })
@@ -134,6 +135,21 @@ pub fn explain(file: &Path, domain: Option<&str>, pairs: &[String]) -> anyhow::R
         println!("canary:  {}", describe(c));
     }
     Ok(())
+}
+
+/// How a fairShare limit divides itself, for `explain` (shares and
+/// demands are live figures: `GET /explain` or `GET /fair` on a server).
+fn fair_text(l: &config::LimitSpec, op: &Operation) -> String {
+    let Some(f) = &l.fair_share else {
+        return String::new();
+    };
+    let value = op.get(&f.by).unwrap_or("");
+    format!(
+        ", fair share by {} among the values active in the last {:?} (at most {}); \
+         this request's value {value:?} is held to its share (counter ...:fair:{value}; \
+         its current share and demand: GET /explain or GET /fair?rule=... on a running server)",
+        f.by, f.idle, f.max_actors
+    )
 }
 
 /// The rules as a table.

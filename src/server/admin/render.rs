@@ -30,6 +30,11 @@ pub(crate) fn limit_json(l: &LimitSpec) -> Value {
         "algorithm": l.algorithm.as_str(),
         "burst": l.burst,
         "actorField": l.actor_field,
+        "fairShare": l.fair_share.as_ref().map(|f| json!({
+            "by": f.by,
+            "idleSeconds": f.idle.as_secs_f64(),
+            "maxActors": f.max_actors,
+        })),
         "describe": l.describe(),
     })
 }

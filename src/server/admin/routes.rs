@@ -37,6 +37,7 @@ pub fn router(state: AdminState, metrics_path: &str) -> Router {
         .route("/global", get(global))
         .route("/governors", get(governors))
         .route("/rlqs", get(super::rlqs::list))
+        .route("/fair", get(super::fair::list))
         .route("/healthcheck", get(healthcheck))
         .route("/rlconfig", get(rlconfig))
         .route("/knobs", get(super::knobs::list))
@@ -52,6 +53,7 @@ pub fn router(state: AdminState, metrics_path: &str) -> Router {
         .route("/api/v1/knobs", get(super::knobs::list))
         .route("/api/v1/global", get(global))
         .route("/api/v1/rlqs", get(super::rlqs::list))
+        .route("/api/v1/fair", get(super::fair::list))
         .route("/api/v1/governors", get(governors))
         .route("/ui", get(super::ui::page))
         .route("/ui/{asset}", get(super::ui::asset));
@@ -244,6 +246,10 @@ async fn explain(State(s): State<AdminState>, RawQuery(query): RawQuery) -> Resp
             let limit = &effective;
             let mut v = limit_json(limit);
             v["knob"] = knob.map_or(Value::Null, |k| knob_json(&k));
+            let fair_value = limit
+                .fair_share
+                .as_ref()
+                .map(|f| op.get(&f.by).unwrap_or(""));
             let (kind, op) = match (limit.credit_limit, limit.reset_seconds) {
                 (0, _) => ("always deny", None),
                 (_, 0) => ("always allow", None),
@@ -251,6 +257,9 @@ async fn explain(State(s): State<AdminState>, RawQuery(query): RawQuery) -> Resp
             };
             v["kind"] = json!(kind);
             v["counterKey"] = json!(op.as_ref().map(|o| o.key.clone()));
+            if let (Some(f), Some(value), Some(o)) = (&limit.fair_share, fair_value, &op) {
+                v["fairShare"] = fair_json(&s, f, limit, &o.key, value);
+            }
             v["counter"] = match &op {
                 None => Value::Null,
                 Some(o) => match store.peek(o).await {
@@ -289,6 +298,33 @@ async fn explain(State(s): State<AdminState>, RawQuery(query): RawQuery) -> Resp
         "canaries": describe,
     }))
     .into_response()
+}
+
+/// A fairShare limit's key, the request's value and its current share and
+/// demand (credits per second) on this replica, if the value is active.
+fn fair_json(
+    s: &AdminState,
+    f: &crate::config::FairShareSpec,
+    limit: &crate::config::LimitSpec,
+    key: &str,
+    value: &str,
+) -> Value {
+    // A global limit's counter is the region's lease of it.
+    let counter = match (limit.global, s.limiter.global()) {
+        (true, Some(_)) => format!("{key}:global"),
+        _ => key.to_owned(),
+    };
+    let live = s.limiter.fair().share_of(&counter, value);
+    json!({
+        "by": f.by,
+        "value": value,
+        "active": live.is_some(),
+        "shareRate": live.map(|(share, _)| share),
+        "demandRate": live.map(|(_, demand)| demand),
+        "idleSeconds": f.idle.as_secs_f64(),
+        "maxActors": f.max_actors,
+        "shareCounterKey": format!("{counter}:fair:{value}"),
+    })
 }
 
 async fn json_check(State(s): State<AdminState>, headers: HeaderMap, body: Bytes) -> Response {

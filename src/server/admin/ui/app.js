@@ -142,6 +142,20 @@ async function showRule() {
   drawChart($('rule-chart'), r.history || { allowed: [0], denied: [0] });
   for (const w of ['1m', '5m', '15m']) fillOffenders($('rule-offenders-' + w).tBodies[0], r.offenders[w], false);
   $('rule-knob-link').href = '#knobs/' + encodeURIComponent(r.label || '');
+  showFair(r.fair);
+}
+
+function showFair(f) {
+  $('rule-fair').hidden = !f;
+  if (!f) return;
+  $('rule-fair-summary').textContent = f.active + ' active values over ' + f.counters.length + ' counters' + (f.pages > 1 ? ' (first ' + f.values.length + ' shown; GET /fair?rule=… pages the rest)' : '');
+  const rows = f.values.map((v) => el('tr', {},
+    el('td', { class: 'name', text: v.value }),
+    el('td', { class: 'num', text: fmt(v.demandRate) }),
+    el('td', { class: 'num', text: fmt(v.shareRate) }),
+    el('td', { class: 'num allowed', text: fmt(v.admittedRate) }),
+    el('td', { text: v.counter })));
+  $('rule-fair-table').tBodies[0].replaceChildren(...rows);
 }
 
 async function showOffenders() {

@@ -508,3 +508,92 @@ fn explain_command_names_rule_canaries_and_counter() {
         ],
     );
 }
+
+#[test]
+fn fair_share_is_read_in_every_syntax_and_checked() {
+    use std::time::Duration;
+    let fair = |text: &str, format: Format| {
+        let policy = parse_str(text, format, "fair").unwrap_or_else(|e| panic!("{text}\n{e}"));
+        policy.rules[0]
+            .limits
+            .iter()
+            .map(|l| l.fair_share.clone())
+            .collect::<Vec<_>>()
+    };
+    let short = fair(
+        &with_default("  - operation: {site: p, user: '*'}\n    creditLimit: 100\n    resetSeconds: 1\n    fairShare: user\n"),
+        Format::Yaml,
+    );
+    let f = short[0].clone().unwrap_or_else(|| panic!("no fairShare"));
+    assert_eq!(
+        (f.by.as_str(), f.idle, f.max_actors),
+        ("user", Duration::from_secs(5), 10_000)
+    );
+    let long = fair(
+        &with_default("  - operation: {site: p, user: '*'}\n    limits:\n      - {creditLimit: 100, resetSeconds: 1, fairShare: {by: user, idle: 500ms, maxActors: 7}}\n      - {creditLimit: 1000, resetSeconds: 60}\n"),
+        Format::Yaml,
+    );
+    let f = long[0].clone().unwrap_or_else(|| panic!("no fairShare"));
+    assert_eq!((f.idle, f.max_actors), (Duration::from_millis(500), 7));
+    assert!(long[1].is_none());
+    let json = fair(
+        r#"{"overrides": [{"operation": {"site": "p", "user": "*"}, "creditLimit": 10, "resetSeconds": 1, "fairShare": {"by": "user"}}], "default": {"creditLimit": 1, "resetSeconds": 60}}"#,
+        Format::Json,
+    );
+    assert_eq!(json[0].as_ref().map(|f| f.by.as_str()), Some("user"));
+    let ini = fair(
+        "[site=p user=*]\ncreditLimit = 10\nresetSeconds = 1\nfairShare = user\n[default]\ncreditLimit = 1\nresetSeconds = 60\n",
+        Format::Ini,
+    );
+    assert_eq!(ini[0].as_ref().map(|f| f.by.as_str()), Some("user"));
+    let ini = fair(
+        "[site=p user=*]\nlimits.1.creditLimit = 10\nlimits.1.resetSeconds = 1\nlimits.1.fairShare = user\n[default]\ncreditLimit = 1\nresetSeconds = 60\n",
+        Format::Ini,
+    );
+    assert_eq!(ini[0].as_ref().map(|f| f.by.as_str()), Some("user"));
+
+    let rule =
+        |extra: &str| with_default(&format!("  - operation: {{site: p, user: '*'}}\n{extra}"));
+    assert_has(
+        &yaml_errors(&rule(
+            "    creditLimit: 10\n    resetSeconds: 1\n    fairShare: team\n",
+        )),
+        &["fairShare key `team` is not a key of the rule's operation (site, user)"],
+    );
+    assert_has(
+        &yaml_errors(&rule(
+            "    creditLimit: 0\n    resetSeconds: 1\n    fairShare: user\n",
+        )),
+        &["fairShare needs a limit to share"],
+    );
+    assert_has(
+        &yaml_errors(&rule(
+            "    creditLimit: 10\n    resetSeconds: 0\n    fairShare: user\n",
+        )),
+        &["fairShare needs a limit to share"],
+    );
+    assert_has(
+        &yaml_errors(&rule(
+            "    creditLimit: 10\n    resetSeconds: 1\n    fairShare: {by: user, maxActors: 0}\n",
+        )),
+        &["fairShare.maxActors must be an integer from 1 to 1000000, found 0"],
+    );
+    assert_has(
+        &yaml_errors(&rule(
+            "    creditLimit: 10\n    resetSeconds: 1\n    fairShare: {by: user, idle: abc}\n",
+        )),
+        &["fairShare.idle must be a duration from 100ms to 1h (such as 5s), found abc"],
+    );
+    assert_has(
+        &yaml_errors(&rule(
+            "    creditLimit: 10\n    resetSeconds: 1\n    fairShare: {by: user, every: 1s}\n",
+        )),
+        &["unknown field `every`"],
+    );
+    assert_has(
+        &yaml_errors(&rule(
+            "    limits:\n      - {creditLimit: 10, resetSeconds: 1}\n    fairShare: user\n",
+        )),
+        &["`fairShare` cannot stand beside `limits`"],
+    );
+}

@@ -62,13 +62,40 @@ pub struct RawRule {
 }
 
 /// `fairShare: KEY` or `fairShare: {by: KEY, idle: 5s, maxActors: 10000}`.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
+#[derive(Debug, Clone)]
 pub enum RawFairShare {
     /// The short form: the key alone.
     Key(String),
     /// The long form.
     Full(RawFairShareFull),
+}
+
+impl<'de> Deserialize<'de> for RawFairShare {
+    // By hand rather than `untagged`, so a mistake in the long form is
+    // reported as itself (an unknown field, a wrong type), not as "no variant".
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = RawFairShare;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a request key, or {by: KEY, idle: DURATION, maxActors: N}")
+            }
+
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<RawFairShare, E> {
+                Ok(RawFairShare::Key(v.to_owned()))
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> Result<RawFairShare, A::Error> {
+                let d = serde::de::value::MapAccessDeserializer::new(map);
+                RawFairShareFull::deserialize(d).map(RawFairShare::Full)
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
 }
 
 /// The long form of `fairShare`.

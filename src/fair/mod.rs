@@ -25,13 +25,16 @@ use crate::config::FairShareSpec;
 use crate::coord::Coordination;
 use crate::observe::metrics::FairMetrics;
 use crate::store::CounterOp;
-use tracker::{ActorView, Ask, Tracker, OVERFLOW};
+use tracker::{ActorView, Ask, Budget, Tracker, OVERFLOW};
 
 /// How often shares are recomputed (and demands exchanged).
 pub const RECOMPUTE_EVERY: Duration = Duration::from_millis(250);
 /// Most counters whose values are tracked in one process; beyond, a new
 /// counter's hits are held by the limit alone (counted as overflow).
 pub const MAX_COUNTERS: usize = 10_000;
+/// Most values tracked in one process over every counter; beyond, a new
+/// value is counted in its counter's overflow share.
+pub const MAX_VALUES: usize = 100_000;
 
 /// One tracked counter: its values, and the names metrics and `/fair` use.
 pub struct Entry {
@@ -80,6 +83,7 @@ pub struct FairShares {
     clock: Arc<dyn Clock>,
     metrics: FairMetrics,
     exchange: Option<exchange::Exchange>,
+    tracked: Arc<Budget>,
 }
 
 impl FairShares {
@@ -98,6 +102,7 @@ impl FairShares {
             clock,
             metrics,
             exchange,
+            tracked: Arc::new(Budget::new(MAX_VALUES)),
         }
     }
 
@@ -163,7 +168,12 @@ impl FairShares {
         let now = self.now_ms();
         let e = all.entry(key.to_owned()).or_insert_with(|| {
             Arc::new(Entry {
-                tracker: Mutex::new(Tracker::new(idle, spec.max_actors, now)),
+                tracker: Mutex::new(Tracker::new(
+                    idle,
+                    spec.max_actors,
+                    self.tracked.clone(),
+                    now,
+                )),
                 limit: limit.into(),
                 rule: rule.into(),
             })
@@ -199,9 +209,9 @@ impl FairShares {
                 .entry(e.limit.clone())
                 .or_insert((0, f64::MAX, 0.0));
             slot.0 += t.active() as i64;
-            for row in t.view(now) {
-                slot.1 = slot.1.min(row.share);
-                slot.2 = slot.2.max(row.share);
+            if let Some((lo, hi)) = t.spread() {
+                slot.1 = slot.1.min(lo);
+                slot.2 = slot.2.max(hi);
             }
         }
         if !idle.is_empty() {

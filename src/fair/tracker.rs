@@ -2,6 +2,8 @@
 //! admitted, and each one's share of the counter's rate.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use super::meter::Meter;
 
@@ -15,7 +17,7 @@ pub struct Actor {
     asked: Meter,
     admitted: Meter,
     /// Its share in credits per second (`None` until the first recompute
-    /// after it arrived).
+    /// after it arrived; 0 when it asked nothing in the second before).
     share: Option<f64>,
     seen_ms: u64,
 }
@@ -58,6 +60,8 @@ pub struct ActorView {
 pub struct Tracker {
     idle_ms: u64,
     max_actors: usize,
+    /// Values tracked by every tracker of the process, held under a bound.
+    tracked: Arc<Budget>,
     /// The counter's rate (credits per second) as last planned.
     rate: f64,
     actors: HashMap<Box<str>, Actor, ahash::RandomState>,
@@ -73,15 +77,51 @@ pub struct Tracker {
 /// task, every quarter second, normally comes first).
 pub const STALE_SHARES_MS: u64 = 500;
 
+/// The values every tracker of a process may hold together.
+#[derive(Debug)]
+pub struct Budget {
+    most: usize,
+    held: AtomicUsize,
+}
+
+impl Budget {
+    /// A budget of `most` values.
+    pub fn new(most: usize) -> Budget {
+        Budget {
+            most,
+            held: AtomicUsize::new(0),
+        }
+    }
+
+    /// Takes one value's place; false when none is left.
+    fn take(&self) -> bool {
+        let taken = self.held.fetch_add(1, Ordering::Relaxed) < self.most;
+        if !taken {
+            self.held.fetch_sub(1, Ordering::Relaxed);
+        }
+        taken
+    }
+
+    fn give_back(&self, n: usize) {
+        self.held.fetch_sub(n, Ordering::Relaxed);
+    }
+
+    /// Values held now.
+    pub fn held(&self) -> usize {
+        self.held.load(Ordering::Relaxed)
+    }
+}
+
 /// The name the overflow share goes by.
 pub const OVERFLOW: &str = "~overflow";
 
 impl Tracker {
     /// An empty tracker.
-    pub fn new(idle_ms: u64, max_actors: usize, now_ms: u64) -> Tracker {
+    pub fn new(idle_ms: u64, max_actors: usize, tracked: Arc<Budget>, now_ms: u64) -> Tracker {
         Tracker {
             idle_ms,
             max_actors: max_actors.max(1),
+            tracked,
             rate: 0.0,
             actors: HashMap::default(),
             overflow: None,
@@ -99,8 +139,10 @@ impl Tracker {
         if now_ms.saturating_sub(self.computed_ms) >= STALE_SHARES_MS {
             self.recompute(now_ms);
         }
-        let active = self.actors.len() + usize::from(self.overflow.is_some());
-        if self.actors.len() < self.max_actors && !self.actors.contains_key(value) {
+        if self.actors.len() < self.max_actors
+            && !self.actors.contains_key(value)
+            && self.tracked.take()
+        {
             self.actors.insert(value.into(), Actor::new(now_ms));
         }
         let (actor, overflow) = match self.actors.get_mut(value) {
@@ -112,8 +154,10 @@ impl Tracker {
         };
         actor.asked.add(now_ms, cost);
         actor.seen_ms = now_ms;
-        // A newcomer gets an equal split until the next recompute.
-        let share = actor.share.unwrap_or(rate / (active.max(1) as f64 + 1.0));
+        // No share yet, or none because it asked nothing when the shares
+        // were set: a newcomer, with an equal split until the next recompute.
+        let share = actor.share.filter(|&s| s > 0.0);
+        let share = share.unwrap_or_else(|| rate / self.active().max(1) as f64);
         let fraction = if rate > 0.0 {
             (share / rate).clamp(0.0, 1.0)
         } else {
@@ -139,8 +183,10 @@ impl Tracker {
     pub fn recompute(&mut self, now_ms: u64) {
         self.computed_ms = now_ms;
         let idle = self.idle_ms;
+        let before = self.actors.len();
         self.actors
             .retain(|_, a| now_ms.saturating_sub(a.seen_ms) <= idle);
+        self.tracked.give_back(before - self.actors.len());
         if self
             .overflow
             .as_ref()
@@ -221,6 +267,18 @@ impl Tracker {
         now_ms.saturating_sub(self.touched_ms) > self.idle_ms
     }
 
+    /// The smallest and largest share among the active values (credits per second).
+    pub fn spread(&self) -> Option<(f64, f64)> {
+        let rate = self.rate / self.active().max(1) as f64;
+        let shares = self.actors.values().chain(self.overflow.as_ref());
+        shares
+            .map(|a| a.share.unwrap_or(rate))
+            .fold(None, |acc, s| match acc {
+                None => Some((s, s)),
+                Some((lo, hi)) => Some((f64::min(lo, s), f64::max(hi, s))),
+            })
+    }
+
     /// Every active value: demand, share and admitted rate, by value.
     pub fn view(&mut self, now_ms: u64) -> Vec<ActorView> {
         let rate = self.rate;
@@ -252,9 +310,19 @@ impl Tracker {
     }
 }
 
+impl Drop for Tracker {
+    fn drop(&mut self) {
+        self.tracked.give_back(self.actors.len());
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn tracker(max_actors: usize) -> Tracker {
+        Tracker::new(5_000, max_actors, Arc::new(Budget::new(1_000)), 0)
+    }
 
     /// Paces each value at its rate (credits per second) for `ms`, starting
     /// at `from`, recomputing every 250 ms; what each was asked and its
@@ -276,7 +344,7 @@ mod tests {
 
     #[test]
     fn shares_follow_demand_max_min() {
-        let mut t = Tracker::new(5_000, 100, 0);
+        let mut t = tracker(100);
         let s = run(
             &mut t,
             &[("a", 30), ("b", 40), ("c", 60), ("d", 80)],
@@ -296,7 +364,7 @@ mod tests {
 
     #[test]
     fn a_stopped_value_gives_its_share_back_within_two_seconds_and_leaves_after_idle() {
-        let mut t = Tracker::new(5_000, 100, 0);
+        let mut t = tracker(100);
         run(
             &mut t,
             &[("a", 30), ("b", 40), ("c", 80), ("d", 60)],
@@ -315,10 +383,11 @@ mod tests {
 
     #[test]
     fn a_newcomer_gets_an_equal_split_then_what_it_asks() {
-        let mut t = Tracker::new(5_000, 100, 0);
+        let mut t = tracker(100);
         run(&mut t, &[("a", 100), ("b", 100), ("c", 100)], 0, 2_000);
         let first = t.ask("d", 1, 100.0, 2_000).fraction;
         assert!((first - 0.25).abs() < 1e-9, "{first}");
+        assert_eq!(tracker(10).ask("alone", 1, 100.0, 0).fraction, 1.0);
         let s = run(
             &mut t,
             &[("a", 100), ("b", 100), ("c", 100), ("d", 20)],
@@ -330,7 +399,7 @@ mod tests {
 
     #[test]
     fn beyond_max_actors_newcomers_share_one_overflow_share() {
-        let mut t = Tracker::new(5_000, 2, 0);
+        let mut t = tracker(2);
         assert!(!t.ask("a", 1, 100.0, 0).overflow);
         assert!(!t.ask("b", 1, 100.0, 0).overflow);
         assert!(t.ask("c", 1, 100.0, 0).overflow);
@@ -346,8 +415,25 @@ mod tests {
     }
 
     #[test]
+    fn the_process_budget_bounds_every_tracker_together() {
+        let budget = Arc::new(Budget::new(3));
+        let mut a = Tracker::new(1_000, 10, budget.clone(), 0);
+        let mut b = Tracker::new(1_000, 10, budget.clone(), 0);
+        for v in ["1", "2"] {
+            assert!(!a.ask(v, 1, 100.0, 0).overflow);
+        }
+        assert!(!b.ask("x", 1, 100.0, 0).overflow);
+        assert!(b.ask("y", 1, 100.0, 0).overflow, "the budget is spent");
+        assert_eq!(budget.held(), 3);
+        a.recompute(2_000);
+        assert_eq!(budget.held(), 1, "a's idle values gave their places back");
+        drop(b);
+        assert_eq!(budget.held(), 0);
+    }
+
+    #[test]
     fn the_deployments_demand_decides_when_it_is_known() {
-        let mut t = Tracker::new(5_000, 100, 0);
+        let mut t = tracker(100);
         run(&mut t, &[("a", 60), ("c", 10)], 0, 2_000);
         // Another replica sees b at 60 and c at 10 as well.
         let d = HashMap::from([("a".into(), 60.0), ("b".into(), 60.0), ("c".into(), 20.0)]);

@@ -247,4 +247,6 @@ thread_local! {
 }
 
 #[cfg(test)]
+mod fair_tests;
+#[cfg(test)]
 mod tests;

@@ -81,6 +81,10 @@ enum Command {
         /// The request as key=value pairs.
         #[arg(value_name = "KEY=VALUE")]
         pairs: Vec<String>,
+        /// A running server's admin URL: also show its live fair shares for
+        /// the request (token from DIVVY_ADMIN_READ_TOKEN or DIVVY_ADMIN_TOKEN).
+        #[arg(long, env = "DIVVY_ADMIN_URL")]
+        server: Option<String>,
     },
     /// Run as envoyproxy/ratelimit's process, configured by its environment
     /// variables with its defaults (what `/bin/ratelimit` does).
@@ -146,7 +150,8 @@ fn main() -> ExitCode {
             file,
             domain,
             pairs,
-        } => cli::inspect::explain(&file, domain.as_deref(), &pairs),
+            server,
+        } => cli::inspect::explain(&file, domain.as_deref(), &pairs, server.as_deref()),
         Command::Ratelimit => ratelimit(),
         Command::Knob { admin_url, command } => cli::knob::run(command, &admin_url),
         Command::Probe(args) => cli::probe::run(&args),

@@ -77,7 +77,14 @@ fn summary(policy: &Policy) -> String {
     out
 }
 
-pub fn explain(file: &Path, domain: Option<&str>, pairs: &[String]) -> anyhow::Result<()> {
+/// `divvy explain`: which rule decides a request, its canaries and counter
+/// keys; with `server`, also that server's live fair shares for it.
+pub fn explain(
+    file: &Path,
+    domain: Option<&str>,
+    pairs: &[String],
+    server: Option<&str>,
+) -> anyhow::Result<()> {
     let policy = load_for_cli(file)?;
     let mut kv = Vec::with_capacity(pairs.len());
     for p in pairs {
@@ -86,7 +93,7 @@ pub fn explain(file: &Path, domain: Option<&str>, pairs: &[String]) -> anyhow::R
         };
         kv.push((k, v));
     }
-    let op = Operation::from_pairs(kv);
+    let op = Operation::from_pairs(kv.iter().copied());
     let rules = RuleSet::new(policy);
     let plan = rules.plan(domain, &op);
     let describe = |i: usize| {
@@ -134,7 +141,10 @@ pub fn explain(file: &Path, domain: Option<&str>, pairs: &[String]) -> anyhow::R
     for c in plan.canaries {
         println!("canary:  {}", describe(c));
     }
-    Ok(())
+    match server {
+        Some(base) => super::explain_live::print_shares(base, domain, &kv),
+        None => Ok(()),
+    }
 }
 
 /// How a fairShare limit divides itself, for `explain` (shares and
@@ -147,7 +157,7 @@ fn fair_text(l: &config::LimitSpec, op: &Operation) -> String {
     format!(
         ", fair share by {} among the values active in the last {:?} (at most {}); \
          this request's value {value:?} is held to its share (counter ...:fair:{value}; \
-         its current share and demand: GET /explain or GET /fair?rule=... on a running server)",
+         its current share and demand: --server URL, or GET /fair?rule=... on a running server)",
         f.by, f.idle, f.max_actors
     )
 }

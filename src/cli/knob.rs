@@ -33,7 +33,7 @@ pub enum KnobCommand {
     },
 }
 
-fn agent() -> ureq::Agent {
+pub(crate) fn agent() -> ureq::Agent {
     ureq::Agent::config_builder()
         .http_status_as_error(false)
         .timeout_global(Some(std::time::Duration::from_secs(10)))
@@ -41,7 +41,7 @@ fn agent() -> ureq::Agent {
         .into()
 }
 
-fn token(var: &str) -> Option<String> {
+pub(crate) fn token(var: &str) -> Option<String> {
     std::env::var(var).ok().filter(|t| !t.is_empty())
 }
 

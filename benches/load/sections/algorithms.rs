@@ -20,7 +20,7 @@ pub const ROUNDS: u32 = 4;
 /// The rules of the algorithms section, one divvy each: a name and the rule's
 /// limit fields. Limits are huge so nothing is denied; `window` (the
 /// default algorithm, written as before algorithms existed) is the baseline.
-pub const ALGORITHM_RULES: [(&str, &str); 5] = [
+pub const ALGORITHM_RULES: [(&str, &str); 7] = [
     (
         "window",
         "creditLimit: 1000000000\n    resetSeconds: 1h\n    actorField: ip",
@@ -42,6 +42,15 @@ pub const ALGORITHM_RULES: [(&str, &str); 5] = [
         "limits:
       - {creditLimit: 1000000000, resetSeconds: 1h, algorithm: token_bucket, burst: 1000000000, actorField: ip}
       - {creditLimit: 1000000000, resetSeconds: 1h, algorithm: token_bucket, burst: 1000000000, actorField: user}",
+    ),
+    // One counter for the whole rule, and the same divided among its 64 users.
+    (
+        "token_bucket, one counter",
+        "creditLimit: 1000000000\n    resetSeconds: 1h\n    algorithm: token_bucket\n    burst: 1000000000",
+    ),
+    (
+        "token_bucket, one counter, fairShare: user",
+        "creditLimit: 1000000000\n    resetSeconds: 1h\n    algorithm: token_bucket\n    burst: 1000000000\n    fairShare: user",
     ),
 ];
 

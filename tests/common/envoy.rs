@@ -231,6 +231,9 @@ pub fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str
 pub struct Bootstrap {
     domain: String,
     generic_key: String,
+    /// (header, descriptor key): when any, the descriptor's entries come
+    /// from these request headers instead of the `generic_key`.
+    headers: Vec<(String, String)>,
     timeout: String,
     /// (name, divvy cluster asked)
     listeners: Vec<(String, String)>,
@@ -267,10 +270,22 @@ impl Bootstrap {
         Bootstrap {
             domain: domain.to_owned(),
             generic_key: generic_key.to_owned(),
+            headers: Vec::new(),
             timeout: timeout.to_owned(),
             listeners: Vec::new(),
             clusters: Vec::new(),
         }
+    }
+
+    /// Descriptors of one entry per request header instead of the
+    /// `generic_key`: `(header, descriptor key)` (a request without one of
+    /// the headers is not asked about).
+    pub fn descriptor_headers(mut self, headers: &[(&str, &str)]) -> Bootstrap {
+        self.headers = headers
+            .iter()
+            .map(|(h, k)| ((*h).to_owned(), (*k).to_owned()))
+            .collect();
+        self
     }
 
     /// A listener named `name` asking the divvy cluster `cluster`; its port
@@ -323,6 +338,22 @@ impl Bootstrap {
             timeout,
             ..
         } = self;
+        let actions = if self.headers.is_empty() {
+            format!(
+                "
+                    - generic_key: {{ descriptor_key: generic_key, descriptor_value: {generic_key} }}"
+            )
+        } else {
+            self.headers
+                .iter()
+                .map(|(header, key)| {
+                    format!(
+                        "
+                    - request_headers: {{ header_name: {header}, descriptor_key: {key} }}"
+                    )
+                })
+                .collect()
+        };
         let mut yaml = "static_resources:\n  listeners:".to_owned();
         for ((name, cluster), port) in self.listeners.iter().zip(FIRST_LISTENER..) {
             yaml += &format!(
@@ -345,8 +376,7 @@ impl Bootstrap {
                 route:
                   cluster: upstream
                   rate_limits:
-                  - actions:
-                    - generic_key: {{ descriptor_key: generic_key, descriptor_value: {generic_key} }}
+                  - actions:{actions}
           http_filters:
           - name: envoy.filters.http.ratelimit
             typed_config:

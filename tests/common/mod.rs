@@ -7,6 +7,7 @@ pub mod delay_proxy;
 pub mod envoy;
 pub mod fault_proxy;
 pub mod flood;
+pub mod pacer;
 pub mod pki;
 pub mod prometheus;
 pub mod redis;

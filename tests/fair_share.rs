@@ -291,26 +291,7 @@ fn a_newcomer_on_a_saturated_site_gets_what_it_asks() {
     assert!(d >= 19.0, "{what}: the newcomer admitted {d:.1}/s");
 }
 
-/// `divvy_failure_policy_decisions_total` samples that are not 0.
-fn policy_decisions(server: &Server) -> Vec<(String, f64)> {
-    server
-        .metric_samples()
-        .into_iter()
-        .filter(|(k, v)| k.starts_with("divvy_failure_policy_decisions_total") && *v != 0.0)
-        .collect()
-}
 
-/// Waits until `server` decides from Redis (its breaker closed).
-fn wait_for_breaker_closed(server: &Server) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while server.metric_samples().get("divvy_store_breaker_state") != Some(&0.0) {
-        assert!(
-            Instant::now() < deadline,
-            "the breaker did not close in 20 s"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
 
 #[test]
 fn two_replicas_on_one_redis_share_by_the_deployments_demand() {
@@ -324,7 +305,7 @@ fn two_replicas_on_one_redis_share_by_the_deployments_demand() {
         Server::with_policy_args(&policy, "yaml", &args),
         Server::with_policy_args(&policy, "yaml", &args),
     ];
-    replicas.iter().for_each(wait_for_breaker_closed);
+    replicas.iter().for_each(Server::wait_for_breaker_closed);
     let end = WARM + MEASURE;
     // (user, rate, replica)
     let plan = [
@@ -345,10 +326,10 @@ fn two_replicas_on_one_redis_share_by_the_deployments_demand() {
     for (i, r) in replicas.iter().enumerate() {
         println!("  replica {}: {}", i + 1, fair_metrics(r));
         assert!(
-            policy_decisions(r).is_empty(),
+            r.policy_decisions().is_empty(),
             "replica {}: the failure policy decided: {:?}",
             i + 1,
-            policy_decisions(r)
+            r.policy_decisions()
         );
     }
     println!("  demand hashes in Redis: {hashes:?}");
@@ -494,6 +475,7 @@ fn fair_share_is_accepted_in_every_syntax_and_refused_with_its_problem() {
     ] {
         let (ok, out) = check(text, ext);
         assert!(ok, "divvy check refused the {ext}:\n{text}\n{out}");
+        assert!(out.contains("fair by user"), "divvy check's table names the fair share:\n{out}");
     }
 
     let rule = |extra: &str, limit: u64, reset: u64| {
@@ -508,11 +490,11 @@ fn fair_share_is_accepted_in_every_syntax_and_refused_with_its_problem() {
         ),
         (
             rule("fairShare: user", 0, 1),
-            "fairShare needs a limit to share: creditLimit and resetSeconds above 0",
+            "fairShare needs a limit to share: creditLimit is 0",
         ),
         (
             rule("fairShare: user", 100, 0),
-            "fairShare needs a limit to share: creditLimit and resetSeconds above 0",
+            "fairShare needs a limit to share: resetSeconds is 0",
         ),
         (
             rule("fairShare: {by: user, maxActors: 0}", 100, 1),

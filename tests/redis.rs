@@ -276,29 +276,7 @@ fn batches_in_flight_outside_1_to_64_is_refused() {
     assert!(!err.contains("1..=64"), "{err}");
 }
 
-/// What `server`'s failure policy decided so far: every nonzero
-/// `divvy_failure_policy_decisions_total{policy,reason}` sample.
-fn policy_decisions(server: &Server) -> Vec<(String, f64)> {
-    server
-        .metric_samples()
-        .into_iter()
-        .filter(|(k, v)| k.starts_with("divvy_failure_policy_decisions_total") && *v != 0.0)
-        .collect()
-}
 
-/// Waits until `server`'s breaker is closed: it decides from Redis (a
-/// replica whose startup probe missed its time starts with the breaker
-/// open, and its probe closes it within a quarter second of Redis answering).
-fn wait_for_breaker_closed(server: &Server) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while server.metric_samples().get("divvy_store_breaker_state") != Some(&0.0) {
-        assert!(
-            Instant::now() < deadline,
-            "the breaker did not close within 20 s"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
 
 #[test]
 fn two_replicas_sharing_redis_allow_exactly_the_limit() {
@@ -316,8 +294,8 @@ fn two_replicas_sharing_redis_allow_exactly_the_limit() {
         Some(&redis.url()),
         &[&timeout[..], &["--redis-batches-in-flight", "4"]].concat(),
     );
-    wait_for_breaker_closed(&a);
-    wait_for_breaker_closed(&b);
+    a.wait_for_breaker_closed();
+    b.wait_for_breaker_closed();
     let allowed = Arc::new(AtomicUsize::new(0));
     let answered = Arc::new(AtomicUsize::new(0));
     let threads: Vec<_> = (0..40)
@@ -348,7 +326,7 @@ fn two_replicas_sharing_redis_allow_exactly_the_limit() {
     }
     let allowed = allowed.load(Ordering::SeqCst);
     assert_eq!(answered.load(Ordering::SeqCst), 2000);
-    let (by_policy_a, by_policy_b) = (policy_decisions(&a), policy_decisions(&b));
+    let (by_policy_a, by_policy_b) = (a.policy_decisions(), b.policy_decisions());
     assert!(
         by_policy_a.is_empty() && by_policy_b.is_empty(),
         "not an exactness failure: Redis did not decide every hit (slower than \

@@ -190,7 +190,10 @@ fn rules_table(policy: &Policy) -> String {
         let limit = r
             .limits
             .iter()
-            .map(|l| l.describe())
+            .map(|l| match &l.fair_share {
+                Some(f) => format!("{}, fair by {}", l.describe(), f.by),
+                None => l.describe(),
+            })
             .collect::<Vec<_>>()
             .join(" + ");
         let actors: Vec<&str> = r

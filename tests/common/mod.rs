@@ -376,3 +376,28 @@ pub fn seeded_rng(seed: u64) -> TestRng {
     bytes[..8].copy_from_slice(&seed.to_le_bytes());
     TestRng::from_seed(RngAlgorithm::ChaCha, &bytes)
 }
+
+impl Server {
+    /// What the failure policy decided so far: every nonzero
+    /// `divvy_failure_policy_decisions_total{policy,reason}` sample.
+    pub fn policy_decisions(&self) -> Vec<(String, f64)> {
+        self.metric_samples()
+            .into_iter()
+            .filter(|(k, v)| k.starts_with("divvy_failure_policy_decisions_total") && *v != 0.0)
+            .collect()
+    }
+
+    /// Waits until the breaker is closed: it decides from Redis (a replica
+    /// whose startup probe missed its time starts with the breaker open,
+    /// and its probe closes it within a quarter second of Redis answering).
+    pub fn wait_for_breaker_closed(&self) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while self.metric_samples().get("divvy_store_breaker_state") != Some(&0.0) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the breaker did not close within 20 s"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}

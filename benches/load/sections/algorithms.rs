@@ -46,11 +46,11 @@ pub const ALGORITHM_RULES: [(&str, &str); 7] = [
     // One counter for the whole rule, and the same divided among its 64 users.
     (
         "token_bucket, one counter",
-        "creditLimit: 1000000000\n    resetSeconds: 1h\n    algorithm: token_bucket\n    burst: 1000000000",
+        "creditLimit: 1000000\n    resetSeconds: 1s\n    algorithm: token_bucket\n    burst: 1000000",
     ),
     (
         "token_bucket, one counter, fairShare: user",
-        "creditLimit: 1000000000\n    resetSeconds: 1h\n    algorithm: token_bucket\n    burst: 1000000000\n    fairShare: user",
+        "creditLimit: 1000000\n    resetSeconds: 1s\n    algorithm: token_bucket\n    burst: 1000000\n    fairShare: user",
     ),
 ];
 

@@ -41,9 +41,13 @@ pub(super) fn check_fair_share(
             if keys.is_empty() { "it has none".to_owned() } else { keys.join(", ") }
         ));
     }
-    if cx.credit_limit == 0 || cx.reset_seconds == 0 {
+    if cx.credit_limit == 0 {
         problems.push(format!(
-            "{who}: {field}fairShare needs a limit to share: creditLimit and resetSeconds above 0"
+            "{who}: {field}fairShare needs a limit to share: creditLimit is 0 (every hit is denied)"
+        ));
+    } else if cx.reset_seconds == 0 {
+        problems.push(format!(
+            "{who}: {field}fairShare needs a limit to share: resetSeconds is 0 (every hit is allowed)"
         ));
     }
     let idle = match idle {

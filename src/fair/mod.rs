@@ -217,7 +217,13 @@ impl FairShares {
         if !idle.is_empty() {
             if let Ok(mut all) = self.entries.write() {
                 for key in &idle {
-                    all.remove(key);
+                    // Asked again since it was found idle: it stays.
+                    let still = all
+                        .get(key)
+                        .and_then(|e| e.tracker.lock().ok().map(|t| t.is_idle(now)));
+                    if still == Some(true) {
+                        all.remove(key);
+                    }
                 }
             }
         }
@@ -325,4 +331,44 @@ pub fn share_credits(whole: &CounterOp, fraction: f64, scaled: bool) -> u64 {
 /// The rate of a counter op, credits per second.
 pub fn rate_of(op: &CounterOp) -> f64 {
     op.limit as f64 / op.window.as_secs_f64().max(1e-9)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::observe::telemetry::Telemetry;
+
+    fn spec() -> FairShareSpec {
+        FairShareSpec {
+            by: "user".into(),
+            idle: Duration::from_secs(5),
+            max_actors: 10,
+        }
+    }
+
+    #[test]
+    fn counters_are_bounded_and_idle_ones_dropped() {
+        let clock = Arc::new(ManualClock::default());
+        let telemetry = Telemetry::detached(clock.clone());
+        let fair = FairShares::new(clock.clone(), telemetry.metrics.fair.clone(), None);
+        for i in 0..MAX_COUNTERS {
+            let key = format!("k{i}");
+            assert!(fair.ask(&key, ("l", "r"), &spec(), "u", 1, 10.0).is_some());
+        }
+        assert!(fair.ask("one more", ("l", "r"), &spec(), "u", 1, 10.0).is_none());
+        let overflow = telemetry.metrics.fair.overflow.with_label_values(&["l"]).get();
+        assert_eq!(overflow, 1);
+        // A counter asked again stays; the others go once idle.
+        clock.advance(Duration::from_secs(4));
+        assert!(fair.ask("k7", ("l", "r"), &spec(), "u", 1, 10.0).is_some());
+        clock.advance(Duration::from_secs(2));
+        fair.recompute();
+        let left = fair.entries.read().map(|e| e.len()).unwrap_or(0);
+        assert_eq!(left, 1);
+        assert!(fair.ask("one more", ("l", "r"), &spec(), "u", 1, 10.0).is_some());
+        assert_eq!(fair.view("r").len(), 2);
+        // Active, but it asked nothing in the last second: no share until it asks.
+        assert_eq!(fair.share_of("k7", "u"), Some((0.0, 0.0)));
+    }
 }

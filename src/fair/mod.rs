@@ -356,8 +356,15 @@ mod tests {
             let key = format!("k{i}");
             assert!(fair.ask(&key, ("l", "r"), &spec(), "u", 1, 10.0).is_some());
         }
-        assert!(fair.ask("one more", ("l", "r"), &spec(), "u", 1, 10.0).is_none());
-        let overflow = telemetry.metrics.fair.overflow.with_label_values(&["l"]).get();
+        assert!(fair
+            .ask("one more", ("l", "r"), &spec(), "u", 1, 10.0)
+            .is_none());
+        let overflow = telemetry
+            .metrics
+            .fair
+            .overflow
+            .with_label_values(&["l"])
+            .get();
         assert_eq!(overflow, 1);
         // A counter asked again stays; the others go once idle.
         clock.advance(Duration::from_secs(4));
@@ -366,9 +373,12 @@ mod tests {
         fair.recompute();
         let left = fair.entries.read().map(|e| e.len()).unwrap_or(0);
         assert_eq!(left, 1);
-        assert!(fair.ask("one more", ("l", "r"), &spec(), "u", 1, 10.0).is_some());
+        assert!(fair
+            .ask("one more", ("l", "r"), &spec(), "u", 1, 10.0)
+            .is_some());
         assert_eq!(fair.view("r").len(), 2);
-        // Active, but it asked nothing in the last second: no share until it asks.
-        assert_eq!(fair.share_of("k7", "u"), Some((0.0, 0.0)));
+        // Active, but it asked nothing in the last second: its next hit
+        // gets an equal split (here the whole rate).
+        assert_eq!(fair.share_of("k7", "u"), Some((10.0, 0.0)));
     }
 }

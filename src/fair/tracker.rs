@@ -23,6 +23,12 @@ pub struct Actor {
 }
 
 impl Actor {
+    /// The share its next hit is held to: its own, or `split` (an equal
+    /// split) when it has none yet or asked nothing when shares were set.
+    fn effective_share(&self, split: f64) -> f64 {
+        self.share.filter(|&s| s > 0.0).unwrap_or(split)
+    }
+
     fn new(now_ms: u64) -> Actor {
         Actor {
             asked: Meter::new(now_ms),
@@ -154,10 +160,11 @@ impl Tracker {
         };
         actor.asked.add(now_ms, cost);
         actor.seen_ms = now_ms;
+        let own = actor.share;
         // No share yet, or none because it asked nothing when the shares
         // were set: a newcomer, with an equal split until the next recompute.
-        let share = actor.share.filter(|&s| s > 0.0);
-        let share = share.unwrap_or_else(|| rate / self.active().max(1) as f64);
+        let split = rate / self.active().max(1) as f64;
+        let share = own.filter(|&s| s > 0.0).unwrap_or(split);
         let fraction = if rate > 0.0 {
             (share / rate).clamp(0.0, 1.0)
         } else {
@@ -272,7 +279,7 @@ impl Tracker {
         let rate = self.rate / self.active().max(1) as f64;
         let shares = self.actors.values().chain(self.overflow.as_ref());
         shares
-            .map(|a| a.share.unwrap_or(rate))
+            .map(|a| a.effective_share(rate))
             .fold(None, |acc, s| match acc {
                 None => Some((s, s)),
                 Some((lo, hi)) => Some((f64::min(lo, s), f64::max(hi, s))),
@@ -286,7 +293,7 @@ impl Tracker {
         let row = |value: String, a: &mut Actor| ActorView {
             value,
             demand: a.asked.rate(now_ms),
-            share: a.share.unwrap_or(rate / active),
+            share: a.effective_share(rate / active),
             admitted: a.admitted.rate(now_ms),
         };
         let mut rows: Vec<ActorView> = self
@@ -306,7 +313,7 @@ impl Tracker {
         let rate = self.rate;
         let active = self.active().max(1) as f64;
         let a = self.actors.get_mut(value)?;
-        Some((a.share.unwrap_or(rate / active), a.asked.rate(now_ms)))
+        Some((a.effective_share(rate / active), a.asked.rate(now_ms)))
     }
 }
 

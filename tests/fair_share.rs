@@ -291,8 +291,6 @@ fn a_newcomer_on_a_saturated_site_gets_what_it_asks() {
     assert!(d >= 19.0, "{what}: the newcomer admitted {d:.1}/s");
 }
 
-
-
 #[test]
 fn two_replicas_on_one_redis_share_by_the_deployments_demand() {
     let _one = paced();
@@ -475,7 +473,10 @@ fn fair_share_is_accepted_in_every_syntax_and_refused_with_its_problem() {
     ] {
         let (ok, out) = check(text, ext);
         assert!(ok, "divvy check refused the {ext}:\n{text}\n{out}");
-        assert!(out.contains("fair by user"), "divvy check's table names the fair share:\n{out}");
+        assert!(
+            out.contains("fair by user"),
+            "divvy check's table names the fair share:\n{out}"
+        );
     }
 
     let rule = |extra: &str, limit: u64, reset: u64| {

@@ -276,8 +276,6 @@ fn batches_in_flight_outside_1_to_64_is_refused() {
     assert!(!err.contains("1..=64"), "{err}");
 }
 
-
-
 #[test]
 fn two_replicas_sharing_redis_allow_exactly_the_limit() {
     let redis = Redis::start();

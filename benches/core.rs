@@ -273,8 +273,7 @@ fn line_path() {
 /// rounds, the first untimed: two counts under callgrind with different
 /// rounds give the instructions of a call on existing counters.
 fn grpc_handler() {
-    use divvy::server::headers::HeaderStyle;
-    use divvy::server::rls::respond;
+    use divvy::server::rls::{respond, ResponseStyle};
     use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
     use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
     use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
@@ -306,7 +305,7 @@ fn grpc_handler() {
             let start = Instant::now();
             for request in batch {
                 black_box(
-                    respond(&limiter, HeaderStyle::None, request, None)
+                    respond(&limiter, ResponseStyle::default(), request, None)
                         .await
                         .expect("answer"),
                 );

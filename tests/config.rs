@@ -597,3 +597,47 @@ fn fair_share_is_read_in_every_syntax_and_checked() {
         &["`fairShare` cannot stand beside `limits`"],
     );
 }
+
+#[test]
+fn denied_body_is_read_in_every_syntax_and_checked() {
+    use divvy::config::DeniedBody;
+    let first = |text: &str, format: Format| {
+        let policy = parse_str(text, format, "body").unwrap_or_else(|e| panic!("{text}\n{e}"));
+        (policy.rules[0].denied_body, policy.rules[1].denied_body)
+    };
+    let yaml = first(
+        &with_default("  - operation: {a: b}\n    creditLimit: 1\n    resetSeconds: 1\n    deniedBody: problem-json\n"),
+        Format::Yaml,
+    );
+    assert_eq!(yaml, (Some(DeniedBody::ProblemJson), None));
+    let json = first(
+        r#"{"overrides": [{"operation": {"a": "b"}, "creditLimit": 1, "resetSeconds": 1, "deniedBody": "none"}], "default": {"creditLimit": 1, "resetSeconds": 60, "deniedBody": "problem-json"}}"#,
+        Format::Json,
+    );
+    assert_eq!(
+        json,
+        (Some(DeniedBody::None), Some(DeniedBody::ProblemJson))
+    );
+    let ini = first(
+        "[a=b]\ncreditLimit = 1\nresetSeconds = 1\ndeniedBody = problem-json\n[default]\ncreditLimit = 1\nresetSeconds = 60\n",
+        Format::Ini,
+    );
+    assert_eq!(ini, (Some(DeniedBody::ProblemJson), None));
+
+    assert_has(
+        &yaml_errors(&with_default(
+            "  - operation: {a: b}\n    creditLimit: 1\n    resetSeconds: 1\n    deniedBody: html\n",
+        )),
+        &[
+            "rule #1 (a=b)",
+            "deniedBody must be `none` or `problem-json`, found `html`",
+        ],
+    );
+    assert_has(
+        &errors(
+            "[a=b]\ncreditLimit = 1\nresetSeconds = 1\ndeniedBody = problem_json\n[default]\ncreditLimit = 1\nresetSeconds = 60\n",
+            Format::Ini,
+        ),
+        &["deniedBody must be `none` or `problem-json`, found `problem_json`"],
+    );
+}

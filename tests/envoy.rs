@@ -89,6 +89,50 @@ fn envoy_turns_200s_into_429s_with_headers_and_follows_failure_mode() {
     }
 }
 
+/// `--denied-body problem-json`: Envoy's 429 carries divvy's problem body
+/// and its content type (replacing Envoy's `text/plain`), and the policy it
+/// names is the one `RateLimit-Policy` names.
+#[test]
+fn envoy_returns_the_problem_body_with_its_content_type() {
+    let upstream = upstream("hello\n");
+    let policy = "overrides:\n  - label: api\n    domain: body\n    operation: {generic_key: api}\n    creditLimit: 1\n    resetSeconds: 1h\ndefault: {creditLimit: 10, resetSeconds: 60}\n";
+    let args = [
+        "--denied-body",
+        "problem-json",
+        "--rate-limit-headers",
+        "draft",
+    ];
+    let service = Server::with_policy_args(policy, "yaml", &args);
+    let envoy = envoy::Bootstrap::new("body", "api", "1s")
+        .listener("edge", "divvy")
+        .divvy("divvy", None)
+        .start(service.grpc.port(), upstream);
+
+    let (status, headers, body) = get(envoy.ports[0], "/", &[]).expect("answer");
+    assert_eq!((status, body.as_str()), (200, "hello\n"));
+    assert_ne!(
+        header(&headers, "content-type"),
+        Some("application/problem+json")
+    );
+    let (status, headers, body) = get(envoy.ports[0], "/", &[]).expect("answer");
+    assert_eq!(status, 429);
+    assert_eq!(
+        header(&headers, "content-type"),
+        Some("application/problem+json"),
+        "{headers:?}"
+    );
+    let problem: serde_json::Value = serde_json::from_str(&body).expect("a JSON body");
+    assert_eq!(
+        problem["type"],
+        "https://iana.org/assignments/http-problem-types#quota-exceeded"
+    );
+    assert_eq!(problem["status"], 429);
+    assert_eq!(problem["violated-policies"], serde_json::json!(["api"]));
+    assert_eq!(problem["policies"][0]["remaining"], 0);
+    let policy = header(&headers, "ratelimit-policy").unwrap_or_default();
+    assert!(policy.starts_with("\"api\";"), "{headers:?}");
+}
+
 fn validate(config: &std::path::Path) {
     let out = Command::new(envoy::binary())
         .arg("--mode")

@@ -167,6 +167,7 @@ proptest! {
             label: None,
             comment: None,
             domain: domain.clone(),
+            denied_body: None,
         };
         let a = spec(&a_ops, &a_domain);
         let b = spec(&b_ops, &b_domain);

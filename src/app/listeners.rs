@@ -105,6 +105,7 @@ impl Listeners {
         crate::server::rlqs::spawn(admin.rlqs.clone(), stopped(stop_rx.clone()));
         let answers = Answers {
             headers: s.rate_limit_headers,
+            denied_body: s.denied_body,
             envoy: s.envoy.clone(),
         };
         let grpc = tokio::spawn(crate::server::serve_grpc(

@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::config::DeniedBody;
 use crate::limiter::envoy::EnvoySettings;
 use crate::observe::statsd::StatsdConfig;
 use crate::server::admin::auth::Tokens;
@@ -61,6 +62,8 @@ pub struct Settings {
     pub grpc_max_connection_age_grace: Option<Duration>,
     /// Rate-limit headers for Envoy to add.
     pub rate_limit_headers: HeaderStyle,
+    /// The body of a denial (a denying rule's `deniedBody` overrides it).
+    pub denied_body: DeniedBody,
     /// envoyproxy/ratelimit's settings for the domains its files define.
     pub envoy: EnvoySettings,
     /// Kept back from a caller's timeout to decide and answer.
@@ -150,6 +153,7 @@ impl Default for Settings {
             grpc_max_connection_age: None,
             grpc_max_connection_age_grace: Some(Duration::from_secs(30)),
             rate_limit_headers: HeaderStyle::None,
+            denied_body: DeniedBody::None,
             envoy: EnvoySettings::default(),
             deadline_margin: crate::server::deadline::DEFAULT_MARGIN,
             memory_limit: None,

@@ -93,13 +93,14 @@ pub fn parse(text: &str) -> Result<RawConfig, (usize, String)> {
             "burst" => set_scalar(&mut rule.burst, value),
             "scope" => set_text(&mut rule.scope, value),
             "fairShare" => set_fair_share(&mut rule.fair_share, value),
+            "deniedBody" => set_text(&mut rule.denied_body, value),
             other => {
                 return Err((
                     line_no,
                     format!(
                         "unknown field `{other}`; expected one of creditLimit, resetSeconds, \
-                         actorField, matchPolicy, label, comment, domain, algorithm, burst, fairShare, \
-                         limits.<n>.<field>"
+                         actorField, matchPolicy, label, comment, domain, algorithm, burst, scope, \
+                         fairShare, deniedBody, limits.<n>.<field>"
                     ),
                 ))
             }

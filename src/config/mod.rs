@@ -25,7 +25,9 @@ use std::path::Path;
 
 use thiserror::Error;
 
-pub use model::{FairShareSpec, GovernorSpec, LimitSpec, MatchPolicy, Policy, RuleSpec};
+pub use model::{
+    DeniedBody, FairShareSpec, GovernorSpec, LimitSpec, MatchPolicy, Policy, RuleSpec,
+};
 
 /// The syntax of a config file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -36,6 +36,18 @@ impl MatchPolicy {
     }
 }
 
+/// What a denial carries besides its status: `--denied-body`, or a rule's
+/// `deniedBody` for the descriptors that rule denies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum DeniedBody {
+    /// No body: Envoy's own local reply.
+    #[default]
+    None,
+    /// An `application/problem+json` body of type `quota-exceeded` (the IETF
+    /// httpapi RateLimit headers draft) naming the violated policies.
+    ProblemJson,
+}
+
 /// One validated limit of a rule: a rule written with `creditLimit` has
 /// one, a rule written with `limits` has one per entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -120,6 +132,8 @@ pub struct RuleSpec {
     pub comment: Option<String>,
     /// Envoy domain pattern; `None` applies to every domain and to line-protocol HITs.
     pub domain: Option<String>,
+    /// The body of this rule's denials (`None`: the service's `--denied-body`).
+    pub denied_body: Option<DeniedBody>,
 }
 
 impl RuleSpec {

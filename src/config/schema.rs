@@ -59,6 +59,8 @@ pub struct RawRule {
     pub scope: Option<String>,
     /// Divides the limit among the values of a request key, max-min fair by demand.
     pub fair_share: Option<RawFairShare>,
+    /// `none` or `problem-json`: the body of this rule's denials (default: `--denied-body`).
+    pub denied_body: Option<String>,
 }
 
 /// `fairShare: KEY` or `fairShare: {by: KEY, idle: 5s, maxActors: 10000}`.

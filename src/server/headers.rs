@@ -8,6 +8,9 @@
 //! `legacy`: `X-RateLimit-*`; either adds `Retry-After` on a denial that a
 //! reset will lift.
 
+use std::borrow::Cow;
+
+use crate::config::RuleSpec;
 use crate::limiter::{Decisions, Outcome, Reset};
 
 /// Which headers to return.
@@ -52,6 +55,29 @@ fn deciding(decisions: &Decisions) -> Option<&Outcome> {
     })
 }
 
+/// The name a client sees for `spec`'s policy, in `RateLimit-Policy` and in
+/// a problem body alike: its label, else `rule-<position>` (`aux-rule-<n>`).
+/// Not the rule's display name, which has spaces and parentheses that a
+/// structured-field string would carry awkwardly.
+pub fn policy_name(spec: &RuleSpec) -> Cow<'_, str> {
+    match &spec.label {
+        Some(label) => Cow::Borrowed(label),
+        None => {
+            let kind = if spec.aux { "aux-rule" } else { "rule" };
+            Cow::Owned(format!("{kind}-{}", spec.position))
+        }
+    }
+}
+
+/// Seconds until `reset`, rounded up so a client that waits as told is not
+/// denied again (`None`: it never resets, or there is nothing to reset).
+pub fn reset_seconds(reset: Reset) -> Option<u64> {
+    match reset {
+        Reset::After(d) => Some(u64::try_from(d.as_millis().div_ceil(1000)).unwrap_or(u64::MAX)),
+        Reset::Never | Reset::Unlimited => None,
+    }
+}
+
 /// The headers for `decisions` in `style`, as (name, value) pairs.
 pub fn rate_limit_headers(style: HeaderStyle, decisions: &Decisions) -> Vec<(String, String)> {
     if style == HeaderStyle::None {
@@ -60,19 +86,12 @@ pub fn rate_limit_headers(style: HeaderStyle, decisions: &Decisions) -> Vec<(Str
     let Some(o) = deciding(decisions) else {
         return Vec::new();
     };
-    let reset = match o.reset {
-        Reset::After(d) => Some(d.as_millis().div_ceil(1000)),
-        Reset::Never | Reset::Unlimited => None,
-    };
+    let reset = reset_seconds(o.reset);
     let mut headers = Vec::with_capacity(4);
     match style {
         HeaderStyle::None => {}
         HeaderStyle::Draft => {
-            let spec = &decisions.rule(o).spec;
-            let name = spec.label.clone().unwrap_or_else(|| {
-                let kind = if spec.aux { "aux-rule" } else { "rule" };
-                format!("{kind}-{}", spec.position)
-            });
+            let name = policy_name(&decisions.rule(o).spec);
             let mut policy = format!("\"{name}\";q={}", o.credit_limit);
             if o.reset_seconds > 0 {
                 policy.push_str(&format!(";w={}", o.reset_seconds));

@@ -7,6 +7,7 @@ pub mod headers;
 pub mod idle;
 pub mod json;
 pub mod line;
+pub mod problem;
 pub mod readiness;
 pub mod rlqs;
 pub mod rls;
@@ -26,12 +27,14 @@ use crate::limiter::Limiter;
 use headers::HeaderStyle;
 use rls::{RateLimitServiceServer, RlsService};
 
-/// How the rate-limit service answers: its rate-limit headers, and
-/// envoyproxy/ratelimit's settings for the domains its files define.
+/// How the rate-limit service answers: its rate-limit headers, the body of
+/// a denial, and envoyproxy/ratelimit's settings for the domains its files define.
 #[derive(Debug, Clone)]
 pub struct Answers {
     /// Rate-limit response headers for Envoy to add.
     pub headers: HeaderStyle,
+    /// The body of a denial (a denying rule's `deniedBody` overrides it).
+    pub denied_body: crate::config::DeniedBody,
     /// envoyproxy/ratelimit's settings, built once at start.
     pub envoy: crate::limiter::envoy::EnvoySettings,
 }
@@ -95,8 +98,11 @@ pub async fn serve_grpc(
         needs_config: answers.envoy.error_without_config,
     };
     let health_service = spawn_health(limiter.clone(), readiness).await;
-    let service =
-        RlsService::new(limiter, answers.headers).with_deadline_margin(limits.deadline_margin);
+    let style = rls::ResponseStyle {
+        headers: answers.headers,
+        denied_body: answers.denied_body,
+    };
+    let service = RlsService::new(limiter, style).with_deadline_margin(limits.deadline_margin);
     let service =
         RateLimitServiceServer::new(service).max_decoding_message_size(limits.max_request_bytes);
     let router = tonic::transport::Server::builder()

@@ -6,7 +6,8 @@
 //! [`to_response`] formats the answer. In `current_limit`, a window that is
 //! not exactly one Envoy unit is `UNKNOWN`, with the exact window in `name`
 //! (`per 90s`); an always-allow rule has none, an always-deny rule reports
-//! `requests_per_unit` 0 (README, "Envoy's RateLimitService").
+//! `requests_per_unit` 0 (README, "Envoy's RateLimitService"). A denial may
+//! carry a problem body ([`super::problem`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,7 +25,8 @@ use tokio::time::Instant;
 use tonic::{Request, Response, Status};
 
 use super::headers::{rate_limit_headers, HeaderStyle};
-use super::rls_envoy;
+use super::{problem, rls_envoy};
+use crate::config::DeniedBody;
 use crate::limiter::{
     Decisions, Descriptor, Hit, LimitOverride, Limiter, Outcome, Request as Decide, Reset, Verdict,
 };
@@ -40,21 +42,30 @@ pub const MAX_DESCRIPTORS: usize = 256;
 /// Most entries accepted in one descriptor.
 pub const MAX_ENTRIES: usize = 256;
 
+/// What an answer carries besides its statuses.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ResponseStyle {
+    /// Rate-limit headers for Envoy to add.
+    pub headers: HeaderStyle,
+    /// The body of a denial (a denying rule's `deniedBody` overrides it).
+    pub denied_body: DeniedBody,
+}
+
 /// The gRPC service.
 pub struct RlsService {
     limiter: Arc<Limiter>,
-    headers: HeaderStyle,
+    style: ResponseStyle,
     /// Kept back from a caller's timeout to answer in time.
     margin: Duration,
 }
 
 impl RlsService {
-    /// A service deciding with `limiter`, returning rate-limit headers in
-    /// `headers` style.
-    pub fn new(limiter: Arc<Limiter>, headers: HeaderStyle) -> RlsService {
+    /// A service deciding with `limiter`, answering in `style` (headers,
+    /// denial bodies).
+    pub fn new(limiter: Arc<Limiter>, style: ResponseStyle) -> RlsService {
         RlsService {
             limiter,
-            headers,
+            style,
             margin: super::deadline::DEFAULT_MARGIN,
         }
     }
@@ -74,7 +85,7 @@ impl RateLimitService for RlsService {
     ) -> Result<Response<RateLimitResponse>, Status> {
         let deadline = super::deadline::caller_timeout(request.metadata().as_ref())
             .map(|timeout| super::deadline::store_deadline(Instant::now(), timeout, self.margin));
-        respond(&self.limiter, self.headers, request.into_inner(), deadline)
+        respond(&self.limiter, self.style, request.into_inner(), deadline)
             .await
             .map(Response::new)
     }
@@ -85,10 +96,10 @@ impl RateLimitService for RlsService {
 /// rules, else "no limit"); this adapter only translates in and out.
 /// Shared by gRPC and `POST /json`. The request is validated whole first.
 /// The store is waited for until `deadline` at most; then the failure
-/// policy decides.
+/// policy decides. `style` says what the answer carries besides statuses.
 pub async fn respond(
     limiter: &Limiter,
-    headers: HeaderStyle,
+    style: ResponseStyle,
     request: RateLimitRequest,
     deadline: Option<Instant>,
 ) -> Result<RateLimitResponse, Status> {
@@ -115,7 +126,9 @@ pub async fn respond(
             Status::unavailable(e.to_string())
         })?;
     Ok(match verdict {
-        Verdict::Envoy(statuses) => rls_envoy::response(&request, &statuses, envoy),
+        Verdict::Envoy(statuses) => {
+            rls_envoy::response(&request, &statuses, envoy, style.denied_body)
+        }
         Verdict::NoRules => rls_envoy::no_limit(&request),
         Verdict::NoConfig if envoy.error_without_config => {
             metrics.error("service-error");
@@ -123,19 +136,35 @@ pub async fn respond(
         }
         Verdict::NoConfig => rls_envoy::no_limit(&request),
         Verdict::Divvy(decisions) => {
-            let mut response = to_response(&decisions);
-            response.response_headers_to_add = rate_limit_headers(headers, &decisions)
-                .into_iter()
-                .map(|(key, value)| HeaderValue {
-                    key,
-                    value,
-                    ..Default::default()
-                })
-                .collect();
+            let response = divvy_response(style, &decisions);
             decisions.recycle();
             response
         }
     })
+}
+
+/// The answer to a request the divvy rules decided: statuses, headers in
+/// `style`, and on a denial the problem body a denying rule (else `style`)
+/// asks for, with its content type.
+fn divvy_response(style: ResponseStyle, decisions: &Decisions) -> RateLimitResponse {
+    let mut response = to_response(decisions);
+    let header = |key: String, value: String| HeaderValue {
+        key,
+        value,
+        ..Default::default()
+    };
+    response.response_headers_to_add = rate_limit_headers(style.headers, decisions)
+        .into_iter()
+        .map(|(key, value)| header(key, value))
+        .collect();
+    if response.overall_code == Code::OverLimit as i32 {
+        if let Some(body) = problem::for_decisions(style.denied_body, decisions) {
+            response.raw_body = body;
+            let content_type = header("content-type".into(), problem::CONTENT_TYPE.into());
+            response.response_headers_to_add.push(content_type);
+        }
+    }
+    response
 }
 
 /// Validates a request and turns its descriptors into hits (what

@@ -1,6 +1,7 @@
 //! Answers for domains defined by envoyproxy/ratelimit files, shaped as
 //! that project shapes them: statuses, the overall code (quota mode),
-//! `SHADOW_MODE`, its rate-limit headers and dynamic metadata.
+//! `SHADOW_MODE`, its rate-limit headers and dynamic metadata; with
+//! `--denied-body problem-json`, divvy's problem body on a denial.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -13,7 +14,9 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::{value::Kind, ListValue, Struct, Value};
 
+use super::problem::{self, Violation};
 use crate::config::envoy_ratelimit::EnvoyUnit;
+use crate::config::DeniedBody;
 use crate::limiter::envoy::{EnvoySettings, EnvoyStatus};
 
 fn unit_of(u: EnvoyUnit) -> Unit {
@@ -54,11 +57,13 @@ fn status(s: &EnvoyStatus) -> DescriptorStatus {
     }
 }
 
-/// The response for `statuses` of `request`.
+/// The response for `statuses` of `request`; a denial carries a problem
+/// body when `denied_body` asks for one.
 pub fn response(
     request: &RateLimitRequest,
     statuses: &[EnvoyStatus],
     settings: &EnvoySettings,
+    denied_body: DeniedBody,
 ) -> RateLimitResponse {
     let mut failed = 0;
     let (mut quota_total, mut quota_failed) = (0, 0);
@@ -119,7 +124,49 @@ pub fn response(
     if settings.dynamic_metadata {
         response.dynamic_metadata = Some(metadata(request, statuses, &passed));
     }
+    if response.overall_code == Code::OverLimit as i32 && denied_body == DeniedBody::ProblemJson {
+        add_problem(&mut response, request, statuses);
+    }
     response
+}
+
+/// Sets the problem body naming each denied descriptor's policy: its
+/// limit's `name` if the file gives one, else its keys joined by `.` (the
+/// descriptor path of the file, without the client's values).
+fn add_problem(
+    response: &mut RateLimitResponse,
+    request: &RateLimitRequest,
+    statuses: &[EnvoyStatus],
+) {
+    let mut violations = Vec::new();
+    for (s, d) in statuses.iter().zip(&request.descriptors) {
+        let Some(current) = s.current.as_ref().filter(|_| s.over) else {
+            continue;
+        };
+        let policy = if current.name.is_empty() {
+            let keys: Vec<&str> = d.entries.iter().map(|e| e.key.as_str()).collect();
+            keys.join(".").into()
+        } else {
+            current.name.as_str().into()
+        };
+        let reset = s.reset.map(|r| r.as_secs());
+        problem::add(
+            &mut violations,
+            Violation {
+                policy,
+                remaining: u64::from(s.remaining),
+                reset,
+            },
+        );
+    }
+    if let Some(body) = problem::body(&violations) {
+        response.raw_body = body;
+        response.response_headers_to_add.push(HeaderValue {
+            key: "content-type".to_owned(),
+            value: problem::CONTENT_TYPE.to_owned(),
+            ..Default::default()
+        });
+    }
 }
 
 fn string(s: String) -> Value {
@@ -255,5 +302,74 @@ pub fn no_limit(request: &RateLimitRequest) -> RateLimitResponse {
             })
             .collect(),
         ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+
+    use super::*;
+    use crate::limiter::envoy::EnvoyCurrent;
+
+    fn descriptor(keys: &[&str]) -> RateLimitDescriptor {
+        RateLimitDescriptor {
+            entries: keys
+                .iter()
+                .map(|k| Entry {
+                    key: (*k).to_owned(),
+                    value: "client value".to_owned(),
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    fn over(name: &str, over: bool) -> EnvoyStatus {
+        EnvoyStatus {
+            over,
+            current: Some(EnvoyCurrent {
+                requests_per_unit: 5,
+                unit: EnvoyUnit::Minute,
+                name: name.to_owned(),
+            }),
+            remaining: 0,
+            reset: Some(Duration::from_secs(42)),
+            unlimited: false,
+            quota: false,
+            metadata: None,
+        }
+    }
+
+    #[test]
+    fn a_denial_names_the_limit_or_the_descriptor_keys() {
+        let request = RateLimitRequest {
+            domain: "d".to_owned(),
+            descriptors: vec![
+                descriptor(&["remote_address", "path"]),
+                descriptor(&["user"]),
+                descriptor(&["ok"]),
+            ],
+            hits_addend: 0,
+        };
+        let statuses = [over("", true), over("per-user", true), over("", false)];
+        let settings = EnvoySettings::default();
+        let r = response(&request, &statuses, &settings, DeniedBody::ProblemJson);
+        let body: serde_json::Value = serde_json::from_slice(&r.raw_body).unwrap();
+        assert_eq!(
+            body["violated-policies"],
+            serde_json::json!(["remote_address.path", "per-user"])
+        );
+        assert_eq!(body["policies"][1]["reset"], 42);
+        let content_type = &r.response_headers_to_add[0];
+        assert_eq!(
+            (content_type.key.as_str(), content_type.value.as_str()),
+            ("content-type", problem::CONTENT_TYPE)
+        );
+        let r = response(&request, &statuses, &settings, DeniedBody::None);
+        assert!(r.raw_body.is_empty() && r.response_headers_to_add.is_empty());
     }
 }

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use divvy::app::App;
+use divvy::config::DeniedBody;
 use divvy::server::headers::HeaderStyle;
 use divvy::store::failover::FailurePolicy;
 use tracing::info;
@@ -195,6 +196,11 @@ pub struct ServeArgs {
         default_value = "none"
     )]
     rate_limit_headers: HeaderStyle,
+    /// The body Envoy returns with a denial: none (Envoy's own) or
+    /// problem-json (an application/problem+json quota-exceeded body naming
+    /// the violated policies); a rule's deniedBody overrides it.
+    #[arg(long, env = "DIVVY_DENIED_BODY", value_enum, default_value = "none")]
+    denied_body: DeniedBody,
     /// Make /readyz (and the gRPC health of the rate-limit service) fail
     /// while the counter store fails. By default a replica whose failure
     /// policy is deciding stays ready: it still answers every request.

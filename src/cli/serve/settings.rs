@@ -52,6 +52,7 @@ pub(super) fn settings(args: &ServeArgs) -> anyhow::Result<Settings> {
         grpc_max_connection_age: nonzero(args.grpc_max_connection_age),
         grpc_max_connection_age_grace: nonzero(args.grpc_max_connection_age_grace),
         rate_limit_headers: args.rate_limit_headers,
+        denied_body: args.denied_body,
         envoy: envoy_settings(args),
         deadline_margin: Duration::from_millis(args.deadline_margin_ms),
         memory_limit: args.memory_limit,

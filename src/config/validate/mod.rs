@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 
-use crate::config::model::{LimitSpec, MatchPolicy, Policy, RuleSpec};
+use crate::config::model::{DeniedBody, LimitSpec, MatchPolicy, Policy, RuleSpec};
 use crate::config::schema::{RawConfig, RawLimit, RawRule, Scalar};
 use crate::store::Charge;
 
@@ -143,6 +143,7 @@ fn check_rule(
         check_label(label, &who, "", problems);
     }
     check_domain(raw.domain.as_deref(), is_default, &who, problems);
+    let denied_body = check_denied_body(raw.denied_body.as_deref(), &who, problems);
     if problems.len() > before {
         return None;
     }
@@ -157,6 +158,7 @@ fn check_rule(
         label: raw.label,
         comment: raw.comment,
         domain: raw.domain,
+        denied_body,
     })
 }
 
@@ -280,6 +282,24 @@ fn check_match_policy(
         problems.push(format!("{who}: the default rule cannot be a canary"));
     }
     match_policy
+}
+
+/// `none` or `problem-json`; absent leaves it to `--denied-body`.
+fn check_denied_body(
+    text: Option<&str>,
+    who: &str,
+    problems: &mut Vec<String>,
+) -> Option<DeniedBody> {
+    match text? {
+        "none" => Some(DeniedBody::None),
+        "problem-json" => Some(DeniedBody::ProblemJson),
+        other => {
+            problems.push(format!(
+                "{who}: deniedBody must be `none` or `problem-json`, found `{other}`"
+            ));
+            None
+        }
+    }
 }
 
 /// A domain is not empty, holds no `:` (counter keys use it), and the

@@ -19,7 +19,6 @@ use super::state::AdminState;
 use crate::limiter::{counter_op, knob_for};
 use crate::observe::metrics::metrics;
 use crate::rules::Operation;
-use crate::server::headers::HeaderStyle;
 use crate::server::json::{format_response, parse_request};
 use crate::server::readiness::{Readiness, Verdict};
 use crate::store::Charge;
@@ -343,7 +342,8 @@ async fn json_check(State(s): State<AdminState>, headers: HeaderMap, body: Bytes
         Ok(r) => r,
         Err(e) => return bad(e),
     };
-    match crate::server::rls::respond(&s.limiter, HeaderStyle::None, request, deadline).await {
+    let style = crate::server::rls::ResponseStyle::default();
+    match crate::server::rls::respond(&s.limiter, style, request, deadline).await {
         Ok(response) => {
             let code = if response.overall_code == 2 {
                 StatusCode::TOO_MANY_REQUESTS

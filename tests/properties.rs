@@ -160,6 +160,7 @@ proptest! {
                 actor_field: None,
                 label: None,
                 global: false,
+                fair_share: None,
             }],
             multi: false,
             match_policy: MatchPolicy::Stop,

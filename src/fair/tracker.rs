@@ -181,7 +181,9 @@ impl Tracker {
         if let Some(d) = deployment {
             let has_overflow = self.overflow.is_some();
             let elsewhere = d.iter().filter(|(v, _)| {
-                !self.actors.contains_key(v.as_str()) && !(has_overflow && *v == OVERFLOW)
+                let counted_here =
+                    self.actors.contains_key(v.as_str()) || (has_overflow && *v == OVERFLOW);
+                !counted_here
             });
             out.extend(elsewhere.map(|(_, &demand)| demand));
         }

@@ -9,9 +9,17 @@
 //!   [`crate::quota`]); live grants never sum above the global rate. A region's
 //!   replicas share one lease through a regional Redis (one renews, holding
 //!   a lease of the coordination handle; on the memory store each has its
-//!   own). While the
-//!   global store fails, a region uses `fallback_share` of its last lease.
+//!   own).
+//! - While the global store fails, a region decides on `fallback_share` of
+//!   its last lease until `fallback` after that lease's expiry, then on the
+//!   floor. The global store holds exactly that share back from the other
+//!   regions for exactly that time ([`crate::quota::Record`]), so a region
+//!   cut off from it (while the others are not) cannot lift the sum above
+//!   the rate by more than its floor; a dead region's share goes to the
+//!   others `fallback` after its lease.
 
+#[cfg(test)]
+mod partition_tests;
 mod regional;
 mod renew;
 
@@ -42,6 +50,8 @@ pub struct GlobalOptions {
     pub period: Duration,
     /// The share of the last lease kept while the global store fails.
     pub fallback_share: f64,
+    /// How long after the last lease lapses that share is kept (then the floor).
+    pub fallback: Duration,
     /// The smallest share of a region with demand (fraction of the rate).
     pub floor: f64,
     /// Room above measured demand (fraction of it).
@@ -61,6 +71,60 @@ pub struct Lease {
     pub expires_at_ms: u64,
     /// Whether it is a conservative quota standing in for a lease.
     pub fallback: bool,
+}
+
+/// Which quota a region decides a counter on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Its lease.
+    Lease,
+    /// The fallback share of its last lease (the global store fails).
+    Fallback,
+    /// The floor: before the first lease, or cut off from the global store
+    /// for longer than the fallback time.
+    Floor,
+}
+
+impl Lease {
+    /// Which quota is in force at `now_ms` when the fallback lasts
+    /// `hold_ms` past a lease's expiry. A fallback lease (installed when a
+    /// renewal failed) already holds the reduced share until its expiry.
+    pub fn phase(&self, now_ms: u64, hold_ms: u64) -> Phase {
+        if self.expires_at_ms > now_ms {
+            if self.fallback {
+                Phase::Fallback
+            } else {
+                Phase::Lease
+            }
+        } else if !self.fallback && self.expires_at_ms.saturating_add(hold_ms) > now_ms {
+            Phase::Fallback
+        } else {
+            Phase::Floor
+        }
+    }
+}
+
+/// The quota `(credits per second, burst)` in force at `now_ms` under
+/// `lease` (the last one installed, if any): the lease, its fallback share,
+/// or `floor` (the floor's quota of the counter).
+fn quota_at(
+    lease: Option<&Lease>,
+    now_ms: u64,
+    fallback: &crate::quota::Fallback,
+    floor: (f64, u64),
+) -> (f64, u64) {
+    let Some(l) = lease else {
+        return floor;
+    };
+    match l.phase(now_ms, fallback.hold_ms) {
+        Phase::Lease => (l.rate, l.burst.max(1)),
+        Phase::Fallback if l.fallback => (l.rate, l.burst.max(1)),
+        Phase::Fallback => (
+            l.rate * fallback.share,
+            ((l.burst as f64 * fallback.share) as u64).max(1),
+        ),
+        Phase::Floor => floor,
+    }
 }
 
 /// What a region sends for one global counter: the whole world's rate and
@@ -227,18 +291,18 @@ impl Global {
             // A counter seen for the first time gets its lease at once.
             self.wake.notify_one();
         }
-        let leases = self.leases.load();
-        match leases.get(key) {
-            Some(l) if l.expires_at_ms > now => (l.rate, l.burst.max(1)),
-            Some(l) => (
-                l.rate * self.options.fallback_share,
-                ((l.burst as f64 * self.options.fallback_share) as u64).max(1),
-            ),
-            // Until the first lease: the floor.
-            None => (
-                rate * self.options.floor,
-                ((limit.burst as f64 * self.options.floor) as u64).max(1),
-            ),
+        let floor = (
+            rate * self.options.floor,
+            ((limit.burst as f64 * self.options.floor) as u64).max(1),
+        );
+        quota_at(self.leases.load().get(key), now, &self.fallback(), floor)
+    }
+
+    /// How this region falls back (the terms it gives the global store).
+    fn fallback(&self) -> crate::quota::Fallback {
+        crate::quota::Fallback {
+            share: self.options.fallback_share,
+            hold_ms: u64::try_from(self.options.fallback.as_millis()).unwrap_or(u64::MAX),
         }
     }
 
@@ -411,17 +475,24 @@ impl Global {
     /// What `GET /global` shows.
     pub fn describe(&self) -> Value {
         let now = now_ms();
+        let hold_ms = self.fallback().hold_ms;
         let leases = self.leases.load();
         let view = self.view.load();
         let mut list: Vec<Value> = leases
             .iter()
             .map(|(k, l)| {
+                let phase = l.phase(now, hold_ms);
                 json!({
                     "counter": k,
                     "rate": l.rate,
                     "burst": l.burst,
-                    "expiresInSeconds": if l.expires_at_ms == u64::MAX { Value::Null } else { json!(l.expires_at_ms.saturating_sub(now) as f64 / 1000.0) },
-                    "fallback": l.fallback || l.expires_at_ms <= now,
+                    "expiresInSeconds": l.expires_at_ms.saturating_sub(now) as f64 / 1000.0,
+                    "fallback": phase != Phase::Lease,
+                    "phase": match phase {
+                        Phase::Lease => "lease",
+                        Phase::Fallback => "fallback",
+                        Phase::Floor => "floor",
+                    },
                     "view": view.get(k).map(|v| {
                         v.split(' ')
                             .filter_map(|p| p.split_once('='))
@@ -437,6 +508,7 @@ impl Global {
             "holder": self.holder,
             "renewer": self.regional.is_none() || self.renewer.load(Ordering::Acquire),
             "leasePeriodSeconds": self.options.period.as_secs_f64(),
+            "fallbackSeconds": self.options.fallback.as_secs_f64(),
             "fallback": self.in_fallback(),
             "leases": list,
         })

@@ -13,6 +13,7 @@ mod common;
 
 use std::collections::VecDeque;
 
+use divvy::global::lease_bucket;
 use divvy::quota::{demand_moved, renew, Fallback, Record, Sharing, Terms};
 use divvy::store::algorithm::{step, Params, State};
 use divvy::store::Algorithm;
@@ -115,10 +116,12 @@ fn twelve_regions_one_hour_of_skewed_bursty_demand() {
                 n += 1;
             }
             let (rate, burst) = reg.lease;
+            // The region's bucket as the service counts a lease.
+            let b = lease_bucket(rate, burst, BURST, 1);
             let p = Params {
-                limit: ((rate * 1000.0).floor() as u64).max(1),
-                window_ms: 1_000_000,
-                burst: burst.max(1),
+                limit: b.limit,
+                window_ms: b.window_ms,
+                burst: b.burst,
                 cost: 1,
                 refund: false,
             };

@@ -106,7 +106,11 @@ impl Lease {
 
 /// The quota `(credits per second, burst)` in force at `now_ms` under
 /// `lease` (the last one installed, if any): the lease, its fallback share,
-/// or `floor` (the floor's quota of the counter).
+/// or `floor` (the floor's quota of the counter). Never less than the
+/// floor: a grant below it (others hold the rest until they give it back)
+/// is counted as the floor too, so a lease's bucket never drains slower
+/// than the floor's (see [`lease_bucket`]) and one that grows out of a
+/// trickle gives no credits at once.
 fn quota_at(
     lease: Option<&Lease>,
     now_ms: u64,
@@ -116,7 +120,7 @@ fn quota_at(
     let Some(l) = lease else {
         return floor;
     };
-    match l.phase(now_ms, fallback.hold_ms) {
+    let quota = match l.phase(now_ms, fallback.hold_ms) {
         Phase::Lease => (l.rate, l.burst.max(1)),
         Phase::Fallback if l.fallback => (l.rate, l.burst.max(1)),
         Phase::Fallback => (
@@ -124,6 +128,51 @@ fn quota_at(
             ((l.burst as f64 * fallback.share) as u64).max(1),
         ),
         Phase::Floor => floor,
+    };
+    if quota.0 < floor.0 {
+        floor
+    } else {
+        quota
+    }
+}
+
+/// How a region's bucket of a global limit counts a lease: the numbers of
+/// its token-bucket op ([`lease_bucket`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseBucket {
+    /// Capacity units refilled per ms (the op's limit per window).
+    pub limit: u64,
+    /// The op's window in ms: the capacity units one credit takes.
+    pub window_ms: u64,
+    /// The lease's burst in credits.
+    pub burst: u64,
+}
+
+/// The token-bucket numbers of a lease of `rate` credits per second and
+/// `burst` credits, of a limit whose whole burst is `whole_burst` per
+/// `reset_seconds`. The bucket's capacity in units (burst × window) is the
+/// same whatever the lease, so what a bucket has used carries over a lease
+/// change as the same fraction of the new burst: a lease that grows gives
+/// no credits at once (a full-capacity jump would: a third of the world's
+/// burst when a region's share of three grows by half), and one that
+/// shrinks leaves no debt. Thousandths of a unit keep small rates exact.
+/// This holds while the lease has at least one credit of burst (a rate of
+/// at least the whole rate over the whole burst): below, the burst stays 1
+/// and the refill slows, and a later, faster refill applies to the time
+/// since the bucket was last written (at most a burst at once).
+pub fn lease_bucket(rate: f64, burst: u64, whole_burst: u64, reset_seconds: u64) -> LeaseBucket {
+    let burst = burst.max(1);
+    let capacity = whole_burst
+        .max(burst)
+        .saturating_mul(reset_seconds.max(1))
+        .saturating_mul(1_000_000)
+        .min(crate::store::algorithm::MAX_CREDIT_MS);
+    let window_ms = (capacity / burst).max(1);
+    let limit = (rate.max(0.0) * window_ms as f64 / 1000.0).floor() as u64;
+    LeaseBucket {
+        limit: limit.max(1),
+        window_ms,
+        burst,
     }
 }
 
@@ -512,5 +561,61 @@ impl Global {
             "fallback": self.in_fallback(),
             "leases": list,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::algorithm::{step, Params, State};
+    use crate::store::Algorithm;
+
+    fn params(b: LeaseBucket) -> Params {
+        Params {
+            limit: b.limit,
+            window_ms: b.window_ms,
+            burst: b.burst,
+            cost: 1,
+            refund: false,
+        }
+    }
+
+    /// Hits every ms for `ms` ms from `now` under `b`: how many were allowed.
+    fn drain(state: &mut Option<State>, now: u64, ms: u64, b: LeaseBucket) -> u64 {
+        let mut allowed = 0;
+        for t in now..now + ms {
+            let v = step(Algorithm::TokenBucket, *state, t, &params(b));
+            if let Some(next) = v.next {
+                *state = Some(next);
+            }
+            allowed += u64::from(v.allowed);
+        }
+        allowed
+    }
+
+    #[test]
+    fn a_lease_bucket_keeps_its_rate_and_burst_and_a_lease_change_gives_no_credits() {
+        // A third of 200/s (burst 200), then half of it.
+        let third = lease_bucket(200.0 / 3.0, 66, 200, 1);
+        let half = lease_bucket(100.0, 100, 200, 1);
+        // The same capacity, to the rounding of a division.
+        let capacity = |b: LeaseBucket| b.burst * b.window_ms;
+        assert!(capacity(half) - capacity(third) < third.burst);
+        let mut state = None;
+        // A new bucket is full: its burst, then its rate.
+        let burst: u64 = (0..100).map(|_| drain(&mut state, 0, 1, third)).sum();
+        assert_eq!(burst, 66);
+        let a = drain(&mut state, 1, 10_000, third);
+        assert!((a as f64 - 666.7).abs() <= 1.0, "{a}");
+        // Emptied at a third, the bucket grows to half: at its rate, no burst.
+        let b = drain(&mut state, 10_001, 10_000, half);
+        assert!((b as f64 - 1000.0).abs() <= 1.0, "{b}");
+        // And back to a third: no debt either.
+        let c = drain(&mut state, 20_001, 1000, third);
+        assert!((c as f64 - 66.7).abs() <= 1.0, "{c}");
+        // The floor and no lease at all: a trickle, never nothing to count.
+        let none = lease_bucket(0.0, 1, 200, 1);
+        assert_eq!((none.limit, none.burst), (1, 1));
+        assert!(lease_bucket(2.0, 2, 200, 1).limit > 1);
     }
 }

@@ -142,7 +142,12 @@ fn a_cut_off_region_and_the_others_never_admit_more_than_the_rate_and_its_floor(
         let alive = if now < KILL { 3 } else { 2 };
         let rates: Vec<(f64, Phase)> = (3 - alive..3).map(|r| w.rate(r, now)).collect();
         let sum: f64 = rates.iter().map(|(rate, _)| rate).sum();
-        let floors = rates.iter().filter(|(_, p)| *p == Phase::Floor).count();
+        // A region decides on its floor past its fallback, or with a grant
+        // below it (briefly, while the others give back share).
+        let floors = rates
+            .iter()
+            .filter(|(rate, p)| *p == Phase::Floor || (*rate - RATE * FLOOR).abs() < 1e-9)
+            .count();
         let mut bound = RATE + RATE * FLOOR * floors as f64;
         if let Some((until, using)) = w.lost.filter(|&(until, _)| now < until) {
             // Until the lost answer times out, the region still uses its

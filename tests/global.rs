@@ -18,15 +18,25 @@
 //!   asks; p99 at the clients is
 //!   far below the proxy's 40 ms (p50/p99/p99.9 are printed for both runs,
 //!   not asserted); `/global` and the metrics agree with the clients.
-//! - `the_global_store_killed_for_15_s_means_conservative_quotas_then_leases_again`:
+//! - `the_global_store_killed_for_15_s_means_conservative_quotas_then_the_floor_then_leases_again`:
 //!   the global redis-server is killed at 10 s and restarted empty on the
 //!   same port at 25 s: no request errors, admitted during the outage within
-//!   the conservative quota, `/readyz` and `divvy_global_fallback` report it,
-//!   and from one lease period (+ 1 s) after the return every 10 s window is
+//!   the conservative quotas (half the last lease for the fallback time,
+//!   then the floor), `/readyz` and `divvy_global_fallback` report it, and
+//!   from one lease period (+ 1 s) after the return every 10 s window is
 //!   within the bounds again.
 //! - `a_killed_region_s_share_is_absorbed_by_the_others`: r1 (60 % of the
 //!   load) stops and its replicas are killed at 12 s; from 2 lease periods
 //!   later r2 + r3 (who want 240/s) admit ≈ the limit.
+//! - `a_region_cut_off_from_the_global_store_does_not_lift_the_sum_above_the_limit`:
+//!   every region offered 150/s; r1's link to the global store (a
+//!   [`FaultProxy`] in front of its latency proxy) black-holed from 10 s to
+//!   30 s while r2 and r3 keep theirs: every 5 s window during the cut
+//!   admits ≤ 1.02 × the limit (the highest window that holds the return
+//!   is printed); r1 decides on half its lease for the
+//!   fallback time, then on its floor, while r2 and r3 hold the rest; within
+//!   10 s of the link's return every 5 s window is at the limit ± 2 % with
+//!   r1 at ≥ 90 % of a third.
 //!
 //! The tests of this file run one after another (they share two cores with
 //! whatever else runs); each prints a table of admitted requests per 10 s
@@ -45,6 +55,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use common::delay_proxy::DelayProxy;
+use common::fault_proxy::{Fault, FaultProxy};
 use common::redis::Redis;
 use common::Server;
 
@@ -55,6 +66,11 @@ const BURST: f64 = 200.0;
 const LEASE_MS: u64 = 2000;
 /// `--global-fallback-share` (the default).
 const FALLBACK_SHARE: f64 = 0.5;
+/// `--global-fallback-ms` (the default): how long after its lease lapses a
+/// region cut off from the global store keeps that share.
+const FALLBACK_MS: u64 = 2000;
+/// `--global-floor` (the default): what a region decides on after that.
+const FLOOR: f64 = 0.01;
 /// The proxy's delay, each way.
 const DELAY: Duration = Duration::from_millis(40);
 /// Client connections per region (spread over its replicas).
@@ -67,6 +83,12 @@ const REGIONS: [&str; 3] = ["r1", "r2", "r3"];
 
 fn lease_secs() -> f64 {
     LEASE_MS as f64 / 1000.0
+}
+
+/// From a region's last renewal to the end of its fallback: the lease's
+/// life (1.5 periods), then the fallback time.
+fn fallback_end_secs() -> f64 {
+    1.5 * lease_secs() + FALLBACK_MS as f64 / 1000.0
 }
 
 /// The policy of the issue: one global token bucket per site (or, without
@@ -97,6 +119,8 @@ struct Region {
     _redis: Redis,
     replicas: Vec<Server>,
     _proxy: Option<DelayProxy>,
+    /// A proxy in front of the latency proxy whose link a test cuts.
+    link: Option<FaultProxy>,
 }
 
 struct World {
@@ -109,11 +133,18 @@ impl World {
     /// `global`, a global redis-server behind one latency proxy per region
     /// and the limit `scope: global`.
     fn start(global: bool) -> World {
+        World::start_with(global, None)
+    }
+
+    /// As [`World::start`]; the region `cuttable` reaches the global store
+    /// through a [`FaultProxy`] too (in front of its latency proxy).
+    fn start_with(global: bool, cuttable: Option<usize>) -> World {
         let global_redis = global.then(Redis::start);
         let text = policy(global);
         let regions = REGIONS
             .iter()
-            .map(|name| {
+            .enumerate()
+            .map(|(i, name)| {
                 let redis = Redis::start();
                 let proxy = global_redis
                     .as_ref()
@@ -124,20 +155,30 @@ impl World {
                         p.round_trip().as_secs_f64() * 1000.0
                     );
                 }
+                let link = proxy
+                    .as_ref()
+                    .filter(|_| cuttable == Some(i))
+                    .map(|p| FaultProxy::start(p.port));
+                let global_url = link
+                    .as_ref()
+                    .map(FaultProxy::url)
+                    .or(proxy.as_ref().map(DelayProxy::url));
                 let mut args: Vec<String> = vec![
                     "--redis-url".into(),
                     redis.url(),
                     "--region".into(),
                     (*name).to_owned(),
                 ];
-                if let Some(p) = &proxy {
+                if let Some(url) = global_url {
                     args.extend([
                         "--global-url".into(),
-                        p.url(),
+                        url,
                         "--global-lease-ms".into(),
                         LEASE_MS.to_string(),
                         "--global-fallback-share".into(),
                         FALLBACK_SHARE.to_string(),
+                        "--global-fallback-ms".into(),
+                        FALLBACK_MS.to_string(),
                     ]);
                 }
                 let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -148,6 +189,7 @@ impl World {
                     _redis: redis,
                     replicas,
                     _proxy: proxy,
+                    link,
                 }
             })
             .collect();
@@ -599,7 +641,8 @@ impl Monitor {
                         if let [region, value] = pair {
                             let v: Vec<f64> =
                                 value.split(' ').filter_map(|x| x.parse().ok()).collect();
-                            if v.len() == 3 {
+                            // demand grant expires [reserve until]
+                            if v.len() >= 3 {
                                 out.push((t, region.clone(), v[0], v[1]));
                             }
                         }
@@ -823,7 +866,7 @@ fn a_global_limit_is_held_across_three_regions_as_demand_shifts() {
 }
 
 #[test]
-fn the_global_store_killed_for_15_s_means_conservative_quotas_then_leases_again() {
+fn the_global_store_killed_for_15_s_means_conservative_quotas_then_the_floor_then_leases_again() {
     let _serial = serial();
     let mut checks = Checks::default();
     let mut world = World::start(true);
@@ -860,30 +903,46 @@ fn the_global_store_killed_for_15_s_means_conservative_quotas_then_leases_again(
             run.errors()
         ),
     );
-    // Conservative quota: half of each region's last lease (the leases sum
-    // to at most the limit); the leases granted before the kill may run at
-    // full rate until the first failed renewal (≤ 1 lease period); plus one
-    // burst.
+    // Conservative quotas: half of each region's last lease (the leases sum
+    // to at most the limit) until the fallback time after that lease's
+    // expiry (at most `fallback_end_secs` after the kill), then the floor;
+    // the leases granted before the kill run at full rate until the first
+    // failed renewal (≤ 1.25 lease periods); plus one burst.
     let outage = back - kill;
-    let quota =
-        FALLBACK_SHARE * LIMIT * outage + (1.0 - FALLBACK_SHARE) * LIMIT * lease_secs() + BURST;
+    let fallback_end = fallback_end_secs();
+    let conservative = FALLBACK_SHARE * LIMIT * fallback_end + FLOOR * LIMIT * outage;
+    let quota = conservative + (1.0 - FALLBACK_SHARE) * LIMIT * 1.25 * lease_secs() + BURST;
     let admitted = run.admitted(None, kill, back);
     println!(
-        "admitted during the outage ({kill:.0}-{back:.0} s): {admitted}; conservative quota {:.0} (+ lease carry-over and burst: {quota:.0})",
-        FALLBACK_SHARE * LIMIT * outage
+        "admitted during the outage ({kill:.0}-{back:.0} s): {admitted}; conservative quota {conservative:.0} (+ lease carry-over and burst: {quota:.0})"
     );
     checks.check(
         admitted as f64 <= 1.02 * quota,
         format!(
-            "admitted during the {outage:.0} s outage ≤ 1.02 × (fallback share × limit × {outage:.0} s + carry-over of one lease period + burst) = {:.0}: {admitted}",
+            "admitted during the {outage:.0} s outage ≤ 1.02 × (fallback share × limit × {fallback_end:.0} s + floor × limit × {outage:.0} s + carry-over + burst) = {:.0}: {admitted}",
             1.02 * quota
         ),
     );
+    // Every region holds at least its fallback share until a lease period
+    // before the fallback's end after the kill (its last renewal may be a
+    // period before the kill).
+    let held_to = kill + fallback_end - lease_secs();
+    let kept = run.admitted(None, kill, held_to) as f64;
     checks.check(
-        admitted as f64 >= 0.8 * FALLBACK_SHARE * LIMIT * outage,
+        kept >= 0.8 * FALLBACK_SHARE * LIMIT * (held_to - kill),
         format!(
-            "the regions keep deciding on the conservative quota (admitted ≥ 0.8 × {:.0}): {admitted}",
-            FALLBACK_SHARE * LIMIT * outage
+            "the regions decide on (at least) the fallback share from {kill:.0} s to {held_to:.0} s: {kept} ≥ 0.8 × {:.0}",
+            FALLBACK_SHARE * LIMIT * (held_to - kill)
+        ),
+    );
+    // Then each on its floor, until the global store is back.
+    let floor_from = kill + fallback_end + 0.5;
+    let floor = run.admitted(None, floor_from, back) as f64 / (back - floor_from);
+    let floors = REGIONS.len() as f64 * FLOOR * LIMIT;
+    checks.check(
+        (0.5 * floors..=1.5 * floors).contains(&floor),
+        format!(
+            "from {floor_from:.1} s to {back:.0} s the three regions decide on their floors ({floors:.0}/s in all): {floor:.2}/s"
         ),
     );
     for (r, status, body, fallback) in &during {
@@ -984,6 +1043,163 @@ fn a_killed_region_s_share_is_absorbed_by_the_others() {
         after >= 0.95 * LIMIT && after <= 1.02 * (LIMIT + BURST / (secs - from)),
         format!(
             "within 2 lease periods r2 + r3 (wanting 240/s) absorb r1's share: {after:.1}/s from {from:.0} s (want ≥ 0.95 × {LIMIT})"
+        ),
+    );
+    drop(world);
+    checks.finish();
+}
+
+/// `GET /global` of `server`: the phase and rate of its lease of the counter.
+fn lease_of(server: &Server) -> (String, f64) {
+    let (_, body) = server.http("GET", "/global", "");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+    let lease = v["leases"]
+        .as_array()
+        .and_then(|l| {
+            l.iter().find(|x| {
+                x["counter"]
+                    .as_str()
+                    .is_some_and(|c| c.contains("partner1"))
+            })
+        })
+        .cloned()
+        .unwrap_or_default();
+    (
+        lease["phase"].as_str().unwrap_or("none").to_owned(),
+        lease["rate"].as_f64().unwrap_or(-1.0),
+    )
+}
+
+impl Run {
+    /// Admitted per second over the 5 s window from `from`, in `region` or all.
+    fn rate5(&self, region: Option<usize>, from: f64) -> f64 {
+        self.admitted(region, from, from + 5.0) as f64 / 5.0
+    }
+
+    /// Prints admitted per second in 5 s windows from 0, by region and in all.
+    fn windows5(&self) {
+        println!(
+            "[{}] admitted per second in 5 s windows (r1/r2/r3 = total):",
+            self.name
+        );
+        let mut from = 0.0;
+        while from + 5.0 <= self.secs + 1e-9 {
+            let r: Vec<f64> = (0..REGIONS.len())
+                .map(|i| self.rate5(Some(i), from))
+                .collect();
+            println!(
+                "  {from:>4.0}-{:<4.0}s {:>6.1}/{:>6.1}/{:>6.1} = {:>6.1}",
+                from + 5.0,
+                r[0],
+                r[1],
+                r[2],
+                self.rate5(None, from)
+            );
+            from += 5.0;
+        }
+    }
+}
+
+#[test]
+fn a_region_cut_off_from_the_global_store_does_not_lift_the_sum_above_the_limit() {
+    let _serial = serial();
+    let mut checks = Checks::default();
+    let world = World::start_with(true, Some(0));
+    let (cut, heal, secs) = (10.0, 30.0, 46.0);
+    // Every region is offered 150/s (3 × 150 against 200).
+    let each = 0.75 * LIMIT;
+    let load = Load::start(&world, secs, Arc::new(move |_, _| each));
+    let monitor = Monitor::start(&load, world.global.as_ref().expect("global").port);
+    let link = world.regions[0].link.as_ref().expect("r1's link");
+    load.at(cut);
+    link.set(Fault::BlackHole);
+    // Late in the cut: r1 past its fallback (on the floor), the others at the rest.
+    load.at(heal - 1.0);
+    let r1 = lease_of(&world.regions[0].replicas[1]);
+    let r2 = lease_of(&world.regions[1].replicas[0]);
+    let (_, ready) = world.regions[0].replicas[0].http("GET", "/readyz", "");
+    load.at(heal);
+    link.set(Fault::None);
+    let run = load.finish(&format!(
+        "r1's link to the global store cut {cut:.0}-{heal:.0} s, 150/s offered per region"
+    ));
+    run.table();
+    run.windows5();
+    run.per_second(cut - 2.0, secs);
+    monitor.finish(&run.name);
+    println!(
+        "at {:.0} s: r1 {r1:?}, r2 {r2:?}, r1 /readyz {:?}",
+        heal - 1.0,
+        ready.trim()
+    );
+
+    checks.check(
+        run.errors() == 0,
+        format!("no request errors: {}", run.errors()),
+    );
+    // 5 s windows in 0.5 s steps from `from`, within the run.
+    let starts = |from: f64| {
+        (0..)
+            .map(move |i| from + 0.5 * f64::from(i))
+            .take_while(|t| t + 5.0 <= secs + 1e-9)
+    };
+    let highest = |from: f64, to: f64| {
+        starts(from)
+            .take_while(|t| t + 5.0 <= to + 1e-9)
+            .map(|t| (t, run.rate5(None, t)))
+            .fold((from, 0.0), |a, b| if b.1 > a.1 { b } else { a })
+    };
+    let (worst_at, worst) = highest(cut, heal);
+    let (any_at, any) = highest(cut, secs);
+    println!(
+        "highest 5 s window (0.5 s steps): {worst:.1}/s during the cut (from {worst_at:.1} s); {any:.1}/s from the cut to the end, the return included (from {any_at:.1} s)"
+    );
+    checks.check(
+        worst <= 1.02 * LIMIT,
+        format!(
+            "every 5 s window during the cut admits ≤ 1.02 × {LIMIT}/s: highest {worst:.1}/s (from {worst_at:.1} s)"
+        ),
+    );
+    // After the link returns: back to the limit ± 2 %, r1 with its share.
+    let good = |t: f64| {
+        let total = run.rate5(None, t);
+        (0.98 * LIMIT..=1.02 * LIMIT).contains(&total) && run.rate5(Some(0), t) >= 0.9 * LIMIT / 3.0
+    };
+    let back = starts(heal).find(|&t| starts(t).all(good));
+    checks.check(
+        back.is_some_and(|t| t - heal <= 10.0),
+        format!(
+            "within 10 s of the link's return every 5 s window admits {LIMIT}/s ± 2 % with r1 at ≥ 90 % of a third: from {}",
+            back.map_or("never".to_owned(), |t| format!("{:.1} s after", t - heal))
+        ),
+    );
+    // r1 on the floor once its fallback is over (≤ the fallback end after
+    // its last renewal, itself ≤ the cut), the others with the rest.
+    let floor_from = cut + fallback_end_secs() + 0.5;
+    let r1_floor = run.admitted(Some(0), floor_from, heal) as f64 / (heal - floor_from);
+    let others = (run.admitted(Some(1), floor_from, heal) + run.admitted(Some(2), floor_from, heal))
+        as f64
+        / (heal - floor_from);
+    checks.check(
+        r1_floor <= 1.5 * FLOOR * LIMIT + 0.5,
+        format!(
+            "cut off past its fallback, r1 decides on the floor ({:.0}/s): {r1_floor:.2}/s from {floor_from:.1} s",
+            FLOOR * LIMIT
+        ),
+    );
+    checks.check(
+        (0.97 * LIMIT..=1.01 * LIMIT).contains(&others),
+        format!("r2 + r3 hold the rest (the reserve of r1 is released): {others:.1}/s from {floor_from:.1} s"),
+    );
+    checks.check(
+        r1.0 == "floor" && r2.0 == "lease" && r2.1 >= 0.45 * LIMIT,
+        format!("GET /global late in the cut: r1 {r1:?} on the floor, r2 {r2:?} on a lease of about half the limit"),
+    );
+    checks.check(
+        ready.contains("conservative"),
+        format!(
+            "r1's /readyz says it decides on conservative quotas: {:?}",
+            ready.trim()
         ),
     );
     drop(world);

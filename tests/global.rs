@@ -37,6 +37,12 @@
 //!   fallback time, then on its floor, while r2 and r3 hold the rest; within
 //!   10 s of the link's return every 5 s window is at the limit ± 2 % with
 //!   r1 at ≥ 90 % of a third.
+//! - `users_of_a_fair_share_global_limit_in_three_regions`: a global 300/s
+//!   with `fairShare: user`; six users in r1, one each in r2 and r3, each
+//!   asking 80/s: r1 reports the sum of its users' demand, its users share
+//!   its lease equally, and each user's rate is printed against an equal
+//!   split of the limit (not asserted: regions are shared max-min by
+//!   demand, then each region's lease among its users).
 //!
 //! The tests of this file run one after another (they share two cores with
 //! whatever else runs); each prints a table of admitted requests per 10 s
@@ -139,8 +145,12 @@ impl World {
     /// As [`World::start`]; the region `cuttable` reaches the global store
     /// through a [`FaultProxy`] too (in front of its latency proxy).
     fn start_with(global: bool, cuttable: Option<usize>) -> World {
+        World::launch(&policy(global), global, cuttable)
+    }
+
+    /// As [`World::start_with`], every replica on the policy `text`.
+    fn launch(text: &str, global: bool, cuttable: Option<usize>) -> World {
         let global_redis = global.then(Redis::start);
-        let text = policy(global);
         let regions = REGIONS
             .iter()
             .enumerate()
@@ -183,7 +193,7 @@ impl World {
                 }
                 let args: Vec<&str> = args.iter().map(String::as_str).collect();
                 let replicas = (0..2)
-                    .map(|_| Server::with_policy_args(&text, "yaml", &args))
+                    .map(|_| Server::with_policy_args(text, "yaml", &args))
                     .collect();
                 Region {
                     _redis: redis,
@@ -222,6 +232,8 @@ struct Sample {
     /// Seconds since the start of the run the request was sent at.
     t: f64,
     region: usize,
+    /// The connection's user (its index among all the run's connections).
+    user: usize,
     answer: Answer,
     /// Microseconds from sending the line to reading the answer.
     micros: u64,
@@ -245,14 +257,35 @@ impl Load {
     /// at a quarter of the region's offered rate on its own schedule
     /// (open-loop: a late answer does not move the next send).
     fn start(world: &World, secs: f64, offer: Offer) -> Load {
+        Load::with_lines(world, secs, offer, [CONNS; 3], |_, _| {
+            "HIT site=partner1\n".to_owned()
+        })
+    }
+
+    /// As [`Load::start`] with `conns[r]` connections in region `r`, each
+    /// sending `line(r, c)` at its share of the region's offered rate.
+    fn with_lines(
+        world: &World,
+        secs: f64,
+        offer: Offer,
+        conns: [usize; 3],
+        line: impl Fn(usize, usize) -> String,
+    ) -> Load {
         let start = Instant::now() + Duration::from_millis(200);
         let mut clients = Vec::new();
         for (r, region) in world.regions.iter().enumerate() {
-            for c in 0..CONNS {
-                let addr = region.replicas[c % region.replicas.len()].line;
+            for c in 0..conns[r] {
+                let slot = Slot {
+                    addr: region.replicas[c % region.replicas.len()].line,
+                    region: r,
+                    c,
+                    conns: conns[r],
+                    user: clients.len(),
+                    line: line(r, c),
+                };
                 let offer = offer.clone();
                 clients.push(std::thread::spawn(move || {
-                    client(addr, r, c, start, secs, offer)
+                    client(&slot, start, secs, offer)
                 }));
             }
         }
@@ -304,8 +337,8 @@ impl Conn {
         Ok(Conn { stream, reader })
     }
 
-    fn hit(&mut self) -> std::io::Result<String> {
-        self.stream.write_all(b"HIT site=partner1\n")?;
+    fn hit(&mut self, line: &str) -> std::io::Result<String> {
+        self.stream.write_all(line.as_bytes())?;
         let mut line = String::new();
         if self.reader.read_line(&mut line)? == 0 {
             return Err(std::io::Error::other("connection closed"));
@@ -314,26 +347,40 @@ impl Conn {
     }
 }
 
-fn client(
+/// One paced connection of a run.
+struct Slot {
     addr: SocketAddr,
     region: usize,
+    /// Its index among the region's connections, and how many there are.
     c: usize,
-    start: Instant,
-    secs: f64,
-    offer: Offer,
-) -> (Vec<Sample>, Vec<String>) {
+    conns: usize,
+    /// Its index among all the run's connections.
+    user: usize,
+    /// What it sends (one line-protocol request).
+    line: String,
+}
+
+fn client(slot: &Slot, start: Instant, secs: f64, offer: Offer) -> (Vec<Sample>, Vec<String>) {
+    let Slot {
+        addr,
+        region,
+        c,
+        conns,
+        user,
+        ..
+    } = *slot;
     let mut samples = Vec::new();
     let mut errors = Vec::new();
     let mut conn: Option<Conn> = None;
-    let first = offer(region, 0.0) / CONNS as f64;
+    let first = offer(region, 0.0) / conns as f64;
     // Connections of a region are spread evenly over an interval.
     let mut t = if first > 0.0 {
-        c as f64 / CONNS as f64 / first
+        c as f64 / conns as f64 / first
     } else {
         0.0
     };
     while t < secs {
-        let rate = offer(region, t) / CONNS as f64;
+        let rate = offer(region, t) / conns as f64;
         if rate <= 0.0 {
             t += 0.01;
             continue;
@@ -347,7 +394,7 @@ fn client(
         if conn.is_none() {
             conn = Conn::open(addr).ok();
         }
-        let answer = match conn.as_mut().map(Conn::hit) {
+        let answer = match conn.as_mut().map(|c| c.hit(&slot.line)) {
             Some(Ok(line)) if line.starts_with("OK true ") => Answer::Allowed,
             Some(Ok(line)) if line.starts_with("OK false ") => Answer::Denied,
             other => {
@@ -366,6 +413,7 @@ fn client(
         samples.push(Sample {
             t: sent.saturating_duration_since(start).as_secs_f64(),
             region,
+            user,
             answer,
             micros: u64::try_from(sent.elapsed().as_micros()).unwrap_or(u64::MAX),
         });
@@ -654,8 +702,9 @@ impl Monitor {
         Monitor { stop, thread }
     }
 
-    /// Prints what the global store held, every other second.
-    fn finish(self, name: &str) {
+    /// Prints what the global store held, every other second; returns every
+    /// sample: `(seconds, region, demand, grant)`.
+    fn finish(self, name: &str) -> Vec<(f64, String, f64, f64)> {
         self.stop.store(true, Ordering::Relaxed);
         let seen = self.thread.join().expect("monitor thread");
         println!("[{name}] the global store's record, demand/grant per region (credits/s):");
@@ -683,6 +732,7 @@ impl Monitor {
         if !line.is_empty() {
             println!("{line}");
         }
+        seen
     }
 }
 
@@ -756,7 +806,7 @@ fn a_global_limit_is_held_across_three_regions_as_demand_shifts() {
     ));
     run.table();
     run.per_second(0.0, 60.0);
-    monitor.finish(&run.name);
+    let _ = monitor.finish(&run.name);
 
     // 1. Accuracy over every 10 s window after the warm-up.
     run.check_windows(&mut checks, WARMUP, "accuracy");
@@ -1010,7 +1060,7 @@ fn a_killed_region_s_share_is_absorbed_by_the_others() {
     ));
     run.table();
     run.per_second(kill - 4.0, secs);
-    monitor.finish(&run.name);
+    let _ = monitor.finish(&run.name);
 
     let others =
         |from: f64, to: f64| run.admitted(Some(1), from, to) + run.admitted(Some(2), from, to);
@@ -1126,7 +1176,7 @@ fn a_region_cut_off_from_the_global_store_does_not_lift_the_sum_above_the_limit(
     run.table();
     run.windows5();
     run.per_second(cut - 2.0, secs);
-    monitor.finish(&run.name);
+    let _ = monitor.finish(&run.name);
     println!(
         "at {:.0} s: r1 {r1:?}, r2 {r2:?}, r1 /readyz {:?}",
         heal - 1.0,
@@ -1201,6 +1251,107 @@ fn a_region_cut_off_from_the_global_store_does_not_lift_the_sum_above_the_limit(
             "r1's /readyz says it decides on conservative quotas: {:?}",
             ready.trim()
         ),
+    );
+    drop(world);
+    checks.finish();
+}
+
+/// A global limit of 300/s divided among each region's users (`fairShare: user`).
+fn fair_policy() -> String {
+    r#"
+overrides:
+  - operation: {site: "*", user: "*"}
+    label: partner
+    limits:
+      - {label: partner-global, actorField: site, scope: global, algorithm: token_bucket, creditLimit: 300, resetSeconds: 1, burst: 300, fairShare: user}
+default: {creditLimit: 0}
+"#
+    .to_owned()
+}
+
+#[test]
+fn users_of_a_fair_share_global_limit_in_three_regions() {
+    let _serial = serial();
+    let mut checks = Checks::default();
+    let world = World::launch(&fair_policy(), true, None);
+    // Six users in r1, one each in r2 and r3, each asking 80/s.
+    let (users, per_user, limit, secs) = ([6, 1, 1], 80.0, 300.0, 30.0);
+    let offer: Offer = Arc::new(move |r, _| per_user * users[r] as f64);
+    let load = Load::with_lines(&world, secs, offer, users, |r, c| {
+        format!("HIT site=partner1 user=r{r}u{c}\n")
+    });
+    let monitor = Monitor::start(&load, world.global.as_ref().expect("global").port);
+    let run = load.finish("fair shares of 300/s: 6 + 1 + 1 users asking 80/s each");
+    run.table();
+    let seen = monitor.finish(&run.name);
+    let (from, to) = (10.0, secs);
+    let per_sec = |user: usize| {
+        run.samples
+            .iter()
+            .filter(|s| s.user == user && s.t >= from && s.t < to && s.answer == Answer::Allowed)
+            .count() as f64
+            / (to - from)
+    };
+    let all: Vec<(usize, usize, f64)> = (0..users.iter().sum())
+        .map(|u| {
+            let region = run
+                .samples
+                .iter()
+                .find(|s| s.user == u)
+                .map_or(0, |s| s.region);
+            (u, region, per_sec(u))
+        })
+        .collect();
+    let even = limit / all.len() as f64;
+    println!(
+        "admitted per user from {from:.0} to {to:.0} s (an equal split would be {even:.1}/s):"
+    );
+    for (u, r, rate) in &all {
+        println!("  {} user {u}: {rate:.1}/s", REGIONS[*r]);
+    }
+    // The region's demand as its renewals reported it: the sum of its users'.
+    let demand = |region: &str| {
+        let d: Vec<f64> = seen
+            .iter()
+            .filter(|s| s.1 == region && s.0 >= from)
+            .map(|s| s.2)
+            .collect();
+        d.iter().sum::<f64>() / d.len().max(1) as f64
+    };
+    let r1_demand = demand("r1");
+    println!(
+        "demand reported to the global store: r1 {r1_demand:.0}/s, r2 {:.0}/s, r3 {:.0}/s",
+        demand("r2"),
+        demand("r3")
+    );
+    checks.check(
+        (r1_demand - 6.0 * per_user).abs() <= 0.1 * 6.0 * per_user,
+        format!("r1 reports the sum of its 6 users' demand (480/s ± 10 %): {r1_demand:.0}/s"),
+    );
+    let total: f64 = all.iter().map(|a| a.2).sum();
+    checks.check(
+        total <= 1.02 * limit,
+        format!("all users together ≤ 1.02 × {limit}/s: {total:.1}/s"),
+    );
+    let r1: Vec<f64> = all.iter().filter(|a| a.1 == 0).map(|a| a.2).collect();
+    let r1_mean = r1.iter().sum::<f64>() / r1.len() as f64;
+    checks.check(
+        r1.iter().all(|x| (x - r1_mean).abs() <= 0.1 * r1_mean),
+        format!(
+            "r1's users share its lease equally (each within 10 % of {r1_mean:.1}/s): {r1:.1?}"
+        ),
+    );
+    let within = all
+        .iter()
+        .filter(|a| (a.2 - even).abs() <= 0.1 * even)
+        .count();
+    println!(
+        "every user within 10 % of {even:.1}/s? {within} of {} (not asserted: the allocator shares the limit max-min among regions by their demand, then each region among its users)",
+        all.len()
+    );
+    checks.check(
+        run.errors() == 0,
+        format!("no request errors: {}", run.errors()),
     );
     drop(world);
     checks.finish();

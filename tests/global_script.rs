@@ -1,13 +1,14 @@
 //! The renewal script (`store/lua/global_renew.lua`) against the arithmetic
-//! it mirrors (`divvy::quota`), on a real redis-server: random
-//! sequences of renewals by several regions, each grant (and whether
-//! another region waits for share) compared.
+//! it mirrors (`divvy::quota::renew`), on a real redis-server: random
+//! sequences of renewals by several regions (with and without a fallback
+//! reserve, some carrying the lease in force), each grant, target, record
+//! and whether another region waits for share compared.
 
 mod common;
 
 use common::redis::Redis;
 use divvy::global::RENEW_SCRIPT;
-use divvy::quota::{grant, others_waiting, targets, Sharing};
+use divvy::quota::{renew, Fallback, Record, Sharing, Terms};
 use proptest::prelude::Rng;
 
 #[test]
@@ -15,95 +16,165 @@ fn the_script_grants_what_the_arithmetic_says() {
     let redis = Redis::start();
     let sha = redis.cli(&["SCRIPT", "LOAD", RENEW_SCRIPT]);
     let mut rng = common::seeded_rng(42);
-    let life = 3000u64;
     for case in 0..40 {
         let key = format!("divvy:global:{{g}}:case{case}");
         let rate = 50.0 + (rng.next_u64() % 500) as f64;
         let regions = 2 + (rng.next_u64() % 5) as usize;
-        let sharing = Sharing {
-            rate,
-            floor: 0.01,
-            headroom: 0.1,
+        // Half the cases without a fallback reserve (as RLQS sharing asks).
+        let fallback = match case % 2 {
+            0 => Fallback {
+                share: 0.5,
+                hold_ms: 1000 + rng.next_u64() % 3000,
+            },
+            _ => Fallback {
+                share: 0.0,
+                hold_ms: 0,
+            },
         };
-        // The store as the arithmetic sees it: (demand, grant, expires).
-        let mut entries: Vec<Option<(f64, f64, u64)>> = vec![None; regions];
+        let terms = Terms {
+            sharing: Sharing {
+                rate,
+                floor: 0.01,
+                headroom: 0.1,
+            },
+            life_ms: 3000,
+            fallback,
+        };
+        // The store as the arithmetic sees it, in the hash's order.
+        let mut records: Vec<(String, Record)> = Vec::new();
+        // Each region's last grant received, and when it was asked for: a
+        // region's base (its lease in force) is one the store granted it.
+        let mut received: Vec<Option<(f64, u64)>> = vec![None; regions];
         let mut now = 1_700_000_000_000u64;
         for _ in 0..30 {
             now += rng.next_u64() % 2000;
             let r = (rng.next_u64() % regions as u64) as usize;
+            let region = format!("r{r}");
             let demand = match rng.next_u64() % 4 {
                 0 => 0.0,
                 _ => (rng.next_u64() % 2000) as f64 / 3.0,
             };
+            // Its lease in force, until its fallback time is over.
+            let base = received[r]
+                .filter(|&(_, at)| now < at + terms.life_ms + fallback.hold_ms)
+                .map_or(0.0, |(g, _)| g);
             let out = redis.cli(&[
                 "EVALSHA",
                 &sha,
                 "1",
                 &key,
-                &format!("r{r}"),
-                &life.to_string(),
+                &region,
+                &terms.life_ms.to_string(),
                 "0.01",
                 "0.1",
                 &now.to_string(),
+                &fallback.share.to_string(),
+                &fallback.hold_ms.to_string(),
                 &rate.to_string(),
                 &demand.to_string(),
+                &base.to_string(),
             ]);
-            let lines: Vec<&str> = out.lines().collect();
-            let got: f64 = lines
-                .first()
-                .and_then(|l| l.trim().parse().ok())
-                .unwrap_or_else(|| panic!("script answer {out:?}"));
-            let target: f64 = lines
-                .get(1)
-                .and_then(|l| l.trim().parse().ok())
-                .unwrap_or_else(|| panic!("script answer {out:?}"));
-            // The arithmetic: live others in region order, this region last.
-            let live: Vec<usize> = (0..regions)
-                .filter(|&o| o != r && entries[o].is_some_and(|e| e.2 > now))
-                .collect();
-            let mut demands: Vec<f64> = live
-                .iter()
-                .map(|&o| entries[o].map_or(0.0, |e| e.0))
-                .collect();
-            demands.push(demand);
-            let t = targets(&sharing, &demands);
-            let others: f64 = live.iter().map(|&o| entries[o].map_or(0.0, |e| e.1)).sum();
-            let want = grant(rate, t[t.len() - 1], others);
-            let grants: Vec<f64> = live
-                .iter()
-                .map(|&o| entries[o].map_or(0.0, |e| e.1))
-                .collect();
-            let waiting = others_waiting(&t[..t.len() - 1], &grants);
+            let lines: Vec<&str> = out.lines().map(str::trim).collect();
+            let number = |i: usize| -> f64 {
+                lines
+                    .get(i)
+                    .and_then(|l| l.parse().ok())
+                    .unwrap_or_else(|| panic!("script answer {out:?}"))
+            };
+            let (got, target) = (number(0), number(1));
+            let want = renew(&mut records, &region, demand, base, &terms, now);
+            // A quarter of the answers never reach the region.
+            if !rng.next_u64().is_multiple_of(4) {
+                received[r] = Some((got, now));
+            }
             assert_eq!(
-                lines.get(3).map(|l| l.trim()),
-                Some(if waiting { "1" } else { "0" }),
-                "case {case}: others waiting (targets {t:?}, grants {grants:?})"
+                lines.get(3).copied(),
+                Some(if want.others_waiting { "1" } else { "0" }),
+                "case {case}: others waiting ({want:?}, records {records:?})"
             );
             assert!(
-                (target - t[t.len() - 1]).abs() < 1e-3,
+                (target - want.target).abs() < 1e-3,
                 "case {case}: target {target} vs {}",
-                t[t.len() - 1]
+                want.target
             );
             // The script keeps six decimals.
             assert!(
-                (got - want).abs() < 1e-3,
-                "case {case}: region r{r} demand {demand} got {got} want {want}"
+                (got - want.grant).abs() < 1e-3,
+                "case {case}: region {region} demand {demand} got {got} want {want:?}"
             );
-            entries[r] = Some((
-                (demand * 1e6).round() / 1e6,
-                (got * 1e6).round() / 1e6,
-                now + life,
-            ));
-            let sum: f64 = entries
-                .iter()
-                .flatten()
-                .filter(|e| e.2 > now)
-                .map(|e| e.1)
-                .sum();
+            // The store as the script wrote it (six decimals), for the next renewal.
+            let stored = redis.cli(&["HGET", &key, &region]);
+            let fields: Vec<f64> = stored
+                .split_whitespace()
+                .filter_map(|x| x.parse().ok())
+                .collect();
+            let Some((_, mine)) = records.iter_mut().find(|(h, _)| *h == region) else {
+                panic!("case {case}: no record of {region}");
+            };
             assert!(
-                sum <= rate + 1e-3,
-                "case {case}: live grants {sum} above the rate {rate}"
+                fields.len() == 5 && (fields[3] - mine.reserve).abs() < 1e-3,
+                "case {case}: record {stored:?} vs {mine:?}"
             );
+            mine.demand = fields[0];
+            mine.grant = fields[1];
+            mine.reserve = fields[3];
+            let held: f64 = records.iter().filter_map(|(_, r)| r.held(now)).sum();
+            assert!(
+                held <= rate + 1e-3,
+                "case {case}: live grants and reserves {held} above the rate {rate}"
+            );
+            // What the view shows is what the others and this region hold.
+            let view: f64 = lines
+                .get(2)
+                .map(|v| {
+                    v.split(' ')
+                        .filter_map(|p| p.split_once('='))
+                        .filter_map(|(_, g)| g.parse::<f64>().ok())
+                        .sum()
+                })
+                .unwrap_or(0.0);
+            assert!(view <= rate + 1e-3, "case {case}: view {:?}", lines.get(2));
         }
     }
+}
+
+#[test]
+fn a_record_of_the_older_form_holds_its_grant_and_no_reserve() {
+    let redis = Redis::start();
+    let sha = redis.cli(&["SCRIPT", "LOAD", RENEW_SCRIPT]);
+    let key = "divvy:global:{g}:old";
+    let now = 1_700_000_000_000u64;
+    redis.cli(&["HSET", key, "old", &format!("100 60 {}", now + 1000)]);
+    let ask = |at: u64| {
+        redis.cli(&[
+            "EVALSHA",
+            &sha,
+            "1",
+            key,
+            "new",
+            "3000",
+            "0.01",
+            "0.1",
+            &at.to_string(),
+            "0.5",
+            "2000",
+            "100",
+            "500",
+            "0",
+        ])
+    };
+    let first: f64 = ask(now)
+        .lines()
+        .next()
+        .and_then(|l| l.trim().parse().ok())
+        .unwrap_or(-1.0);
+    assert!((first - 40.0).abs() < 1e-3, "{first}");
+    // Once it expires, nothing of it is held back: it goes.
+    let later: f64 = ask(now + 1000)
+        .lines()
+        .next()
+        .and_then(|l| l.trim().parse().ok())
+        .unwrap_or(-1.0);
+    assert!((later - 100.0).abs() < 1e-3, "{later}");
+    assert_eq!(redis.cli(&["HEXISTS", key, "old"]).trim(), "0");
 }

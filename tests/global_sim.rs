@@ -4,7 +4,7 @@
 //! and burst; every lease period (sooner when its demand moved, as the
 //! service does) each region renews against a simulated
 //! global store with the same arithmetic as the renewal script
-//! (`divvy::quota`), its answer arriving one round trip (80 ms)
+//! (`divvy::quota::renew`), its answer arriving one round trip (80 ms)
 //! later. It reports over-admission (admitted above rate × 10 s + burst in
 //! any 10 s window) and under-admission (admitted below the rate in windows
 //! whose demand exceeds it), and asserts the bounds docs/global.md quotes.
@@ -13,7 +13,8 @@ mod common;
 
 use std::collections::VecDeque;
 
-use divvy::quota::{demand_moved, grant, targets, Sharing};
+use divvy::global::lease_bucket;
+use divvy::quota::{demand_moved, renew, Fallback, Record, Sharing, Terms};
 use divvy::store::algorithm::{step, Params, State};
 use divvy::store::Algorithm;
 use proptest::prelude::RngExt;
@@ -46,8 +47,6 @@ struct Region {
     reported: f64,
     renewals: u32,
     short: bool,
-    /// In the global store: (demand/s, grant/s, expires).
-    entry: Option<(f64, f64, u64)>,
 }
 
 #[test]
@@ -69,7 +68,6 @@ fn twelve_regions_one_hour_of_skewed_bursty_demand() {
             reported: 0.0,
             renewals: 0,
             short: false,
-            entry: None,
         })
         .collect();
     let sharing = Sharing {
@@ -77,6 +75,16 @@ fn twelve_regions_one_hour_of_skewed_bursty_demand() {
         floor: 0.01,
         headroom: 0.05,
     };
+    let terms = Terms {
+        sharing,
+        life_ms: PERIOD_MS * 3 / 2,
+        fallback: Fallback {
+            share: 0.5,
+            hold_ms: PERIOD_MS,
+        },
+    };
+    // The global store: each region's record, in the hash's order.
+    let mut store: Vec<(String, Record)> = Vec::new();
     // Per 10 s window: (admitted, asked).
     let mut windows = vec![(0u64, 0u64); (HOUR_MS / 10_000) as usize];
     let t0 = 1_700_000_000_000u64;
@@ -108,10 +116,12 @@ fn twelve_regions_one_hour_of_skewed_bursty_demand() {
                 n += 1;
             }
             let (rate, burst) = reg.lease;
+            // The region's bucket as the service counts a lease.
+            let b = lease_bucket(rate, burst, BURST, 1);
             let p = Params {
-                limit: ((rate * 1000.0).floor() as u64).max(1),
-                window_ms: 1_000_000,
-                burst: burst.max(1),
+                limit: b.limit,
+                window_ms: b.window_ms,
+                burst: b.burst,
                 cost: 1,
                 refund: false,
             };
@@ -135,8 +145,7 @@ fn twelve_regions_one_hour_of_skewed_bursty_demand() {
         // moved since it last reported it; the global store answers each at
         // once, the answer arrives a round trip later.
         let quarter = PERIOD_MS / 4;
-        for r in 0..REGIONS {
-            let reg = &mut regions[r];
+        for (r, reg) in regions.iter_mut().enumerate() {
             if ms < reg.offset_ms || !(ms - reg.offset_ms).is_multiple_of(quarter) {
                 continue;
             }
@@ -159,27 +168,14 @@ fn twelve_regions_one_hour_of_skewed_bursty_demand() {
             }
             reg.last_renewal_ms = Some(ms);
             reg.reported = demand;
-            let live: Vec<usize> = (0..REGIONS)
-                .filter(|&o| o != r && regions[o].entry.is_some_and(|e| e.2 > now))
-                .collect();
-            let mut demands: Vec<f64> = live
-                .iter()
-                .map(|&o| regions[o].entry.map_or(0.0, |e| e.0))
-                .collect();
-            demands.push(demand);
-            let t = targets(&sharing, &demands);
-            let mine = t[t.len() - 1];
-            let others: f64 = live
-                .iter()
-                .map(|&o| regions[o].entry.map_or(0.0, |e| e.1))
-                .sum();
-            let g = grant(RATE, mine, others);
-            let reg = &mut regions[r];
-            reg.entry = Some((demand, g, now + PERIOD_MS * 3 / 2));
+            // The lease in force is what it would fall back from.
+            let base = reg.lease.0;
+            let answer = renew(&mut store, &format!("r{r}"), demand, base, &terms, now);
+            let g = answer.grant;
             let b = ((BURST as f64 * g / RATE).floor() as u64).max(1);
             reg.pending = Some((now + RTT_MS, (g, b)));
             reg.renewals += 1;
-            reg.short = g < 0.9 * mine;
+            reg.short = g < 0.9 * answer.target;
         }
     }
     // Skip the first window (leases start at the floor).

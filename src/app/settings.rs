@@ -121,6 +121,9 @@ pub struct Settings {
     pub global_lease: Duration,
     /// The share of its last lease a region keeps while the global store fails.
     pub global_fallback_share: f64,
+    /// How long after its last lease lapses a region keeps that share
+    /// (then the floor); the global store holds it back for as long.
+    pub global_fallback: Duration,
     /// The smallest share of a global limit a region with demand gets.
     pub global_floor: f64,
     /// `assignment_time_to_live` of RLQS assignments.
@@ -182,6 +185,7 @@ impl Default for Settings {
             global: None,
             global_lease: Duration::from_millis(2000),
             global_fallback_share: 0.5,
+            global_fallback: Duration::from_millis(2000),
             global_floor: 0.01,
             rlqs_assignment_ttl: Duration::from_secs(15),
             rlqs_max_buckets_per_stream: 1000,

@@ -183,6 +183,7 @@ pub(super) async fn with_global(
             region: s.region.clone(),
             period: s.global_lease.max(Duration::from_millis(100)),
             fallback_share: s.global_fallback_share.clamp(0.0, 1.0),
+            fallback: s.global_fallback,
             floor: s.global_floor.clamp(0.0, 1.0),
             headroom: 0.05,
             replica: s.replica.clone(),

@@ -197,6 +197,10 @@ mod tests {
                 life_ms: 1,
                 floor: 0.0,
                 headroom: 0.0,
+                fallback: crate::quota::Fallback {
+                    share: 0.0,
+                    hold_ms: 0,
+                },
                 asks: vec![],
             })
             .await

@@ -50,6 +50,9 @@ pub struct ShareRenewal<'a> {
     pub floor: f64,
     /// Room above measured demand (fraction of it).
     pub headroom: f64,
+    /// How the holder decides once it cannot renew: the store holds that
+    /// back from the others for as long (`crate::quota::Fallback`).
+    pub fallback: crate::quota::Fallback,
     /// One entry per counter, in the order the answers come back.
     pub asks: Vec<ShareAsk>,
 }
@@ -63,6 +66,9 @@ pub struct ShareAsk {
     pub rate: f64,
     /// The holder's demand, credits per second.
     pub demand: f64,
+    /// The holder's lease in force, credits per second (0: none): what it
+    /// falls back from if the answer to this renewal never reaches it.
+    pub base: f64,
 }
 
 #[derive(Clone)]
@@ -194,7 +200,7 @@ impl Coordination {
 
     /// Renews `renewal.holder`'s shares of every counter asked for, in one
     /// call: four values per counter, in order (grant, target, every live
-    /// holder's grant as `holder=grant ...`, and `1` when another holder
+    /// holder's grant and every lapsed one's reserve as `holder=grant ...`, and `1` when another holder
     /// waits for share this one holds). `crate::global::parse_grants` reads them.
     pub async fn renew_shares(
         &self,

@@ -168,17 +168,20 @@ impl RedisCoordination {
 /// `-1` asks the script to use Redis's own clock.
 fn script_call<'a>(renewal: &'a ShareRenewal<'_>) -> (Vec<&'a str>, Vec<String>) {
     let keys = renewal.asks.iter().map(|a| a.key.as_str()).collect();
-    let mut args: Vec<String> = Vec::with_capacity(5 + 2 * renewal.asks.len());
+    let mut args: Vec<String> = Vec::with_capacity(7 + 3 * renewal.asks.len());
     args.extend([
         renewal.holder.to_owned(),
         renewal.life_ms.to_string(),
         renewal.floor.to_string(),
         renewal.headroom.to_string(),
         "-1".to_owned(),
+        renewal.fallback.share.to_string(),
+        renewal.fallback.hold_ms.to_string(),
     ]);
     for a in &renewal.asks {
         args.push(a.rate.to_string());
         args.push(a.demand.to_string());
+        args.push(a.base.to_string());
     }
     (keys, args)
 }
@@ -189,23 +192,29 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_renewal_sends_the_holder_its_terms_and_two_numbers_per_counter() {
+    fn a_renewal_sends_the_holder_its_terms_and_three_numbers_per_counter() {
         let renewal = ShareRenewal {
             purpose: "test",
             holder: "eu",
             life_ms: 1500,
             floor: 0.01,
             headroom: 0.05,
+            fallback: crate::quota::Fallback {
+                share: 0.5,
+                hold_ms: 2000,
+            },
             asks: vec![
                 ShareAsk {
                     key: "a".into(),
                     rate: 10.0,
                     demand: 2.5,
+                    base: 4.0,
                 },
                 ShareAsk {
                     key: "b".into(),
                     rate: 1.0,
                     demand: 0.0,
+                    base: 0.0,
                 },
             ],
         };
@@ -213,7 +222,9 @@ mod tests {
         assert_eq!(keys, vec!["a", "b"]);
         assert_eq!(
             args,
-            vec!["eu", "1500", "0.01", "0.05", "-1", "10", "2.5", "1", "0"]
+            vec![
+                "eu", "1500", "0.01", "0.05", "-1", "0.5", "2000", "10", "2.5", "4", "1", "0", "0"
+            ]
         );
     }
 }

@@ -322,9 +322,15 @@ pub fn share_op(whole: &CounterOp, share: &Share, scaled: bool) -> CounterOp {
     op
 }
 
-/// A share's credits per the limit's own window, as answers report it.
-pub fn share_credits(whole: &CounterOp, fraction: f64, scaled: bool) -> u64 {
-    let per_window = whole.limit as f64 * fraction / if scaled { 1000.0 } else { 1.0 };
+/// A share's credits per the limit's own window, as answers report it;
+/// `scaled`: `whole` is a global lease's op, whose window is not the
+/// limit's (`reset_seconds`), so its rate tells.
+pub fn share_credits(whole: &CounterOp, fraction: f64, scaled: bool, reset_seconds: u64) -> u64 {
+    let per_window = if scaled {
+        rate_of(whole) * reset_seconds.max(1) as f64 * fraction
+    } else {
+        whole.limit as f64 * fraction
+    };
     (per_window.round() as u64).max(1)
 }
 

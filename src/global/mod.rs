@@ -9,9 +9,17 @@
 //!   [`crate::quota`]); live grants never sum above the global rate. A region's
 //!   replicas share one lease through a regional Redis (one renews, holding
 //!   a lease of the coordination handle; on the memory store each has its
-//!   own). While the
-//!   global store fails, a region uses `fallback_share` of its last lease.
+//!   own).
+//! - While the global store fails, a region decides on `fallback_share` of
+//!   its last lease until `fallback` after that lease's expiry, then on the
+//!   floor. The global store holds exactly that share back from the other
+//!   regions for exactly that time ([`crate::quota::Record`]), so a region
+//!   cut off from it (while the others are not) cannot lift the sum above
+//!   the rate by more than its floor; a dead region's share goes to the
+//!   others `fallback` after its lease.
 
+#[cfg(test)]
+mod partition_tests;
 mod regional;
 mod renew;
 
@@ -42,6 +50,8 @@ pub struct GlobalOptions {
     pub period: Duration,
     /// The share of the last lease kept while the global store fails.
     pub fallback_share: f64,
+    /// How long after the last lease lapses that share is kept (then the floor).
+    pub fallback: Duration,
     /// The smallest share of a region with demand (fraction of the rate).
     pub floor: f64,
     /// Room above measured demand (fraction of it).
@@ -61,6 +71,109 @@ pub struct Lease {
     pub expires_at_ms: u64,
     /// Whether it is a conservative quota standing in for a lease.
     pub fallback: bool,
+}
+
+/// Which quota a region decides a counter on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Its lease.
+    Lease,
+    /// The fallback share of its last lease (the global store fails).
+    Fallback,
+    /// The floor: before the first lease, or cut off from the global store
+    /// for longer than the fallback time.
+    Floor,
+}
+
+impl Lease {
+    /// Which quota is in force at `now_ms` when the fallback lasts
+    /// `hold_ms` past a lease's expiry. A fallback lease (installed when a
+    /// renewal failed) already holds the reduced share until its expiry.
+    pub fn phase(&self, now_ms: u64, hold_ms: u64) -> Phase {
+        if self.expires_at_ms > now_ms {
+            if self.fallback {
+                Phase::Fallback
+            } else {
+                Phase::Lease
+            }
+        } else if !self.fallback && self.expires_at_ms.saturating_add(hold_ms) > now_ms {
+            Phase::Fallback
+        } else {
+            Phase::Floor
+        }
+    }
+}
+
+/// The quota `(credits per second, burst)` in force at `now_ms` under
+/// `lease` (the last one installed, if any): the lease, its fallback share,
+/// or `floor` (the floor's quota of the counter). Never less than the
+/// floor: a grant below it (others hold the rest until they give it back)
+/// is counted as the floor too, so a lease's bucket never drains slower
+/// than the floor's (see [`lease_bucket`]) and one that grows out of a
+/// trickle gives no credits at once.
+fn quota_at(
+    lease: Option<&Lease>,
+    now_ms: u64,
+    fallback: &crate::quota::Fallback,
+    floor: (f64, u64),
+) -> (f64, u64) {
+    let Some(l) = lease else {
+        return floor;
+    };
+    let quota = match l.phase(now_ms, fallback.hold_ms) {
+        Phase::Lease => (l.rate, l.burst.max(1)),
+        Phase::Fallback if l.fallback => (l.rate, l.burst.max(1)),
+        Phase::Fallback => (
+            l.rate * fallback.share,
+            ((l.burst as f64 * fallback.share) as u64).max(1),
+        ),
+        Phase::Floor => floor,
+    };
+    if quota.0 < floor.0 {
+        floor
+    } else {
+        quota
+    }
+}
+
+/// How a region's bucket of a global limit counts a lease: the numbers of
+/// its token-bucket op ([`lease_bucket`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseBucket {
+    /// Capacity units refilled per ms (the op's limit per window).
+    pub limit: u64,
+    /// The op's window in ms: the capacity units one credit takes.
+    pub window_ms: u64,
+    /// The lease's burst in credits.
+    pub burst: u64,
+}
+
+/// The token-bucket numbers of a lease of `rate` credits per second and
+/// `burst` credits, of a limit whose whole burst is `whole_burst` per
+/// `reset_seconds`. The bucket's capacity in units (burst × window) is the
+/// same whatever the lease, so what a bucket has used carries over a lease
+/// change as the same fraction of the new burst: a lease that grows gives
+/// no credits at once (a full-capacity jump would: a third of the world's
+/// burst when a region's share of three grows by half), and one that
+/// shrinks leaves no debt. Thousandths of a unit keep small rates exact.
+/// This holds while the lease has at least one credit of burst (a rate of
+/// at least the whole rate over the whole burst): below, the burst stays 1
+/// and the refill slows, and a later, faster refill applies to the time
+/// since the bucket was last written (at most a burst at once).
+pub fn lease_bucket(rate: f64, burst: u64, whole_burst: u64, reset_seconds: u64) -> LeaseBucket {
+    let burst = burst.max(1);
+    let capacity = whole_burst
+        .max(burst)
+        .saturating_mul(reset_seconds.max(1))
+        .saturating_mul(1_000_000)
+        .min(crate::store::algorithm::MAX_CREDIT_MS);
+    let window_ms = (capacity / burst).max(1);
+    let limit = (rate.max(0.0) * window_ms as f64 / 1000.0).floor() as u64;
+    LeaseBucket {
+        limit: limit.max(1),
+        window_ms,
+        burst,
+    }
 }
 
 /// What a region sends for one global counter: the whole world's rate and
@@ -227,18 +340,18 @@ impl Global {
             // A counter seen for the first time gets its lease at once.
             self.wake.notify_one();
         }
-        let leases = self.leases.load();
-        match leases.get(key) {
-            Some(l) if l.expires_at_ms > now => (l.rate, l.burst.max(1)),
-            Some(l) => (
-                l.rate * self.options.fallback_share,
-                ((l.burst as f64 * self.options.fallback_share) as u64).max(1),
-            ),
-            // Until the first lease: the floor.
-            None => (
-                rate * self.options.floor,
-                ((limit.burst as f64 * self.options.floor) as u64).max(1),
-            ),
+        let floor = (
+            rate * self.options.floor,
+            ((limit.burst as f64 * self.options.floor) as u64).max(1),
+        );
+        quota_at(self.leases.load().get(key), now, &self.fallback(), floor)
+    }
+
+    /// How this region falls back (the terms it gives the global store).
+    fn fallback(&self) -> crate::quota::Fallback {
+        crate::quota::Fallback {
+            share: self.options.fallback_share,
+            hold_ms: u64::try_from(self.options.fallback.as_millis()).unwrap_or(u64::MAX),
         }
     }
 
@@ -411,17 +524,24 @@ impl Global {
     /// What `GET /global` shows.
     pub fn describe(&self) -> Value {
         let now = now_ms();
+        let hold_ms = self.fallback().hold_ms;
         let leases = self.leases.load();
         let view = self.view.load();
         let mut list: Vec<Value> = leases
             .iter()
             .map(|(k, l)| {
+                let phase = l.phase(now, hold_ms);
                 json!({
                     "counter": k,
                     "rate": l.rate,
                     "burst": l.burst,
-                    "expiresInSeconds": if l.expires_at_ms == u64::MAX { Value::Null } else { json!(l.expires_at_ms.saturating_sub(now) as f64 / 1000.0) },
-                    "fallback": l.fallback || l.expires_at_ms <= now,
+                    "expiresInSeconds": l.expires_at_ms.saturating_sub(now) as f64 / 1000.0,
+                    "fallback": phase != Phase::Lease,
+                    "phase": match phase {
+                        Phase::Lease => "lease",
+                        Phase::Fallback => "fallback",
+                        Phase::Floor => "floor",
+                    },
                     "view": view.get(k).map(|v| {
                         v.split(' ')
                             .filter_map(|p| p.split_once('='))
@@ -437,8 +557,65 @@ impl Global {
             "holder": self.holder,
             "renewer": self.regional.is_none() || self.renewer.load(Ordering::Acquire),
             "leasePeriodSeconds": self.options.period.as_secs_f64(),
+            "fallbackSeconds": self.options.fallback.as_secs_f64(),
             "fallback": self.in_fallback(),
             "leases": list,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::algorithm::{step, Params, State};
+    use crate::store::Algorithm;
+
+    fn params(b: LeaseBucket) -> Params {
+        Params {
+            limit: b.limit,
+            window_ms: b.window_ms,
+            burst: b.burst,
+            cost: 1,
+            refund: false,
+        }
+    }
+
+    /// Hits every ms for `ms` ms from `now` under `b`: how many were allowed.
+    fn drain(state: &mut Option<State>, now: u64, ms: u64, b: LeaseBucket) -> u64 {
+        let mut allowed = 0;
+        for t in now..now + ms {
+            let v = step(Algorithm::TokenBucket, *state, t, &params(b));
+            if let Some(next) = v.next {
+                *state = Some(next);
+            }
+            allowed += u64::from(v.allowed);
+        }
+        allowed
+    }
+
+    #[test]
+    fn a_lease_bucket_keeps_its_rate_and_burst_and_a_lease_change_gives_no_credits() {
+        // A third of 200/s (burst 200), then half of it.
+        let third = lease_bucket(200.0 / 3.0, 66, 200, 1);
+        let half = lease_bucket(100.0, 100, 200, 1);
+        // The same capacity, to the rounding of a division.
+        let capacity = |b: LeaseBucket| b.burst * b.window_ms;
+        assert!(capacity(half) - capacity(third) < third.burst);
+        let mut state = None;
+        // A new bucket is full: its burst, then its rate.
+        let burst: u64 = (0..100).map(|_| drain(&mut state, 0, 1, third)).sum();
+        assert_eq!(burst, 66);
+        let a = drain(&mut state, 1, 10_000, third);
+        assert!((a as f64 - 666.7).abs() <= 1.0, "{a}");
+        // Emptied at a third, the bucket grows to half: at its rate, no burst.
+        let b = drain(&mut state, 10_001, 10_000, half);
+        assert!((b as f64 - 1000.0).abs() <= 1.0, "{b}");
+        // And back to a third: no debt either.
+        let c = drain(&mut state, 20_001, 1000, third);
+        assert!((c as f64 - 66.7).abs() <= 1.0, "{c}");
+        // The floor and no lease at all: a trickle, never nothing to count.
+        let none = lease_bucket(0.0, 1, 200, 1);
+        assert_eq!((none.limit, none.burst), (1, 1));
+        assert!(lease_bucket(2.0, 2, 200, 1).limit > 1);
     }
 }

@@ -188,6 +188,17 @@ impl Global {
         let fallback = leases
             .values()
             .any(|l| l.fallback || l.expires_at_ms <= now);
+        {
+            // Should this replica take over renewing, it falls back from
+            // (and tells the global store of) the leases the region uses.
+            let mut last = self.last_good.lock().unwrap_or_else(|e| e.into_inner());
+            last.extend(
+                leases
+                    .iter()
+                    .filter(|(_, l)| !l.fallback)
+                    .map(|(k, l)| (k.clone(), *l)),
+            );
+        }
         self.fallback.store(fallback, Ordering::Release);
         metrics().global.fallback.set(i64::from(fallback));
         {
@@ -219,6 +230,7 @@ mod tests {
             region: "eu".to_owned(),
             period: Duration::from_secs(60),
             fallback_share: 0.5,
+            fallback: Duration::from_secs(60),
             floor: 0.01,
             headroom: 0.05,
             replica: name.to_owned(),

@@ -12,6 +12,7 @@ use super::{gauge_value, Demands, Global, GlobalSpec, Lease, Specs};
 use crate::clock::now_ms;
 use crate::coord::{CoordError, ShareAsk, ShareRenewal};
 use crate::observe::metrics::metrics;
+use crate::quota::Fallback;
 
 /// Why a renewal gave no leases: the region falls back to conservative quotas.
 #[derive(Debug, thiserror::Error)]
@@ -71,6 +72,27 @@ pub(crate) fn parse_grants(raw: &[String], counters: usize) -> Result<Vec<Grant>
         .collect()
 }
 
+/// What a region falls back on once a renewal fails, from its `last` good
+/// lease: the fallback share of it until the fallback time after its expiry
+/// (the global store holds that back for as long), then the floor.
+pub(super) fn fallback_lease(last: &Lease, fallback: &Fallback) -> Lease {
+    Lease {
+        rate: last.rate * fallback.share,
+        burst: ((last.burst as f64 * fallback.share) as u64).max(1),
+        expires_at_ms: last.expires_at_ms.saturating_add(fallback.hold_ms),
+        fallback: true,
+    }
+}
+
+/// The lease a region would fall back from at `now` if a renewal's answer
+/// were lost (credits per second; 0 once its fallback time is over): the
+/// store keeps the fallback share of it, not only of the new grant, so a
+/// grant lowered by an answer that never arrived does not lower it.
+pub(super) fn fallback_base(last: Option<&Lease>, now: u64, hold_ms: u64) -> f64 {
+    last.filter(|l| l.expires_at_ms.saturating_add(hold_ms) > now)
+        .map_or(0.0, |l| l.rate)
+}
+
 /// The global store's key of the counter `key`.
 fn global_key(key: &str) -> String {
     format!("divvy:global:{{g}}:{key}")
@@ -91,13 +113,14 @@ impl Global {
         }
         let sent: Vec<(&String, &GlobalSpec)> = specs.iter().collect();
         let timeout = self.options.period / 4;
-        let renewal = self.renewal(&sent, demands);
+        let sent_at = now_ms();
+        let renewal = self.renewal(&sent, demands, sent_at);
         let result = tokio::time::timeout(timeout, self.store.renew_shares(&renewal)).await;
-        // The global store counts the life from when the script ran: up to `timeout` ago.
-        let expires = now_ms()
-            + u64::try_from(self.lease_life_ms())
-                .unwrap_or(0)
-                .saturating_sub(u64::try_from(timeout.as_millis()).unwrap_or(0));
+        // The global store counts the life (and the fallback time after it)
+        // from when the script ran, which is after it was sent: counted
+        // from the send, the lease and its fallback end no later than what
+        // the store holds back for them, whatever the clocks' offset.
+        let expires = sent_at.saturating_add(u64::try_from(self.lease_life_ms()).unwrap_or(0));
         let answer = match result {
             Ok(Ok(raw)) => parse_grants(&raw, sent.len()),
             Ok(Err(e)) => Err(RenewError::from(e)),
@@ -110,20 +133,31 @@ impl Global {
         true
     }
 
-    /// What the region asks the global store for: its share of each counter.
-    fn renewal(&self, sent: &[(&String, &GlobalSpec)], demands: &Demands) -> ShareRenewal<'_> {
+    /// What the region asks the global store for at `now`: its share of
+    /// each counter, with the lease it would fall back from if the answer
+    /// were lost.
+    fn renewal(
+        &self,
+        sent: &[(&String, &GlobalSpec)],
+        demands: &Demands,
+        now: u64,
+    ) -> ShareRenewal<'_> {
+        let fallback = self.fallback();
+        let last = self.last_good.lock().unwrap_or_else(|e| e.into_inner());
         ShareRenewal {
             purpose: "renewal",
             holder: &self.holder,
             life_ms: self.lease_life_ms(),
             floor: self.options.floor,
             headroom: self.options.headroom,
+            fallback,
             asks: sent
                 .iter()
                 .map(|(k, spec)| ShareAsk {
                     key: global_key(k),
                     rate: spec.rate,
                     demand: demands.get(*k).copied().unwrap_or(0.0),
+                    base: fallback_base(last.get(*k), now, fallback.hold_ms),
                 })
                 .collect(),
         }
@@ -180,8 +214,10 @@ impl Global {
         self.install(leases).await;
     }
 
-    /// The global store failed: decides on `fallback_share` of each counter's
-    /// last lease (or of its floor, before the first one) until a renewal succeeds.
+    /// The global store failed: decides on `fallback_share` of each
+    /// counter's last lease until the fallback time after that lease's
+    /// expiry, then on the floor (at once, before the first lease), until a
+    /// renewal succeeds.
     async fn fall_back(&self, sent: &[(&String, &GlobalSpec)], why: &RenewError) {
         metrics()
             .global
@@ -192,26 +228,22 @@ impl Global {
             tracing::warn!("global store failed ({why}); deciding on conservative quotas");
         }
         metrics().global.fallback.set(1);
-        let share = self.options.fallback_share;
+        let fallback = self.fallback();
         let last = self
             .last_good
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone();
-        let mut leases = HashMap::new();
-        for &(k, spec) in sent {
-            let base = last
-                .get(k)
-                .copied()
-                .unwrap_or_else(|| spec.floor_lease(self.options.floor));
-            let lease = Lease {
-                rate: base.rate * share,
-                burst: ((base.burst as f64 * share) as u64).max(1),
-                expires_at_ms: u64::MAX,
-                fallback: true,
-            };
-            leases.insert(k.clone(), lease);
-        }
+        let leases = sent
+            .iter()
+            .map(|&(k, spec)| {
+                let lease = match last.get(k) {
+                    Some(l) => fallback_lease(l, &fallback),
+                    None => spec.floor_lease(self.options.floor),
+                };
+                (k.clone(), lease)
+            })
+            .collect();
         self.install(leases).await;
     }
 

@@ -180,22 +180,22 @@ impl Planner<'_> {
         let names = (limit.label.as_deref().unwrap_or(rule.name()), rule.name());
         let share = fair.ask(&whole.key, names, spec, value, asked, fair::rate_of(whole))?;
         let mut o = pending(i, limit);
-        o.credit_limit = fair::share_credits(whole, share.ask.fraction, scaled);
+        o.credit_limit =
+            fair::share_credits(whole, share.ask.fraction, scaled, limit.reset_seconds);
         o.fair = true;
         Some((o, fair::share_op(whole, &share, scaled), share))
     }
 }
 
-/// A global limit counts in the region's store at the region's lease, in
-/// thousandths of a credit per window.
+/// A global limit counts in the region's store at the region's lease, with
+/// the same capacity whatever the lease (`crate::global::lease_bucket`).
 fn lease(global: &Global, op: &mut CounterOp, limit: &LimitSpec, cost: u64) {
     op.key.push_str(":global");
     let (rate, burst) = global.quota(&op.key, limit, cost);
-    let window = limit.reset_seconds.max(1);
-    let per_window_milli = rate * window as f64 * 1000.0;
-    op.limit = (per_window_milli.floor() as u64).max(1);
-    op.window = Duration::from_secs(window.saturating_mul(1000));
-    op.burst = burst;
+    let bucket = crate::global::lease_bucket(rate, burst, limit.burst, limit.reset_seconds);
+    op.limit = bucket.limit;
+    op.window = Duration::from_millis(bucket.window_ms);
+    op.burst = bucket.burst;
 }
 
 /// A limit's outcome before the store answers; `finish` pairs the outcomes

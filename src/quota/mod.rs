@@ -9,7 +9,11 @@
 //! of what is left get what they want (capped at it), repeatedly; the rest
 //! is split in proportion to what they want, unwanted capacity in
 //! proportion to demand. A renewing region is granted `min(its target,
-//! rate − the live grants of the others)`: live grants never exceed the rate.
+//! rate − what the others hold back)`: each other region's live grant, and
+//! the fallback reserve of each region whose grant lapsed, for as long as
+//! it may still decide on it ([`Record`], [`renew`]). Live grants and
+//! reserves never exceed the rate, so neither does what every region may
+//! admit while some are cut off from the store.
 
 /// The knobs of the sharing.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -132,6 +136,141 @@ pub fn others_waiting(targets: &[f64], grants: &[f64]) -> bool {
     targets.iter().zip(grants).any(|(t, g)| *g < 0.9 * t)
 }
 
+/// How a holder decides once it can no longer renew, as it tells the
+/// store with each renewal, so the store holds back what it may still use.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Fallback {
+    /// The share of its lease it keeps deciding on.
+    pub share: f64,
+    /// How long after its grant lapses it keeps that share, in ms.
+    pub hold_ms: u64,
+}
+
+/// What the store keeps of one holder of a counter (the renewal script's
+/// `demand grant expires reserve until`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Record {
+    /// Its demand as last reported, credits per second.
+    pub demand: f64,
+    /// Its grant, credits per second.
+    pub grant: f64,
+    /// Epoch ms its grant lapses unless renewed.
+    pub expires_ms: u64,
+    /// What it may decide on without the store, credits per second: the
+    /// fallback share of the larger of its grant and the lease it held
+    /// when it asked (an answer it never got cannot lower its fallback).
+    pub reserve: f64,
+    /// Epoch ms until which the reserve is held back; the record goes then.
+    pub until_ms: u64,
+}
+
+impl Record {
+    /// The record a renewal at `now_ms` writes: `grant` for `life_ms`, and
+    /// the fallback of `grant` or of `base` (the holder's lease in force)
+    /// for `fallback.hold_ms` more.
+    pub fn new(
+        demand: f64,
+        grant: f64,
+        base: f64,
+        now_ms: u64,
+        life_ms: u64,
+        fallback: &Fallback,
+    ) -> Record {
+        let expires_ms = now_ms.saturating_add(life_ms);
+        Record {
+            demand,
+            grant,
+            expires_ms,
+            reserve: fallback.share * grant.max(base),
+            until_ms: expires_ms.saturating_add(fallback.hold_ms),
+        }
+    }
+
+    /// Whether the holder still renews: it takes part in the sharing.
+    pub fn live(&self, now_ms: u64) -> bool {
+        self.expires_ms > now_ms
+    }
+
+    /// What the record holds back from the others at `now_ms`: the grant
+    /// (or the reserve, if larger) while live, then the reserve until its
+    /// end; `None` once it is over (the store drops it).
+    pub fn held(&self, now_ms: u64) -> Option<f64> {
+        if self.live(now_ms) {
+            Some(self.grant.max(self.reserve))
+        } else if self.until_ms > now_ms {
+            Some(self.reserve)
+        } else {
+            None
+        }
+    }
+}
+
+/// The terms every renewal of a holder carries.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Terms {
+    /// The counter's sharing knobs.
+    pub sharing: Sharing,
+    /// How long a grant lives without renewal, in ms.
+    pub life_ms: u64,
+    /// How the holder falls back.
+    pub fallback: Fallback,
+}
+
+/// What one renewal answers for one counter.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Renewed {
+    /// The holder's grant, credits per second.
+    pub grant: f64,
+    /// Its target (what it gets once the others have renewed).
+    pub target: f64,
+    /// Whether another live holder waits for share (see [`others_waiting`]).
+    pub others_waiting: bool,
+}
+
+/// One renewal of one counter by `holder` at `now_ms`, as the renewal script
+/// runs it on `records` (in the store's order): records whose reserve is
+/// over are dropped; targets are shared among the live holders and this
+/// one; the grant is `min(target, rate − what the others hold back)`, so
+/// live grants and the reserves of holders cut off from the store never sum
+/// above the rate; this holder's record is written (in place, or last).
+pub fn renew(
+    records: &mut Vec<(String, Record)>,
+    holder: &str,
+    demand: f64,
+    base: f64,
+    terms: &Terms,
+    now_ms: u64,
+) -> Renewed {
+    records.retain(|(h, r)| h == holder || r.held(now_ms).is_some());
+    let live: Vec<&Record> = records
+        .iter()
+        .filter(|(h, r)| h != holder && r.live(now_ms))
+        .map(|(_, r)| r)
+        .collect();
+    let others: f64 = records
+        .iter()
+        .filter(|(h, _)| h != holder)
+        .filter_map(|(_, r)| r.held(now_ms))
+        .sum();
+    let mut demands: Vec<f64> = live.iter().map(|r| r.demand).collect();
+    demands.push(demand);
+    let t = targets(&terms.sharing, &demands);
+    let target = t[t.len() - 1];
+    let grants: Vec<f64> = live.iter().map(|r| r.grant).collect();
+    let waiting = others_waiting(&t[..t.len() - 1], &grants);
+    let g = grant(terms.sharing.rate, target, others);
+    let record = Record::new(demand, g, base, now_ms, terms.life_ms, &terms.fallback);
+    match records.iter_mut().find(|(h, _)| h == holder) {
+        Some((_, r)) => *r = record,
+        None => records.push((holder.to_owned(), record)),
+    }
+    Renewed {
+        grant: g,
+        target,
+        others_waiting: waiting,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -211,6 +350,93 @@ mod tests {
         // Below the floor share, moves of less than a fifth of it do not count.
         assert!(!demand_moved(0.0, 0.3, 2.0, 100.0));
         assert!(demand_moved(0.0, 0.5, 2.0, 100.0));
+    }
+
+    fn terms(rate: f64) -> Terms {
+        Terms {
+            sharing: sharing(rate),
+            life_ms: 3000,
+            fallback: Fallback {
+                share: 0.5,
+                hold_ms: 2000,
+            },
+        }
+    }
+
+    #[test]
+    fn a_lapsed_grant_is_held_back_at_its_fallback_share_for_the_fallback_time() {
+        let fb = terms(200.0).fallback;
+        let r = Record::new(150.0, 60.0, 0.0, 1000, 3000, &fb);
+        assert_eq!((r.expires_ms, r.until_ms, r.reserve), (4000, 6000, 30.0));
+        assert_eq!(r.held(3999), Some(60.0));
+        assert!(r.live(3999) && !r.live(4000));
+        assert_eq!(r.held(4000), Some(30.0));
+        assert_eq!(r.held(5999), Some(30.0));
+        assert_eq!(r.held(6000), None);
+        // The lease in force when it asked counts, if larger than the grant.
+        let r = Record::new(10.0, 20.0, 100.0, 1000, 3000, &fb);
+        assert_eq!((r.held(3999), r.held(4000)), (Some(50.0), Some(50.0)));
+    }
+
+    #[test]
+    fn a_cut_off_region_s_reserve_is_granted_to_nobody_until_its_time_is_over() {
+        let t = terms(200.0);
+        let mut records = Vec::new();
+        for (i, h) in ["a", "b", "c", "a", "b", "c"].iter().enumerate() {
+            renew(&mut records, h, 150.0, 0.0, &t, 500 * i as u64);
+        }
+        // "a" last renewed at 1500: its grant lives to 4500, its reserve to 6500.
+        let a = records[0].1;
+        assert!((a.grant - 200.0 / 3.0).abs() < 1e-6, "{records:?}");
+        let held_by = |records: &Vec<(String, Record)>, now| -> f64 {
+            records.iter().filter_map(|(_, r)| r.held(now)).sum()
+        };
+        let mut now = 3000;
+        while now < 9000 {
+            let (b, c) = (
+                renew(&mut records, "b", 150.0, 0.0, &t, now),
+                renew(&mut records, "c", 150.0, 0.0, &t, now + 250),
+            );
+            assert!(
+                held_by(&records, now + 250) <= 200.0 + 1e-9,
+                "at {now}: {records:?}"
+            );
+            let a_holds = if now + 250 < 4500 {
+                a.grant
+            } else if now + 250 < 6500 {
+                a.reserve
+            } else {
+                0.0
+            };
+            assert!(
+                b.grant + c.grant + a_holds <= 200.0 + 1e-9,
+                "at {now}: {b:?} {c:?}"
+            );
+            if now >= 6500 {
+                // Once the reserve is over, "a" is gone and the others share the rate.
+                assert!(
+                    (b.grant + c.grant - 200.0).abs() < 1e-6,
+                    "at {now}: {b:?} {c:?}"
+                );
+                assert!(records.iter().all(|(h, _)| h != "a"));
+            }
+            now += 500;
+        }
+    }
+
+    #[test]
+    fn an_answer_that_never_arrived_does_not_lower_the_reserve() {
+        let t = terms(200.0);
+        let mut records = Vec::new();
+        renew(&mut records, "a", 150.0, 0.0, &t, 0);
+        let first = renew(&mut records, "b", 150.0, 0.0, &t, 0);
+        // "a" asks again with a lower demand and never hears the answer: it
+        // falls back on half its lease in force (base), not of the new grant.
+        let lowered = renew(&mut records, "a", 5.0, 100.0, &t, 100);
+        assert!(lowered.grant < 10.0, "{lowered:?}");
+        assert_eq!(records[0].1.reserve, 50.0);
+        let b = renew(&mut records, "b", 150.0, 0.0, &t, 200);
+        assert!((b.grant - 150.0).abs() < 1e-6, "{first:?} {b:?}");
     }
 
     #[test]

@@ -60,7 +60,9 @@ impl Readiness {
         }
         match limiter.global() {
             Some(g) if g.in_fallback() => Verdict::Degraded(
-                "global store unreachable: global limits decide on conservative quotas".into(),
+                "global store unreachable: global limits decide on conservative quotas \
+                 (a share of the last lease for a bounded time, then the floor)"
+                    .into(),
             ),
             _ => Verdict::Ready,
         }

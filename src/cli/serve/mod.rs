@@ -268,6 +268,12 @@ pub struct ServeArgs {
     /// The share of its last lease a region keeps while the global store fails.
     #[arg(long, env = "DIVVY_GLOBAL_FALLBACK_SHARE", default_value_t = 0.5)]
     global_fallback_share: f64,
+    /// How long after its last lease lapses a region cut off from the global
+    /// store keeps that share, in milliseconds (then the floor); the global
+    /// store holds the share back from the other regions for as long, and a
+    /// dead region's share goes to the others this long after its lease.
+    #[arg(long, env = "DIVVY_GLOBAL_FALLBACK_MS", default_value_t = 2000)]
+    global_fallback_ms: u64,
     /// The smallest share of a global limit a region with demand gets (a fraction of the limit).
     #[arg(long, env = "DIVVY_GLOBAL_FLOOR", default_value_t = 0.01)]
     global_floor: f64,

@@ -85,6 +85,7 @@ pub(super) fn settings(args: &ServeArgs) -> anyhow::Result<Settings> {
         global,
         global_lease: Duration::from_millis(args.global_lease_ms),
         global_fallback_share: args.global_fallback_share,
+        global_fallback: Duration::from_millis(args.global_fallback_ms),
         global_floor: args.global_floor,
         rlqs_assignment_ttl: args.rlqs_assignment_ttl,
         rlqs_max_buckets_per_stream: args.rlqs_max_buckets_per_stream,

@@ -140,12 +140,19 @@ impl Replicas {
             life_ms: LEASE_LIFE.as_millis(),
             floor: FLOOR,
             headroom: HEADROOM,
+            // A replica keeps its last shares when Redis fails; nothing is
+            // held back for it once its grant lapses.
+            fallback: crate::quota::Fallback {
+                share: 0.0,
+                hold_ms: 0,
+            },
             asks: asks
                 .iter()
                 .map(|a| ShareAsk {
                     key: shared_key(&a.counter),
                     rate: a.rate,
                     demand: a.demand,
+                    base: 0.0,
                 })
                 .collect(),
         }

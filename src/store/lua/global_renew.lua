@@ -1,20 +1,32 @@
 -- One region's lease renewal for all its global counters, atomically, on
--- the global store: the mirror of src/quota/mod.rs.
+-- the global store: the mirror of src/quota/mod.rs (`renew`).
 -- KEYS[i]: a global counter's hash (field = region, value =
---   "<demand/s> <grant/s> <expires ms>").
+--   "<demand/s> <grant/s> <expires ms> <reserve/s> <until ms>"; a record of
+--   the older form "<demand/s> <grant/s> <expires ms>" reads as no reserve).
 -- ARGV[1] region, ARGV[2] lease lifetime ms, ARGV[3] floor (fraction of the
 -- rate), ARGV[4] headroom (fraction of demand), ARGV[5] now ms or -1 for
--- Redis TIME; then per key: rate (credits/s), demand (credits/s).
+-- Redis TIME, ARGV[6] fallback share, ARGV[7] fallback ms (how long after
+-- its grant lapses the region keeps deciding on that share); then per key:
+-- rate (credits/s), demand (credits/s), base (the region's lease in force,
+-- credits/s: what it falls back from if this answer never reaches it).
+-- A region's record holds back its grant (or its reserve, if larger) until
+-- it expires, then its reserve (fallback share x max(grant, base)) for the
+-- fallback time, then goes: a region cut off from this store decides on
+-- exactly that reserve for exactly that time, so the grants of the others
+-- and the reserves never sum above the rate.
 -- Returns per key: the grant (credits/s, as text), the region's target
 -- (what it would get once the others have renewed), the view
--- ("region=grant region=grant ...", every live region's grant) and "1" when
--- another region holds less than 0.9 × its own target (it waits for share
--- this region holds: renew sooner to give it back), else "0".
+-- ("region=grant region=grant ...": every live region's grant, and the
+-- reserve of each region whose grant lapsed) and "1" when another live
+-- region holds less than 0.9 x its own target (it waits for share this
+-- region holds: renew sooner to give it back), else "0".
 local region = ARGV[1]
 local life = tonumber(ARGV[2])
 local floor_f = tonumber(ARGV[3])
 local headroom = tonumber(ARGV[4])
 local now = tonumber(ARGV[5])
+local share = tonumber(ARGV[6])
+local hold = tonumber(ARGV[7])
 if now < 0 then
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -64,41 +76,56 @@ local function targets(rate, demands)
   return out
 end
 
+-- A record as (demand, grant, expires, reserve, until), or nil.
+local function parse(v)
+  local d, g, e, res, u = string.match(v, '^(%S+) (%S+) (%S+) (%S+) (%S+)$')
+  if not d then
+    d, g, e = string.match(v, '^(%S+) (%S+) (%S+)$')
+    res, u = 0, e
+  end
+  d, g, e, res, u = tonumber(d), tonumber(g), tonumber(e), tonumber(res), tonumber(u)
+  if d and g and e and res and u then return d, g, e, res, u end
+  return nil
+end
+
 local out = {}
 for k = 1, #KEYS do
   local key = KEYS[k]
-  local rate = tonumber(ARGV[5 + 2 * k - 1])
-  local demand = tonumber(ARGV[5 + 2 * k])
+  local rate = tonumber(ARGV[7 + 3 * k - 2])
+  local demand = tonumber(ARGV[7 + 3 * k - 1])
+  local base = tonumber(ARGV[7 + 3 * k])
   local raw = redis.call('HGETALL', key)
-  local names, demands, grants = {}, {}, {}
+  local names, demands, grants, view = {}, {}, {}, {}
   local others = 0
   for j = 1, #raw, 2 do
     local r, v = raw[j], raw[j + 1]
     if r ~= region then
-      local d, g, e = string.match(v, '^(%S+) (%S+) (%S+)$')
-      d, g, e = tonumber(d), tonumber(g), tonumber(e)
-      if d and g and e and e > now then
+      local d, g, e, res, u = parse(v)
+      if d and e > now then
         names[#names + 1] = r
         demands[#demands + 1] = d
         grants[#grants + 1] = g
-        others = others + g
+        others = others + math.max(g, res)
+        view[#view + 1] = r .. '=' .. string.format('%.6f', g)
+      elseif d and u > now then
+        others = others + res
+        view[#view + 1] = r .. '=' .. string.format('%.6f', res)
       else
         redis.call('HDEL', key, r)
       end
     end
   end
-  names[#names + 1] = region
   demands[#demands + 1] = demand
   local t = targets(rate, demands)
   local g = math.max(math.min(t[#t], rate - others), 0)
   local waiting = '0'
-  for i = 1, #names - 1 do
+  for i = 1, #names do
     if grants[i] < 0.9 * t[i] then waiting = '1' end
   end
-  redis.call('HSET', key, region, string.format('%.6f %.6f %.0f', demand, g, now + life))
-  redis.call('PEXPIRE', key, life * 3)
-  local view = {}
-  for i = 1, #names - 1 do view[#view + 1] = names[i] .. '=' .. string.format('%.6f', grants[i]) end
+  local expires = now + life
+  redis.call('HSET', key, region, string.format('%.6f %.6f %.0f %.6f %.0f',
+    demand, g, expires, share * math.max(g, base), expires + hold))
+  redis.call('PEXPIRE', key, life * 3 + hold)
   view[#view + 1] = region .. '=' .. string.format('%.6f', g)
   out[#out + 1] = string.format('%.6f', g)
   out[#out + 1] = string.format('%.6f', t[#t])

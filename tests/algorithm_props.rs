@@ -353,6 +353,8 @@ struct OpGen {
     decides: bool,
     /// [`CounterOp::fill`].
     fill: bool,
+    /// [`CounterOp::overdraft`].
+    overdraft: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -402,15 +404,19 @@ fn op_gen() -> impl Strategy<Value = OpGen> {
         prop::bool::weighted(0.3),
         prop::bool::weighted(0.85),
         prop::bool::weighted(0.3),
+        prop::bool::weighted(0.3),
     )
-        .prop_map(|(counter, cost, refund, joint, decides, fill)| OpGen {
-            counter,
-            cost,
-            refund,
-            joint,
-            decides,
-            fill,
-        })
+        .prop_map(
+            |(counter, cost, refund, joint, decides, fill, overdraft)| OpGen {
+                counter,
+                cost,
+                refund,
+                joint,
+                decides,
+                fill,
+                overdraft,
+            },
+        )
 }
 
 fn request_gen() -> impl Strategy<Value = RequestGen> {
@@ -471,6 +477,7 @@ impl OpGen {
             joint: self.joint,
             decides: self.decides,
             fill: self.fill,
+            overdraft: self.overdraft,
             ..c.op(cost)
         }
     }
@@ -488,6 +495,7 @@ fn describe(requests: &[Request]) -> String {
                     (o.joint, " joint"),
                     (!o.decides, " canary"),
                     (o.fill, " fill"),
+                    (o.overdraft, " overdraft"),
                 ] {
                     if on {
                         s.push_str(word);

@@ -239,11 +239,13 @@ impl Looked {
     }
 }
 
-/// Whether op `i` may be answered from, and taught to, the cache.
+/// Whether op `i` may be answered from, and taught to, the cache. Never an
+/// overdraft op: a cached denial would skip a charge that must be applied.
 fn cacheable(ops: &[CounterOp], i: usize, charge: Charge) -> bool {
     let op = &ops[i];
     let alone = !op.joint && ops.get(i + 1).is_none_or(|next| !next.joint);
     op.algorithm.spec().over_limit_cache
+        && !op.overdraft
         && op.cost > 0
         && !op.refund
         && alone

@@ -68,6 +68,9 @@ pub struct LimitSpec {
     pub global: bool,
     /// Whether the limit is divided among the values of a request key.
     pub fair_share: Option<FairShareSpec>,
+    /// Whether a hit is charged in full even past what is left, leaving the
+    /// counter in debt (`overdraft: true`; see `CounterOp::overdraft`).
+    pub overdraft: bool,
 }
 
 /// Default of `fairShare.idle`.

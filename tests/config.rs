@@ -657,6 +657,16 @@ fn overdraft_is_read_in_every_syntax_and_checked() {
         Format::Yaml,
     );
     assert_eq!(yaml, [vec![true], vec![true, false], vec![false]]);
+    let policy = parse_str(
+        &with_default("  - operation: {a: b}\n    creditLimit: 1000\n    resetSeconds: 1h\n    overdraft: true\n"),
+        Format::Yaml,
+        "over",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        policy.rules[0].limits[0].describe(),
+        "1000 per 3600s, overdraft"
+    );
     let json = overdrafts(
         r#"{"overrides": [{"operation": {"a": "b"}, "creditLimit": 1, "resetSeconds": 1, "overdraft": false}], "default": {"creditLimit": 1, "resetSeconds": 60, "overdraft": true}}"#,
         Format::Json,

@@ -641,3 +641,66 @@ fn denied_body_is_read_in_every_syntax_and_checked() {
         &["deniedBody must be `none` or `problem-json`, found `problem_json`"],
     );
 }
+
+#[test]
+fn overdraft_is_read_in_every_syntax_and_checked() {
+    let overdrafts = |text: &str, format: Format| {
+        let policy = parse_str(text, format, "over").unwrap_or_else(|e| panic!("{text}\n{e}"));
+        policy
+            .rules
+            .iter()
+            .map(|r| r.limits.iter().map(|l| l.overdraft).collect::<Vec<_>>())
+            .collect::<Vec<_>>()
+    };
+    let yaml = overdrafts(
+        &with_default("  - operation: {a: b}\n    creditLimit: 1000\n    resetSeconds: 1h\n    overdraft: true\n  - operation: {a: c}\n    limits:\n      - {creditLimit: 10, resetSeconds: 1, overdraft: true}\n      - {creditLimit: 1000, resetSeconds: 1h, algorithm: token_bucket}\n"),
+        Format::Yaml,
+    );
+    assert_eq!(yaml, [vec![true], vec![true, false], vec![false]]);
+    let policy = parse_str(
+        &with_default("  - operation: {a: b}\n    creditLimit: 1000\n    resetSeconds: 1h\n    overdraft: true\n"),
+        Format::Yaml,
+        "over",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        policy.rules[0].limits[0].describe(),
+        "1000 per 3600s, overdraft"
+    );
+    let json = overdrafts(
+        r#"{"overrides": [{"operation": {"a": "b"}, "creditLimit": 1, "resetSeconds": 1, "overdraft": false}], "default": {"creditLimit": 1, "resetSeconds": 60, "overdraft": true}}"#,
+        Format::Json,
+    );
+    assert_eq!(json, [vec![false], vec![true]]);
+    let ini = overdrafts(
+        "[a=b]\ncreditLimit = 1\nresetSeconds = 1\noverdraft = true\n[a=c]\nlimits.1.creditLimit = 5\nlimits.1.resetSeconds = 1\nlimits.2.creditLimit = 9\nlimits.2.resetSeconds = 9\nlimits.2.overdraft = true\n[default]\ncreditLimit = 1\nresetSeconds = 60\n",
+        Format::Ini,
+    );
+    assert_eq!(ini, [vec![true], vec![false, true], vec![false]]);
+
+    assert_has(
+        &yaml_errors(&with_default(
+            "  - operation: {a: b}\n    creditLimit: 1\n    resetSeconds: 1\n    overdraft: yes please\n",
+        )),
+        &["rule #1 (a=b)", "overdraft must be true or false, found `yes please`"],
+    );
+    assert_has(
+        &yaml_errors(&with_default(
+            "  - operation: {a: b}\n    limits:\n      - {creditLimit: 1, resetSeconds: 1, overdraft: 1}\n",
+        )),
+        &["limits[0].overdraft must be true or false, found 1"],
+    );
+    assert_has(
+        &errors(
+            "[a=b]\ncreditLimit = 1\nresetSeconds = 1\noverdraft = on\n[default]\ncreditLimit = 1\nresetSeconds = 60\n",
+            Format::Ini,
+        ),
+        &["overdraft must be true or false, found `on`"],
+    );
+    assert_has(
+        &yaml_errors(&with_default(
+            "  - operation: {a: b}\n    overdraft: true\n    limits:\n      - {creditLimit: 1, resetSeconds: 1}\n",
+        )),
+        &["`overdraft` cannot stand beside `limits`; set it on each limit"],
+    );
+}

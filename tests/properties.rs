@@ -161,6 +161,7 @@ proptest! {
                 label: None,
                 global: false,
                 fair_share: None,
+                overdraft: false,
             }],
             multi: false,
             match_policy: MatchPolicy::Stop,

@@ -124,6 +124,8 @@ struct Op {
     /// times; or 0 or 2: a counter of its own in the request before it; or
     /// 1 or 3: in the group (one rule's limits) of the counter before it.
     flags: i64,
+    /// Whether the op overdraws (its shape's algorithm + 8).
+    overdraft: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -170,12 +172,14 @@ fn op() -> impl Strategy<Value = Op> {
         prop_oneof![3 => Just(0i64), 1 => Just(-1i64), 1 => Just(2i64)],
         prop_oneof![1 => Just(0i64), 4 => Just(1i64), 1 => Just(2i64), 1 => Just(7i64)],
         prop::sample::select(vec![4i64, 4, 4, 6, 12, 0, 0, 2, 1, 1, 3]),
+        prop::bool::weighted(0.3),
     )
-        .prop_map(|(counter, shift, cost, flags)| Op {
+        .prop_map(|(counter, shift, cost, flags, overdraft)| Op {
             counter,
             knob: shift,
             cost,
             flags,
+            overdraft,
         })
 }
 
@@ -306,7 +310,8 @@ fn call_args(
         keys.push(key(prefix, case, op.counter));
         let limit = (c.own + op.knob).max(1);
         let burst = if c.algorithm == 0 { c.own } else { c.burst };
-        let p = shape_of([c.algorithm, limit, c.window_ms, burst]);
+        let code = c.algorithm + if op.overdraft { 8 } else { 0 };
+        let p = shape_of([code, limit, c.window_ms, burst]);
         per_key.push((p * 128 + op.flags, op.cost));
     }
     if general {
@@ -497,6 +502,7 @@ async fn only_counters_charged_on_their_own_take_the_lean_path() {
         knob: 0,
         cost: 1,
         flags,
+        overdraft: false,
     };
     // The lean path returns before the general path starts: with a Lua
     // error planted there, a lean call still works, and another fails.
@@ -615,6 +621,7 @@ fn one_counter(algorithm: i64, burst: i64, start: &'static str) -> (Case, Op) {
         knob: 0,
         cost: 1,
         flags: 4,
+        overdraft: false,
     };
     (case, op)
 }
@@ -695,6 +702,7 @@ async fn a_knob_beyond_exact_integers_answers_and_writes_alike() {
                         knob: 1 << 60,
                         cost: 1,
                         flags: 4,
+                        overdraft: false,
                     }],
                 )],
                 hinted,

@@ -94,13 +94,14 @@ pub fn parse(text: &str) -> Result<RawConfig, (usize, String)> {
             "scope" => set_text(&mut rule.scope, value),
             "fairShare" => set_fair_share(&mut rule.fair_share, value),
             "deniedBody" => set_text(&mut rule.denied_body, value),
+            "overdraft" => set_bool(&mut rule.overdraft, value),
             other => {
                 return Err((
                     line_no,
                     format!(
                         "unknown field `{other}`; expected one of creditLimit, resetSeconds, \
                          actorField, matchPolicy, label, comment, domain, algorithm, burst, scope, \
-                         fairShare, deniedBody, limits.<n>.<field>"
+                         fairShare, deniedBody, overdraft, limits.<n>.<field>"
                     ),
                 ))
             }
@@ -143,10 +144,11 @@ fn set_limit_field(rule: &mut RawRule, rest: &str, value: String) -> Result<(), 
         "label" => set_text(&mut limit.label, value),
         "scope" => set_text(&mut limit.scope, value),
         "fairShare" => set_fair_share(&mut limit.fair_share, value),
+        "overdraft" => set_bool(&mut limit.overdraft, value),
         other => {
             return Err(format!(
                 "unknown limit field `{other}`; expected one of creditLimit, resetSeconds, \
-                 algorithm, burst, actorField, label, scope, fairShare"
+                 algorithm, burst, actorField, label, scope, fairShare, overdraft"
             ))
         }
     };
@@ -168,6 +170,18 @@ fn finish(config: &mut RawConfig, section: Option<(RawRule, bool, usize)>) {
 fn set_scalar(slot: &mut Option<Scalar>, value: String) -> bool {
     let fresh = slot.is_none();
     *slot = Some(Scalar::Str(value));
+    fresh
+}
+
+/// `true` and `false` as booleans (INI has only text); anything else as
+/// the text it is, which validation refuses with the value in its message.
+fn set_bool(slot: &mut Option<Scalar>, value: String) -> bool {
+    let fresh = slot.is_none();
+    *slot = Some(match value.as_str() {
+        "true" => Scalar::Bool(true),
+        "false" => Scalar::Bool(false),
+        _ => Scalar::Str(value),
+    });
     fresh
 }
 

@@ -68,6 +68,9 @@ pub struct LimitSpec {
     pub global: bool,
     /// Whether the limit is divided among the values of a request key.
     pub fair_share: Option<FairShareSpec>,
+    /// Whether a hit is charged in full even past what is left, leaving the
+    /// counter in debt (`overdraft: true`; see `CounterOp::overdraft`).
+    pub overdraft: bool,
 }
 
 /// Default of `fairShare.idle`.
@@ -89,11 +92,18 @@ pub struct FairShareSpec {
 }
 
 impl LimitSpec {
-    /// `40 per 1s`, `token bucket 40 per 1s, burst 80`, `always deny`, ...
+    /// `40 per 1s`, `token bucket 40 per 1s, burst 80`, `1000 per 3600s,
+    /// overdraft`, `always deny`, ...
     pub fn describe(&self) -> String {
         match (self.credit_limit, self.reset_seconds) {
             (0, _) => "always deny".to_owned(),
             (n, 0) => format!("always allow ({n})"),
+            (n, s) if self.overdraft => {
+                format!(
+                    "{}, overdraft",
+                    (self.algorithm.spec().describe)(n, s, self.burst)
+                )
+            }
             (n, s) => (self.algorithm.spec().describe)(n, s, self.burst),
         }
     }

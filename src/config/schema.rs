@@ -61,6 +61,8 @@ pub struct RawRule {
     pub fair_share: Option<RawFairShare>,
     /// `none` or `problem-json`: the body of this rule's denials (default: `--denied-body`).
     pub denied_body: Option<String>,
+    /// `true`: a hit is charged in full even past what is left (a debt).
+    pub overdraft: Option<Scalar>,
 }
 
 /// `fairShare: KEY` or `fairShare: {by: KEY, idle: 5s, maxActors: 10000}`.
@@ -132,6 +134,8 @@ pub struct RawLimit {
     pub scope: Option<String>,
     /// Divides the limit among the values of a request key, max-min fair by demand.
     pub fair_share: Option<RawFairShare>,
+    /// `true`: a hit is charged in full even past what is left (a debt).
+    pub overdraft: Option<Scalar>,
 }
 
 /// A scalar value from YAML, JSON or INI: numbers and booleans are accepted

@@ -270,6 +270,7 @@ pub fn counter_op(
     let c = (effective.algorithm.spec().counted)(own.numbers(), effective.numbers());
     CounterOp {
         burst: c.burst,
+        overdraft: own.overdraft,
         ..CounterOp::new(
             rule.counter_key(operation, own),
             effective.algorithm,

@@ -73,6 +73,14 @@ pub struct CounterOp {
     /// group of one, not a refund, cost above 0; elsewhere it is a plain
     /// denied hit.
     pub fill: bool,
+    /// Apply a hit in full even past what is left, leaving the counter in
+    /// debt that the algorithm's own recovery pays back (a window's reset, a
+    /// bucket's refill). The op is allowed while anything is left before
+    /// the hit (a check: while something is left) and answers 0 left while
+    /// in debt. A denied hit is charged anyway when charged on its own (as
+    /// [`CounterOp::fill`]); in a group or an all-or-nothing request it is
+    /// charged only when the whole is (see [`algorithm::overdrawn`]).
+    pub overdraft: bool,
 }
 
 impl CounterOp {
@@ -95,6 +103,7 @@ impl CounterOp {
             joint: false,
             decides: true,
             fill: false,
+            overdraft: false,
         }
     }
 }

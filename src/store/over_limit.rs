@@ -239,11 +239,13 @@ impl Looked {
     }
 }
 
-/// Whether op `i` may be answered from, and taught to, the cache.
+/// Whether op `i` may be answered from, and taught to, the cache. Never an
+/// overdraft op: a cached denial would skip a charge that must be applied.
 fn cacheable(ops: &[CounterOp], i: usize, charge: Charge) -> bool {
     let op = &ops[i];
     let alone = !op.joint && ops.get(i + 1).is_none_or(|next| !next.joint);
     op.algorithm.spec().over_limit_cache
+        && !op.overdraft
         && op.cost > 0
         && !op.refund
         && alone
@@ -392,5 +394,27 @@ mod tests {
         }
         // At most one entry per shard past the bound's share of it.
         assert!(p.cached.len() <= 16, "{}", p.cached.len());
+    }
+
+    #[tokio::test]
+    async fn an_overdraft_is_never_answered_by_the_cache() {
+        let p = pair(100);
+        let over = |cost| CounterOp {
+            overdraft: true,
+            cost,
+            ..op("k", 2)
+        };
+        assert!(p.both(&[over(5)]).await[0].allowed);
+        // In debt: denied, yet each hit is charged (the debt grows), which
+        // a cached denial would skip; the answers agree with the store's.
+        for _ in 0..3 {
+            assert!(!p.both(&[over(1)]).await[0].allowed);
+        }
+        assert!(p.cached.is_empty());
+        let mut refund = over(5);
+        refund.refund = true;
+        // 3 + 3 in debt: 5 back leaves nothing, so a check is still denied.
+        p.both(&[refund]).await;
+        assert!(!p.both(&[over(0)]).await[0].allowed);
     }
 }

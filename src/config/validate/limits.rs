@@ -51,6 +51,7 @@ pub(super) fn check_limit(
         reset_seconds,
     };
     let fair_share = check_fair_share(raw.fair_share.as_ref(), &fair, who, field, problems);
+    let overdraft = check_overdraft(raw.overdraft.as_ref(), who, field, problems);
     let limit = LimitSpec {
         credit_limit,
         reset_seconds,
@@ -60,12 +61,28 @@ pub(super) fn check_limit(
         label: raw.label.clone(),
         global,
         fair_share,
+        overdraft,
     };
     check_exact_in_scripts(&limit, who, field, problems);
     if let Some(label) = &raw.label {
         check_label(label, who, field, problems);
     }
     (problems.len() == before).then_some(limit)
+}
+
+/// `overdraft`: `true` or `false` (default false).
+fn check_overdraft(v: Option<&Scalar>, who: &str, field: &str, problems: &mut Vec<String>) -> bool {
+    match v {
+        None => false,
+        Some(Scalar::Bool(b)) => *b,
+        Some(other) => {
+            problems.push(format!(
+                "{who}: {field}overdraft must be true or false, found {}",
+                show(other)
+            ));
+            false
+        }
+    }
 }
 
 /// `creditLimit`: required, an integer from 0 to [`MAX_CREDIT_LIMIT`].

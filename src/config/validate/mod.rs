@@ -214,6 +214,7 @@ fn single_limit(raw: &RawRule) -> RawLimit {
         label: None,
         scope: raw.scope.clone(),
         fair_share: raw.fair_share.clone(),
+        overdraft: raw.overdraft.clone(),
     }
 }
 
@@ -234,6 +235,7 @@ fn check_limit_list(
         ("actorField", raw.actor_field.is_some()),
         ("scope", raw.scope.is_some()),
         ("fairShare", raw.fair_share.is_some()),
+        ("overdraft", raw.overdraft.is_some()),
     ] {
         if set {
             problems.push(format!(

@@ -298,11 +298,84 @@ pub fn fill(
     })
 }
 
-/// The verdict of `op` on `state`, filled where `may_fill` (the op is
-/// charged on its own), and whether it takes credits (allowed, or filled).
+/// The verdict of a hit denied by `v` on `state` when its op overdraws
+/// (see [`CounterOp::overdraft`]): allowed if anything was left before it,
+/// the full cost charged past what is left (when allowed, or when `alone`:
+/// the op is charged on its own). It answers what the counter shows after
+/// (0 left in debt) and, allowed, the ms until full; denied, the ms until a
+/// retry of one credit is allowed (something is left again). `None` where
+/// overdrawing does not apply (allowed, a refund or a check), or where the
+/// debt would pass what every store counts exactly (`overdrawn_params`).
+pub fn overdrawn(
+    algorithm: Algorithm,
+    state: Option<State>,
+    now: u64,
+    p: &Params,
+    v: &Verdict,
+    alone: bool,
+) -> Option<Verdict> {
+    if v.allowed || p.refund || p.cost == 0 {
+        return None;
+    }
+    let allowed = v.remaining > 0;
+    let one = Params { cost: 1, ..*p };
+    if !allowed && !alone {
+        // Denied in a group: nothing is charged, the counter stays.
+        return Some(Verdict {
+            allowed: false,
+            remaining: 0,
+            reset_ms: step(algorithm, state, now, &one).reset_ms,
+            next: None,
+        });
+    }
+    let raised = step(algorithm, state, now, &overdrawn_params(algorithm, p));
+    let next = raised.next.filter(|_| raised.allowed)?;
+    let (remaining, full_ms) = view(algorithm, Some(next), now, p);
+    let reset_ms = if allowed {
+        full_ms
+    } else {
+        step(algorithm, Some(next), now, &one).reset_ms
+    };
+    Some(Verdict {
+        allowed,
+        remaining,
+        reset_ms,
+        next: Some(next),
+    })
+}
+
+/// `p` with room for any debt: the algorithm's own step then charges the
+/// full cost. A token bucket's capacity is its `burst` (its `limit` is the
+/// refill rate); the others' is `limit` (divvy's window counts its stored
+/// credits against `burst`, so they become `own - used`, below zero in
+/// debt). The room stops where the stores' arithmetic stops being exact,
+/// which bounds a debt: a charge past it is not applied.
+fn overdrawn_params(algorithm: Algorithm, p: &Params) -> Params {
+    if algorithm.spec().has_burst {
+        Params {
+            burst: (MAX_CREDIT_MS / p.window_ms.max(1)).max(p.burst),
+            ..*p
+        }
+    } else {
+        Params {
+            limit: MAX_CREDIT_LIMIT.max(p.limit),
+            ..*p
+        }
+    }
+}
+
+/// The verdict of `op` on `state`, overdrawn or filled where it applies
+/// (`may_fill`: the op is charged on its own), and whether it takes
+/// credits (allowed, filled, or a denied overdraft charged alone).
 fn decide(op: &CounterOp, state: Option<State>, now: u64, may_fill: bool) -> (Verdict, bool) {
     let p = Params::of(op);
     let v = step(op.algorithm, state, now, &p);
+    if op.overdraft {
+        if let Some(o) = overdrawn(op.algorithm, state, now, &p, &v, may_fill) {
+            let takes = o.next.is_some();
+            return (o, takes);
+        }
+    }
     if op.fill && may_fill {
         if let Some(f) = fill(op.algorithm, state, now, &p, &v) {
             return (f, true);

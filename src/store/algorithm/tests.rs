@@ -82,9 +82,10 @@ fn any_op() -> impl Strategy<Value = CounterOp> {
         any::<bool>(),
         any::<bool>(),
         any::<bool>(),
+        any::<bool>(),
     )
         .prop_map(
-            |(algorithm, limit, secs, burst, cost, refund, decides, fill)| {
+            |(algorithm, limit, secs, burst, cost, refund, decides, fill, overdraft)| {
                 let burst = if algorithm == Algorithm::TokenBucket {
                     burst
                 } else {
@@ -95,6 +96,7 @@ fn any_op() -> impl Strategy<Value = CounterOp> {
                     refund,
                     decides,
                     fill,
+                    overdraft,
                     ..CounterOp::new("k", algorithm, limit, Duration::from_secs(secs), cost)
                 }
             },
@@ -242,5 +244,150 @@ fn a_filled_hit_takes_what_is_left() {
         let retry = apply_request(&mut one, now, &[op(4, false)], &[0], Charge::Each);
         assert_eq!(filled[0].reset_after, retry[0].reset_after, "{algorithm:?}");
         assert_eq!(one.saves.len(), 2, "{algorithm:?}");
+    }
+}
+
+/// 1,000 credits an hour (a bucket of 1,000 refilling 1,000 an hour).
+fn hourly(algorithm: Algorithm, cost: u64) -> CounterOp {
+    CounterOp {
+        overdraft: true,
+        ..CounterOp::new("k", algorithm, 1000, Duration::from_secs(3600), cost)
+    }
+}
+
+/// One op on counter `one` at `now`, charged on its own: (allowed, left).
+fn hit(one: &mut One, now: u64, op: &CounterOp) -> (bool, u64) {
+    let a = apply_request(one, now, std::slice::from_ref(op), &[0], Charge::Each);
+    (a[0].allowed, a[0].remaining)
+}
+
+fn empty() -> One {
+    One {
+        state: None,
+        saves: Vec::new(),
+    }
+}
+
+/// The start of an hour: the epoch-aligned windows start with it.
+const HOUR_START: u64 = 1_699_999_200_000;
+
+/// With a check before each charge of 300: checks answer OK OK OK OK OVER
+/// OVER (after three charges 100 are left; the fourth charge of 300 is
+/// allowed and leaves a debt of 200), and `remaining` is 0 in debt.
+#[test]
+fn an_overdraft_admits_while_anything_is_left() {
+    for algorithm in Algorithm::ALL {
+        let mut one = empty();
+        let (check, charge) = (hourly(algorithm, 0), hourly(algorithm, 300));
+        let mut checks = Vec::new();
+        for _ in 0..4 {
+            checks.push(hit(&mut one, HOUR_START, &check).0);
+            assert!(hit(&mut one, HOUR_START, &charge).0, "{algorithm:?}");
+        }
+        checks.push(hit(&mut one, HOUR_START, &check).0);
+        checks.push(hit(&mut one, HOUR_START, &check).0);
+        assert_eq!(
+            checks,
+            [true, true, true, true, false, false],
+            "{algorithm:?}"
+        );
+        assert_eq!(hit(&mut one, HOUR_START, &check).1, 0, "{algorithm:?}");
+        // The debt of 200 is there: a refund of 250 leaves 50.
+        let refund = CounterOp {
+            refund: true,
+            ..hourly(algorithm, 250)
+        };
+        assert_eq!(
+            hit(&mut one, HOUR_START, &refund),
+            (true, 50),
+            "{algorithm:?}"
+        );
+    }
+}
+
+/// A first charge of 2,500 is allowed and leaves a debt of 1,500; hits
+/// after it are denied, and a denied hit charged on its own deepens the
+/// debt; the window's reset pays it back.
+#[test]
+fn a_first_charge_past_the_limit_is_a_debt_until_the_reset() {
+    for algorithm in [Algorithm::Window, Algorithm::Fixed, Algorithm::Sliding] {
+        let mut one = empty();
+        let now = HOUR_START + 1_000;
+        assert_eq!(hit(&mut one, now, &hourly(algorithm, 2500)), (true, 0));
+        let denied = apply_request(&mut one, now, &[hourly(algorithm, 300)], &[0], Charge::Each);
+        assert_eq!((denied[0].allowed, denied[0].remaining), (false, 0));
+        // The reset answered is when something is left again.
+        let back = now + u64::try_from(denied[0].reset_after.as_millis()).unwrap_or(0);
+        let check = hourly(algorithm, 0);
+        assert!(!hit(&mut one, back - 1, &check).0, "{algorithm:?}");
+        assert!(hit(&mut one, back, &check).0, "{algorithm:?}");
+        // Two windows on, the debt is gone whatever the algorithm.
+        let later = now + 2 * 3_600_000;
+        assert_eq!(hit(&mut one, later, &check), (true, 1000), "{algorithm:?}");
+    }
+}
+
+/// A token bucket of 1,000 an hour with a debt of 2,000 (a first charge of
+/// 3,000) pays it back in two hours: denied at 1h59m, nothing left at 2h,
+/// the first admission when one credit is back (3.6 s later).
+#[test]
+fn a_token_bucket_pays_a_debt_back_by_its_refill() {
+    let mut one = empty();
+    let bucket = |cost| hourly(Algorithm::TokenBucket, cost);
+    let t0 = HOUR_START + 123;
+    let first = apply_request(&mut one, t0, &[bucket(3000)], &[0], Charge::Each);
+    assert_eq!((first[0].allowed, first[0].remaining), (true, 0));
+    assert_eq!(first[0].reset_after, Duration::from_secs(3 * 3600));
+    let at = |ms: u64| t0 + ms;
+    let early = apply_request(&mut one, at(7_140_000), &[bucket(0)], &[0], Charge::Each);
+    assert_eq!((early[0].allowed, early[0].remaining), (false, 0));
+    assert_eq!(early[0].reset_after, Duration::from_millis(63_600));
+    assert_eq!(hit(&mut one, at(7_200_000), &bucket(0)), (false, 0));
+    assert!(!hit(&mut one, at(7_203_599), &bucket(0)).0);
+    assert_eq!(hit(&mut one, at(7_203_600), &bucket(1)), (true, 0));
+}
+
+/// In a group (a rule's limits) or an all-or-nothing request, a denied
+/// overdraft charges nothing: the debt is taken only when every limit of
+/// the group admits the hit, and then it is taken in full.
+#[test]
+fn a_denied_group_takes_no_debt() {
+    for algorithm in Algorithm::ALL {
+        let mut many = Many {
+            states: vec![None; 2],
+            of: vec![0, 1],
+            log: Vec::new(),
+        };
+        let a = hourly(algorithm, 900);
+        let b = CounterOp {
+            joint: true,
+            ..hourly(algorithm, 900)
+        };
+        let now = HOUR_START;
+        let first = apply_request(
+            &mut many,
+            now,
+            &[a.clone(), b.clone()],
+            &[0, 1],
+            Charge::Each,
+        );
+        assert!(first.iter().all(|s| s.allowed && s.remaining == 100));
+        // Both overdraw: both admit (100 left each), both go into debt.
+        let second = apply_request(
+            &mut many,
+            now,
+            &[a.clone(), b.clone()],
+            &[0, 1],
+            Charge::Each,
+        );
+        assert!(second.iter().all(|s| s.allowed && s.remaining == 0));
+        // Both in debt: denied, and the group charges nothing.
+        let saved = many.states.clone();
+        let third = apply_request(&mut many, now, &[a.clone(), b], &[0, 1], Charge::Each);
+        assert!(third.iter().all(|s| !s.allowed));
+        assert_eq!(many.states, saved, "{algorithm:?}");
+        // Alone but all-or-nothing: not charged either.
+        apply_request(&mut many, now, &[a], &[0], Charge::AllOrNothing);
+        assert_eq!(many.states, saved, "{algorithm:?}");
     }
 }

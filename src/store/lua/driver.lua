@@ -32,6 +32,14 @@ local function step(o, st, may)
   st = st or NONE
   local A, L, W, B, cost = algorithms[salg[p]], slim[p], swin[p], sbur[p], number[cts[o]]
   local a, r, t, n1, n2, n3 = A.step(st[1], st[2], st[3], L, W, B, cost, f >= 32, f >= 64)
+  if a ~= 1 and sover[p] and f < 32 then
+    local oa, orr, ot, o1, o2, o3 = overdrawn(A, st[1], st[2], st[3], L, W, B, cost, r,
+      salg[p] == 3, may)
+    -- allowed, or denied and charged alone ("fills"), or denied uncharged
+    if oa == 1 then return 1, orr, ot, {o1, o2, o3} end
+    if oa and o1 ~= nil then return 0, orr, ot, {o1, o2, o3}, true end
+    if oa then return 0, orr, ot, nil end
+  end
   if a ~= 1 and may and sfill[p] and f < 32 then
     local ft, fr, f1, f2, f3 = filled(A, st[1], st[2], st[3], L, W, B, cost, r)
     if ft then return a, fr, ft, {f1, f2, f3}, true end

@@ -30,6 +30,28 @@ local function filled(A, s1, s2, s3, L, W, B, cost, r)
   return t, left, n1, n2, n3
 end
 
+-- A hit of algorithm A denied with r credits left on state s1-s3, when its
+-- op overdraws (src/store/algorithm/mod.rs, `overdrawn`; `hb`: A holds a
+-- burst): allowed if r > 0, the full cost charged past what is left when
+-- allowed or `alone`, by A's own step with room for any debt (up to where
+-- the arithmetic stays exact). Allowed (1 or 0), credits left, ms to reset,
+-- the state to store; nothing where it does not apply.
+local MAXL, MAXMS = 9007199254740991, 4503599627370496
+local function overdrawn(A, s1, s2, s3, L, W, B, cost, r, hb, alone)
+  if cost <= 0 then return end
+  if r <= 0 and not alone then
+    local _, _, t = A.step(s1, s2, s3, L, W, B, 1, false)
+    return 0, 0, t
+  end
+  local L2, B2 = max(MAXL, L), B
+  if hb then L2, B2 = L, max((MAXMS - MAXMS % W) / W, B) end
+  local a, _, _, n1, n2, n3 = A.step(s1, s2, s3, L2, W, B2, cost, false)
+  if a ~= 1 or n1 == nil then return end
+  local left, t = A.view(n1, n2, n3, L, W, B)
+  if r <= 0 then _, _, t = A.step(n1, n2, n3, L, W, B, 1, false) end
+  return (r > 0) and 1 or 0, left, t, n1, n2, n3
+end
+
 local algorithms = setmetatable({}, {__index = function(t, a)
   local A = build[a]()
   t[a] = A
@@ -47,7 +69,7 @@ local function lone_path()
   -- The run under way: keys left in it, its shape's numbers and functions.
   -- An algorithm's `run` takes a whole run of distinct keys (with a key
   -- twice, the state an earlier op left is kept here, in `first`).
-  local left, rb, i, L, W, B, cost, A, read, step, save, fl = 0, base, 1
+  local left, rb, i, L, W, B, cost, A, read, step, save, fl, ov, hb, al = 0, base, 1
   while i <= n do
     if left == 0 then
       local x, ct
@@ -58,9 +80,11 @@ local function lone_path()
       A = algorithms[salg[p]]
       read, step, save = A.read, A.step, A.save
       -- (not in an all-or-nothing request: flag 8)
-      fl = sfill[p] and x % 16 < 8
+      al = x % 16 < 8
+      fl = sfill[p] and al
+      ov, hb = sover[p], salg[p] == 3
       rb = rb + 2
-      if A.run and not first and not sfill[p] then
+      if A.run and not first and not sfill[p] and not ov then
         j = A.run(i, i + left - 1, L, W, B, cost, ct, out, j)
         i, left = i + left, 0
       end
@@ -84,7 +108,10 @@ local function lone_path()
         a1, a2, a3 = read(k, raw[i], W)
       end
       local a, r, t, n1, n2, n3 = step(a1, a2, a3, L, W, B, cost, false)
-      if a ~= 1 and fl then
+      if a ~= 1 and ov then
+        local oa, orr, ot, o1, o2, o3 = overdrawn(A, a1, a2, a3, L, W, B, cost, r, hb, al)
+        if oa then a, r, t, n1, n2, n3 = oa, orr, ot, o1, o2, o3 end
+      elseif a ~= 1 and fl then
         local ft, fr, f1, f2, f3 = filled(A, a1, a2, a3, L, W, B, cost, r)
         if ft then r, t, n1, n2, n3 = fr, ft, f1, f2, f3 end
       end

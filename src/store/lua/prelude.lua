@@ -13,8 +13,8 @@
 -- flag 1, 16, 32 or 64, no all-or-nothing request of more than one
 -- counter); 2 no key appears twice in the call.
 -- Then 4 values per shape: algorithm (0 divvy window, 1 fixed, 2 sliding,
--- 3 token bucket; + 4: its ops fill, see lone.lua's `filled`), limit, window in ms,
--- burst;
+-- 3 token bucket; + 4: its ops fill, see lone.lua's `filled`; + 8: they
+-- overdraw, see lone.lua's `overdrawn`), limit, window in ms, burst;
 -- then the keys' shapes, flags and costs in runs, in key order: 2 values per
 -- run of keys that share them: (how many keys - 1) * 2^32 + shape * 128 +
 -- flags (shapes count from 1), and the cost (each argument costs Redis a
@@ -85,11 +85,12 @@ local shapes = tonumber(ARGV[2])
 local hints = tonumber(ARGV[3])
 local lone = hints % 2 == 1
 local distinct = hints % 4 >= 2
-local salg, slim, swin, sbur, sfill = {}, {}, {}, {}, {}
+local salg, slim, swin, sbur, sfill, sover = {}, {}, {}, {}, {}, {}
 for p = 1, shapes do
   local b = 4 * p - 1
   local a = tonumber(ARGV[b + 1])
-  sfill[p] = a >= 4
+  sover[p] = a >= 8
+  sfill[p] = a % 8 >= 4
   salg[p] = a % 4
   slim[p] = tonumber(ARGV[b + 2])
   swin[p] = tonumber(ARGV[b + 3])
@@ -182,7 +183,7 @@ end
 -- it goes (window.lua's A.run).
 local raw, mget = {}, not (lone and distinct)
 for p = 1, shapes do
-  if salg[p] ~= 0 or sfill[p] then mget = true end
+  if salg[p] ~= 0 or sfill[p] or sover[p] then mget = true end
 end
 if not mget then
 elseif n > 0 and n <= 4000 then

@@ -86,11 +86,15 @@ pub(super) async fn cluster_call(
 }
 
 /// Which ops of one script call were charged: a charging op (cost > 0, not a
-/// refund) whose group was allowed in full, in a request not blocked there.
+/// refund) whose group was allowed in full, in a request not blocked there;
+/// and a denied overdraft op alone in its group here but not in the request
+/// (`split[i]`), which the script charged as an op on its own: it is given
+/// back with the rest of its group (a denied group takes no debt).
 pub(super) fn charged_in_slot(
     part: &[CounterOp],
     got: &[CounterState],
     charge: Charge,
+    split: &[bool],
 ) -> Vec<bool> {
     let mut group_ok = Vec::with_capacity(part.len());
     let mut start = 0;
@@ -108,6 +112,11 @@ pub(super) fn charged_in_slot(
             && part.iter().zip(&group_ok).any(|(op, ok)| op.decides && !ok));
     part.iter()
         .zip(group_ok)
-        .map(|(op, ok)| ok && !blocked && op.cost > 0 && !op.refund)
+        .enumerate()
+        .map(|(i, (op, ok))| {
+            let alone = !op.joint && part.get(i + 1).is_none_or(|next| !next.joint);
+            let overdrawn = op.overdraft && split[i] && alone && charge == Charge::Each;
+            ((ok && !blocked) || (overdrawn && !got[i].allowed)) && op.cost > 0 && !op.refund
+        })
         .collect()
 }

@@ -377,10 +377,13 @@ impl Core {
         if !undo.is_empty() {
             let given = self.give_back(ops, &undo).await?;
             for (&i, state) in undo.iter().zip(given) {
-                states[i] = CounterState {
-                    allowed: true,
-                    ..state
-                };
+                // A denied overdraft given back stays denied, as answered.
+                if states[i].allowed {
+                    states[i] = CounterState {
+                        allowed: true,
+                        ..state
+                    };
+                }
             }
         }
         Ok(states)
@@ -420,9 +423,15 @@ impl Core {
             ops.len()
         ];
         let mut charged = vec![false; ops.len()];
+        // Each group's number of ops (by the group's first op).
+        let mut size = vec![0usize; ops.len()];
+        for &g in group {
+            size[g] += 1;
+        }
         for ((idx, part), result) in slots.values().zip(&sub).zip(results) {
             let got = result?;
-            let local = charged_in_slot(part, &got, charge);
+            let split: Vec<bool> = idx.iter().map(|&i| size[group[i]] > 1).collect();
+            let local = charged_in_slot(part, &got, charge, &split);
             for ((&i, state), was) in idx.iter().zip(got).zip(local) {
                 states[i] = state;
                 charged[i] = was;

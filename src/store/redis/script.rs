@@ -126,8 +126,11 @@ pub(super) fn script_args<'a>(
         for (i, op) in ops.iter().enumerate() {
             keys.push(op.key.as_str());
             let shape = [
-                // (+ 4: the op fills; see the prelude's `filled`)
-                op.algorithm.code() + if op.fill { 4 } else { 0 },
+                // (+ 4: the op fills, + 8: it overdraws; see the
+                // prelude's `sfill` and `sover`)
+                op.algorithm.code()
+                    + if op.fill { 4 } else { 0 }
+                    + if op.overdraft { 8 } else { 0 },
                 int(op.limit),
                 int(window_ms(op.window)),
                 int(op.burst.max(1)),

@@ -1,0 +1,128 @@
+//! `overdraft: true` on the real binary over gRPC, on the memory store, one
+//! Redis and a Redis Cluster: a check-only call (a descriptor's
+//! `hits_addend` 0) before each request and a charge after it; a charge
+//! larger than what is left is applied in full, leaving a debt; another
+//! user's counter is untouched; a denied group (a rule of several limits)
+//! takes no debt.
+
+mod common;
+
+use common::redis::{Cluster, Redis};
+use common::{desc, request, Server};
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
+use envoy_types::pb::google::protobuf::UInt64Value;
+
+const POLICY: &str = r#"
+overrides:
+  - domain: od
+    operation: {user: '*'}
+    actorField: user
+    creditLimit: 1000
+    resetSeconds: 1h
+    overdraft: true
+  - domain: od
+    operation: {team: '*'}
+    limits:
+      - {creditLimit: 1000, resetSeconds: 1h, overdraft: true, actorField: team}
+      - {creditLimit: 100000, resetSeconds: 1h, algorithm: fixed, actorField: team}
+default: {creditLimit: 1, resetSeconds: 60}
+"#;
+
+/// The store a server counts in; its Redis processes live as long as it.
+enum Store {
+    Memory,
+    Redis(Redis),
+    Cluster(Cluster),
+}
+
+impl Store {
+    fn serve(&self) -> Server {
+        let url = match self {
+            Store::Memory => return Server::with_policy(POLICY, "yaml"),
+            Store::Redis(r) => r.url(),
+            Store::Cluster(c) => c.url(),
+        };
+        let args = ["--redis-url", &url, "--on-store-failure", "deny"];
+        Server::with_policy_args(POLICY, "yaml", &args)
+    }
+}
+
+/// `key=value` with its own `hits_addend` (0: check only).
+fn hits(key: &str, value: &str, n: u64) -> RateLimitDescriptor {
+    let mut d = desc(&[(key, value)]);
+    d.hits_addend = Some(UInt64Value { value: n });
+    d
+}
+
+/// `key=value` giving `n` credits back.
+fn refund(key: &str, value: &str, n: u64) -> RateLimitDescriptor {
+    let mut d = hits(key, value, n);
+    d.is_negative_hits = true;
+    d
+}
+
+const OK: i32 = Code::Ok as i32;
+const OVER: i32 = Code::OverLimit as i32;
+
+/// One descriptor's answer: its code and the credits left.
+async fn send(server: &Server, d: RateLimitDescriptor) -> (i32, u32) {
+    let mut client = server.client().await;
+    let r: RateLimitResponse = client
+        .should_rate_limit(request("od", vec![d]))
+        .await
+        .expect("ShouldRateLimit")
+        .into_inner();
+    let s = r.statuses.first().expect("one status");
+    (s.code, s.limit_remaining)
+}
+
+/// The acceptance sequences of issue 54, then a group's debt.
+async fn scenario(store: Store) {
+    let server = store.serve();
+    // A check before each request, a charge of 300 after it.
+    let mut checks = Vec::new();
+    for _ in 0..6 {
+        let (code, _) = send(&server, hits("user", "alice", 0)).await;
+        checks.push(code);
+        if code == OK {
+            assert_eq!(send(&server, hits("user", "alice", 300)).await.0, OK);
+        }
+    }
+    assert_eq!(checks, [OK, OK, OK, OK, OVER, OVER]);
+    // In debt (200): nothing left.
+    assert_eq!(send(&server, hits("user", "alice", 0)).await, (OVER, 0));
+    // A first charge of 2,500: allowed, then denied; another user untouched.
+    assert_eq!(send(&server, hits("user", "bob", 2500)).await, (OK, 0));
+    assert_eq!(send(&server, hits("user", "bob", 0)).await.0, OVER);
+    assert_eq!(send(&server, hits("user", "bob", 1)).await.0, OVER);
+    assert_eq!(send(&server, hits("user", "carol", 0)).await, (OK, 1000));
+    // Bob's debt is 1,501 (the denied hit of 1 was charged on its own):
+    // 1,600 given back leaves 99.
+    assert_eq!(send(&server, refund("user", "bob", 1600)).await, (OK, 99));
+
+    // A rule of two limits: 2,500 overdraws the first (a debt of 1,500).
+    assert_eq!(send(&server, hits("team", "red", 2500)).await.0, OK);
+    // Denied by the first limit: the group charges nothing, not even the
+    // second limit, so no debt is added.
+    assert_eq!(send(&server, hits("team", "red", 300)).await.0, OVER);
+    // 1,600 given back leaves the first limit 100: admitted again.
+    assert_eq!(send(&server, refund("team", "red", 1600)).await.0, OK);
+    assert_eq!(send(&server, hits("team", "red", 0)).await.0, OK);
+}
+
+#[tokio::test]
+async fn memory() {
+    scenario(Store::Memory).await;
+}
+
+#[tokio::test]
+async fn redis() {
+    scenario(Store::Redis(Redis::start())).await;
+}
+
+#[tokio::test]
+async fn cluster() {
+    scenario(Store::Cluster(Cluster::start(3))).await;
+}

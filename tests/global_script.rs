@@ -8,7 +8,7 @@ mod common;
 
 use common::redis::Redis;
 use divvy::global::RENEW_SCRIPT;
-use divvy::quota::{renew, Fallback, Record, Sharing, Terms};
+use divvy::quota::{renew_weighted, Ask, Fallback, Record, Sharing, Terms};
 use proptest::prelude::Rng;
 
 #[test]
@@ -58,6 +58,8 @@ fn the_script_grants_what_the_arithmetic_says() {
             let base = received[r]
                 .filter(|&(_, at)| now < at + terms.life_ms + fallback.hold_ms)
                 .map_or(0.0, |(g, _)| g);
+            // How many users the region stands for (a fairShare limit's).
+            let weight = 1 + rng.next_u64() % 6;
             let out = redis.cli(&[
                 "EVALSHA",
                 &sha,
@@ -73,6 +75,7 @@ fn the_script_grants_what_the_arithmetic_says() {
                 &rate.to_string(),
                 &demand.to_string(),
                 &base.to_string(),
+                &weight.to_string(),
             ]);
             let lines: Vec<&str> = out.lines().map(str::trim).collect();
             let number = |i: usize| -> f64 {
@@ -82,7 +85,12 @@ fn the_script_grants_what_the_arithmetic_says() {
                     .unwrap_or_else(|| panic!("script answer {out:?}"))
             };
             let (got, target) = (number(0), number(1));
-            let want = renew(&mut records, &region, demand, base, &terms, now);
+            let ask = Ask {
+                demand,
+                weight: weight as f64,
+                base,
+            };
+            let want = renew_weighted(&mut records, &region, ask, &terms, now);
             // A quarter of the answers never reach the region.
             if !rng.next_u64().is_multiple_of(4) {
                 received[r] = Some((got, now));
@@ -112,7 +120,9 @@ fn the_script_grants_what_the_arithmetic_says() {
                 panic!("case {case}: no record of {region}");
             };
             assert!(
-                fields.len() == 5 && (fields[3] - mine.reserve).abs() < 1e-3,
+                fields.len() == 6
+                    && (fields[3] - mine.reserve).abs() < 1e-3
+                    && (fields[5] - mine.weight).abs() < 1e-3,
                 "case {case}: record {stored:?} vs {mine:?}"
             );
             mine.demand = fields[0];
@@ -161,6 +171,7 @@ fn a_record_of_the_older_form_holds_its_grant_and_no_reserve() {
             "100",
             "500",
             "0",
+            "1",
         ])
     };
     let first: f64 = ask(now)

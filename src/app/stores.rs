@@ -191,6 +191,7 @@ pub(super) async fn with_global(
         global_coord.clone(),
         regional,
     ));
+    global.weigh_by(limiter.fair().clone());
     global.spawn();
     info!(region = %s.region, holder = %global.holder(), "global limits coordinated through the global store");
     // Every region hashes long actor values with one key.

@@ -168,7 +168,7 @@ impl RedisCoordination {
 /// `-1` asks the script to use Redis's own clock.
 fn script_call<'a>(renewal: &'a ShareRenewal<'_>) -> (Vec<&'a str>, Vec<String>) {
     let keys = renewal.asks.iter().map(|a| a.key.as_str()).collect();
-    let mut args: Vec<String> = Vec::with_capacity(7 + 3 * renewal.asks.len());
+    let mut args: Vec<String> = Vec::with_capacity(7 + 4 * renewal.asks.len());
     args.extend([
         renewal.holder.to_owned(),
         renewal.life_ms.to_string(),
@@ -182,6 +182,7 @@ fn script_call<'a>(renewal: &'a ShareRenewal<'_>) -> (Vec<&'a str>, Vec<String>)
         args.push(a.rate.to_string());
         args.push(a.demand.to_string());
         args.push(a.base.to_string());
+        args.push(a.weight.to_string());
     }
     (keys, args)
 }
@@ -192,7 +193,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_renewal_sends_the_holder_its_terms_and_three_numbers_per_counter() {
+    fn a_renewal_sends_the_holder_its_terms_and_four_numbers_per_counter() {
         let renewal = ShareRenewal {
             purpose: "test",
             holder: "eu",
@@ -209,12 +210,14 @@ mod tests {
                     rate: 10.0,
                     demand: 2.5,
                     base: 4.0,
+                    weight: 6.0,
                 },
                 ShareAsk {
                     key: "b".into(),
                     rate: 1.0,
                     demand: 0.0,
                     base: 0.0,
+                    weight: 1.0,
                 },
             ],
         };
@@ -223,7 +226,8 @@ mod tests {
         assert_eq!(
             args,
             vec![
-                "eu", "1500", "0.01", "0.05", "-1", "0.5", "2000", "10", "2.5", "4", "1", "0", "0"
+                "eu", "1500", "0.01", "0.05", "-1", "0.5", "2000", "10", "2.5", "4", "6", "1", "0",
+                "0", "1"
             ]
         );
     }

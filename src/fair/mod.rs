@@ -253,6 +253,16 @@ impl FairShares {
         out
     }
 
+    /// How many values are active on the counter `key` over the deployment
+    /// (this replica's, or the last exchange's if it saw more).
+    pub fn active(&self, key: &str) -> usize {
+        let Ok(all) = self.entries.read() else {
+            return 0;
+        };
+        let Some(e) = all.get(key) else { return 0 };
+        e.tracker.lock().map_or(0, |t| t.active_deployed())
+    }
+
     /// The share and demand (credits per second) of `value` on `key`, if active.
     pub fn share_of(&self, key: &str, value: &str) -> Option<(f64, f64)> {
         let now = self.now_ms();

@@ -264,6 +264,13 @@ impl Tracker {
         self.actors.len() + usize::from(self.overflow.is_some())
     }
 
+    /// Values active over the deployment: this process's, or as many as
+    /// the last exchange saw asking, if more.
+    pub fn active_deployed(&self) -> usize {
+        let elsewhere = self.deployment.as_ref().map_or(0, |d| d.len());
+        self.active().max(elsewhere)
+    }
+
     /// The counter's rate as last planned (credits per second).
     pub fn rate(&self) -> f64 {
         self.rate

@@ -253,6 +253,8 @@ pub struct Global {
     /// Each counter's demand as the last renewal reported it.
     reported: Mutex<HashMap<String, f64>>,
     wake: tokio::sync::Notify,
+    /// The fair shares whose active users weigh the region's claim.
+    fair: std::sync::OnceLock<Arc<crate::fair::FairShares>>,
 }
 
 fn gauge_value(x: f64) -> f64 {
@@ -264,6 +266,19 @@ fn gauge_value(x: f64) -> f64 {
 }
 
 impl Global {
+    /// Weighs the region's claim on each `fairShare` global counter by its
+    /// active users in `fair` (set once; without, every claim weighs 1).
+    pub fn weigh_by(&self, fair: Arc<crate::fair::FairShares>) {
+        let _ = self.fair.set(fair);
+    }
+
+    /// How many claimants the region stands for on `counter`: its active
+    /// users of a `fairShare` limit, at least 1.
+    fn weight(&self, counter: &str) -> f64 {
+        let active = self.fair.get().map_or(0, |f| f.active(counter));
+        active.max(1) as f64
+    }
+
     /// Global limits through `store` (the global store); `regional` is the
     /// region's Redis when replicas share one (else each holds its own lease).
     pub fn new(
@@ -291,6 +306,7 @@ impl Global {
             short: AtomicBool::new(false),
             reported: Mutex::new(HashMap::new()),
             wake: tokio::sync::Notify::new(),
+            fair: std::sync::OnceLock::new(),
             options,
         }
     }

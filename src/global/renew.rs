@@ -158,6 +158,7 @@ impl Global {
                     rate: spec.rate,
                     demand: demands.get(*k).copied().unwrap_or(0.0),
                     base: fallback_base(last.get(*k), now, fallback.hold_ms),
+                    weight: self.weight(k),
                 })
                 .collect(),
         }

@@ -28,7 +28,17 @@ pub struct Sharing {
 
 /// Targets for regions with `demands` (credits per second; 0 wants nothing).
 pub fn targets(s: &Sharing, demands: &[f64]) -> Vec<f64> {
+    targets_weighted(s, demands, &vec![1.0; demands.len()])
+}
+
+/// Targets for regions with `demands` and `weights` (how many claimants
+/// each stands for: a region's active users on a `fairShare` limit, else 1):
+/// a region's equal split is in proportion to its weight, so a region of
+/// six users and one of one, all asking more than they get, are given six
+/// and one shares. With every weight 1 this is [`targets`].
+pub fn targets_weighted(s: &Sharing, demands: &[f64], weights: &[f64]) -> Vec<f64> {
     let n = demands.len();
+    let weight = |i: usize| weights.get(i).copied().unwrap_or(1.0).max(1.0);
     let mut out = vec![0.0; n];
     let want: Vec<f64> = demands
         .iter()
@@ -49,14 +59,15 @@ pub fn targets(s: &Sharing, demands: &[f64]) -> Vec<f64> {
         if active.is_empty() {
             break;
         }
-        let fair = left / active.len() as f64;
-        let (small, rest): (Vec<usize>, Vec<usize>) =
-            active.iter().partition(|&&i| demands[i] <= fair);
+        let unit = left / active.iter().map(|&i| weight(i)).sum::<f64>();
+        let (small, rest): (Vec<usize>, Vec<usize>) = active
+            .iter()
+            .partition(|&&i| demands[i] <= unit * weight(i));
         if small.is_empty() {
             break;
         }
         for &i in &small {
-            let give = want[i].min(fair);
+            let give = want[i].min(unit * weight(i));
             out[i] = give;
             left -= give;
         }
@@ -162,6 +173,8 @@ pub struct Record {
     pub reserve: f64,
     /// Epoch ms until which the reserve is held back; the record goes then.
     pub until_ms: u64,
+    /// How many claimants it stands for (see [`targets_weighted`]).
+    pub weight: f64,
 }
 
 impl Record {
@@ -183,6 +196,7 @@ impl Record {
             expires_ms,
             reserve: fallback.share * grant.max(base),
             until_ms: expires_ms.saturating_add(fallback.hold_ms),
+            weight: 1.0,
         }
     }
 
@@ -241,6 +255,33 @@ pub fn renew(
     terms: &Terms,
     now_ms: u64,
 ) -> Renewed {
+    let ask = Ask {
+        demand,
+        weight: 1.0,
+        base,
+    };
+    renew_weighted(records, holder, ask, terms, now_ms)
+}
+
+/// What a holder asks for one counter.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Ask {
+    /// Its demand, credits per second.
+    pub demand: f64,
+    /// How many claimants it stands for (at least 1).
+    pub weight: f64,
+    /// Its lease in force, credits per second (what it falls back from).
+    pub base: f64,
+}
+
+/// [`renew`] with the holder's weight ([`targets_weighted`]).
+pub fn renew_weighted(
+    records: &mut Vec<(String, Record)>,
+    holder: &str,
+    ask: Ask,
+    terms: &Terms,
+    now_ms: u64,
+) -> Renewed {
     records.retain(|(h, r)| h == holder || r.held(now_ms).is_some());
     let live: Vec<&Record> = records
         .iter()
@@ -253,13 +294,23 @@ pub fn renew(
         .filter_map(|(_, r)| r.held(now_ms))
         .sum();
     let mut demands: Vec<f64> = live.iter().map(|r| r.demand).collect();
-    demands.push(demand);
-    let t = targets(&terms.sharing, &demands);
+    demands.push(ask.demand);
+    let mut weights: Vec<f64> = live.iter().map(|r| r.weight).collect();
+    weights.push(ask.weight);
+    let t = targets_weighted(&terms.sharing, &demands, &weights);
     let target = t[t.len() - 1];
     let grants: Vec<f64> = live.iter().map(|r| r.grant).collect();
     let waiting = others_waiting(&t[..t.len() - 1], &grants);
     let g = grant(terms.sharing.rate, target, others);
-    let record = Record::new(demand, g, base, now_ms, terms.life_ms, &terms.fallback);
+    let mut record = Record::new(
+        ask.demand,
+        g,
+        ask.base,
+        now_ms,
+        terms.life_ms,
+        &terms.fallback,
+    );
+    record.weight = ask.weight.max(1.0);
     match records.iter_mut().find(|(h, _)| h == holder) {
         Some((_, r)) => *r = record,
         None => records.push((holder.to_owned(), record)),
@@ -325,6 +376,24 @@ mod tests {
         for d in [[1e9, 1.0, 0.5], [3.0, 3.0, 3.0], [50.0, 49.0, 1.0]] {
             assert!(max_min(90.0, 0.1, &d).iter().sum::<f64>() <= 90.0 + 1e-9);
         }
+    }
+
+    #[test]
+    fn regions_are_weighted_by_the_claimants_they_stand_for() {
+        // Six users in one region, one in each of two others, all asking 80/s.
+        let t = targets_weighted(&sharing(300.0), &[480.0, 80.0, 80.0], &[6.0, 1.0, 1.0]);
+        for (got, users) in t.iter().zip([6.0, 1.0, 1.0]) {
+            assert!((got / users - 37.5).abs() < 1.0, "{t:?}");
+        }
+        // A light region still gets what it asks.
+        let t = targets_weighted(&sharing(300.0), &[480.0, 10.0], &[6.0, 1.0]);
+        assert!((t[1] - 11.0).abs() < 1e-9, "{t:?}");
+        // Weights of 1 are the unweighted targets.
+        let d = [360.0, 180.0, 60.0];
+        assert_eq!(
+            targets_weighted(&sharing(200.0), &d, &[1.0; 3]),
+            targets(&sharing(200.0), &d)
+        );
     }
 
     #[test]

@@ -1,14 +1,17 @@
 -- One region's lease renewal for all its global counters, atomically, on
 -- the global store: the mirror of src/quota/mod.rs (`renew`).
 -- KEYS[i]: a global counter's hash (field = region, value =
---   "<demand/s> <grant/s> <expires ms> <reserve/s> <until ms>"; a record of
---   the older form "<demand/s> <grant/s> <expires ms>" reads as no reserve).
+--   "<demand/s> <grant/s> <expires ms> <reserve/s> <until ms> <weight>"; a
+--   record of an older form reads as weight 1, and one of three numbers
+--   "<demand/s> <grant/s> <expires ms>" as no reserve).
 -- ARGV[1] region, ARGV[2] lease lifetime ms, ARGV[3] floor (fraction of the
 -- rate), ARGV[4] headroom (fraction of demand), ARGV[5] now ms or -1 for
 -- Redis TIME, ARGV[6] fallback share, ARGV[7] fallback ms (how long after
 -- its grant lapses the region keeps deciding on that share); then per key:
 -- rate (credits/s), demand (credits/s), base (the region's lease in force,
--- credits/s: what it falls back from if this answer never reaches it).
+-- credits/s: what it falls back from if this answer never reaches it),
+-- weight (how many claimants the region stands for: its active users of a
+-- fairShare limit, else 1; a region's equal split is in proportion to it).
 -- A region's record holds back its grant (or its reserve, if larger) until
 -- it expires, then its reserve (fallback share x max(grant, base)) for the
 -- fallback time, then goes: a region cut off from this store decides on
@@ -32,7 +35,7 @@ if now < 0 then
   now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
-local function targets(rate, demands)
+local function targets(rate, demands, weights)
   local n = #demands
   local out, want, active = {}, {}, {}
   for i = 1, n do
@@ -47,11 +50,13 @@ local function targets(rate, demands)
   end
   local left = rate
   while #active > 0 do
-    local fair = left / #active
+    local units = 0
+    for _, i in ipairs(active) do units = units + weights[i] end
+    local unit = left / units
     local rest, small = {}, 0
     for _, i in ipairs(active) do
-      if demands[i] <= fair then
-        local give = math.min(want[i], fair)
+      if demands[i] <= unit * weights[i] then
+        local give = math.min(want[i], unit * weights[i])
         out[i] = give
         left = left - give
         small = small + 1
@@ -76,35 +81,41 @@ local function targets(rate, demands)
   return out
 end
 
--- A record as (demand, grant, expires, reserve, until), or nil.
+-- A record as (demand, grant, expires, reserve, until, weight), or nil.
 local function parse(v)
-  local d, g, e, res, u = string.match(v, '^(%S+) (%S+) (%S+) (%S+) (%S+)$')
+  local d, g, e, res, u, w = string.match(v, '^(%S+) (%S+) (%S+) (%S+) (%S+) (%S+)$')
+  if not d then
+    d, g, e, res, u = string.match(v, '^(%S+) (%S+) (%S+) (%S+) (%S+)$')
+    w = 1
+  end
   if not d then
     d, g, e = string.match(v, '^(%S+) (%S+) (%S+)$')
-    res, u = 0, e
+    res, u, w = 0, e, 1
   end
-  d, g, e, res, u = tonumber(d), tonumber(g), tonumber(e), tonumber(res), tonumber(u)
-  if d and g and e and res and u then return d, g, e, res, u end
+  d, g, e, res, u, w = tonumber(d), tonumber(g), tonumber(e), tonumber(res), tonumber(u), tonumber(w)
+  if d and g and e and res and u and w then return d, g, e, res, u, math.max(w, 1) end
   return nil
 end
 
 local out = {}
 for k = 1, #KEYS do
   local key = KEYS[k]
-  local rate = tonumber(ARGV[7 + 3 * k - 2])
-  local demand = tonumber(ARGV[7 + 3 * k - 1])
-  local base = tonumber(ARGV[7 + 3 * k])
+  local rate = tonumber(ARGV[7 + 4 * k - 3])
+  local demand = tonumber(ARGV[7 + 4 * k - 2])
+  local base = tonumber(ARGV[7 + 4 * k - 1])
+  local weight = math.max(tonumber(ARGV[7 + 4 * k]), 1)
   local raw = redis.call('HGETALL', key)
-  local names, demands, grants, view = {}, {}, {}, {}
+  local names, demands, grants, weights, view = {}, {}, {}, {}, {}
   local others = 0
   for j = 1, #raw, 2 do
     local r, v = raw[j], raw[j + 1]
     if r ~= region then
-      local d, g, e, res, u = parse(v)
+      local d, g, e, res, u, w = parse(v)
       if d and e > now then
         names[#names + 1] = r
         demands[#demands + 1] = d
         grants[#grants + 1] = g
+        weights[#weights + 1] = w
         others = others + math.max(g, res)
         view[#view + 1] = r .. '=' .. string.format('%.6f', g)
       elseif d and u > now then
@@ -116,15 +127,16 @@ for k = 1, #KEYS do
     end
   end
   demands[#demands + 1] = demand
-  local t = targets(rate, demands)
+  weights[#weights + 1] = weight
+  local t = targets(rate, demands, weights)
   local g = math.max(math.min(t[#t], rate - others), 0)
   local waiting = '0'
   for i = 1, #names do
     if grants[i] < 0.9 * t[i] then waiting = '1' end
   end
   local expires = now + life
-  redis.call('HSET', key, region, string.format('%.6f %.6f %.0f %.6f %.0f',
-    demand, g, expires, share * math.max(g, base), expires + hold))
+  redis.call('HSET', key, region, string.format('%.6f %.6f %.0f %.6f %.0f %.6f',
+    demand, g, expires, share * math.max(g, base), expires + hold, weight))
   redis.call('PEXPIRE', key, life * 3 + hold)
   view[#view + 1] = region .. '=' .. string.format('%.6f', g)
   out[#out + 1] = string.format('%.6f', g)

@@ -104,39 +104,13 @@ impl Planner<'_> {
                 ops: first..first,
             };
         }
-        let mut outcome = |(i, limit): (usize, &LimitSpec)| {
-            let mut o = pending(i, limit);
-            if limit.reset_seconds == 0 {
-                o.allowed = true;
-                o.remaining = limit.credit_limit;
-                o.reset = Reset::Unlimited;
-                return (o, None);
-            }
-            let mut op = CounterOp {
-                cost: hit.cost,
-                refund: hit.refund,
-                // Not the rule's first counted limit.
-                joint: self.ops.len() > first,
-                decides,
-                ..counter_op(compiled, &hit.operation, &own[i], limit)
-            };
-            if let (true, Some(global)) = (limit.global, self.global) {
-                lease(global, &mut op, limit, hit.cost);
-                o.global = true;
-            }
-            let share = limit
-                .fair_share
-                .as_ref()
-                .and_then(|spec| self.share(compiled, (i, limit), spec, hit, &op, o.global));
-            self.ops.push(op);
-            let share = share.map(|(outcome, op, share)| {
-                // The value's op follows the limit's own.
-                self.shares.push((self.ops.len(), share));
-                self.ops.push(op);
-                outcome
-            });
-            (o, share)
+        let at = At {
+            hit,
+            first,
+            decides,
         };
+        let mut outcome =
+            |(i, limit): (usize, &LimitSpec)| self.limit(compiled, &own[i], (i, limit), &at);
         let limits = match &limits[..] {
             [one] => match outcome((0, one)) {
                 (o, None) => Limits::One(o),
@@ -159,7 +133,58 @@ impl Planner<'_> {
     }
 }
 
+/// Where a rule's limits are being prepared: the hit, where the rule's ops
+/// start in the request's, and whether the rule decides.
+struct At<'h> {
+    hit: &'h Hit,
+    first: usize,
+    decides: bool,
+}
+
 impl Planner<'_> {
+    /// Limit `i` of `rule` (`limit`, as `own` with knobs applied) for the
+    /// hit: its outcome, with its op appended (none for always-allow), and
+    /// the outcome of the value's fair share when it has one.
+    fn limit(
+        &mut self,
+        rule: &Rule,
+        own: &LimitSpec,
+        (i, limit): (usize, &LimitSpec),
+        at: &At<'_>,
+    ) -> (LimitOutcome, Option<LimitOutcome>) {
+        let mut o = pending(i, limit);
+        if limit.reset_seconds == 0 {
+            o.allowed = true;
+            o.remaining = limit.credit_limit;
+            o.reset = Reset::Unlimited;
+            return (o, None);
+        }
+        let mut op = CounterOp {
+            cost: at.hit.cost,
+            refund: at.hit.refund,
+            // Not the rule's first counted limit.
+            joint: self.ops.len() > at.first,
+            decides: at.decides,
+            ..counter_op(rule, &at.hit.operation, own, limit)
+        };
+        if let (true, Some(global)) = (limit.global, self.global) {
+            lease(global, &mut op, limit, at.hit.cost);
+            o.global = true;
+        }
+        let share = limit
+            .fair_share
+            .as_ref()
+            .and_then(|spec| self.share(rule, (i, limit), spec, at.hit, &op, o.global));
+        self.ops.push(op);
+        let share = share.map(|(outcome, op, share)| {
+            // The value's op follows the limit's own.
+            self.shares.push((self.ops.len(), share));
+            self.ops.push(op);
+            outcome
+        });
+        (o, share)
+    }
+
     /// The value's own share of limit `i` (a `fairShare` limit) whose op
     /// is `whole` (counted in thousandths when `scaled`, a global lease):
     /// its outcome, its op and the share asked for (`None`: the limit

@@ -26,6 +26,21 @@ pub(super) fn counter_vec(
     c
 }
 
+/// A counter of one label whose `values` are all exported from the start (at 0).
+pub(super) fn counter_vec_of(
+    registry: &Registry,
+    name: &str,
+    help: &str,
+    label: &str,
+    values: &[&str],
+) -> IntCounterVec {
+    let c = counter_vec(registry, name, help, &[label]);
+    for v in values {
+        c.with_label_values(&[v]);
+    }
+    c
+}
+
 pub(super) fn counter(registry: &Registry, name: &str, help: &str) -> IntCounter {
     let c = IntCounter::new(name, help).expect("static metric definition");
     registry

@@ -16,7 +16,7 @@ mod build;
 mod fair;
 mod parts;
 
-use build::{counter, counter_vec, gauge, histogram};
+use build::{counter, counter_vec, counter_vec_of, gauge, histogram};
 pub use fair::FairMetrics;
 pub use parts::{
     GlobalMetrics, GovernorMetrics, RlqsMetrics, SourceMetrics, StoreMetrics, TlsMetrics,
@@ -186,18 +186,13 @@ impl Metrics {
                 "Knob changes by action: set, delete, expire, refused",
                 &["action"],
             ),
-            admin_auth_failures: {
-                let c = counter_vec(
-                    &r,
-                    "divvy_admin_auth_failures_total",
-                    "Admin API requests refused for their token, by reason: missing, wrong, read_only (the read token on a knob change)",
-                    &["reason"],
-                );
-                for reason in AUTH_FAILURE_REASONS {
-                    c.with_label_values(&[reason]);
-                }
-                c
-            },
+            admin_auth_failures: counter_vec_of(
+                &r,
+                "divvy_admin_auth_failures_total",
+                "Admin API requests refused for their token, by reason: missing, wrong, read_only (the read token on a knob change)",
+                "reason",
+                &AUTH_FAILURE_REASONS,
+            ),
             knobs: gauge(&r, "divvy_knobs", "Knobs in force"),
             knobs_refreshed: gauge(
                 &r,
@@ -212,18 +207,13 @@ impl Metrics {
                 &["key", "stat"],
             ),
             envoy_keys: std::sync::RwLock::new(std::collections::HashSet::new()),
-            rejected: {
-                let c = counter_vec(
-                    &r,
-                    "divvy_rejected_total",
-                    "Requests, connections and counters refused to keep work and memory bounded, by reason",
-                    &["reason"],
-                );
-                for reason in REJECT_REASONS {
-                    c.with_label_values(&[reason]);
-                }
-                c
-            },
+            rejected: counter_vec_of(
+                &r,
+                "divvy_rejected_total",
+                "Requests, connections and counters refused to keep work and memory bounded, by reason",
+                "reason",
+                &REJECT_REASONS,
+            ),
             grpc_connections_aged: counter(
                 &r,
                 "divvy_grpc_connections_aged_total",

@@ -5,7 +5,8 @@
 //! on Redis (two replicas behind two Envoys, one user's requests
 //! alternating); the same answers from an envoyproxy/ratelimit file, in
 //! `serve` and in ratelimit mode. Reserve-then-settle: 20 reservations
-//! racing at the gRPC level, then through Envoy.
+//! racing at the gRPC level (memory, and Redis through two replicas), then
+//! through Envoy.
 
 mod common;
 
@@ -179,16 +180,16 @@ async fn check_then_charge_through_two_envoys_on_redis() {
     check_then_charge(&[(envoy_a.ports[0], &a), (envoy_b.ports[0], &b)]).await;
 }
 
-/// 20 calls at once, each a request of `descriptors(i)` in `domain`: how
-/// many were answered OK.
+/// 20 calls at once, the i-th a request of `descriptors()` in `domain` to
+/// `servers[i % len]`: how many were answered OK.
 async fn race(
-    server: &Server,
+    servers: &[&Server],
     domain: &str,
     descriptors: impl Fn() -> Vec<RateLimitDescriptor>,
 ) -> usize {
     let mut calls = Vec::new();
-    for _ in 0..20 {
-        let mut client = server.client().await;
+    for i in 0..20 {
+        let mut client = servers[i % servers.len()].client().await;
         let req = request(domain, descriptors());
         calls.push(tokio::spawn(async move {
             common::ask(&mut client, req).await.overall_code == OK
@@ -203,19 +204,20 @@ async fn race(
     ok
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn reservations_race_at_the_grpc_level() {
-    let server = Server::start(&example("policy.yaml"), &[]);
+/// 20 reservations of 100 racing against 1,000 through `servers`, then
+/// settled at 60 each; then 20 check-then-charge requests racing.
+async fn reservations_race(servers: &[&Server]) {
+    let server = servers[0];
     // 20 reservations of 100 racing against 1,000: 10 fit.
-    let admitted = race(&server, "reserve", || vec![hits("dave", 100)]).await;
+    let admitted = race(servers, "reserve", || vec![hits("dave", 100)]).await;
     println!("reserve-then-settle: {admitted} of 20 reservations admitted");
     assert_eq!(admitted, 10);
-    assert_eq!(left(&server, "reserve", "dave").await, 0);
+    assert_eq!(left(server, "reserve", "dave").await, 0);
     // Each admitted request settles: 100 back, then its real usage of 60,
     // in one call.
     let mut settles = Vec::new();
-    for _ in 0..admitted {
-        let mut client = server.client().await;
+    for i in 0..admitted {
+        let mut client = servers[i % servers.len()].client().await;
         let req = request("reserve", vec![refund("dave", 100), hits("dave", 60)]);
         settles.push(tokio::spawn(async move {
             common::ask(&mut client, req).await.overall_code
@@ -225,22 +227,37 @@ async fn reservations_race_at_the_grpc_level() {
         assert_eq!(settle.await.unwrap(), OK);
     }
     // The counter holds exactly the real usage: 10 × 60 = 600 of 1,000.
-    let after = left(&server, "reserve", "dave").await;
+    let after = left(server, "reserve", "dave").await;
     println!("reserve-then-settle: {after} left after settling");
     assert_eq!(after, 1000 - 60 * admitted as u32);
 
     // Check-then-charge under the same race: every check passes before any
     // charge lands, and the 20 charges of 60 leave a debt of 200.
-    let checked = race(&server, "budget", || vec![hits("erin", 0)]).await;
+    let checked = race(servers, "budget", || vec![hits("erin", 0)]).await;
     assert_eq!(checked, 20);
-    race(&server, "budget", || vec![hits("erin", 60)]).await;
-    assert_eq!(left(&server, "budget", "erin").await, 0);
+    race(servers, "budget", || vec![hits("erin", 60)]).await;
+    assert_eq!(left(server, "budget", "erin").await, 0);
     let mut client = server.client().await;
     let give_back = |n| request("budget", vec![refund("erin", n)]);
     let answer = common::ask(&mut client, give_back(200)).await;
     assert_eq!(answer.statuses[0].limit_remaining, 0, "a debt of 200 paid");
     let answer = common::ask(&mut client, give_back(1)).await;
     assert_eq!(answer.statuses[0].limit_remaining, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reservations_race_at_the_grpc_level() {
+    let server = Server::start(&example("policy.yaml"), &[]);
+    reservations_race(&[&server]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reservations_race_on_redis_through_two_replicas() {
+    let redis = Redis::start();
+    let args = ["--redis-url", &redis.url(), "--on-store-failure", "deny"];
+    let a = Server::start(&example("policy.yaml"), &args);
+    let b = Server::start(&example("policy.yaml"), &args);
+    reservations_race(&[&a, &b]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -306,10 +323,7 @@ async fn envoyproxy_ratelimit_file_through_envoy_in_serve() {
         usage_upstream(),
     );
     let routes = [(proxy.ports[0], &server)];
-    let alice = requests(&routes, "budget", "alice", &[300; 6]).await;
-    assert_eq!(alice, [200, 200, 200, 200, 429, 429]);
-    let bob = requests(&routes, "budget", "bob", &[2500, 10, 10]).await;
-    println!("file form, serve: bob {bob:?}");
+    check_then_charge(&routes).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -331,8 +345,5 @@ async fn envoyproxy_ratelimit_file_through_envoy_in_ratelimit_mode() {
         usage_upstream(),
     );
     let routes = [(proxy.ports[0], &server)];
-    let alice = requests(&routes, "budget", "alice", &[300; 6]).await;
-    assert_eq!(alice, [200, 200, 200, 200, 429, 429]);
-    let bob = requests(&routes, "budget", "bob", &[2500, 10, 10]).await;
-    println!("file form, ratelimit mode: bob {bob:?}");
+    check_then_charge(&routes).await;
 }

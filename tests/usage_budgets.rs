@@ -4,7 +4,8 @@
 //! stream is done, a charge of the reported usage, on the memory store and
 //! on Redis (two replicas behind two Envoys, one user's requests
 //! alternating); the same answers from an envoyproxy/ratelimit file, in
-//! `serve` and in ratelimit mode. Reserve-then-settle: 20 reservations
+//! `serve` and in ratelimit mode, also with the descriptors Envoy Gateway's
+//! translator writes. Reserve-then-settle: 20 reservations
 //! racing at the gRPC level (memory, and Redis through two replicas), then
 //! through Envoy.
 
@@ -97,10 +98,26 @@ fn refund(user: &str, n: u64) -> RateLimitDescriptor {
     d
 }
 
+/// Envoy Gateway's shape: its domain (the listener's) and the route's
+/// descriptor entry, then the rule's client selector (`x-user-id`).
+const EG_DOMAIN: &str = "default/eg/http";
+const EG_ROUTE: &str = "httproute/default/llm/rule/0/match/0/*";
+
+/// A check-only descriptor of `user` in `domain`: `user=<user>`, or in
+/// Envoy Gateway's shape the route's entry then `rule-0-match-0=<user>`.
+fn check(domain: &str, user: &str) -> RateLimitDescriptor {
+    if domain != EG_DOMAIN {
+        return hits(user, 0);
+    }
+    let mut d = desc(&[(EG_ROUTE, EG_ROUTE), ("rule-0-match-0", user)]);
+    d.hits_addend = Some(UInt64Value { value: 0 });
+    d
+}
+
 /// What `user` has left in `domain`, by a check-only call.
 async fn left(server: &Server, domain: &str, user: &str) -> u32 {
     let mut client = server.client().await;
-    let answer = common::ask(&mut client, request(domain, vec![hits(user, 0)])).await;
+    let answer = common::ask(&mut client, request(domain, vec![check(domain, user)])).await;
     answer.statuses[0].limit_remaining
 }
 
@@ -145,16 +162,21 @@ async fn requests(routes: &[(u16, &Server)], domain: &str, user: &str, usages: &
 /// `routes`: 300 a response, a first usage of 2,500, and a user at 10 a
 /// response untouched by the others' debts.
 async fn check_then_charge(routes: &[(u16, &Server)]) {
+    check_then_charge_in(routes, "budget").await;
+}
+
+/// [`check_then_charge`] in `domain`.
+async fn check_then_charge_in(routes: &[(u16, &Server)], domain: &str) {
     let server = routes[0].1;
-    let alice = requests(routes, "budget", "alice", &[300; 6]).await;
+    let alice = requests(routes, domain, "alice", &[300; 6]).await;
     assert_eq!(alice, [200, 200, 200, 200, 429, 429]);
     // 1,200 charged: a debt of 200, nothing left.
-    assert_eq!(left(server, "budget", "alice").await, 0);
-    let bob = requests(routes, "budget", "bob", &[2500, 10, 10]).await;
+    assert_eq!(left(server, domain, "alice").await, 0);
+    let bob = requests(routes, domain, "bob", &[2500, 10, 10]).await;
     assert_eq!(bob, [200, 429, 429]);
-    let carol = requests(routes, "budget", "carol", &[10; 5]).await;
+    let carol = requests(routes, domain, "carol", &[10; 5]).await;
     assert_eq!(carol, [200; 5]);
-    assert_eq!(left(server, "budget", "carol").await, 950);
+    assert_eq!(left(server, domain, "carol").await, 950);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -346,4 +368,53 @@ async fn envoyproxy_ratelimit_file_through_envoy_in_ratelimit_mode() {
     );
     let routes = [(proxy.ports[0], &server)];
     check_then_charge(&routes).await;
+}
+
+/// The Envoy Gateway listener's domain as a file: the route's entry, then
+/// the rule's `x-user-id`, 1,000 an hour (what its translator sends over
+/// xDS for a rule with `cost.request` 0 and `cost.response` from metadata).
+const GATEWAY_FILE: &str = "domain: default/eg/http
+descriptors:
+  - key: httproute/default/llm/rule/0/match/0/*
+    value: httproute/default/llm/rule/0/match/0/*
+    descriptors:
+      - key: rule-0-match-0
+        rate_limit: {unit: hour, requests_per_unit: 1000}
+";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_gateways_shape_in_ratelimit_mode() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("data");
+    let config = root.join("ratelimit/config");
+    std::fs::create_dir_all(&config).unwrap();
+    std::fs::write(config.join("gateway.yaml"), GATEWAY_FILE).unwrap();
+    let mut command = common::as_ratelimit(dir.path());
+    command.envs(common::RATELIMIT_ON_LOOPBACK).envs([
+        ("RUNTIME_ROOT", root.to_str().unwrap()),
+        ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+    ]);
+    let server = Server::spawn(command);
+    // The example's Envoy with the descriptors Envoy Gateway's translator
+    // writes: the route's generic key, then the selector's header.
+    let user = "- request_headers: { header_name: x-user-id, descriptor_key: user }";
+    let gateway = format!(
+        "- generic_key: {{ descriptor_key: {EG_ROUTE:?}, descriptor_value: {EG_ROUTE:?} }}
+                      - request_headers: {{ header_name: x-user-id, descriptor_key: rule-0-match-0 }}"
+    );
+    let text = std::fs::read_to_string(example("envoy-check-then-charge.yaml")).unwrap();
+    assert_eq!(text.matches(user).count(), 2);
+    let text = text
+        .replace(user, &gateway)
+        .replace("domain: budget", &format!("domain: {EG_DOMAIN}"));
+    let path = dir.path().join("envoy.yaml");
+    std::fs::write(&path, text).unwrap();
+    let proxy = envoy::start(
+        &path,
+        9901,
+        &[10000],
+        &[(8081, server.grpc.port()), (8088, usage_upstream())],
+        &[],
+    );
+    check_then_charge_in(&[(proxy.ports[0], &server)], EG_DOMAIN).await;
 }

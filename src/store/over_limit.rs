@@ -152,6 +152,14 @@ impl OverLimitCache {
         deadline: Option<tokio::time::Instant>,
     ) -> Result<Vec<CounterState>, StoreError> {
         let now = self.now_ms();
+        // A refund makes a full counter not full: its key's ops in this call
+        // go to the store (a settle's charge after its refund), and what was
+        // cached of it is forgotten once the store has answered.
+        let refunded: Vec<u128> = ops
+            .iter()
+            .filter(|op| op.refund)
+            .map(|op| self.id_of(&op.key))
+            .collect();
         // Each key hashed once, for the lookup and for what is learnt.
         let looked: Vec<Looked> = ops
             .iter()
@@ -161,6 +169,9 @@ impl OverLimitCache {
                     return Looked::Uncached;
                 }
                 let id = self.id_of(&op.key);
+                if refunded.contains(&id) {
+                    return Looked::Uncached;
+                }
                 self.lookup(id, op, now)
                     .map_or(Looked::Missed(id), Looked::Hit)
             })
@@ -185,6 +196,9 @@ impl OverLimitCache {
             if let Looked::Missed(id) = *l {
                 self.learn(id, op, state, now);
             }
+        }
+        for id in refunded {
+            self.shard(id).remove(id);
         }
         Ok(states)
     }
@@ -394,6 +408,33 @@ mod tests {
         }
         // At most one entry per shard past the bound's share of it.
         assert!(p.cached.len() <= 16, "{}", p.cached.len());
+    }
+
+    #[tokio::test]
+    async fn a_refund_clears_a_cached_denial_and_its_call_goes_to_the_store() {
+        let p = pair(100);
+        let hits = |n| CounterOp {
+            cost: n,
+            ..op("k", 10)
+        };
+        let refund = |n| CounterOp {
+            refund: true,
+            ..hits(n)
+        };
+        assert!(p.both(&[hits(10)]).await[0].allowed);
+        assert!(!p.both(&[hits(5)]).await[0].allowed);
+        assert_eq!(p.cached.len(), 1);
+        // A settle: 5 back, then 3 charged, in one call. The charge sees
+        // the refund, not the cached denial.
+        let settled = p.both(&[refund(5), hits(3)]).await;
+        assert!(settled[1].allowed);
+        assert!(p.cached.is_empty());
+        // Full again, cached; a refund alone clears it for the next call.
+        assert!(p.both(&[hits(2)]).await[0].allowed);
+        assert!(!p.both(&[hits(5)]).await[0].allowed);
+        assert_eq!(p.cached.len(), 1);
+        p.both(&[refund(4)]).await;
+        assert!(p.both(&[hits(4)]).await[0].allowed);
     }
 
     #[tokio::test]

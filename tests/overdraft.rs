@@ -78,6 +78,16 @@ async fn send(server: &Server, d: RateLimitDescriptor) -> (i32, u32) {
     (s.code, s.limit_remaining)
 }
 
+/// The debt `GET /explain` shows on the counter of `key=value`.
+fn debt(server: &Server, key: &str, value: &str) -> u64 {
+    let (status, body) = server.http("GET", &format!("/explain?domain=od&{key}={value}"), "");
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+    v["decider"]["limits"][0]["counter"]["debt"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no debt in {body}"))
+}
+
 /// The acceptance sequences of issue 54, then a group's debt.
 async fn scenario(store: Store) {
     let server = store.serve();
@@ -91,8 +101,9 @@ async fn scenario(store: Store) {
         }
     }
     assert_eq!(checks, [OK, OK, OK, OK, OVER, OVER]);
-    // In debt (200): nothing left.
+    // In debt (200): nothing left, and `GET /explain` shows the debt.
     assert_eq!(send(&server, hits("user", "alice", 0)).await, (OVER, 0));
+    assert_eq!(debt(&server, "user", "alice"), 200);
     // A first charge of 2,500: allowed, then denied; another user untouched.
     assert_eq!(send(&server, hits("user", "bob", 2500)).await, (OK, 0));
     assert_eq!(send(&server, hits("user", "bob", 0)).await.0, OVER);
@@ -100,6 +111,8 @@ async fn scenario(store: Store) {
     assert_eq!(send(&server, hits("user", "carol", 0)).await, (OK, 1000));
     // Bob's debt is 1,501 (the denied hit of 1 was charged on its own):
     // 1,600 given back leaves 99.
+    assert_eq!(debt(&server, "user", "bob"), 1501);
+    assert_eq!(debt(&server, "user", "carol"), 0);
     assert_eq!(send(&server, refund("user", "bob", 1600)).await, (OK, 99));
 
     // A rule of two limits: 2,500 overdraws the first (a debt of 1,500).

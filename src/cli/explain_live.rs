@@ -1,5 +1,6 @@
-//! `divvy explain --server URL`: a fairShare limit's live figures (the
-//! request's value, its share and demand) from a running server's `/explain`.
+//! `divvy explain --server URL`: a running server's live figures from its
+//! `/explain`: a fairShare limit's value, share and demand, and an
+//! overdraft limit's debt.
 
 use anyhow::{bail, Context};
 use serde_json::Value;
@@ -42,6 +43,14 @@ pub fn print_shares(
     let mut shown = 0;
     for rule in rules {
         for limit in rule["limits"].as_array().into_iter().flatten() {
+            if let Some(debt) = limit["counter"]["debt"].as_u64() {
+                shown += 1;
+                let reset = limit["counter"]["resetSeconds"].as_f64().unwrap_or(0.0);
+                println!(
+                    "live ({base}): {} has a debt of {debt} (full again in {reset:.0} s)",
+                    rule["rule"].as_str().unwrap_or("?")
+                );
+            }
             let f = &limit["fairShare"];
             if f.is_null() {
                 continue;
@@ -51,7 +60,7 @@ pub fn print_shares(
         }
     }
     if shown == 0 {
-        println!("live ({base}): no fairShare limit decides this request");
+        println!("live ({base}): no fairShare or overdraft limit decides this request");
     }
     Ok(())
 }

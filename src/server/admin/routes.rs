@@ -261,15 +261,7 @@ async fn explain(State(s): State<AdminState>, RawQuery(query): RawQuery) -> Resp
             }
             v["counter"] = match &op {
                 None => Value::Null,
-                Some(o) => match store.peek(o).await {
-                    Ok(None) => json!({"open": false, "remaining": limit.burst}),
-                    Ok(Some(st)) => json!({
-                        "open": true,
-                        "remaining": st.remaining,
-                        "resetSeconds": st.reset_after.as_secs_f64(),
-                    }),
-                    Err(e) => json!({"error": e.to_string()}),
-                },
+                Some(o) => counter_json(store.as_ref(), o, limit).await,
             };
             limits.push(v);
         }
@@ -297,6 +289,33 @@ async fn explain(State(s): State<AdminState>, RawQuery(query): RawQuery) -> Resp
         "canaries": describe,
     }))
     .into_response()
+}
+
+/// What the store holds of `op`'s counter (a check: nothing is charged);
+/// for an `overdraft` limit, its debt too.
+async fn counter_json(
+    store: &dyn crate::store::Store,
+    op: &crate::store::CounterOp,
+    limit: &crate::config::LimitSpec,
+) -> Value {
+    let mut v = match store.peek(op).await {
+        Ok(None) => json!({"open": false, "remaining": limit.burst}),
+        Ok(Some(st)) => json!({
+            "open": true,
+            "remaining": st.remaining,
+            "resetSeconds": st.reset_after.as_secs_f64(),
+        }),
+        Err(e) => return json!({"error": e.to_string()}),
+    };
+    if limit.overdraft {
+        let (probe, added) = crate::store::algorithm::debt_probe(op);
+        v["debt"] = match store.peek(&probe).await {
+            Ok(None) => json!(0),
+            Ok(Some(st)) => json!(added.saturating_sub(st.remaining)),
+            Err(e) => json!({"error": e.to_string()}),
+        };
+    }
+    v
 }
 
 /// A fairShare limit's key, the request's value and its current share and

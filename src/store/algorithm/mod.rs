@@ -364,6 +364,29 @@ fn overdrawn_params(algorithm: Algorithm, p: &Params) -> Params {
     }
 }
 
+/// A check of `op`'s counter with its capacity raised as an overdraft
+/// raises it, and the credits that adds: the check's credits left, taken
+/// from the credits added, are the counter's debt (charged past its limit,
+/// not yet paid back). A check, so both stores answer it alike.
+pub fn debt_probe(op: &CounterOp) -> (CounterOp, u64) {
+    let p = Params::of(op);
+    let raised = overdrawn_params(op.algorithm, &p);
+    let added = if op.algorithm.spec().has_burst {
+        raised.burst.saturating_sub(p.burst)
+    } else {
+        raised.limit.saturating_sub(p.limit)
+    };
+    let probe = CounterOp {
+        limit: raised.limit,
+        burst: raised.burst,
+        cost: 0,
+        refund: false,
+        joint: false,
+        ..op.clone()
+    };
+    (probe, added)
+}
+
 /// The verdict of `op` on `state`, overdrawn or filled where it applies
 /// (`may_fill`: the op is charged on its own), and whether it takes
 /// credits (allowed, filled, or a denied overdraft charged alone).

@@ -58,8 +58,9 @@ fn the_script_grants_what_the_arithmetic_says() {
             let base = received[r]
                 .filter(|&(_, at)| now < at + terms.life_ms + fallback.hold_ms)
                 .map_or(0.0, |(g, _)| g);
-            // How many users the region stands for (a fairShare limit's).
-            let weight = 1 + rng.next_u64() % 6;
+            // How many users the region stands for (a fairShare limit's;
+            // 0: it claims as one).
+            let weight = rng.next_u64() % 7;
             let out = redis.cli(&[
                 "EVALSHA",
                 &sha,

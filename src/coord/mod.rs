@@ -69,8 +69,8 @@ pub struct ShareAsk {
     /// The holder's lease in force, credits per second (0: none): what it
     /// falls back from if the answer to this renewal never reaches it.
     pub base: f64,
-    /// How many claimants the holder stands for (its active users of a
-    /// `fairShare` limit, else 1): its equal split is in proportion.
+    /// How many claimants the holder stands for (its users asking now on a
+    /// `fairShare` limit; 0: it claims as one): see `quota::targets_weighted`.
     pub weight: f64,
 }
 

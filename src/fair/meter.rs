@@ -36,7 +36,7 @@ impl Meter {
     /// it is younger, and never over less than one slot).
     pub fn rate(&mut self, now_ms: u64) -> f64 {
         self.roll(now_ms);
-        let total: u64 = self.slots.iter().sum();
+        let total = self.slots.iter().fold(0u64, |t, &x| t.saturating_add(x));
         let window = (SLOTS as u64 - 1) * SLOT_MS + now_ms % SLOT_MS;
         let span = window
             .min(now_ms.saturating_sub(self.since_ms))
@@ -74,6 +74,14 @@ mod tests {
         assert!(m.rate(13_500) < 20.0);
         assert_eq!(m.rate(14_001), 0.0);
         assert_eq!(m.rate(20_000), 0.0);
+    }
+
+    #[test]
+    fn huge_costs_saturate_instead_of_overflowing() {
+        let mut m = Meter::new(0);
+        m.add(0, u64::MAX / 2 + 1);
+        m.add(300, u64::MAX / 2 + 1);
+        assert!(m.rate(400) > 0.0);
     }
 
     #[test]

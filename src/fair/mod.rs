@@ -124,29 +124,19 @@ impl FairShares {
         rate: f64,
     ) -> Option<Share> {
         let entry = self.entry(key, names, spec)?;
-        let mut kept = String::new();
-        let value = if crate::rules::bounded::is_long(value) {
-            crate::rules::bounded::push_value(&mut kept, value);
-            kept.as_str()
-        } else {
-            value
+        let value = kept_value(value);
+        let ask = {
+            let mut t = entry.tracker.lock().ok()?;
+            t.follow(spec);
+            t.ask(&value, cost, rate, self.now_ms())
         };
-        let ask = entry
-            .tracker
-            .lock()
-            .ok()?
-            .ask(value, cost, rate, self.now_ms());
         if ask.overflow {
             self.metrics
                 .overflow
                 .with_label_values(&[&entry.limit])
                 .inc();
         }
-        let value = if kept.is_empty() {
-            value.to_owned()
-        } else {
-            kept
-        };
+        let value = value.into_owned();
         Some(Share { entry, value, ask })
     }
 
@@ -156,8 +146,17 @@ impl FairShares {
         (limit, rule): (&str, &str),
         spec: &FairShareSpec,
     ) -> Option<Arc<Entry>> {
-        if let Some(e) = self.entries.read().ok()?.get(key) {
-            return Some(e.clone());
+        {
+            let all = self.entries.read().ok()?;
+            if let Some(e) = all.get(key) {
+                return Some(e.clone());
+            }
+            // Full: refused without the write lock (a flood of new
+            // counters must not queue every decision behind it).
+            if all.len() >= MAX_COUNTERS {
+                self.metrics.overflow.with_label_values(&[limit]).inc();
+                return None;
+            }
         }
         let mut all = self.entries.write().ok()?;
         if all.len() >= MAX_COUNTERS && !all.contains_key(key) {
@@ -233,16 +232,22 @@ impl FairShares {
     /// Every counter of the rule named `rule`, with its active values.
     pub fn view(&self, rule: &str) -> Vec<CounterView> {
         let now = self.now_ms();
-        let Ok(all) = self.entries.read() else {
-            return Vec::new();
+        // The rule's counters, taken out of the map first: no decision
+        // waits on the map while the rows are built.
+        let mine: Vec<(String, Arc<Entry>)> = match self.entries.read() {
+            Ok(all) => all
+                .iter()
+                .filter(|(_, e)| &*e.rule == rule || &*e.limit == rule)
+                .map(|(k, e)| (k.clone(), e.clone()))
+                .collect(),
+            Err(_) => return Vec::new(),
         };
-        let mut out: Vec<CounterView> = all
-            .iter()
-            .filter(|(_, e)| &*e.rule == rule || &*e.limit == rule)
+        let mut out: Vec<CounterView> = mine
+            .into_iter()
             .filter_map(|(key, e)| {
                 let mut t = e.tracker.lock().ok()?;
                 Some(CounterView {
-                    key: key.clone(),
+                    key,
                     limit: e.limit.to_string(),
                     rate: t.rate(),
                     actors: t.view(now),
@@ -253,22 +258,22 @@ impl FairShares {
         out
     }
 
-    /// How many values are active on the counter `key` over the deployment
-    /// (this replica's, or the last exchange's if it saw more).
-    pub fn active(&self, key: &str) -> usize {
-        let Ok(all) = self.entries.read() else {
-            return 0;
-        };
-        let Some(e) = all.get(key) else { return 0 };
-        e.tracker.lock().map_or(0, |t| t.active_deployed())
+    /// How many values ask on the counter `key` now, over the deployment
+    /// (`None`: no `fairShare` limit counts on it here).
+    pub fn asking(&self, key: &str) -> Option<usize> {
+        let now = self.now_ms();
+        let all = self.entries.read().ok()?;
+        let mut t = all.get(key)?.tracker.lock().ok()?;
+        Some(t.asking(now))
     }
 
     /// The share and demand (credits per second) of `value` on `key`, if active.
     pub fn share_of(&self, key: &str, value: &str) -> Option<(f64, f64)> {
         let now = self.now_ms();
+        let value = kept_value(value);
         let all = self.entries.read().ok()?;
         let mut t = all.get(key)?.tracker.lock().ok()?;
-        t.share_of(value, now)
+        t.share_of(&value, now)
     }
 
     /// Recomputes every [`RECOMPUTE_EVERY`] (exchanging demands first when
@@ -301,6 +306,18 @@ impl FairShares {
     }
 }
 
+/// A value as trackers and counter keys keep it: bounded as counter keys
+/// bound actor values (a long one as a keyed hash).
+fn kept_value(value: &str) -> std::borrow::Cow<'_, str> {
+    if crate::rules::bounded::is_long(value) {
+        let mut kept = String::new();
+        crate::rules::bounded::push_value(&mut kept, value);
+        std::borrow::Cow::Owned(kept)
+    } else {
+        std::borrow::Cow::Borrowed(value)
+    }
+}
+
 /// The op of a value's own bucket at `fraction` of the shared counter's
 /// `whole` op (appended to its key as `:fair:<value>`), joint with it.
 /// `scaled`: the whole op already counts in thousandths (a global lease).
@@ -319,17 +336,32 @@ pub fn share_op(whole: &CounterOp, share: &Share, scaled: bool) -> CounterOp {
         joint: true,
         ..whole.clone()
     };
+    // A hit larger than the share's part of the burst still fits once the
+    // value has saved up for it (never more than the limit's own).
+    let big = whole.cost.min(whole.burst);
     if whole.algorithm.spec().has_burst {
-        // A token bucket's rate is kept fine: in thousandths when it is not already.
-        let k = if scaled { 1 } else { 1000 };
-        op.window = whole.window.saturating_mul(k);
+        let k = fine_scale(whole, scaled);
+        op.window = whole.window.saturating_mul(k as u32);
         op.limit = ((whole.limit as f64 * k as f64 * f).floor() as u64).max(1);
-        op.burst = ((whole.burst as f64 * f).round() as u64).max(1);
+        op.burst = ((whole.burst as f64 * f).round() as u64).max(1).max(big);
     } else {
-        op.limit = ((whole.limit as f64 * f).round() as u64).max(1);
+        op.limit = ((whole.limit as f64 * f).round() as u64).max(1).max(big);
         op.burst = op.limit;
     }
     op
+}
+
+/// How much finer a token bucket's share counts than the limit's own: in
+/// thousandths where the stores still count it exactly, less where the
+/// limit's capacity is large; not at all when already fine (a global lease)
+/// or when an overdraft needs the room above the capacity for its debt.
+fn fine_scale(whole: &CounterOp, scaled: bool) -> u64 {
+    if scaled || whole.overdraft {
+        return 1;
+    }
+    let window_ms = crate::store::algorithm::window_ms(whole.window);
+    let capacity = whole.burst.max(1).saturating_mul(window_ms);
+    (crate::store::algorithm::MAX_CREDIT_MS / capacity.max(1)).clamp(1, 1000)
 }
 
 /// A share's credits per the limit's own window, as answers report it;
@@ -361,6 +393,60 @@ mod tests {
             idle: Duration::from_secs(5),
             max_actors: 10,
         }
+    }
+
+    fn share(fraction: f64) -> Share {
+        let clock = Arc::new(ManualClock::default());
+        let telemetry = Telemetry::detached(clock.clone());
+        let fair = FairShares::new(clock, telemetry.metrics.fair.clone(), None);
+        let mut s = fair
+            .ask("k", ("l", "r"), &spec(), "u", 1, 10.0)
+            .unwrap_or_else(|| panic!("no share"));
+        s.ask.fraction = fraction;
+        s
+    }
+
+    #[test]
+    fn a_share_s_numbers_follow_the_limit_and_stay_exact() {
+        use crate::store::algorithm::{window_ms, MAX_CREDIT_MS};
+        use crate::store::Algorithm;
+        let bucket = |limit, secs, burst| CounterOp {
+            burst,
+            ..CounterOp::new(
+                "k",
+                Algorithm::TokenBucket,
+                limit,
+                Duration::from_secs(secs),
+                1,
+            )
+        };
+        // 100/s, a tenth: 10/s counted in thousandths, burst 10.
+        let op = share_op(&bucket(100, 1, 100), &share(0.1), false);
+        assert_eq!(
+            (op.limit, window_ms(op.window), op.burst),
+            (10_000, 1_000_000, 10)
+        );
+        assert!(op.joint && op.key == "k:fair:u");
+        // A day's million: coarser units, still within what the stores count exactly.
+        let op = share_op(&bucket(1_000_000, 86_400, 1_000_000), &share(0.5), false);
+        assert!(
+            op.burst.saturating_mul(window_ms(op.window)) <= MAX_CREDIT_MS,
+            "{op:?}"
+        );
+        assert!((rate_of(&op) - 1_000_000.0 / 86_400.0 / 2.0).abs() < 0.01);
+        // An overdraft's share keeps whole credits, so its debt has room.
+        let mut whole = bucket(100_000, 86_400, 100_000);
+        whole.overdraft = true;
+        assert_eq!(
+            window_ms(share_op(&whole, &share(0.5), false).window),
+            86_400_000
+        );
+        // A hit larger than the share's burst fits once saved up for.
+        let mut whole = bucket(1_000, 60, 1_000);
+        whole.cost = 150;
+        assert_eq!(share_op(&whole, &share(0.1), false).burst, 150);
+        let window = CounterOp::new("k", Algorithm::Fixed, 1_000, Duration::from_secs(60), 150);
+        assert_eq!(share_op(&window, &share(0.1), false).limit, 150);
     }
 
     #[test]

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use super::meter::Meter;
+use crate::config::FairShareSpec;
 
 /// Room above a value's measured demand (a tenth), so a value asking a
 /// steady rate is not held just under it by measurement noise.
@@ -137,6 +138,13 @@ impl Tracker {
         }
     }
 
+    /// Takes `spec`'s idle time and bound (a reload's apply from the
+    /// counter's next hit).
+    pub fn follow(&mut self, spec: &FairShareSpec) {
+        self.idle_ms = u64::try_from(spec.idle.as_millis()).unwrap_or(u64::MAX);
+        self.max_actors = spec.max_actors.max(1);
+    }
+
     /// Counts `cost` asked by `value` at `now_ms` under a counter of `rate`
     /// credits per second, and answers the value's share of it.
     pub fn ask(&mut self, value: &str, cost: u64, rate: f64, now_ms: u64) -> Ask {
@@ -241,11 +249,14 @@ impl Tracker {
         out
     }
 
-    /// This process's demand by value (what it tells the other replicas).
+    /// This process's demand by value, for the values that asked in the
+    /// last two seconds (what it tells the other replicas: a value that
+    /// stopped is told as 0 a few times, then no more).
     pub fn own_demands(&mut self, now_ms: u64) -> Vec<(String, f64)> {
         let mut out: Vec<(String, f64)> = self
             .actors
             .iter_mut()
+            .filter(|(_, a)| now_ms.saturating_sub(a.seen_ms) <= 2_000)
             .map(|(v, a)| (v.to_string(), a.asked.rate(now_ms)))
             .collect();
         if let Some(a) = self.overflow.as_mut() {
@@ -254,9 +265,18 @@ impl Tracker {
         out
     }
 
-    /// Sets the deployment's demands (from every replica), for the next recompute.
+    /// Sets the deployment's demands (from every replica), for the next
+    /// recompute: at most `maxActors` of them, the largest.
     pub fn set_deployment(&mut self, demands: Option<HashMap<String, f64>>) {
-        self.deployment = demands;
+        self.deployment = demands.map(|d| {
+            if d.len() <= self.max_actors {
+                return d;
+            }
+            let mut all: Vec<(String, f64)> = d.into_iter().collect();
+            all.sort_by(|a, b| b.1.total_cmp(&a.1));
+            all.truncate(self.max_actors);
+            all.into_iter().collect()
+        });
     }
 
     /// Values active now (the overflow share counts as one).
@@ -264,11 +284,18 @@ impl Tracker {
         self.actors.len() + usize::from(self.overflow.is_some())
     }
 
-    /// Values active over the deployment: this process's, or as many as
-    /// the last exchange saw asking, if more.
-    pub fn active_deployed(&self) -> usize {
-        let elsewhere = self.deployment.as_ref().map_or(0, |d| d.len());
-        self.active().max(elsewhere)
+    /// Values asking now (in the last second) over the deployment: this
+    /// process's, or as many as the last exchange saw asking, if more.
+    pub fn asking(&mut self, now_ms: u64) -> usize {
+        let elsewhere = self
+            .deployment
+            .as_ref()
+            .map_or(0, |d| d.values().filter(|&&x| x > 0.0).count());
+        let mut here = 0;
+        for a in self.actors.values_mut() {
+            here += usize::from(a.asked.rate(now_ms) > 0.0);
+        }
+        here.max(elsewhere)
     }
 
     /// The counter's rate as last planned (credits per second).

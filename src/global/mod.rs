@@ -272,11 +272,14 @@ impl Global {
         let _ = self.fair.set(fair);
     }
 
-    /// How many claimants the region stands for on `counter`: its active
-    /// users of a `fairShare` limit, at least 1.
+    /// How many claimants the region stands for on `counter`: its users
+    /// asking now on a `fairShare` limit (at least 1), or 0 (it claims as
+    /// one) for a counter without fair shares.
     fn weight(&self, counter: &str) -> f64 {
-        let active = self.fair.get().map_or(0, |f| f.active(counter));
-        active.max(1) as f64
+        match self.fair.get().and_then(|f| f.asking(counter)) {
+            Some(users) => users.max(1) as f64,
+            None => 0.0,
+        }
     }
 
     /// Global limits through `store` (the global store); `regional` is the

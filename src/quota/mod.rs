@@ -28,17 +28,22 @@ pub struct Sharing {
 
 /// Targets for regions with `demands` (credits per second; 0 wants nothing).
 pub fn targets(s: &Sharing, demands: &[f64]) -> Vec<f64> {
-    targets_weighted(s, demands, &vec![1.0; demands.len()])
+    targets_weighted(s, demands, &vec![0.0; demands.len()])
 }
 
-/// Targets for regions with `demands` and `weights` (how many claimants
-/// each stands for: a region's active users on a `fairShare` limit, else 1):
-/// a region's equal split is in proportion to its weight, so a region of
-/// six users and one of one, all asking more than they get, are given six
-/// and one shares. With every weight 1 this is [`targets`].
+/// Targets for regions with `demands` and `weights`: how many claimants
+/// each stands for (a region's users asking now on a `fairShare` limit), or
+/// 0 for a region that claims as one (a limit without fair shares). When
+/// every region with demand has a weight, the sharing is weighted max-min:
+/// a region's equal split, and its part of what is left, go by its weight,
+/// so a region of six users and one of one, all asking more than they get,
+/// are given six parts and one. Otherwise it is [`targets`]' sharing: the
+/// rest in proportion to demand.
 pub fn targets_weighted(s: &Sharing, demands: &[f64], weights: &[f64]) -> Vec<f64> {
     let n = demands.len();
-    let weight = |i: usize| weights.get(i).copied().unwrap_or(1.0).max(1.0);
+    let given = |i: usize| weights.get(i).copied().unwrap_or(0.0);
+    let weighted = (0..n).all(|i| demands[i] <= 0.0 || given(i) >= 1.0);
+    let weight = |i: usize| if weighted { given(i).max(1.0) } else { 1.0 };
     let mut out = vec![0.0; n];
     let want: Vec<f64> = demands
         .iter()
@@ -74,9 +79,12 @@ pub fn targets_weighted(s: &Sharing, demands: &[f64], weights: &[f64]) -> Vec<f6
         active = rest;
     }
     if !active.is_empty() {
-        let total: f64 = active.iter().map(|&i| want[i]).sum();
+        // Weighted: each part of what is left goes to a claimant; else in
+        // proportion to what each region wants.
+        let part = |i: usize| if weighted { weight(i) } else { want[i] };
+        let total: f64 = active.iter().map(|&i| part(i)).sum();
         for &i in &active {
-            out[i] = left * want[i] / total;
+            out[i] = left * part(i) / total;
         }
     } else if left > 0.0 {
         // Everyone is satisfied: the rest goes to regions with demand, in
@@ -173,7 +181,8 @@ pub struct Record {
     pub reserve: f64,
     /// Epoch ms until which the reserve is held back; the record goes then.
     pub until_ms: u64,
-    /// How many claimants it stands for (see [`targets_weighted`]).
+    /// How many claimants it stands for, 0 for one claiming as one (see
+    /// [`targets_weighted`]).
     pub weight: f64,
 }
 
@@ -196,7 +205,7 @@ impl Record {
             expires_ms,
             reserve: fallback.share * grant.max(base),
             until_ms: expires_ms.saturating_add(fallback.hold_ms),
-            weight: 1.0,
+            weight: 0.0,
         }
     }
 
@@ -257,7 +266,7 @@ pub fn renew(
 ) -> Renewed {
     let ask = Ask {
         demand,
-        weight: 1.0,
+        weight: 0.0,
         base,
     };
     renew_weighted(records, holder, ask, terms, now_ms)
@@ -268,7 +277,7 @@ pub fn renew(
 pub struct Ask {
     /// Its demand, credits per second.
     pub demand: f64,
-    /// How many claimants it stands for (at least 1).
+    /// How many claimants it stands for (0: it claims as one).
     pub weight: f64,
     /// Its lease in force, credits per second (what it falls back from).
     pub base: f64,
@@ -310,7 +319,7 @@ pub fn renew_weighted(
         terms.life_ms,
         &terms.fallback,
     );
-    record.weight = ask.weight.max(1.0);
+    record.weight = ask.weight.max(0.0);
     match records.iter_mut().find(|(h, _)| h == holder) {
         Some((_, r)) => *r = record,
         None => records.push((holder.to_owned(), record)),
@@ -388,11 +397,22 @@ mod tests {
         // A light region still gets what it asks.
         let t = targets_weighted(&sharing(300.0), &[480.0, 10.0], &[6.0, 1.0]);
         assert!((t[1] - 11.0).abs() < 1e-9, "{t:?}");
-        // Weights of 1 are the unweighted targets.
+        // The rest goes by weight, not by demand: one user asking 200/s
+        // beside six asking 80/s gets one part of seven.
+        let t = targets_weighted(&sharing(300.0), &[480.0, 200.0], &[6.0, 1.0]);
+        assert!((t[1] - 300.0 / 7.0).abs() < 1e-9, "{t:?}");
+        // A region claiming as one (weight 0) makes it the unweighted sharing.
         let d = [360.0, 180.0, 60.0];
+        let unweighted = targets(&sharing(200.0), &d);
         assert_eq!(
-            targets_weighted(&sharing(200.0), &d, &[1.0; 3]),
-            targets(&sharing(200.0), &d)
+            targets_weighted(&sharing(200.0), &d, &[2.0, 0.0, 1.0]),
+            unweighted
+        );
+        // A region without demand does not count.
+        let d = [360.0, 180.0, 0.0];
+        assert_eq!(
+            targets_weighted(&sharing(200.0), &d, &[1.0, 1.0, 0.0]),
+            targets_weighted(&sharing(200.0), &d, &[1.0, 1.0, 5.0])
         );
     }
 

@@ -222,12 +222,7 @@ fn check_exact_in_scripts(limit: &LimitSpec, who: &str, field: &str, problems: &
     let algorithm = limit.algorithm;
     // A global limit counts in thousandths of a credit per second (see
     // limiter/plan.rs, `Planner::leased`).
-    // So does a token bucket's fair share (see `fair::share_op`).
-    let scale = if limit.global || limit.fair_share.is_some() {
-        1000
-    } else {
-        1
-    };
+    let scale = if limit.global { 1000 } else { 1 };
     let window_ms = limit
         .reset_seconds
         .saturating_mul(1000)

@@ -153,7 +153,7 @@ impl Replicas {
                     rate: a.rate,
                     demand: a.demand,
                     base: 0.0,
-                    weight: 1.0,
+                    weight: 0.0,
                 })
                 .collect(),
         }

@@ -2,7 +2,7 @@
 -- the global store: the mirror of src/quota/mod.rs (`renew`).
 -- KEYS[i]: a global counter's hash (field = region, value =
 --   "<demand/s> <grant/s> <expires ms> <reserve/s> <until ms> <weight>"; a
---   record of an older form reads as weight 1, and one of three numbers
+--   record of an older form reads as weight 0, and one of three numbers
 --   "<demand/s> <grant/s> <expires ms>" as no reserve).
 -- ARGV[1] region, ARGV[2] lease lifetime ms, ARGV[3] floor (fraction of the
 -- rate), ARGV[4] headroom (fraction of demand), ARGV[5] now ms or -1 for
@@ -10,8 +10,8 @@
 -- its grant lapses the region keeps deciding on that share); then per key:
 -- rate (credits/s), demand (credits/s), base (the region's lease in force,
 -- credits/s: what it falls back from if this answer never reaches it),
--- weight (how many claimants the region stands for: its active users of a
--- fairShare limit, else 1; a region's equal split is in proportion to it).
+-- weight (how many claimants the region stands for: its users asking now
+-- on a fairShare limit; 0: it claims as one).
 -- A region's record holds back its grant (or its reserve, if larger) until
 -- it expires, then its reserve (fallback share x max(grant, base)) for the
 -- fallback time, then goes: a region cut off from this store decides on
@@ -35,9 +35,20 @@ if now < 0 then
   now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+-- Weighted max-min when every region with demand has a weight (its users
+-- asking now on a fairShare limit): splits and the rest go by weight.
+-- Otherwise (a weight 0: claims as one) the rest goes by demand.
 local function targets(rate, demands, weights)
   local n = #demands
   local out, want, active = {}, {}, {}
+  local weighted = true
+  for i = 1, n do
+    if demands[i] > 0 and weights[i] < 1 then weighted = false end
+  end
+  local function weight(i)
+    if weighted then return math.max(weights[i], 1) end
+    return 1
+  end
   for i = 1, n do
     out[i] = 0
     local d = demands[i]
@@ -51,12 +62,12 @@ local function targets(rate, demands, weights)
   local left = rate
   while #active > 0 do
     local units = 0
-    for _, i in ipairs(active) do units = units + weights[i] end
+    for _, i in ipairs(active) do units = units + weight(i) end
     local unit = left / units
     local rest, small = {}, 0
     for _, i in ipairs(active) do
-      if demands[i] <= unit * weights[i] then
-        local give = math.min(want[i], unit * weights[i])
+      if demands[i] <= unit * weight(i) then
+        local give = math.min(want[i], unit * weight(i))
         out[i] = give
         left = left - give
         small = small + 1
@@ -69,8 +80,14 @@ local function targets(rate, demands, weights)
   end
   if #active > 0 then
     local total = 0
-    for _, i in ipairs(active) do total = total + want[i] end
-    for _, i in ipairs(active) do out[i] = left * want[i] / total end
+    for _, i in ipairs(active) do
+      if weighted then total = total + weight(i) else total = total + want[i] end
+    end
+    for _, i in ipairs(active) do
+      local part = want[i]
+      if weighted then part = weight(i) end
+      out[i] = left * part / total
+    end
   elseif left > 0 then
     local total = 0
     for i = 1, n do total = total + want[i] end
@@ -86,14 +103,14 @@ local function parse(v)
   local d, g, e, res, u, w = string.match(v, '^(%S+) (%S+) (%S+) (%S+) (%S+) (%S+)$')
   if not d then
     d, g, e, res, u = string.match(v, '^(%S+) (%S+) (%S+) (%S+) (%S+)$')
-    w = 1
+    w = 0
   end
   if not d then
     d, g, e = string.match(v, '^(%S+) (%S+) (%S+)$')
-    res, u, w = 0, e, 1
+    res, u, w = 0, e, 0
   end
   d, g, e, res, u, w = tonumber(d), tonumber(g), tonumber(e), tonumber(res), tonumber(u), tonumber(w)
-  if d and g and e and res and u and w then return d, g, e, res, u, math.max(w, 1) end
+  if d and g and e and res and u and w then return d, g, e, res, u, math.max(w, 0) end
   return nil
 end
 
@@ -103,7 +120,7 @@ for k = 1, #KEYS do
   local rate = tonumber(ARGV[7 + 4 * k - 3])
   local demand = tonumber(ARGV[7 + 4 * k - 2])
   local base = tonumber(ARGV[7 + 4 * k - 1])
-  local weight = math.max(tonumber(ARGV[7 + 4 * k]), 1)
+  local weight = math.max(tonumber(ARGV[7 + 4 * k]), 0)
   local raw = redis.call('HGETALL', key)
   local names, demands, grants, weights, view = {}, {}, {}, {}, {}
   local others = 0

@@ -11,8 +11,6 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -35,41 +33,15 @@ fn example(name: &str) -> PathBuf {
 /// `x-usage-tokens` header of the request's `x-usage` (the usage a model
 /// server would report), on its own thread.
 fn usage_upstream() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for conn in listener.incoming().flatten() {
-            std::thread::spawn(move || {
-                let mut reader = BufReader::new(conn.try_clone().unwrap());
-                let mut conn = conn;
-                loop {
-                    let mut usage = None;
-                    loop {
-                        let mut line = String::new();
-                        match reader.read_line(&mut line) {
-                            Ok(0) | Err(_) => return,
-                            Ok(_) => {}
-                        }
-                        if line == "\r\n" {
-                            break;
-                        }
-                        if let Some((k, v)) = line.split_once(':') {
-                            if k.trim().eq_ignore_ascii_case("x-usage") {
-                                usage = Some(v.trim().to_owned());
-                            }
-                        }
-                    }
-                    let header =
-                        usage.map_or(String::new(), |u| format!("x-usage-tokens: {u}\r\n"));
-                    let answer = format!("HTTP/1.1 200 OK\r\n{header}content-length: 2\r\n\r\nok");
-                    if conn.write_all(answer.as_bytes()).is_err() {
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    port
+    envoy::upstream_with("ok", |head| {
+        let usage = head.iter().find_map(|line| {
+            let (k, v) = line.split_once(':')?;
+            k.trim()
+                .eq_ignore_ascii_case("x-usage")
+                .then(|| v.trim().to_owned())
+        });
+        usage.map_or(String::new(), |u| format!("x-usage-tokens: {u}\r\n"))
+    })
 }
 
 /// Envoy on the example bootstrap `name`, asking divvy at `divvy` and
@@ -350,17 +322,7 @@ async fn envoyproxy_ratelimit_file_through_envoy_in_serve() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn envoyproxy_ratelimit_file_through_envoy_in_ratelimit_mode() {
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().join("data");
-    let config = root.join("ratelimit/config");
-    std::fs::create_dir_all(&config).unwrap();
-    std::fs::write(config.join("budget.yaml"), RATELIMIT_FILE).unwrap();
-    let mut command = common::as_ratelimit(dir.path());
-    command.envs(common::RATELIMIT_ON_LOOPBACK).envs([
-        ("RUNTIME_ROOT", root.to_str().unwrap()),
-        ("RUNTIME_SUBDIRECTORY", "ratelimit"),
-    ]);
-    let server = Server::spawn(command);
+    let (_dir, server) = in_ratelimit_mode("budget.yaml", RATELIMIT_FILE);
     let proxy = start_envoy(
         "envoy-check-then-charge.yaml",
         server.grpc.port(),
@@ -368,6 +330,23 @@ async fn envoyproxy_ratelimit_file_through_envoy_in_ratelimit_mode() {
     );
     let routes = [(proxy.ports[0], &server)];
     check_then_charge(&routes).await;
+}
+
+/// divvy started as `ratelimit` with envoyproxy/ratelimit's environment,
+/// its config directory holding `text` as `file` (the directory lives as
+/// long as the handle returned).
+fn in_ratelimit_mode(file: &str, text: &str) -> (tempfile::TempDir, Server) {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("data");
+    let config = root.join("ratelimit/config");
+    std::fs::create_dir_all(&config).unwrap();
+    std::fs::write(config.join(file), text).unwrap();
+    let mut command = common::as_ratelimit(dir.path());
+    command.envs(common::RATELIMIT_ON_LOOPBACK).envs([
+        ("RUNTIME_ROOT", root.to_str().unwrap()),
+        ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+    ]);
+    (dir, Server::spawn(command))
 }
 
 /// The Envoy Gateway listener's domain as a file: the route's entry, then
@@ -384,17 +363,7 @@ descriptors:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn envoy_gateways_shape_in_ratelimit_mode() {
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().join("data");
-    let config = root.join("ratelimit/config");
-    std::fs::create_dir_all(&config).unwrap();
-    std::fs::write(config.join("gateway.yaml"), GATEWAY_FILE).unwrap();
-    let mut command = common::as_ratelimit(dir.path());
-    command.envs(common::RATELIMIT_ON_LOOPBACK).envs([
-        ("RUNTIME_ROOT", root.to_str().unwrap()),
-        ("RUNTIME_SUBDIRECTORY", "ratelimit"),
-    ]);
-    let server = Server::spawn(command);
+    let (dir, server) = in_ratelimit_mode("gateway.yaml", GATEWAY_FILE);
     // The example's Envoy with the descriptors Envoy Gateway's translator
     // writes: the route's generic key, then the selector's header.
     let user = "- request_headers: { header_name: x-user-id, descriptor_key: user }";

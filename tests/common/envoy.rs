@@ -28,6 +28,12 @@ pub fn binary() -> PathBuf {
 /// An HTTP/1.1 upstream answering 200 with `body` to every request, on its
 /// own thread.
 pub fn upstream(body: &'static str) -> u16 {
+    upstream_with(body, |_| String::new())
+}
+
+/// Like [`upstream`], with response headers `headers` makes of each
+/// request's head lines (`"name: value\r\n"` each).
+pub fn upstream_with(body: &'static str, headers: fn(&[String]) -> String) -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     std::thread::spawn(move || {
@@ -35,22 +41,11 @@ pub fn upstream(body: &'static str) -> u16 {
             std::thread::spawn(move || {
                 let mut reader = BufReader::new(conn.try_clone().unwrap());
                 let mut conn = conn;
-                loop {
-                    // Read one request head (no bodies are sent).
-                    let mut saw_any = false;
-                    loop {
-                        let mut line = String::new();
-                        match reader.read_line(&mut line) {
-                            Ok(0) | Err(_) => return,
-                            Ok(_) => {}
-                        }
-                        if line == "\r\n" && saw_any {
-                            break;
-                        }
-                        saw_any = true;
-                    }
+                // One request head at a time (no bodies are sent).
+                while let Some(head) = read_head(&mut reader) {
                     let answer = format!(
-                        "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
+                        "HTTP/1.1 200 OK\r\n{}content-length: {}\r\n\r\n{body}",
+                        headers(&head),
                         body.len()
                     );
                     if conn.write_all(answer.as_bytes()).is_err() {
@@ -61,6 +56,22 @@ pub fn upstream(body: &'static str) -> u16 {
         }
     });
     port
+}
+
+/// The lines of one request head (`None` once the connection ends).
+fn read_head(reader: &mut impl BufRead) -> Option<Vec<String>> {
+    let mut head = Vec::new();
+    loop {
+        let mut line = String::new();
+        match reader.read_line(&mut line) {
+            Ok(0) | Err(_) => return None,
+            Ok(_) => {}
+        }
+        if line == "\r\n" && !head.is_empty() {
+            return Some(head);
+        }
+        head.push(line);
+    }
 }
 
 /// A running Envoy; killed on drop.

@@ -877,17 +877,7 @@ fn a_global_limit_is_held_across_three_regions_as_demand_shifts() {
             REGIONS[*r]
         );
         let v: serde_json::Value = serde_json::from_str(body).unwrap_or_default();
-        let lease = v["leases"]
-            .as_array()
-            .and_then(|l| {
-                l.iter().find(|x| {
-                    x["counter"]
-                        .as_str()
-                        .is_some_and(|c| c.contains("partner1"))
-                })
-            })
-            .cloned()
-            .unwrap_or_default();
+        let lease = partner_lease(body);
         let rate = lease["rate"].as_f64().unwrap_or(0.0);
         checks.check(
             *status == 200 && v["region"] == REGIONS[*r] && rate > 0.0 && rate <= LIMIT,
@@ -1099,21 +1089,24 @@ fn a_killed_region_s_share_is_absorbed_by_the_others() {
     checks.finish();
 }
 
+/// The lease of the `partner1` counter in a `GET /global` answer (null if none).
+fn partner_lease(body: &str) -> serde_json::Value {
+    let v: serde_json::Value = serde_json::from_str(body).unwrap_or_default();
+    let leases = v["leases"].as_array().cloned().unwrap_or_default();
+    leases
+        .into_iter()
+        .find(|x| {
+            x["counter"]
+                .as_str()
+                .is_some_and(|c| c.contains("partner1"))
+        })
+        .unwrap_or_default()
+}
+
 /// `GET /global` of `server`: the phase and rate of its lease of the counter.
 fn lease_of(server: &Server) -> (String, f64) {
     let (_, body) = server.http("GET", "/global", "");
-    let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
-    let lease = v["leases"]
-        .as_array()
-        .and_then(|l| {
-            l.iter().find(|x| {
-                x["counter"]
-                    .as_str()
-                    .is_some_and(|c| c.contains("partner1"))
-            })
-        })
-        .cloned()
-        .unwrap_or_default();
+    let lease = partner_lease(&body);
     (
         lease["phase"].as_str().unwrap_or("none").to_owned(),
         lease["rate"].as_f64().unwrap_or(-1.0),

@@ -56,6 +56,16 @@ fn start_envoy(name: &str, divvy: u16, upstream: u16) -> Envoy {
     )
 }
 
+/// Envoy on the check-then-charge example in front of `server`, with an
+/// upstream of its own.
+fn check_then_charge_envoy(server: &Server) -> Envoy {
+    start_envoy(
+        "envoy-check-then-charge.yaml",
+        server.grpc.port(),
+        usage_upstream(),
+    )
+}
+
 /// `user=<user>` with its own `hits_addend` (0: check only).
 fn hits(user: &str, n: u64) -> RateLimitDescriptor {
     let mut d = desc(&[("user", user)]);
@@ -154,11 +164,7 @@ async fn check_then_charge_in(routes: &[(u16, &Server)], domain: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn check_then_charge_through_envoy_on_memory() {
     let server = Server::start(&example("policy.yaml"), &[]);
-    let proxy = start_envoy(
-        "envoy-check-then-charge.yaml",
-        server.grpc.port(),
-        usage_upstream(),
-    );
+    let proxy = check_then_charge_envoy(&server);
     check_then_charge(&[(proxy.ports[0], &server)]).await;
 }
 
@@ -311,11 +317,7 @@ async fn envoyproxy_ratelimit_file_through_envoy_in_serve() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("budget.yaml"), RATELIMIT_FILE).unwrap();
     let server = Server::start(dir.path(), &[]);
-    let proxy = start_envoy(
-        "envoy-check-then-charge.yaml",
-        server.grpc.port(),
-        usage_upstream(),
-    );
+    let proxy = check_then_charge_envoy(&server);
     let routes = [(proxy.ports[0], &server)];
     check_then_charge(&routes).await;
 }
@@ -323,11 +325,7 @@ async fn envoyproxy_ratelimit_file_through_envoy_in_serve() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn envoyproxy_ratelimit_file_through_envoy_in_ratelimit_mode() {
     let (_dir, server) = in_ratelimit_mode("budget.yaml", RATELIMIT_FILE);
-    let proxy = start_envoy(
-        "envoy-check-then-charge.yaml",
-        server.grpc.port(),
-        usage_upstream(),
-    );
+    let proxy = check_then_charge_envoy(&server);
     let routes = [(proxy.ports[0], &server)];
     check_then_charge(&routes).await;
 }

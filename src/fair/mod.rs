@@ -185,14 +185,24 @@ impl FairShares {
         self.now_ms()
     }
 
+    /// The counters `keep` keeps, taken out of the map (so no decision
+    /// waits on the map while they are worked on).
+    fn counters(&self, keep: impl Fn(&Entry) -> bool) -> Vec<(String, Arc<Entry>)> {
+        match self.entries.read() {
+            Ok(all) => all
+                .iter()
+                .filter(|(_, e)| keep(e))
+                .map(|(k, e)| (k.clone(), e.clone()))
+                .collect(),
+            Err(_) => Vec::new(),
+        }
+    }
+
     /// Recomputes every counter's shares, drops idle values and counters,
     /// and sets the gauges.
     pub fn recompute(&self) {
         let now = self.now_ms();
-        let entries: Vec<(String, Arc<Entry>)> = match self.entries.read() {
-            Ok(all) => all.iter().map(|(k, e)| (k.clone(), e.clone())).collect(),
-            Err(_) => return,
-        };
+        let entries = self.counters(|_| true);
         let mut by_limit: HashMap<Arc<str>, (i64, f64, f64)> = HashMap::new();
         let mut idle = Vec::new();
         for (key, e) in &entries {
@@ -232,16 +242,7 @@ impl FairShares {
     /// Every counter of the rule named `rule`, with its active values.
     pub fn view(&self, rule: &str) -> Vec<CounterView> {
         let now = self.now_ms();
-        // The rule's counters, taken out of the map first: no decision
-        // waits on the map while the rows are built.
-        let mine: Vec<(String, Arc<Entry>)> = match self.entries.read() {
-            Ok(all) => all
-                .iter()
-                .filter(|(_, e)| &*e.rule == rule || &*e.limit == rule)
-                .map(|(k, e)| (k.clone(), e.clone()))
-                .collect(),
-            Err(_) => return Vec::new(),
-        };
+        let mine = self.counters(|e| &*e.rule == rule || &*e.limit == rule);
         let mut out: Vec<CounterView> = mine
             .into_iter()
             .filter_map(|(key, e)| {
@@ -294,10 +295,7 @@ impl FairShares {
     /// One step of the task: exchange, recompute.
     async fn step(&self) {
         if let Some(x) = &self.exchange {
-            let entries: Vec<(String, Arc<Entry>)> = match self.entries.read() {
-                Ok(all) => all.iter().map(|(k, e)| (k.clone(), e.clone())).collect(),
-                Err(_) => Vec::new(),
-            };
+            let entries = self.counters(|_| true);
             x.exchange(&entries, self.now_ms(), &self.metrics).await;
         }
         self.recompute();

@@ -21,7 +21,12 @@ fn limiter(policy: &str, clock: &Arc<ManualClock>) -> Limiter {
 
 /// Whether one line-protocol HIT of `user` is allowed, and the answer's remaining.
 async fn hit(l: &Limiter, user: &str) -> (bool, u64) {
-    let op = Operation::from_pairs([("site", "p"), ("user", user)]);
+    hit_at(l, "p", user).await
+}
+
+/// Like [`hit`], on `site`.
+async fn hit_at(l: &Limiter, site: &str, user: &str) -> (bool, u64) {
+    let op = Operation::from_pairs([("site", site), ("user", user)]);
     let hits = [Hit::one(op)];
     let verdict = l.decide(&Request::line(&hits)).await.unwrap();
     let d = verdict.into_decisions().unwrap();
@@ -56,16 +61,37 @@ fn clock() -> Arc<ManualClock> {
 
 #[tokio::test]
 async fn a_window_s_credits_are_shared_and_the_limit_still_holds() {
+    for algorithm in ["fixed", "window", "sliding"] {
+        let clock = clock();
+        let l = limiter(
+            &format!("overrides:\n  - operation: {{site: p, user: '*'}}\n    creditLimit: 60\n    resetSeconds: 60\n    algorithm: {algorithm}\n    fairShare: user\ndefault: {{creditLimit: 0}}\n"),
+            &clock,
+        );
+        let got = run(&l, &clock, &["a", "b"], 10, 2_000).await;
+        assert_eq!((got["a"], got["b"]), (30, 30), "{algorithm}: {got:?}");
+        // A newcomer in the same window finds the window's credits spent.
+        let got = run(&l, &clock, &["c"], 10, 500).await;
+        assert_eq!(got.get("c"), None, "{algorithm}");
+    }
+}
+
+#[tokio::test]
+async fn with_an_actor_field_each_site_is_shared_among_its_own_users() {
     let clock = clock();
     let l = limiter(
-        "overrides:\n  - operation: {site: p, user: '*'}\n    creditLimit: 60\n    resetSeconds: 60\n    algorithm: fixed\n    fairShare: user\ndefault: {creditLimit: 0}\n",
+        "overrides:\n  - operation: {site: '*', user: '*'}\n    actorField: site\n    creditLimit: 60\n    resetSeconds: 60\n    algorithm: fixed\n    fairShare: user\ndefault: {creditLimit: 0}\n",
         &clock,
     );
-    let got = run(&l, &clock, &["a", "b"], 10, 2_000).await;
-    assert_eq!((got["a"], got["b"]), (30, 30), "{got:?}");
-    // A newcomer in the same window finds the window's credits spent.
-    let got = run(&l, &clock, &["c"], 10, 500).await;
-    assert_eq!(got.get("c"), None);
+    let mut got = HashMap::new();
+    for _ in 0..200 {
+        for (site, user) in [("p", "a"), ("p", "b"), ("q", "c")] {
+            if hit_at(&l, site, user).await.0 {
+                *got.entry(user).or_insert(0) += 1;
+            }
+        }
+        clock.advance(Duration::from_millis(10));
+    }
+    assert_eq!((got["a"], got["b"], got["c"]), (30, 30, 60), "{got:?}");
 }
 
 #[tokio::test]

@@ -386,32 +386,37 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         // cannot kill the process; the reloader acts on later ones.
         #[cfg(unix)]
         let _ = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup());
-        App::build(settings).await?.serve(shutdown_signal()).await
+        // SIGTERM is taken over before any listener opens: a signal sent as
+        // soon as the replica is ready must drain it, not kill it.
+        let shutdown = shutdown_signal();
+        App::build(settings).await?.serve(shutdown).await
     });
     runtime.shutdown_timeout(Duration::from_secs(1));
     Ok(served?)
 }
 
-/// Completes on SIGINT or SIGTERM.
-async fn shutdown_signal() {
+/// Completes on SIGINT or SIGTERM; the SIGTERM handler is installed when
+/// this is called (it needs the runtime), not when the future is first polled.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
+    let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    async move {
+        #[cfg(unix)]
+        match term {
+            Some(mut term) => {
                 tokio::select! {
                     _ = tokio::signal::ctrl_c() => {}
                     _ = term.recv() => {}
                 }
             }
-            Err(_) => {
+            None => {
                 let _ = tokio::signal::ctrl_c().await;
             }
         }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+        info!("shutdown signal received");
     }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
-    }
-    info!("shutdown signal received");
 }

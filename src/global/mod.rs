@@ -271,9 +271,11 @@ impl Global {
                 let Some(g) = me.upgrade() else { return };
                 let tick = g.options.period / 4;
                 // Every period; every quarter period for the first four
-                // renewals and while a grant is short of its target, so
-                // share given back by others is taken up quickly.
-                let every = if renewals < 4 || g.short.load(Ordering::Acquire) {
+                // renewals, while a grant is short of its target (so share
+                // given back by others is taken up quickly) and while the
+                // global store fails (so leases return soon after it does).
+                let quick = renewals < 4 || g.short.load(Ordering::Acquire) || g.in_fallback();
+                let every = if quick {
                     tick
                 } else {
                     g.options.period
@@ -353,7 +355,7 @@ impl Global {
     /// it (`crate::quota::demand_moved`), or has demand and was never reported:
     /// renew now, at this quarter-period step, not a period later. Never
     /// while the global store fails: a failed renewal reports nothing, and
-    /// the retries keep their own pace (a period, or a quarter while short).
+    /// the retries keep their own pace (a quarter period while it fails).
     fn moved(&self, demands: &Demands, specs: &Specs) -> bool {
         if self.in_fallback() {
             return false;

@@ -3,7 +3,8 @@
 //! `hits_addend` 0) before each request and a charge after it; a charge
 //! larger than what is left is applied in full, leaving a debt; another
 //! user's counter is untouched; a denied group (a rule of several limits)
-//! takes no debt.
+//! takes no debt; `divvy_overdraft_charged_total` counts what each rule
+//! charged past what was left.
 
 mod common;
 
@@ -17,12 +18,14 @@ use envoy_types::pb::google::protobuf::UInt64Value;
 const POLICY: &str = r#"
 overrides:
   - domain: od
+    label: tokens
     operation: {user: '*'}
     actorField: user
     creditLimit: 1000
     resetSeconds: 1h
     overdraft: true
   - domain: od
+    label: team-tokens
     operation: {team: '*'}
     limits:
       - {creditLimit: 1000, resetSeconds: 1h, overdraft: true, actorField: team}
@@ -123,6 +126,16 @@ async fn scenario(store: Store) {
     // 1,600 given back leaves the first limit 100: admitted again.
     assert_eq!(send(&server, refund("team", "red", 1600)).await.0, OK);
     assert_eq!(send(&server, hits("team", "red", 0)).await.0, OK);
+
+    // Past what was left: alice 200, bob 1,500 then 1; the team 1,500.
+    let samples = server.metric_samples();
+    let past = |rule: &str| {
+        samples
+            .get(&format!("divvy_overdraft_charged_total{{rule=\"{rule}\"}}"))
+            .copied()
+    };
+    assert_eq!(past("tokens"), Some(1701.0), "{samples:?}");
+    assert_eq!(past("team-tokens"), Some(1500.0), "{samples:?}");
 }
 
 #[tokio::test]

@@ -188,6 +188,13 @@ impl DivvyRules<'_> {
                     .with_label_values(&[label.unwrap_or("")])
                     .inc();
             }
+            if state.overdrawn > 0 {
+                let label = self.rules.rule(p.rule).spec.label.as_deref();
+                self.metrics
+                    .overdraft_charged
+                    .with_label_values(&[label.unwrap_or("")])
+                    .inc_by(state.overdrawn);
+            }
             o.allowed = state.allowed;
             o.remaining = state.remaining;
             o.reset = Reset::After(match (o.global, self.global) {

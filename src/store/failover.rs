@@ -265,16 +265,19 @@ impl FailoverStore {
                     allowed: true,
                     remaining: op.limit,
                     reset_after: op.window,
+                    overdrawn: 0,
                 },
                 FailurePolicy::Allow => CounterState {
                     allowed: true,
                     remaining: op.limit,
                     reset_after: op.window,
+                    overdrawn: 0,
                 },
                 FailurePolicy::Deny | FailurePolicy::Local => CounterState {
                     allowed: false,
                     remaining: 0,
                     reset_after: op.window,
+                    overdrawn: 0,
                 },
             })
             .collect()

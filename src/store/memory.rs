@@ -255,6 +255,7 @@ impl MemoryStore {
                 allowed: false,
                 remaining: 0,
                 reset_after: Duration::ZERO,
+                overdrawn: 0,
             })
     }
 
@@ -411,6 +412,7 @@ impl Store for MemoryStore {
                 allowed: remaining > 0,
                 remaining,
                 reset_after: Duration::from_millis(reset_ms),
+                overdrawn: 0,
             }
         });
         Box::pin(std::future::ready(Ok(state)))

@@ -118,6 +118,9 @@ pub struct CounterState {
     /// Allowed: time until the counter is full again (window over, bucket
     /// full). Denied: time until the same hit would be allowed.
     pub reset_after: Duration,
+    /// Credits charged past what was left (an overdraft's new debt); 0
+    /// unless an overdrawing op was charged.
+    pub overdrawn: u64,
 }
 
 /// A store failure; the request that hit it gets an error, never a panic.

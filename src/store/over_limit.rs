@@ -121,6 +121,7 @@ impl OverLimitCache {
             allowed: false,
             remaining: 0,
             reset_after: Duration::from_millis(entry.until_ms - now),
+            overdrawn: 0,
         })
     }
 

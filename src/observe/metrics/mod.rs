@@ -35,6 +35,9 @@ pub struct Metrics {
     pub errors: IntCounterVec,
     /// `divvy_decisions_total{domain,rule_label,code}`: deciding-rule outcomes; domain is the rule's domain pattern.
     pub decisions: IntCounterVec,
+    /// `divvy_overdraft_charged_total{rule}`: credits an `overdraft: true`
+    /// limit charged past what was left (new debt), by rule label.
+    pub overdraft_charged: IntCounterVec,
     /// `divvy_reloads_total{result}`: policy reloads, success or failure.
     pub reloads: IntCounterVec,
     /// `divvy_rules_generation`: generation of the rules in force.
@@ -167,6 +170,12 @@ impl Metrics {
                 "divvy_decisions_total",
                 "Decisions by rule domain, rule label and code",
                 &["domain", "rule_label", "code"],
+            ),
+            overdraft_charged: counter_vec(
+                &r,
+                "divvy_overdraft_charged_total",
+                "Credits overdraft limits charged past what was left, by rule label",
+                &["rule"],
             ),
             reloads: counter_vec(
                 &r,

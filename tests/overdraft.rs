@@ -136,6 +136,26 @@ async fn scenario(store: Store) {
     };
     assert_eq!(past("tokens"), Some(1701.0), "{samples:?}");
     assert_eq!(past("team-tokens"), Some(1500.0), "{samples:?}");
+
+    // The dashboard's rule page: the same figure, and the counters last
+    // overdrawn (bob's most recent, paid back by the refund) with their debts.
+    let (status, body) = server.http("GET", "/api/v1/rules/tokens", "");
+    assert_eq!(status, 200, "{body}");
+    let rule: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+    let od = &rule["overdraft"];
+    assert_eq!(od["chargedPastLeft"], 1701, "{body}");
+    let debts: Vec<(String, u64)> = od["counters"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no counters in {body}"))
+        .iter()
+        .map(|c| {
+            let key = c["counterKey"].as_str().unwrap_or_default().to_owned();
+            (key, c["debt"].as_u64().unwrap_or(u64::MAX))
+        })
+        .collect();
+    assert_eq!(debts.len(), 2, "{body}");
+    assert!(debts[0].0.contains("bob") && debts[0].1 == 0, "{body}");
+    assert!(debts[1].0.contains("alice") && debts[1].1 == 200, "{body}");
 }
 
 #[tokio::test]

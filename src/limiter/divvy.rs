@@ -25,6 +25,7 @@ pub(super) struct DivvyRules<'a> {
     pub(super) global: Option<&'a Global>,
     pub(super) fair: &'a FairShares,
     pub(super) metrics: &'a Metrics,
+    pub(super) debtors: &'a super::debtors::Debtors,
 }
 
 /// A request planned: each hit with its canaries and deciding rule.
@@ -189,11 +190,12 @@ impl DivvyRules<'_> {
                     .inc();
             }
             if state.overdrawn > 0 {
-                let label = self.rules.rule(p.rule).spec.label.as_deref();
+                let rule = self.rules.rule(p.rule);
                 self.metrics
                     .overdraft_charged
-                    .with_label_values(&[label.unwrap_or("")])
+                    .with_label_values(&[rule.spec.label.as_deref().unwrap_or("")])
                     .inc_by(state.overdrawn);
+                self.debtors.note(rule.name(), op);
             }
             o.allowed = state.allowed;
             o.remaining = state.remaining;

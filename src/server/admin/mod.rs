@@ -12,6 +12,7 @@
 
 pub mod api;
 pub mod auth;
+mod debts;
 pub mod fair;
 pub mod knobs;
 pub mod render;

@@ -308,12 +308,7 @@ async fn counter_json(
         Err(e) => return json!({"error": e.to_string()}),
     };
     if limit.overdraft {
-        let (probe, added) = crate::store::algorithm::debt_probe(op);
-        v["debt"] = match store.peek(&probe).await {
-            Ok(None) => json!(0),
-            Ok(Some(st)) => json!(added.saturating_sub(st.remaining)),
-            Err(e) => json!({"error": e.to_string()}),
-        };
+        v["debt"] = super::debts::debt_of(store, op).await;
     }
     v
 }

@@ -55,7 +55,7 @@ pub(super) fn parse_answer(raw: &[i64], count: usize) -> Result<Vec<CounterState
             count
         ))
     };
-    if raw.len() < count * 2 || raw.len() % 2 != 0 {
+    if raw.len() < count * 2 || !raw.len().is_multiple_of(2) {
         return Err(malformed());
     }
     let (pairs, past) = raw.split_at(count * 2);

@@ -4,7 +4,8 @@
 //! larger than what is left is applied in full, leaving a debt; another
 //! user's counter is untouched; a denied group (a rule of several limits)
 //! takes no debt; `divvy_overdraft_charged_total` counts what each rule
-//! charged past what was left.
+//! charged past what was left; a `scope: global` overdraft limit charges
+//! its region's lease past what is left and its refill pays the debt back.
 
 mod common;
 
@@ -14,6 +15,7 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescript
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use envoy_types::pb::google::protobuf::UInt64Value;
+use std::time::Instant;
 
 const POLICY: &str = r#"
 overrides:
@@ -166,6 +168,54 @@ async fn memory() {
 #[tokio::test]
 async fn redis() {
     scenario(Store::Redis(Redis::start())).await;
+}
+
+/// A `scope: global` overdraft limit: usage is charged against the
+/// region's lease (a token bucket at the lease's rate), past what is left,
+/// and the debt is paid back by the lease's refill.
+#[tokio::test]
+async fn a_global_limit_charges_its_lease_past_what_is_left() {
+    const GLOBAL: &str = r#"
+overrides:
+  - {domain: od, label: global-tokens, operation: {site: '*'}, actorField: site, scope: global,
+     algorithm: token_bucket, creditLimit: 100, resetSeconds: 1, burst: 100, overdraft: true}
+default: {creditLimit: 1, resetSeconds: 60}
+"#;
+    let global = Redis::start();
+    let url = global.url();
+    let args = [
+        "--global-url",
+        &url,
+        "--global-lease-ms",
+        "1000",
+        "--region",
+        "r1",
+    ];
+    let server = Server::with_policy_args(GLOBAL, "yaml", &args);
+    // Wait for a lease of the whole rate (the only region), checking only.
+    let start = std::time::Instant::now();
+    while send(&server, hits("site", "a", 0)).await != (OK, 100) {
+        assert!(start.elapsed().as_secs() < 15, "no full lease after 15 s");
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    // 450 charged on a lease of 100 (burst 100): admitted, a debt of 350.
+    assert_eq!(send(&server, hits("site", "a", 450)).await, (OK, 0));
+    let charged = Instant::now();
+    assert_eq!(send(&server, hits("site", "a", 0)).await.0, OVER);
+    let samples = server.metric_samples();
+    let past = samples.get("divvy_overdraft_charged_total{rule=\"global-tokens\"}");
+    assert_eq!(past.copied(), Some(350.0), "{samples:?}");
+    // The refill (100/s) pays the debt back in 3.5 s, then something is left.
+    while send(&server, hits("site", "a", 0)).await.0 != OK {
+        assert!(
+            charged.elapsed().as_secs() < 15,
+            "the debt was never paid back"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let waited = charged.elapsed().as_secs_f64();
+    println!("a debt of 350 on a lease of 100/s was paid back after {waited:.2} s");
+    assert!(waited >= 3.0, "paid back too soon: {waited:.2} s");
 }
 
 #[tokio::test]

@@ -16,7 +16,7 @@ mod build;
 mod fair;
 mod parts;
 
-use build::{counter, counter_vec, counter_vec_of, gauge, histogram};
+use build::{counter, counter_vec, counter_vec_of, gauge, gauge_vec, histogram};
 pub use fair::FairMetrics;
 pub use parts::{
     GlobalMetrics, GovernorMetrics, RlqsMetrics, SourceMetrics, StoreMetrics, TlsMetrics,
@@ -38,6 +38,11 @@ pub struct Metrics {
     /// `divvy_overdraft_charged_total{rule}`: credits an `overdraft: true`
     /// limit charged past what was left (new debt), by rule label.
     pub overdraft_charged: IntCounterVec,
+    /// `divvy_rule_limit{rule}`: each divvy rule's configured `creditLimit`
+    /// (its first limit's), by rule name; set when a rule set is installed.
+    pub rule_limit: prometheus::GaugeVec,
+    /// `divvy_rule_limit_window_seconds{rule}`: that limit's `resetSeconds`.
+    pub rule_window: prometheus::GaugeVec,
     /// `divvy_reloads_total{result}`: policy reloads, success or failure.
     pub reloads: IntCounterVec,
     /// `divvy_rules_generation`: generation of the rules in force.
@@ -175,6 +180,18 @@ impl Metrics {
                 &r,
                 "divvy_overdraft_charged_total",
                 "Credits overdraft limits charged past what was left, by rule label",
+                &["rule"],
+            ),
+            rule_limit: gauge_vec(
+                &r,
+                "divvy_rule_limit",
+                "Each divvy rule's configured creditLimit (its first limit's), by rule name",
+                &["rule"],
+            ),
+            rule_window: gauge_vec(
+                &r,
+                "divvy_rule_limit_window_seconds",
+                "The resetSeconds of each divvy rule's first limit, by rule name",
                 &["rule"],
             ),
             reloads: counter_vec(

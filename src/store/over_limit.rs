@@ -295,6 +295,26 @@ impl Store for OverLimitCache {
         self.inner.peek(op)
     }
 
+    fn reset<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let existed = self.inner.reset(key).await?;
+            // After the store's delete: a denial learnt meanwhile goes too.
+            self.forget(key);
+            Ok(existed)
+        })
+    }
+
+    fn forget(&self, key: &str) -> bool {
+        let id = self.id_of(key);
+        self.shard(id).remove(id).is_some()
+    }
+
+    fn cached_denial(&self, key: &str) -> Option<bool> {
+        let id = self.id_of(key);
+        let now = self.now_ms();
+        Some(self.shard(id).peek(id).is_some_and(|e| now < e.until_ms))
+    }
+
     fn probe(&self) -> StoreFuture<'_, Result<(), StoreError>> {
         self.inner.probe()
     }

@@ -46,6 +46,12 @@ pub struct Metrics {
     /// `divvy_admin_auth_failures_total{reason}`: admin requests refused for
     /// their token (missing, wrong, read_only: the read token on a change).
     pub admin_auth_failures: IntCounterVec,
+    /// `divvy_counter_resets_total{result}`: `DELETE /counters` calls by
+    /// result ([`COUNTER_RESET_RESULTS`]).
+    pub counter_resets: IntCounterVec,
+    /// `divvy_counter_resets_polled_timestamp_seconds`: last read of the
+    /// shared list of counter resets (the task that tells this replica).
+    pub counter_resets_polled: IntGauge,
     /// `divvy_knobs`: knobs in force.
     pub knobs: IntGauge,
     /// `divvy_knobs_refreshed_timestamp_seconds`: last successful run of the knob refresh task
@@ -129,6 +135,9 @@ pub const REJECT_REASONS: [&str; 7] = [
 /// token that is neither admin nor read token, the read token on a change.
 pub const AUTH_FAILURE_REASONS: [&str; 3] = ["missing", "wrong", "read_only"];
 
+/// The results of `divvy_counter_resets_total`.
+pub const COUNTER_RESET_RESULTS: [&str; 4] = ["reset", "refused", "invalid", "failed"];
+
 impl Default for Metrics {
     fn default() -> Metrics {
         Metrics::new()
@@ -192,6 +201,18 @@ impl Metrics {
                 "Admin API requests refused for their token, by reason: missing, wrong, read_only (the read token on a knob change)",
                 "reason",
                 &AUTH_FAILURE_REASONS,
+            ),
+            counter_resets: counter_vec_of(
+                &r,
+                "divvy_counter_resets_total",
+                "DELETE /counters calls by result: reset, refused (token), invalid (query), failed (store)",
+                "result",
+                &COUNTER_RESET_RESULTS,
+            ),
+            counter_resets_polled: gauge(
+                &r,
+                "divvy_counter_resets_polled_timestamp_seconds",
+                "Unix time of the last read of the shared counter resets (with Redis)",
             ),
             knobs: gauge(&r, "divvy_knobs", "Knobs in force"),
             knobs_refreshed: gauge(

@@ -12,6 +12,7 @@
 
 pub mod api;
 pub mod auth;
+pub mod counters;
 pub mod fair;
 pub mod knobs;
 pub mod render;

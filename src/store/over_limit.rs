@@ -458,6 +458,31 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_reset_deletes_the_counter_and_a_forget_drops_only_the_cached_denial() {
+        let p = pair(100);
+        for _ in 0..3 {
+            p.cached.apply(&[op("k", 2)], Charge::Each).await.unwrap();
+        }
+        assert_eq!(p.cached.cached_denial("k"), Some(true));
+        assert_eq!(p.cached.cached_denial("other"), Some(false));
+        // Another replica reset the store: forgetting sends the next hit there.
+        p.cached.inner.reset("k").await.unwrap();
+        assert!(p.cached.forget("k"));
+        assert!(!p.cached.forget("k"));
+        assert!(p.cached.apply(&[op("k", 2)], Charge::Each).await.unwrap()[0].allowed);
+        // Full again, cached; a reset through the cache clears both.
+        for _ in 0..2 {
+            p.cached.apply(&[op("k", 2)], Charge::Each).await.unwrap();
+        }
+        assert_eq!(p.cached.cached_denial("k"), Some(true));
+        assert!(p.cached.reset("k").await.unwrap());
+        assert_eq!(p.cached.cached_denial("k"), Some(false));
+        let fresh = p.cached.apply(&[op("k", 2)], Charge::Each).await.unwrap();
+        assert_eq!((fresh[0].allowed, fresh[0].remaining), (true, 1));
+        assert!(!p.cached.reset("never").await.unwrap());
+    }
+
+    #[tokio::test]
     async fn an_overdraft_is_never_answered_by_the_cache() {
         let p = pair(100);
         let over = |cost| CounterOp {

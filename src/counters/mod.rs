@@ -93,7 +93,11 @@ pub struct Target {
 
 /// The counters `query` names in `rules`, with `knobs` applied: every limit
 /// of the rule labelled so, or the one limit labelled so.
-pub fn find(rules: &RuleSet, knobs: &Knobs, query: &CounterQuery) -> Result<Vec<Target>, QueryError> {
+pub fn find(
+    rules: &RuleSet,
+    knobs: &Knobs,
+    query: &CounterQuery,
+) -> Result<Vec<Target>, QueryError> {
     let label = query.rule.as_str();
     let (rule, only) = rules
         .rules()
@@ -102,7 +106,11 @@ pub fn find(rules: &RuleSet, knobs: &Knobs, query: &CounterQuery) -> Result<Vec<
             if r.spec.label.as_deref() == Some(label) || r.name() == label {
                 return Some((r, None));
             }
-            let i = r.spec.limits.iter().position(|l| l.label.as_deref() == Some(label))?;
+            let i = r
+                .spec
+                .limits
+                .iter()
+                .position(|l| l.label.as_deref() == Some(label))?;
             Some((r, Some(i)))
         })
         .ok_or_else(|| QueryError::UnknownRule(label.to_owned()))?;

@@ -139,7 +139,13 @@ impl CounterResets {
             match seen.get(&key) {
                 Some(s) if s.stamp == stamp => {}
                 _ => {
-                    seen.insert(key, Seen { stamp, first_ms: now });
+                    seen.insert(
+                        key,
+                        Seen {
+                            stamp,
+                            first_ms: now,
+                        },
+                    );
                 }
             }
         }
@@ -199,7 +205,10 @@ mod tests {
         let r = resets();
         let now = 10_000_000;
         let fresh = format!("{now}:b:0");
-        let (drop, stale) = r.note(stored(&[("k", &fresh), ("old", "1:b:0"), ("bad", "x")]), now);
+        let (drop, stale) = r.note(
+            stored(&[("k", &fresh), ("old", "1:b:0"), ("bad", "x")]),
+            now,
+        );
         let mut drop = drop;
         drop.sort();
         assert_eq!(drop, vec!["bad", "k", "old"]);

@@ -58,7 +58,10 @@ fn a_rule_and_an_actor_name_the_counter_the_limiter_charges() {
 fn a_rule_with_limits_lists_each_and_a_limit_label_names_one() {
     let all = find_q("rule=multi&actor=bob").unwrap();
     assert_eq!(all.len(), 2);
-    assert_ne!(all[0].op.as_ref().unwrap().key, all[1].op.as_ref().unwrap().key);
+    assert_ne!(
+        all[0].op.as_ref().unwrap().key,
+        all[1].op.as_ref().unwrap().key
+    );
     let one = find_q("rule=multi-user&actor=bob").unwrap();
     assert_eq!(one.len(), 1);
     assert_eq!(one[0].op, all[0].op);

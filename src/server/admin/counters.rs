@@ -45,8 +45,7 @@ fn query_error(e: &QueryError) -> Response {
 /// The counters the query names, or the answer that refuses it.
 fn targets(s: &AdminState, query: Option<&str>) -> Result<(CounterQuery, Vec<Target>), Response> {
     let query = CounterQuery::parse(query.unwrap_or_default()).map_err(|e| query_error(&e))?;
-    let found =
-        find(&s.limiter.rules(), s.limiter.knobs(), &query).map_err(|e| query_error(&e))?;
+    let found = find(&s.limiter.rules(), s.limiter.knobs(), &query).map_err(|e| query_error(&e))?;
     Ok((query, found))
 }
 
@@ -171,7 +170,11 @@ pub async fn delete(
             return refused;
         }
     };
-    let keys: Vec<&str> = found.iter().filter_map(|t| t.op.as_ref()).map(|o| o.key.as_str()).collect();
+    let keys: Vec<&str> = found
+        .iter()
+        .filter_map(|t| t.op.as_ref())
+        .map(|o| o.key.as_str())
+        .collect();
     let mut existed = Vec::with_capacity(keys.len());
     for key in &keys {
         match s.resets.reset(key).await {

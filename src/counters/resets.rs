@@ -171,7 +171,8 @@ impl CounterResets {
                 let Some(me) = me.upgrade() else { return };
                 if me.poll().await {
                     me.metrics
-                        .counter_resets_polled
+                        .counters
+                        .polled
                         .set(i64::try_from(now_ms() / 1000).unwrap_or(0));
                 }
             }

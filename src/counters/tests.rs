@@ -66,6 +66,22 @@ fn a_rule_with_limits_lists_each_and_a_limit_label_names_one() {
     assert_eq!(one.len(), 1);
     assert_eq!(one[0].op, all[0].op);
     assert_eq!(one[0].limit_label.as_deref(), Some("multi-user"));
+    // A rule without a label is named by its text.
+    let set = rules();
+    let default = set.rules().iter().find(|r| r.spec.label.is_none()).unwrap();
+    let query = CounterQuery {
+        rule: default.name().to_owned(),
+        actor: None,
+        fields: Vec::new(),
+    };
+    assert_eq!(
+        find(&set, &knobs(), &query).unwrap()[0]
+            .op
+            .as_ref()
+            .unwrap()
+            .limit,
+        2
+    );
     // A limit without a counter is listed without one.
     assert!(find_q("rule=off").unwrap()[0].op.is_none());
 }

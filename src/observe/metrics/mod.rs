@@ -13,10 +13,12 @@ use prometheus::{Encoder, Histogram, IntCounter, IntCounterVec, IntGauge, Regist
 use crate::observe::statsd;
 
 mod build;
+mod counters;
 mod fair;
 mod parts;
 
 use build::{counter, counter_vec, counter_vec_of, gauge, histogram};
+pub use counters::{CounterResetMetrics, COUNTER_RESET_RESULTS};
 pub use fair::FairMetrics;
 pub use parts::{
     GlobalMetrics, GovernorMetrics, RlqsMetrics, SourceMetrics, StoreMetrics, TlsMetrics,
@@ -46,12 +48,6 @@ pub struct Metrics {
     /// `divvy_admin_auth_failures_total{reason}`: admin requests refused for
     /// their token (missing, wrong, read_only: the read token on a change).
     pub admin_auth_failures: IntCounterVec,
-    /// `divvy_counter_resets_total{result}`: `DELETE /counters` calls by
-    /// result ([`COUNTER_RESET_RESULTS`]).
-    pub counter_resets: IntCounterVec,
-    /// `divvy_counter_resets_polled_timestamp_seconds`: last read of the
-    /// shared list of counter resets (the task that tells this replica).
-    pub counter_resets_polled: IntGauge,
     /// `divvy_knobs`: knobs in force.
     pub knobs: IntGauge,
     /// `divvy_knobs_refreshed_timestamp_seconds`: last successful run of the knob refresh task
@@ -81,6 +77,8 @@ pub struct Metrics {
     pub rlqs: RlqsMetrics,
     /// Fair shares among a limit's active values.
     pub fair: FairMetrics,
+    /// Counter resets (`DELETE /counters`).
+    pub counters: CounterResetMetrics,
 }
 
 /// A rule's counters, looked up once when the rule set is compiled (a
@@ -134,9 +132,6 @@ pub const REJECT_REASONS: [&str; 7] = [
 /// The reasons of `divvy_admin_auth_failures_total`: no bearer token, a
 /// token that is neither admin nor read token, the read token on a change.
 pub const AUTH_FAILURE_REASONS: [&str; 3] = ["missing", "wrong", "read_only"];
-
-/// The results of `divvy_counter_resets_total`.
-pub const COUNTER_RESET_RESULTS: [&str; 4] = ["reset", "refused", "invalid", "failed"];
 
 impl Default for Metrics {
     fn default() -> Metrics {
@@ -202,18 +197,6 @@ impl Metrics {
                 "reason",
                 &AUTH_FAILURE_REASONS,
             ),
-            counter_resets: counter_vec_of(
-                &r,
-                "divvy_counter_resets_total",
-                "DELETE /counters calls by result: reset, refused (token), invalid (query), failed (store)",
-                "result",
-                &COUNTER_RESET_RESULTS,
-            ),
-            counter_resets_polled: gauge(
-                &r,
-                "divvy_counter_resets_polled_timestamp_seconds",
-                "Unix time of the last read of the shared counter resets (with Redis)",
-            ),
             knobs: gauge(&r, "divvy_knobs", "Knobs in force"),
             knobs_refreshed: gauge(
                 &r,
@@ -246,6 +229,7 @@ impl Metrics {
             tls: TlsMetrics::new(&r),
             rlqs: RlqsMetrics::new(&r),
             fair: FairMetrics::new(&r),
+            counters: CounterResetMetrics::new(&r),
             registry: r,
         }
     }

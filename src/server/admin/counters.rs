@@ -25,7 +25,8 @@ fn count(s: &AdminState, result: &str) {
     s.limiter
         .telemetry()
         .metrics
-        .counter_resets
+        .counters
+        .resets
         .with_label_values(&[result])
         .inc();
 }
@@ -42,10 +43,10 @@ fn query_error(e: &QueryError) -> Response {
     error(code, e.to_string())
 }
 
-/// The counters the query names, or the answer that refuses it.
-fn targets(s: &AdminState, query: Option<&str>) -> Result<(CounterQuery, Vec<Target>), Response> {
-    let query = CounterQuery::parse(query.unwrap_or_default()).map_err(|e| query_error(&e))?;
-    let found = find(&s.limiter.rules(), s.limiter.knobs(), &query).map_err(|e| query_error(&e))?;
+/// The counters the query names.
+fn targets(s: &AdminState, query: Option<&str>) -> Result<(CounterQuery, Vec<Target>), QueryError> {
+    let query = CounterQuery::parse(query.unwrap_or_default())?;
+    let found = find(&s.limiter.rules(), s.limiter.knobs(), &query)?;
     Ok((query, found))
 }
 
@@ -54,7 +55,7 @@ fn targets(s: &AdminState, query: Option<&str>) -> Result<(CounterQuery, Vec<Tar
 pub async fn get(State(s): State<AdminState>, RawQuery(query): RawQuery) -> Response {
     let (query, found) = match targets(&s, query.as_deref()) {
         Ok(t) => t,
-        Err(refused) => return refused,
+        Err(e) => return query_error(&e),
     };
     let store = s.limiter.store();
     let mut counters = Vec::with_capacity(found.len());
@@ -164,10 +165,10 @@ pub async fn delete(
     }
     let (query, found) = match targets(&s, query.as_deref()) {
         Ok(t) => t,
-        Err(refused) => {
+        Err(e) => {
             count(&s, "invalid");
-            tracing::warn!(query = %raw, from = %from, "counter reset refused: bad query");
-            return refused;
+            tracing::warn!(query = %raw, from = %from, "counter reset refused: {e}");
+            return query_error(&e);
         }
     };
     let keys: Vec<&str> = found

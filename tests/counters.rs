@@ -12,7 +12,7 @@ mod common;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::redis::Redis;
+use common::redis::{Cluster, Redis};
 use common::{binary, http_request, parse_ok, Server};
 use serde_json::Value;
 
@@ -110,9 +110,14 @@ fn exhaust_on_both(a: &Server, b: &Server) {
 /// A's reset must reach `other` (whose cache denies alice) within a
 /// second: its first HIT after that is a fresh counter's first.
 fn fresh_on(other: &Server, name: &str) {
+    fresh_for(other, name, "alice");
+}
+
+/// [`fresh_on`] for `actor`.
+fn fresh_for(other: &Server, name: &str, actor: &str) {
     let mut answer = None;
     let delay = wait_until(Duration::from_secs(1), || {
-        let a = hit(other, "path=/api/z user=alice");
+        let a = hit(other, &format!("path=/api/z user={actor}"));
         answer = Some(a);
         a.0
     });
@@ -372,4 +377,29 @@ fn divvy_counters_get_and_reset_talk_to_a_running_server() {
     );
     assert!(ok, "{err}");
     assert_eq!(hit(&a, "path=/api/x user=erin"), (true, 2, 3600));
+}
+
+#[test]
+fn on_a_redis_cluster_each_actor_is_reset_on_its_own_node() {
+    let cluster = Cluster::start(3);
+    let url = cluster.url();
+    let a = serve(&["--redis-url", &url]);
+    let b = serve(&["--redis-url", &url]);
+    // Enough actors that their keys land on every node.
+    let actors: Vec<String> = (0..6).map(|i| format!("user{i}")).collect();
+    for actor in &actors {
+        for _ in 0..3 {
+            assert!(hit(&a, &format!("path=/api/x user={actor}")).0);
+        }
+        assert!(!hit(&b, &format!("path=/api/x user={actor}")).0);
+        let q = format!("rule=api&actor={actor}");
+        assert_eq!(counter(&b, &q)["overLimitCache"], true);
+    }
+    for actor in &actors {
+        let path = format!("/counters?rule=api&actor={actor}");
+        let (status, v) = call(&a, "DELETE", &path, Some(ADMIN));
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(v["existed"], serde_json::json!([true]), "{actor}: {v}");
+        fresh_for(&b, "B", actor);
+    }
 }

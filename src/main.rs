@@ -102,6 +102,12 @@ enum Command {
         #[command(subcommand)]
         command: cli::knob::KnobCommand,
     },
+    /// Read or reset one actor's counters of a rule on a running server
+    /// (every replica answers it as fresh within a second after a reset).
+    Counters {
+        #[command(subcommand)]
+        command: cli::counters::CountersCommand,
+    },
     /// GET a URL (e.g. the admin API's /readyz) and print the body; exit non-zero unless the answer is 2xx. For images without curl.
     Probe(cli::probe::ProbeArgs),
 }
@@ -154,6 +160,7 @@ fn main() -> ExitCode {
         } => cli::inspect::explain(&file, domain.as_deref(), &pairs, server.as_deref()),
         Command::Ratelimit => ratelimit(),
         Command::Knob { admin_url, command } => cli::knob::run(command, &admin_url),
+        Command::Counters { command } => cli::counters::run(command),
         Command::Probe(args) => cli::probe::run(&args),
     };
     exit(result)

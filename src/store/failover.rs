@@ -370,6 +370,23 @@ impl Store for FailoverStore {
         self.primary.peek(op)
     }
 
+    /// The shared store's counter, and this replica's fallback copy of it
+    /// (counted while the store failed under the `local` policy).
+    fn reset<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let local = self.local.reset(key).await.unwrap_or(false);
+            Ok(self.primary.reset(key).await? || local)
+        })
+    }
+
+    fn forget(&self, key: &str) -> bool {
+        self.primary.forget(key)
+    }
+
+    fn cached_denial(&self, key: &str) -> Option<bool> {
+        self.primary.cached_denial(key)
+    }
+
     fn probe(&self) -> StoreFuture<'_, Result<(), StoreError>> {
         self.primary.probe()
     }

@@ -418,6 +418,15 @@ impl Store for MemoryStore {
         Box::pin(std::future::ready(Ok(state)))
     }
 
+    fn reset<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Result<bool, StoreError>> {
+        let now = self.now_ms();
+        let id = self.id_of(key);
+        let removed = lock(&self.shards[self.shard_of(id)]).map.remove(id);
+        // An expired entry already answered as a fresh counter.
+        let live = removed.is_some_and(|e| e.expires_at > now);
+        Box::pin(std::future::ready(Ok(live)))
+    }
+
     fn name(&self) -> &'static str {
         "memory"
     }

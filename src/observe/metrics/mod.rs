@@ -13,10 +13,12 @@ use prometheus::{Encoder, Histogram, IntCounter, IntCounterVec, IntGauge, Regist
 use crate::observe::statsd;
 
 mod build;
+mod counters;
 mod fair;
 mod parts;
 
 use build::{counter, counter_vec, counter_vec_of, gauge, gauge_vec, histogram};
+pub use counters::{CounterResetMetrics, COUNTER_RESET_RESULTS};
 pub use fair::FairMetrics;
 pub use parts::{
     GlobalMetrics, GovernorMetrics, RlqsMetrics, SourceMetrics, StoreMetrics, TlsMetrics,
@@ -83,6 +85,8 @@ pub struct Metrics {
     pub rlqs: RlqsMetrics,
     /// Fair shares among a limit's active values.
     pub fair: FairMetrics,
+    /// Counter resets (`DELETE /counters`).
+    pub counters: CounterResetMetrics,
 }
 
 /// A rule's counters, looked up once when the rule set is compiled (a
@@ -251,6 +255,7 @@ impl Metrics {
             tls: TlsMetrics::new(&r),
             rlqs: RlqsMetrics::new(&r),
             fair: FairMetrics::new(&r),
+            counters: CounterResetMetrics::new(&r),
             registry: r,
         }
     }

@@ -44,6 +44,10 @@ pub fn router(state: AdminState, metrics_path: &str) -> Router {
             "/knobs/{label}",
             axum::routing::put(super::knobs::set).delete(super::knobs::delete),
         )
+        .route(
+            "/counters",
+            get(super::counters::get).delete(super::counters::delete),
+        )
         .route("/metrics", get(prometheus))
         .route("/api/v1/overview", get(super::api::overview))
         .route("/api/v1/rules", get(super::api::rules))

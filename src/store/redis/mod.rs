@@ -526,6 +526,21 @@ impl Store for RedisStore {
         })
     }
 
+    /// `DEL` of the one key that holds the counter (every algorithm keeps
+    /// its state, and an overdraft its debt, in that key; in a Cluster the
+    /// client sends it to the key's slot).
+    fn reset<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let deleted: i64 = self
+                .core
+                .client
+                .del(key)
+                .await
+                .map_err(|e| store_error(&e))?;
+            Ok(deleted > 0)
+        })
+    }
+
     /// Runs the counter script on a probe key (one credit, one second), so
     /// a Redis that answers PING but cannot write (a read-only replica after
     /// a failover, out of memory, still loading) counts as failing.

@@ -135,6 +135,12 @@ async fn started_as_ratelimit_with_envoy_gateways_environment() {
         text.contains("ratelimit_service_config_load_success 1"),
         "{text}"
     );
+    // The calls, counted and timed as the default mapping names them (the
+    // three answered calls; the one refused before any config is too).
+    let calls = "ratelimit_service_total_requests{grpc_method=\"ShouldRateLimit\"}";
+    assert!(text.contains(calls), "{text}");
+    let timed = "ratelimit_service_response_time_seconds_bucket{grpc_method=\"ShouldRateLimit\",le=\"+Inf\"}";
+    assert!(text.contains(timed), "{text}");
 }
 
 /// Without HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED, envoyproxy/ratelimit's
@@ -178,4 +184,91 @@ fn a_setting_divvy_cannot_honour_stops_the_start_naming_its_variable() {
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("BACKEND_TYPE=memcache"), "{stderr}");
+}
+
+/// `PROMETHEUS_MAPPER_YAML`: the series on `PROMETHEUS_ADDR` take the
+/// names and labels of a custom statsd_exporter mapping (a glob, a regex,
+/// a drop, the calls' counter and response-time histogram); a file that is
+/// no mapping stops the start naming the variable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prometheus_mapper_yaml_renames_the_series() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("data");
+    let config = root.join("ratelimit/config");
+    std::fs::create_dir_all(&config).unwrap();
+    std::fs::write(
+        config.join("api.yaml"),
+        "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 1}\n",
+    )
+    .unwrap();
+    let mapper = dir.path().join("mapper.yaml");
+    std::fs::write(
+        &mapper,
+        r#"mappings:
+  - match: "ratelimit.service.rate_limit.*.*.*"
+    name: "team_ratelimit_${3}"
+    labels: {app_domain: "$1", descriptor: "$2"}
+  - match: "ratelimit_server.*.total_requests"
+    name: "team_calls"
+    labels: {method: "$1"}
+  - match: "ratelimit_server.*.response_time"
+    match_metric_type: observer
+    name: "team_call_seconds"
+  - match: "ratelimit\\.service\\.config_load_(.*)"
+    match_type: regex
+    action: drop
+"#,
+    )
+    .unwrap();
+    let prometheus = format!("127.0.0.1:{}", free_port());
+    let env = |command: &mut std::process::Command| {
+        command.envs(common::RATELIMIT_ON_LOOPBACK).envs([
+            ("RUNTIME_ROOT", root.to_str().unwrap()),
+            ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+            ("USE_PROMETHEUS", "true"),
+            ("PROMETHEUS_ADDR", &prometheus),
+        ]);
+    };
+    let mut command = common::as_ratelimit(dir.path());
+    env(&mut command);
+    command.env("PROMETHEUS_MAPPER_YAML", &mapper);
+    let server = Server::spawn(command);
+    let mut client = server.client().await;
+    for _ in 0..3 {
+        let ask = request("api", vec![desc(&[("user", "ann")])]);
+        client.should_rate_limit(ask).await.expect("answer");
+    }
+    let (status, text) = http_request(prometheus.parse().unwrap(), "GET", "/metrics", "", None);
+    assert_eq!(status, 200);
+    for line in [
+        "team_ratelimit_over_limit{app_domain=\"api\",descriptor=\"user\"} 2",
+        "team_ratelimit_total_hits{app_domain=\"api\",descriptor=\"user\"} 3",
+        "team_calls{method=\"ShouldRateLimit\"} 3",
+        "team_call_seconds_count 3",
+    ] {
+        assert!(text.contains(line), "{line} not in:\n{text}");
+    }
+    assert!(
+        text.contains("team_call_seconds_bucket{le=\"+Inf\"} 3"),
+        "{text}"
+    );
+    // The default names are gone, and so are the dropped config loads.
+    assert!(!text.contains("ratelimit_service_rate_limit_"), "{text}");
+    assert!(!text.contains("config_load"), "{text}");
+    drop(server);
+
+    // A file that is no mapping: the start stops, naming the variable.
+    std::fs::write(&mapper, "mappings: [{match: 'a.*', colour: red}]").unwrap();
+    let again = dir.path().join("again");
+    std::fs::create_dir_all(&again).unwrap();
+    let mut command = common::as_ratelimit(&again);
+    env(&mut command);
+    let out = command
+        .env("PROMETHEUS_MAPPER_YAML", &mapper)
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("PROMETHEUS_MAPPER_YAML="), "{stderr}");
+    assert!(stderr.contains("unknown field"), "{stderr}");
 }

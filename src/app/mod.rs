@@ -103,7 +103,14 @@ impl App {
         wait_for_xds(&settings, &limiter).await;
         let listeners = Listeners::bind(&settings).await?;
         if let Some((addr, path)) = &settings.ratelimit_prometheus {
-            crate::server::admin::spawn_ratelimit_metrics(addr, path)
+            let mapper = match &settings.ratelimit_mapper {
+                Some(text) => Some(
+                    crate::observe::statsd_mapper::Mapper::parse(text)
+                        .map_err(|e| AppError::Setting(format!("PROMETHEUS_MAPPER_YAML: {e}")))?,
+                ),
+                None => None,
+            };
+            crate::server::admin::spawn_ratelimit_metrics(addr, path, mapper)
                 .await
                 .map_err(|e| AppError::Setting(e.to_string()))?;
         }

@@ -107,6 +107,8 @@ pub struct Settings {
     pub statsd: Option<StatsdConfig>,
     /// envoyproxy/ratelimit's metric names served at this address and path.
     pub ratelimit_prometheus: Option<(String, String)>,
+    /// statsd_exporter mappings for those names (`PROMETHEUS_MAPPER_YAML`).
+    pub ratelimit_mapper: Option<String>,
     /// Aux rules from ZooKeeper.
     pub zookeeper: Option<ZkOptions>,
     /// envoyproxy/ratelimit domains from an xDS control plane.
@@ -178,6 +180,7 @@ impl Default for Settings {
             tokens: Tokens::default(),
             statsd: None,
             ratelimit_prometheus: None,
+            ratelimit_mapper: None,
             zookeeper: None,
             xds: None,
             prometheus_url: None,

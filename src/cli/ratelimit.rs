@@ -20,7 +20,6 @@ pub const IGNORED: &[&str] = &[
     "XDS_CLIENT_BACKOFF_RANDOM_FACTOR",
     "XDS_CLIENT_BACKOFF_JITTER",
     "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES",
-    "PROMETHEUS_MAPPER_YAML",
     "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS",
     "STATS_FLUSH_INTERVAL",
     "EXTRA_TAGS",
@@ -71,6 +70,9 @@ pub struct RatelimitMode {
     /// `PROMETHEUS_ADDR` and `PROMETHEUS_PATH`, when `USE_PROMETHEUS` is true:
     /// envoyproxy/ratelimit's metric names served there.
     pub prometheus: Option<(String, String)>,
+    /// The text of `PROMETHEUS_MAPPER_YAML`'s file (statsd_exporter
+    /// mappings that rename the series served there), checked at start.
+    pub prometheus_mapper: Option<String>,
     /// `LOG_LEVEL`, as a tracing filter.
     pub log_level: String,
     /// The variables of [`IGNORED`] that are set (logged at start).
@@ -94,6 +96,21 @@ fn flag(env: &Env, var: &str, default: bool) -> Result<bool, Unsupported> {
             _ => Err(unsupported(var, &v, "not a boolean (true or false)")),
         },
     }
+}
+
+/// `PROMETHEUS_MAPPER_YAML`'s file, read and parsed now so a bad one stops
+/// the start with its reason.
+fn mapper_text(env: &Env) -> Result<Option<String>, Unsupported> {
+    const VAR: &str = "PROMETHEUS_MAPPER_YAML";
+    let path = get(env, VAR, "").trim();
+    if path.is_empty() {
+        return Ok(None);
+    }
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| unsupported(VAR, path, &format!("cannot read it: {e}")))?;
+    divvy::observe::statsd_mapper::Mapper::parse(&text)
+        .map_err(|e| unsupported(VAR, path, &e.to_string()))?;
+    Ok(Some(text))
 }
 
 fn unsupported(var: &str, value: &str, why: &str) -> Unsupported {
@@ -164,6 +181,7 @@ pub fn serve_args(env: &Env) -> Result<(Vec<String>, RatelimitMode), Unsupported
             };
             (a, metrics_path.to_owned())
         }),
+        prometheus_mapper: mapper_text(env)?,
         log_level: get(env, "LOG_LEVEL", "WARN").to_ascii_lowercase(),
         ignored: IGNORED
             .iter()

@@ -8,4 +8,5 @@ pub mod offenders;
 pub mod ratelimit_names;
 pub mod recorder;
 pub mod statsd;
+pub mod statsd_mapper;
 pub mod telemetry;

@@ -12,8 +12,22 @@ use prometheus::core::Collector;
 use prometheus::proto::MetricFamily;
 
 use super::metrics::metrics;
+use super::statsd_mapper::{EventKind, Mapper};
 
-/// The exposition in Prometheus' text format.
+/// The gRPC method envoyproxy/ratelimit's call stats name.
+const METHOD: &str = "ShouldRateLimit";
+
+/// The exposition under `PROMETHEUS_MAPPER_YAML`'s mappings when one is
+/// given, else under envoyproxy/ratelimit's default mapping.
+pub fn render_with(mapper: Option<&Mapper>) -> String {
+    match mapper {
+        Some(m) => mapped(m),
+        None => render(),
+    }
+}
+
+/// The exposition in Prometheus' text format, as envoyproxy/ratelimit's
+/// default mapping names its stats.
 pub fn render() -> String {
     let families = metrics().gather();
     let label_sum = |family: &str, label: &str, value: &str| -> f64 {
@@ -54,6 +68,176 @@ pub fn render() -> String {
             "ratelimit_service_should_rate_limit_error{{err_type=\"{err_type}\"}} {n}"
         );
     }
+    let calls = call_times();
+    counter_with(
+        &mut out,
+        "ratelimit_service_total_requests",
+        &[("grpc_method", METHOD)],
+        calls.count,
+    );
+    histogram_with(
+        &mut out,
+        "ratelimit_service_response_time_seconds",
+        &[("grpc_method", METHOD)],
+        &calls,
+    );
+    out
+}
+
+/// A histogram's samples: cumulative bucket counts by upper bound, sum, count.
+#[derive(Debug, Default)]
+struct Times {
+    buckets: Vec<(f64, f64)>,
+    sum: f64,
+    count: f64,
+}
+
+/// The time divvy took to decide each request (`divvy_hit_duration_seconds`),
+/// which envoyproxy/ratelimit reports as its calls' response time.
+fn call_times() -> Times {
+    let mut t = Times::default();
+    for family in metrics().hit_duration.collect() {
+        for m in family.get_metric() {
+            let h = m.get_histogram();
+            t.sum += h.get_sample_sum();
+            t.count += h.get_sample_count() as f64;
+            t.buckets = h
+                .get_bucket()
+                .iter()
+                .map(|b| (b.upper_bound(), b.cumulative_count() as f64))
+                .collect();
+        }
+    }
+    t
+}
+
+fn labels_text(labels: &[(&str, &str)]) -> String {
+    labels
+        .iter()
+        .map(|(k, v)| format!("{k}=\"{}\"", escape(v)))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// `name{labels}`, or `name` alone without labels.
+fn series(name: &str, labels: &[(&str, &str)]) -> String {
+    match labels_text(labels) {
+        l if l.is_empty() => name.to_owned(),
+        l => format!("{name}{{{l}}}"),
+    }
+}
+
+fn counter_with(out: &mut String, name: &str, labels: &[(&str, &str)], value: f64) {
+    let _ = writeln!(
+        out,
+        "# TYPE {name} counter\n{} {value}",
+        series(name, labels)
+    );
+}
+
+fn histogram_with(out: &mut String, name: &str, labels: &[(&str, &str)], t: &Times) {
+    let l = labels_text(labels);
+    let sep = if l.is_empty() { "" } else { "," };
+    let _ = writeln!(out, "# TYPE {name} histogram");
+    for (le, n) in &t.buckets {
+        let _ = writeln!(out, "{name}_bucket{{{l}{sep}le=\"{le}\"}} {n}");
+    }
+    let _ = writeln!(out, "{name}_bucket{{{l}{sep}le=\"+Inf\"}} {}", t.count);
+    let (sum, count) = (format!("{name}_sum"), format!("{name}_count"));
+    let _ = writeln!(out, "{} {}", series(&sum, labels), t.sum);
+    let _ = writeln!(out, "{} {}", series(&count, labels), t.count);
+}
+
+/// envoyproxy/ratelimit's stats under their statsd names, each with its value.
+fn events() -> Vec<(String, EventKind, f64)> {
+    let families = metrics().gather();
+    let mut out = Vec::new();
+    for family in metrics().envoy_stats.collect() {
+        for m in family.get_metric() {
+            let label = |name: &str| {
+                m.get_label()
+                    .iter()
+                    .find(|l| l.name() == name)
+                    .map(|l| l.value().to_owned())
+                    .unwrap_or_default()
+            };
+            let name = format!(
+                "ratelimit.service.rate_limit.{}.{}",
+                sanitize(&label("key")),
+                label("stat")
+            );
+            out.push((name, EventKind::Counter, m.get_counter().get_value()));
+        }
+    }
+    for (code, n) in samples(&families, "divvy_errors_total", "code") {
+        let err_type = if code == "unavailable" {
+            "redis_error"
+        } else {
+            "service_error"
+        };
+        let name = format!("ratelimit.service.call.should_rate_limit.{err_type}");
+        out.push((name, EventKind::Counter, n));
+    }
+    let sum = |family: &str, label: &str, value: &str| -> f64 {
+        samples(&families, family, label)
+            .into_iter()
+            .filter(|(v, _)| v == value)
+            .map(|(_, n)| n)
+            .sum()
+    };
+    let loads = [
+        ("config_load_success", "success", "accepted"),
+        ("config_load_error", "failure", "rejected"),
+    ];
+    for (stat, reload, xds) in loads {
+        let n = sum("divvy_reloads_total", "result", reload)
+            + sum("divvy_xds_updates_total", "result", xds);
+        out.push((format!("ratelimit.service.{stat}"), EventKind::Counter, n));
+    }
+    let calls = format!("ratelimit_server.{METHOD}.total_requests");
+    out.push((calls, EventKind::Counter, call_times().count));
+    out
+}
+
+/// The exposition under `mapper`: counters of one name and labels summed,
+/// the response time a histogram; a name the mapper drops is left out.
+fn mapped(mapper: &Mapper) -> String {
+    type Series = BTreeMap<Vec<(String, String)>, f64>;
+    let mut counters: BTreeMap<String, (Option<String>, Series)> = BTreeMap::new();
+    for (name, kind, value) in events() {
+        let Some(m) = mapper.map(&name, kind) else {
+            continue;
+        };
+        let entry = counters
+            .entry(m.name)
+            .or_insert_with(|| (m.help, Series::new()));
+        *entry.1.entry(m.labels).or_default() += value;
+    }
+    let mut out = String::new();
+    for (name, (help, samples_of)) in &counters {
+        if let Some(h) = help {
+            let _ = writeln!(out, "# HELP {name} {h}");
+        }
+        let _ = writeln!(out, "# TYPE {name} counter");
+        for (labels, value) in samples_of {
+            let pairs: Vec<(&str, &str)> = labels
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect();
+            let _ = writeln!(out, "{} {value}", series(name, &pairs));
+        }
+    }
+    let timer = format!("ratelimit_server.{METHOD}.response_time");
+    if let Some(m) = mapper.map(&timer, EventKind::Timer) {
+        if !counters.contains_key(&m.name) {
+            let pairs: Vec<(&str, &str)> = m
+                .labels
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect();
+            histogram_with(&mut out, &m.name, &pairs, &call_times());
+        }
+    }
     out
 }
 
@@ -85,10 +269,10 @@ fn descriptor_stats(out: &mut String) {
                 .push((labels, m.get_counter().get_value()));
         }
     }
-    for (stat, series) in by_stat {
+    for (stat, samples_of) in by_stat {
         let name = format!("ratelimit_service_rate_limit_{stat}");
         let _ = writeln!(out, "# TYPE {name} counter");
-        for (labels, value) in series {
+        for (labels, value) in samples_of {
             let labels: Vec<String> = labels
                 .iter()
                 .map(|(k, v)| format!("{k}=\"{}\"", escape(v)))

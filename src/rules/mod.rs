@@ -312,8 +312,12 @@ impl RuleSet {
         for rule in &self.rules {
             if let Some(l) = rule.spec.limits.first() {
                 let name = [rule.name()];
-                m.rule_limit.with_label_values(&name).set(l.credit_limit as f64);
-                m.rule_window.with_label_values(&name).set(l.reset_seconds as f64);
+                m.rule_limit
+                    .with_label_values(&name)
+                    .set(l.credit_limit as f64);
+                m.rule_window
+                    .with_label_values(&name)
+                    .set(l.reset_seconds as f64);
             }
         }
     }

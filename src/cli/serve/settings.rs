@@ -75,6 +75,7 @@ pub(super) fn settings(args: &ServeArgs) -> anyhow::Result<Settings> {
         tokens: admin_tokens(args)?,
         statsd: statsd(args),
         ratelimit_prometheus: mode.and_then(|m| m.prometheus.clone()),
+        ratelimit_mapper: mode.and_then(|m| m.prometheus_mapper.clone()),
         zookeeper: args.zk_enabled_for_aux_rules.then(|| ZkOptions {
             hosts: args.zk_hosts_for_aux_rules.clone(),
             path: args.zk_aux_rules_path.clone(),

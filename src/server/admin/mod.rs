@@ -29,7 +29,12 @@ pub use state::AdminState;
 /// Serves envoyproxy/ratelimit's Prometheus names
 /// ([`crate::observe::ratelimit_names`]) at `path` on `addr` (its
 /// `PROMETHEUS_ADDR` and `PROMETHEUS_PATH`), in the background.
-pub async fn spawn_ratelimit_metrics(addr: &str, path: &str) -> std::io::Result<()> {
+pub async fn spawn_ratelimit_metrics(
+    addr: &str,
+    path: &str,
+    mapper: Option<crate::observe::statsd_mapper::Mapper>,
+) -> std::io::Result<()> {
+    let mapper = std::sync::Arc::new(mapper);
     let listener = tokio::net::TcpListener::bind(addr).await?;
     tracing::info!(
         "envoyproxy/ratelimit metrics listening on {}{path}",
@@ -37,7 +42,9 @@ pub async fn spawn_ratelimit_metrics(addr: &str, path: &str) -> std::io::Result<
     );
     let app = axum::Router::new().route(
         path,
-        axum::routing::get(|| async { crate::observe::ratelimit_names::render() }),
+        axum::routing::get(move || async move {
+            crate::observe::ratelimit_names::render_with(mapper.as_ref().as_ref())
+        }),
     );
     tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {

@@ -145,7 +145,7 @@ fn match_policy_labels_and_domains_are_checked() {
         &e,
         &[
             "rule #1 (a=b)",
-            "matchPolicy must be `stop` or `canary`, found `canery`",
+            "matchPolicy must be `stop`, `canary` or `shadow`, found `canery`",
         ],
     );
     let e = yaml_errors(&with_default(

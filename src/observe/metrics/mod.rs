@@ -25,7 +25,8 @@ pub use parts::{
 /// Every metric the service exports.
 pub struct Metrics {
     registry: Registry,
-    /// `divvy_hits_total{status,rule_label}`: status accepted, rejected, canary-accepted, canary-rejected.
+    /// `divvy_hits_total{status,rule_label}`: status accepted, rejected, canary-accepted, canary-rejected,
+    /// shadow_mode (a shadow rule's would-be denial, also counted accepted).
     pub hits: IntCounterVec,
     /// `divvy_hit_duration_seconds`: time to decide one request (all its descriptors).
     pub hit_duration: Histogram,
@@ -336,6 +337,9 @@ pub enum HitStatus {
     CanaryAccepted,
     /// A canary had none.
     CanaryRejected,
+    /// A shadow rule would have denied it (and allowed it): envoyproxy/ratelimit's
+    /// `shadow_mode` stat, counted besides the hit's `accepted`.
+    Shadow,
 }
 
 impl HitStatus {
@@ -346,6 +350,7 @@ impl HitStatus {
             HitStatus::Rejected => "rejected",
             HitStatus::CanaryAccepted => "canary-accepted",
             HitStatus::CanaryRejected => "canary-rejected",
+            HitStatus::Shadow => "shadow_mode",
         }
     }
 }

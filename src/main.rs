@@ -1,4 +1,4 @@
-//! The `divvy` command: `serve`, `check`, `explain`, `knob` and `probe`.
+//! The `divvy` command: `serve`, `check`, `explain`, `knob`, `probe` and `replay`.
 
 mod cli;
 
@@ -102,6 +102,8 @@ enum Command {
         #[command(subcommand)]
         command: cli::knob::KnobCommand,
     },
+    /// Decide recorded traffic again under a policy (and an old one beside it): per rule, allowed and denied, and the first requests whose decision changed.
+    Replay(cli::replay::ReplayArgs),
     /// GET a URL (e.g. the admin API's /readyz) and print the body; exit non-zero unless the answer is 2xx. For images without curl.
     Probe(cli::probe::ProbeArgs),
 }
@@ -155,6 +157,7 @@ fn main() -> ExitCode {
         Command::Ratelimit => ratelimit(),
         Command::Knob { admin_url, command } => cli::knob::run(command, &admin_url),
         Command::Probe(args) => cli::probe::run(&args),
+        Command::Replay(args) => cli::replay::run(&args),
     };
     exit(result)
 }

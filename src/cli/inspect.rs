@@ -6,7 +6,8 @@ use anyhow::bail;
 use divvy::config::{self, ConfigError, Policy};
 use divvy::rules::{Operation, RuleSet};
 
-fn load_for_cli(file: &Path) -> anyhow::Result<Policy> {
+/// A policy file loaded, every problem listed in the error.
+pub fn load_for_cli(file: &Path) -> anyhow::Result<Policy> {
     match config::load_file(file) {
         Ok(p) => Ok(p),
         Err(ConfigError::Invalid { problems, file }) => {

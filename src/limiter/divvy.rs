@@ -140,7 +140,11 @@ impl<'r> Engine<'r> for DivvyRules<'_> {
                     false => denied_actor(rule, &decider, &hit),
                 },
             });
-            items.push(Decision { decider, canaries });
+            items.push(Decision {
+                decider,
+                canaries,
+                shadow_denied: shadow,
+            });
             if let Cow::Owned(made) = hit {
                 made.operation.recycle();
             }

@@ -1,6 +1,7 @@
 //! What divvy tells about itself: Prometheus [`metrics`] and the [`statsd`]
 //! mirror of divvy's own names; the dashboard's 15 minutes of [`history`]
-//! per rule and top [`offenders`], kept by the [`recorder`].
+//! per rule and top [`offenders`], kept by the [`recorder`]; the
+//! [`traffic`] recorder of `serve --record`.
 
 pub mod history;
 pub mod metrics;
@@ -9,3 +10,4 @@ pub mod ratelimit_names;
 pub mod recorder;
 pub mod statsd;
 pub mod telemetry;
+pub mod traffic;

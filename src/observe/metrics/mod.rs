@@ -15,9 +15,11 @@ use crate::observe::statsd;
 mod build;
 mod fair;
 mod parts;
+mod traffic;
 
 use build::{counter, counter_vec, counter_vec_of, gauge, histogram};
 pub use fair::FairMetrics;
+pub use traffic::TrafficMetrics;
 pub use parts::{
     GlobalMetrics, GovernorMetrics, RlqsMetrics, SourceMetrics, StoreMetrics, TlsMetrics,
 };
@@ -76,6 +78,8 @@ pub struct Metrics {
     pub rlqs: RlqsMetrics,
     /// Fair shares among a limit's active values.
     pub fair: FairMetrics,
+    /// The traffic recorder (`serve --record`).
+    pub traffic: TrafficMetrics,
 }
 
 /// A rule's counters, looked up once when the rule set is compiled (a
@@ -226,6 +230,7 @@ impl Metrics {
             tls: TlsMetrics::new(&r),
             rlqs: RlqsMetrics::new(&r),
             fair: FairMetrics::new(&r),
+            traffic: TrafficMetrics::new(&r),
             registry: r,
         }
     }

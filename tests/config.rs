@@ -704,3 +704,30 @@ fn overdraft_is_read_in_every_syntax_and_checked() {
         &["`overdraft` cannot stand beside `limits`; set it on each limit"],
     );
 }
+
+#[test]
+fn match_policy_shadow_is_accepted_in_every_syntax() {
+    let texts = [
+        (
+            "overrides:\n  - operation: {a: b}\n    matchPolicy: shadow\n    creditLimit: 1\n    resetSeconds: 60\ndefault: {creditLimit: 1, resetSeconds: 60}\n",
+            Format::Yaml,
+        ),
+        (
+            r#"{"overrides": [{"operation": {"a": "b"}, "matchPolicy": "shadow", "creditLimit": 1, "resetSeconds": 60}], "default": {"creditLimit": 1, "resetSeconds": 60}}"#,
+            Format::Json,
+        ),
+        (
+            "[a=b]\nmatchPolicy = shadow\ncreditLimit = 1\nresetSeconds = 60\n[default]\ncreditLimit = 1\nresetSeconds = 60\n",
+            Format::Ini,
+        ),
+    ];
+    for (text, format) in texts {
+        let policy = parse_str(text, format, "policy.test").expect("shadow is a matchPolicy");
+        assert_eq!(policy.rules[0].match_policy.as_str(), "shadow");
+    }
+    // A shadow rule decides as a stop rule: a later rule it covers is unreachable.
+    let e = yaml_errors(&with_default(
+        "  - operation: {a: \"*\"}\n    matchPolicy: shadow\n    creditLimit: 1\n    resetSeconds: 60\n  - operation: {a: b}\n    creditLimit: 1\n    resetSeconds: 60\n",
+    ));
+    assert_has(&e, &["unreachable"]);
+}

@@ -181,7 +181,7 @@ impl fmt::Display for Report {
             "replayed {} requests over {span:.1} s of recorded time; {} malformed lines skipped",
             self.requests, self.skipped
         )?;
-        let width = self.order.iter().map(String::len).max().unwrap_or(4).max(4);
+        let width = self.order.iter().map(String::len).max().unwrap_or(0).max(5);
         write!(f, "{:<width$}  {:>10} {:>10} {:>10}", "rule", "allowed", "denied", "shadow")?;
         if self.compared {
             write!(f, "  {:>11} {:>11} {:>11}", "old allowed", "old denied", "old shadow")?;

@@ -55,7 +55,9 @@ fn actor(line: std::net::SocketAddr, n: usize) -> Counts {
     s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
     let mut reader = BufReader::new(s.try_clone().expect("clone"));
     let mut counts = Counts::new();
-    let paths: Vec<usize> = (0..HITS_PER_ACTOR).map(|i| (i * 7 + n) % RULES.len()).collect();
+    let paths: Vec<usize> = (0..HITS_PER_ACTOR)
+        .map(|i| (i * 7 + n) % RULES.len())
+        .collect();
     for batch in paths.chunks(50) {
         let text: String = batch
             .iter()
@@ -230,7 +232,10 @@ fn envoy_requests_are_recorded_as_json_lines_and_the_file_is_bounded() {
     let record_arg = record.to_str().unwrap();
     let policy = dir.path().join("p.yaml");
     std::fs::write(&policy, SAME).unwrap();
-    let mut server = Server::start(&policy, &["--record", record_arg, "--record-max-bytes", "4096"]);
+    let mut server = Server::start(
+        &policy,
+        &["--record", record_arg, "--record-max-bytes", "4096"],
+    );
     // About 10 KB of HITs: the file is rotated on the way.
     let hits = b"HIT path=/api ip=c\n".repeat(300);
     assert_eq!(server.line_exchange(&hits).lines().count(), 300);
@@ -242,14 +247,22 @@ fn envoy_requests_are_recorded_as_json_lines_and_the_file_is_bounded() {
     assert!(server.terminate().success());
     let now = std::fs::read_to_string(&record).unwrap();
     let old = std::fs::read_to_string(dir.path().join("traffic.log.1")).unwrap();
-    assert!(now.len() <= 4096 && old.len() <= 4096, "{} and {} bytes", now.len(), old.len());
+    assert!(
+        now.len() <= 4096 && old.len() <= 4096,
+        "{} and {} bytes",
+        now.len(),
+        old.len()
+    );
     // The Envoy requests came last: the newest file ends with them, as bodies
     // `POST /json` takes.
     let sent: serde_json::Value = serde_json::from_str(body).unwrap();
     for l in now.lines().rev().take(3) {
         let (stamp, json) = l.split_once(' ').expect("a stamped line");
         assert!(stamp.parse::<u64>().is_ok(), "{l}");
-        assert_eq!(serde_json::from_str::<serde_json::Value>(json).unwrap(), sent);
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(json).unwrap(),
+            sent
+        );
     }
     let out = replay(&["--policy", policy.to_str().unwrap(), record_arg]);
     assert!(out.contains("0 malformed lines skipped"), "{out}");

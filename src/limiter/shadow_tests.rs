@@ -76,5 +76,8 @@ async fn a_shadow_denial_does_not_deny_the_requests_other_descriptors() {
     let d = decide(&l, &[hit("s"), hit("x")]).await;
     assert!(d.items[0].shadow_denied);
     assert!(d.items.iter().all(|i| i.decider.allowed));
-    assert_eq!(d.items[1].decider.remaining, 99, "the other hit was charged");
+    assert_eq!(
+        d.items[1].decider.remaining, 99,
+        "the other hit was charged"
+    );
 }

@@ -89,7 +89,10 @@ fn fates(asked: &Asked, verdict: Verdict) -> Vec<(String, Fate)> {
                 Asked::Line(_) => "",
             };
             let name = format!("envoyproxy/ratelimit domain {domain}");
-            statuses.iter().map(|s| (name.clone(), fate(!s.over))).collect()
+            statuses
+                .iter()
+                .map(|s| (name.clone(), fate(!s.over)))
+                .collect()
         }
         Verdict::NoRules | Verdict::NoConfig => vec![("(no limit)".to_owned(), Fate::Allowed)],
     }
@@ -124,7 +127,13 @@ pub async fn replay(
             Some(side) => Some(side.decide(&recorded).await?),
             None => None,
         };
-        report.add(number, &line, recorded.at_ms, &under_new, under_old.as_deref());
+        report.add(
+            number,
+            &line,
+            recorded.at_ms,
+            &under_new,
+            under_old.as_deref(),
+        );
     }
     Ok(report)
 }

@@ -182,13 +182,25 @@ impl fmt::Display for Report {
             self.requests, self.skipped
         )?;
         let width = self.order.iter().map(String::len).max().unwrap_or(0).max(5);
-        write!(f, "{:<width$}  {:>10} {:>10} {:>10}", "rule", "allowed", "denied", "shadow")?;
+        write!(
+            f,
+            "{:<width$}  {:>10} {:>10} {:>10}",
+            "rule", "allowed", "denied", "shadow"
+        )?;
         if self.compared {
-            write!(f, "  {:>11} {:>11} {:>11}", "old allowed", "old denied", "old shadow")?;
+            write!(
+                f,
+                "  {:>11} {:>11} {:>11}",
+                "old allowed", "old denied", "old shadow"
+            )?;
         }
         writeln!(f)?;
         let row = |f: &mut fmt::Formatter<'_>, name: &str, (n, o): (Counts, Counts)| {
-            write!(f, "{name:<width$}  {:>10} {:>10} {:>10}", n.allowed, n.denied, n.shadow)?;
+            write!(
+                f,
+                "{name:<width$}  {:>10} {:>10} {:>10}",
+                n.allowed, n.denied, n.shadow
+            )?;
             if self.compared {
                 write!(f, "  {:>11} {:>11} {:>11}", o.allowed, o.denied, o.shadow)?;
             }
@@ -201,7 +213,11 @@ impl fmt::Display for Report {
         if self.compared {
             writeln!(f, "changed decisions: {}", self.changed)?;
             for c in &self.examples {
-                writeln!(f, "  line {}: {}\n    old: {}\n    new: {}", c.line, c.request, c.old, c.new)?;
+                writeln!(
+                    f,
+                    "  line {}: {}\n    old: {}\n    new: {}",
+                    c.line, c.request, c.old, c.new
+                )?;
             }
         }
         for (line, why) in &self.skipped_examples {

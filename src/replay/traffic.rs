@@ -120,7 +120,10 @@ mod tests {
     fn malformed_lines_say_why() {
         assert!(matches!(parse("GET a=b"), Err(TrafficError::Line(_))));
         assert!(matches!(parse("HIT a"), Err(TrafficError::Line(_))));
-        assert!(matches!(parse("12 {\"domain\":"), Err(TrafficError::Json(_))));
+        assert!(matches!(
+            parse("12 {\"domain\":"),
+            Err(TrafficError::Json(_))
+        ));
         assert!(matches!(parse("{\"nope\":1}"), Err(TrafficError::Json(_))));
     }
 }

@@ -19,10 +19,10 @@ mod traffic;
 
 use build::{counter, counter_vec, counter_vec_of, gauge, histogram};
 pub use fair::FairMetrics;
-pub use traffic::TrafficMetrics;
 pub use parts::{
     GlobalMetrics, GovernorMetrics, RlqsMetrics, SourceMetrics, StoreMetrics, TlsMetrics,
 };
+pub use traffic::TrafficMetrics;
 
 /// Every metric the service exports.
 pub struct Metrics {

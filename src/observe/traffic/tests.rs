@@ -45,7 +45,10 @@ fn the_file_is_rotated_at_its_bound() {
     thread.join().unwrap();
     let now = std::fs::metadata(&path).unwrap().len();
     let old = std::fs::metadata(dir.join("t.log.1")).unwrap().len();
-    assert!(now <= max && old <= max, "{now} and {old} bytes, bound {max}");
+    assert!(
+        now <= max && old <= max,
+        "{now} and {old} bytes, bound {max}"
+    );
     assert!(m.traffic.rotations.get() >= 5);
     // The newest lines are in the file, the ones before in `.1`.
     let last = std::fs::read_to_string(&path).unwrap();

@@ -12,7 +12,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{binary, parse_ok, Server};
+use common::{ask, binary, desc, parse_ok, request, Server};
 
 /// Each path has its own rule; `search` and the default are shared by every
 /// client (their counts do not depend on how the connections interleave).
@@ -240,10 +240,18 @@ fn envoy_requests_are_recorded_as_json_lines_and_the_file_is_bounded() {
     let hits = b"HIT path=/api ip=c\n".repeat(300);
     assert_eq!(server.line_exchange(&hits).lines().count(), 300);
     let body = r#"{"domain":"web","descriptors":[{"entries":[{"key":"path","value":"/login"},{"key":"ip","value":"b"}]}]}"#;
-    for _ in 0..3 {
+    for _ in 0..2 {
         let (status, answer) = server.http("POST", "/json", body);
         assert_eq!(status, 200, "{answer}");
     }
+    // gRPC is recorded as the `POST /json` body that asks the same.
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let mut client = server.client().await;
+        let d = desc(&[("path", "/login"), ("ip", "b")]);
+        let answer = ask(&mut client, request("web", vec![d])).await;
+        assert_eq!(answer.overall_code, 1, "{answer:?}");
+    });
     assert!(server.terminate().success());
     let now = std::fs::read_to_string(&record).unwrap();
     let old = std::fs::read_to_string(dir.path().join("traffic.log.1")).unwrap();
@@ -254,7 +262,7 @@ fn envoy_requests_are_recorded_as_json_lines_and_the_file_is_bounded() {
         old.len()
     );
     // The Envoy requests came last: the newest file ends with them, as bodies
-    // `POST /json` takes.
+    // `POST /json` takes (two sent as JSON, one over gRPC).
     let sent: serde_json::Value = serde_json::from_str(body).unwrap();
     for l in now.lines().rev().take(3) {
         let (stamp, json) = l.split_once(' ').expect("a stamped line");

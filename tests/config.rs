@@ -730,4 +730,31 @@ fn match_policy_shadow_is_accepted_in_every_syntax() {
         "  - operation: {a: \"*\"}\n    matchPolicy: shadow\n    creditLimit: 1\n    resetSeconds: 60\n  - operation: {a: b}\n    creditLimit: 1\n    resetSeconds: 60\n",
     ));
     assert_has(&e, &["unreachable"]);
+    // `divvy check` counts it apart, `divvy explain` says it never denies.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("p.yaml");
+    std::fs::write(&path, texts[0].0).unwrap();
+    let run = |args: &[&str]| {
+        let out = Command::new(common::binary())
+            .args(args)
+            .arg(&path)
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        String::from_utf8(out.stdout).unwrap()
+    };
+    assert_has(
+        &run(&["check"]),
+        &["(0 stop, 0 canary, 1 shadow, 1 default)"],
+    );
+    let explained = Command::new(common::binary())
+        .args(["explain"])
+        .arg(&path)
+        .arg("a=b")
+        .output()
+        .unwrap();
+    assert_has(
+        &String::from_utf8_lossy(&explained.stdout),
+        &["(shadow: never denies"],
+    );
 }

@@ -22,6 +22,7 @@ pub mod app;
 pub mod clock;
 pub mod config;
 pub mod coord;
+pub mod counters;
 pub mod fair;
 pub mod global;
 pub mod governor;

@@ -104,6 +104,12 @@ enum Command {
     },
     /// Decide recorded traffic again under a policy (and an old one beside it): per rule, allowed and denied, and the first requests whose decision changed.
     Replay(cli::replay::ReplayArgs),
+    /// Read or reset one actor's counters of a rule on a running server
+    /// (every replica answers it as fresh within a second after a reset).
+    Counters {
+        #[command(subcommand)]
+        command: cli::counters::CountersCommand,
+    },
     /// GET a URL (e.g. the admin API's /readyz) and print the body; exit non-zero unless the answer is 2xx. For images without curl.
     Probe(cli::probe::ProbeArgs),
 }
@@ -156,6 +162,7 @@ fn main() -> ExitCode {
         } => cli::inspect::explain(&file, domain.as_deref(), &pairs, server.as_deref()),
         Command::Ratelimit => ratelimit(),
         Command::Knob { admin_url, command } => cli::knob::run(command, &admin_url),
+        Command::Counters { command } => cli::counters::run(command),
         Command::Probe(args) => cli::probe::run(&args),
         Command::Replay(args) => cli::replay::run(&args),
     };

@@ -591,6 +591,7 @@ fn st(allowed: bool, remaining: u64, reset_ms: u64) -> CounterState {
         allowed,
         remaining,
         reset_after: Duration::from_millis(reset_ms),
+        overdrawn: 0,
     }
 }
 
@@ -879,19 +880,25 @@ async fn overdraft_answers_alike_in_both_stores() {
     };
     for a in 0..Algorithm::ALL.len() {
         let (od, big) = (2 * a, 2 * a + 1);
-        let mut checks = Vec::new();
+        let (mut checks, mut past) = (Vec::new(), Vec::new());
         for _ in 0..6 {
             let check = b.one(&[over(&b, od, 0)], Charge::Each).await[0];
             checks.push(check.allowed);
             if check.allowed {
-                assert!(b.one(&[over(&b, od, 300)], Charge::Each).await[0].allowed);
+                let charged = b.one(&[over(&b, od, 300)], Charge::Each).await[0];
+                assert!(charged.allowed);
+                past.push(charged.overdrawn);
             }
         }
         assert_eq!(checks, [true, true, true, true, false, false], "{a}");
+        // Only the fourth charge (100 left) goes past what was left.
+        assert_eq!(past, [0, 0, 0, 200], "{a}");
         let first = b.one(&[over(&b, big, 2500)], Charge::Each).await[0];
         assert_eq!((first.allowed, first.remaining), (true, 0), "{a}");
+        assert_eq!(first.overdrawn, 1500, "{a}");
         let denied = b.one(&[over(&b, big, 7)], Charge::Each).await[0];
         assert!(!denied.allowed, "{a}");
+        assert_eq!(denied.overdrawn, 7, "{a}: charged alone, all of it past");
         // A group: the second limit in debt denies; the first takes nothing.
         let group = [
             over(&b, od, 5),
@@ -902,6 +909,7 @@ async fn overdraft_answers_alike_in_both_stores() {
         ];
         let answers = b.one(&group, Charge::Each).await;
         assert!(!answers[1].allowed, "{a}");
+        assert_eq!((answers[0].overdrawn, answers[1].overdrawn), (0, 0), "{a}");
         b.one(&[over(&b, od, 1)], Charge::AllOrNothing).await;
         b.clock.set(b.clock.ms() + 1_500);
     }

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{free_port, http_request, parse_ok, Server};
+use common::{desc, free_port, http_request, parse_ok, request, Server};
 use fantoccini::{Client, ClientBuilder, Locator};
 use serde_json::{json, Value};
 
@@ -27,6 +27,13 @@ overrides:
     operation: {path: /search}
     creditLimit: 1000
     resetSeconds: 60
+  - label: tokens
+    domain: llm
+    operation: {user: "*"}
+    actorField: user
+    creditLimit: 1000
+    resetSeconds: 1h
+    overdraft: true
 default: {creditLimit: 100, resetSeconds: 60}
 "#;
 
@@ -199,7 +206,7 @@ async fn the_page_shows_rules_traffic_offenders_and_changes_knobs() {
     b.until(
         Duration::from_secs(5),
         "the policy's rules",
-        "return document.querySelectorAll('#rules-table tbody tr[data-name]').length === 3;",
+        "return document.querySelectorAll('#rules-table tbody tr[data-name]').length === 4;",
     )
     .await;
     assert_eq!(
@@ -208,6 +215,7 @@ async fn the_page_shows_rules_traffic_offenders_and_changes_knobs() {
     );
 
     offenders_show(&b, &server, &base).await;
+    debts_show(&b, &server, &base).await;
     knob_form(&b, &server, &base).await;
     more_views(&b, &base).await;
     // Chromium logs the refused change (a 401 answer) as a failed load: that
@@ -258,6 +266,25 @@ async fn offenders_show(b: &Browser, server: &Server, base: &str) {
         .await;
     assert!(p99.as_str().is_some_and(|t| t.ends_with(" µs")), "{p99}");
     b.screenshot("overview").await;
+}
+
+/// A usage of 2,500 on an overdraft budget of 1,000: the rule page shows
+/// the counter and its debt of 1,500.
+async fn debts_show(b: &Browser, server: &Server, base: &str) {
+    let mut d = desc(&[("user", "ann")]);
+    d.hits_addend = Some(envoy_types::pb::google::protobuf::UInt64Value { value: 2500 });
+    let mut client = server.client().await;
+    client
+        .should_rate_limit(request("llm", vec![d]))
+        .await
+        .expect("ShouldRateLimit");
+    b.client
+        .goto(&format!("{base}/ui#rule/tokens"))
+        .await
+        .unwrap();
+    b.until(Duration::from_secs(5), "ann's debt on the rule page", "const s = document.getElementById('rule-debts'); const r = document.querySelector('#rule-debts-table tbody tr'); return !!s && !s.hidden && !!r && r.cells[0].textContent.includes('ann') && r.cells[1].textContent === '1500';")
+        .await;
+    b.screenshot("rule-debts").await;
 }
 
 /// The knob form: a wrong token changes nothing, the admin token sets a
@@ -409,7 +436,7 @@ async fn with_a_read_token_the_api_refuses_and_the_page_asks_for_one() {
     .await;
     b.fill("read-token", READ).await;
     b.click("read-token-save").await;
-    b.until(Duration::from_secs(5), "the rules, read with the token", "return document.querySelectorAll('#rules-table tbody tr[data-name]').length === 3 && document.getElementById('token-prompt').hidden;")
+    b.until(Duration::from_secs(5), "the rules, read with the token", "return document.querySelectorAll('#rules-table tbody tr[data-name]').length === 4 && document.getElementById('token-prompt').hidden;")
         .await;
     // The refused reads were the page's own 401/403s (logged by Chromium as
     // failed loads); no script error.

@@ -3,7 +3,9 @@
 //! `hits_addend` 0) before each request and a charge after it; a charge
 //! larger than what is left is applied in full, leaving a debt; another
 //! user's counter is untouched; a denied group (a rule of several limits)
-//! takes no debt.
+//! takes no debt; `divvy_overdraft_charged_total` counts what each rule
+//! charged past what was left; a `scope: global` overdraft limit charges
+//! its region's lease past what is left and its refill pays the debt back.
 
 mod common;
 
@@ -13,16 +15,19 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescript
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use envoy_types::pb::google::protobuf::UInt64Value;
+use std::time::Instant;
 
 const POLICY: &str = r#"
 overrides:
   - domain: od
+    label: tokens
     operation: {user: '*'}
     actorField: user
     creditLimit: 1000
     resetSeconds: 1h
     overdraft: true
   - domain: od
+    label: team-tokens
     operation: {team: '*'}
     limits:
       - {creditLimit: 1000, resetSeconds: 1h, overdraft: true, actorField: team}
@@ -123,6 +128,36 @@ async fn scenario(store: Store) {
     // 1,600 given back leaves the first limit 100: admitted again.
     assert_eq!(send(&server, refund("team", "red", 1600)).await.0, OK);
     assert_eq!(send(&server, hits("team", "red", 0)).await.0, OK);
+
+    // Past what was left: alice 200, bob 1,500 then 1; the team 1,500.
+    let samples = server.metric_samples();
+    let past = |rule: &str| {
+        samples
+            .get(&format!("divvy_overdraft_charged_total{{rule=\"{rule}\"}}"))
+            .copied()
+    };
+    assert_eq!(past("tokens"), Some(1701.0), "{samples:?}");
+    assert_eq!(past("team-tokens"), Some(1500.0), "{samples:?}");
+
+    // The dashboard's rule page: the same figure, and the counters last
+    // overdrawn (bob's most recent, paid back by the refund) with their debts.
+    let (status, body) = server.http("GET", "/api/v1/rules/tokens", "");
+    assert_eq!(status, 200, "{body}");
+    let rule: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+    let od = &rule["overdraft"];
+    assert_eq!(od["chargedPastLeft"], 1701, "{body}");
+    let debts: Vec<(String, u64)> = od["counters"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no counters in {body}"))
+        .iter()
+        .map(|c| {
+            let key = c["counterKey"].as_str().unwrap_or_default().to_owned();
+            (key, c["debt"].as_u64().unwrap_or(u64::MAX))
+        })
+        .collect();
+    assert_eq!(debts.len(), 2, "{body}");
+    assert!(debts[0].0.contains("bob") && debts[0].1 == 0, "{body}");
+    assert!(debts[1].0.contains("alice") && debts[1].1 == 200, "{body}");
 }
 
 #[tokio::test]
@@ -133,6 +168,54 @@ async fn memory() {
 #[tokio::test]
 async fn redis() {
     scenario(Store::Redis(Redis::start())).await;
+}
+
+/// A `scope: global` overdraft limit: usage is charged against the
+/// region's lease (a token bucket at the lease's rate), past what is left,
+/// and the debt is paid back by the lease's refill.
+#[tokio::test]
+async fn a_global_limit_charges_its_lease_past_what_is_left() {
+    const GLOBAL: &str = r#"
+overrides:
+  - {domain: od, label: global-tokens, operation: {site: '*'}, actorField: site, scope: global,
+     algorithm: token_bucket, creditLimit: 100, resetSeconds: 1, burst: 100, overdraft: true}
+default: {creditLimit: 1, resetSeconds: 60}
+"#;
+    let global = Redis::start();
+    let url = global.url();
+    let args = [
+        "--global-url",
+        &url,
+        "--global-lease-ms",
+        "1000",
+        "--region",
+        "r1",
+    ];
+    let server = Server::with_policy_args(GLOBAL, "yaml", &args);
+    // Wait for a lease of the whole rate (the only region), checking only.
+    let start = std::time::Instant::now();
+    while send(&server, hits("site", "a", 0)).await != (OK, 100) {
+        assert!(start.elapsed().as_secs() < 15, "no full lease after 15 s");
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    // 450 charged on a lease of 100 (burst 100): admitted, a debt of 350.
+    assert_eq!(send(&server, hits("site", "a", 450)).await, (OK, 0));
+    let charged = Instant::now();
+    assert_eq!(send(&server, hits("site", "a", 0)).await.0, OVER);
+    let samples = server.metric_samples();
+    let past = samples.get("divvy_overdraft_charged_total{rule=\"global-tokens\"}");
+    assert_eq!(past.copied(), Some(350.0), "{samples:?}");
+    // The refill (100/s) pays the debt back in 3.5 s, then something is left.
+    while send(&server, hits("site", "a", 0)).await.0 != OK {
+        assert!(
+            charged.elapsed().as_secs() < 15,
+            "the debt was never paid back"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let waited = charged.elapsed().as_secs_f64();
+    println!("a debt of 350 on a lease of 100/s was paid back after {waited:.2} s");
+    assert!(waited >= 3.0, "paid back too soon: {waited:.2} s");
 }
 
 #[tokio::test]

@@ -283,8 +283,27 @@ fn admin_state(
         deadline_margin: s.deadline_margin,
         healthy_needs_config: s.healthy_needs_config,
         failure_policy: s.redis.is_some().then(|| s.on_store_failure.as_str()),
+        resets: counter_resets(s, limiter, &coord),
         rlqs: Arc::new(rlqs_hub(s, limiter, coord)),
     }
+}
+
+/// Counter resets through the counters' store, told to the other replicas
+/// through `coord` (polled from now on when it is shared).
+fn counter_resets(
+    s: &Settings,
+    limiter: &Arc<Limiter>,
+    coord: &Coordination,
+) -> Arc<crate::counters::resets::CounterResets> {
+    let resets = Arc::new(crate::counters::resets::CounterResets::new(
+        limiter.store().clone(),
+        coord,
+        &s.replica,
+        limiter.telemetry().metrics.clone(),
+    ));
+    // Detached: the task ends once the admin state (the last handle) is dropped.
+    let _ = resets.spawn();
+    resets
 }
 
 /// The RLQS streams' hub; with the counters' Redis, limits are shared

@@ -1,5 +1,6 @@
 //! The binary's subcommands.
 
+pub mod counters;
 pub mod explain_live;
 pub mod inspect;
 pub mod knob;

@@ -25,6 +25,7 @@ pub(super) struct DivvyRules<'a> {
     pub(super) global: Option<&'a Global>,
     pub(super) fair: &'a FairShares,
     pub(super) metrics: &'a Metrics,
+    pub(super) debtors: &'a super::debtors::Debtors,
 }
 
 /// A request planned: each hit with its canaries and deciding rule.
@@ -200,6 +201,14 @@ impl DivvyRules<'_> {
                     .admitted
                     .with_label_values(&[label.unwrap_or("")])
                     .inc();
+            }
+            if state.overdrawn > 0 {
+                let rule = self.rules.rule(p.rule);
+                self.metrics
+                    .overdraft_charged
+                    .with_label_values(&[rule.spec.label.as_deref().unwrap_or("")])
+                    .inc_by(state.overdrawn);
+                self.debtors.note(rule.name(), op);
             }
             o.allowed = state.allowed;
             o.remaining = state.remaining;

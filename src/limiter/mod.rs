@@ -8,6 +8,7 @@
 //! Protocol adapters only translate in and out.
 
 mod bucket;
+pub mod debtors;
 mod divvy;
 mod engine;
 pub mod envoy;
@@ -50,6 +51,7 @@ pub struct Limiter {
     fair: Arc<FairShares>,
     envoy: Arc<EnvoySettings>,
     telemetry: Telemetry,
+    debtors: debtors::Debtors,
 }
 
 impl Limiter {
@@ -85,6 +87,7 @@ impl Limiter {
             fair: Arc::new(fair),
             envoy: Arc::new(EnvoySettings::default()),
             telemetry,
+            debtors: debtors::Debtors::default(),
         }
     }
 
@@ -106,6 +109,11 @@ impl Limiter {
     /// The fair shares of `fairShare` limits.
     pub fn fair(&self) -> &Arc<FairShares> {
         &self.fair
+    }
+
+    /// The counters each rule's overdraft limits last charged past what was left.
+    pub fn debtors(&self) -> &debtors::Debtors {
+        &self.debtors
     }
 
     /// Decides envoyproxy/ratelimit domains under `settings` (built once at
@@ -174,6 +182,7 @@ impl Limiter {
             global: self.global.as_deref(),
             fair: &self.fair,
             metrics: &self.telemetry.metrics,
+            debtors: &self.debtors,
         }
     }
 

@@ -311,6 +311,17 @@ impl RuleSet {
             let t = telemetry.rule(&rule.name, spec.label.as_deref(), spec.domain.as_deref());
             rule.telemetry = Some(t);
         }
+        // The configured limits, for dashboards that draw usage against them.
+        let m = &telemetry.metrics;
+        m.rule_limit.reset();
+        m.rule_window.reset();
+        for rule in &self.rules {
+            if let Some(l) = rule.spec.limits.first() {
+                let name = [rule.name()];
+                m.rule_limit.with_label_values(&name).set(l.credit_limit as f64);
+                m.rule_window.with_label_values(&name).set(l.reset_seconds as f64);
+            }
+        }
     }
 
     /// The tree of `domain` when an envoyproxy/ratelimit file defines it.

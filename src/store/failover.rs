@@ -265,16 +265,19 @@ impl FailoverStore {
                     allowed: true,
                     remaining: op.limit,
                     reset_after: op.window,
+                    overdrawn: 0,
                 },
                 FailurePolicy::Allow => CounterState {
                     allowed: true,
                     remaining: op.limit,
                     reset_after: op.window,
+                    overdrawn: 0,
                 },
                 FailurePolicy::Deny | FailurePolicy::Local => CounterState {
                     allowed: false,
                     remaining: 0,
                     reset_after: op.window,
+                    overdrawn: 0,
                 },
             })
             .collect()
@@ -365,6 +368,23 @@ impl Store for FailoverStore {
         op: &'a CounterOp,
     ) -> StoreFuture<'a, Result<Option<CounterState>, StoreError>> {
         self.primary.peek(op)
+    }
+
+    /// The shared store's counter, and this replica's fallback copy of it
+    /// (counted while the store failed under the `local` policy).
+    fn reset<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let local = self.local.reset(key).await.unwrap_or(false);
+            Ok(self.primary.reset(key).await? || local)
+        })
+    }
+
+    fn forget(&self, key: &str) -> bool {
+        self.primary.forget(key)
+    }
+
+    fn cached_denial(&self, key: &str) -> Option<bool> {
+        self.primary.cached_denial(key)
     }
 
     fn probe(&self) -> StoreFuture<'_, Result<(), StoreError>> {

@@ -255,6 +255,7 @@ impl MemoryStore {
                 allowed: false,
                 remaining: 0,
                 reset_after: Duration::ZERO,
+                overdrawn: 0,
             })
     }
 
@@ -411,9 +412,19 @@ impl Store for MemoryStore {
                 allowed: remaining > 0,
                 remaining,
                 reset_after: Duration::from_millis(reset_ms),
+                overdrawn: 0,
             }
         });
         Box::pin(std::future::ready(Ok(state)))
+    }
+
+    fn reset<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Result<bool, StoreError>> {
+        let now = self.now_ms();
+        let id = self.id_of(key);
+        let removed = lock(&self.shards[self.shard_of(id)]).map.remove(id);
+        // An expired entry already answered as a fresh counter.
+        let live = removed.is_some_and(|e| e.expires_at > now);
+        Box::pin(std::future::ready(Ok(live)))
     }
 
     fn name(&self) -> &'static str {

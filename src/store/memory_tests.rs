@@ -239,3 +239,19 @@ fn concurrent_groups_never_exceed_either_limit_nor_deadlock() {
     let total: u64 = threads.into_iter().map(|t| t.join().unwrap()).sum();
     assert_eq!(total, 100);
 }
+
+#[tokio::test]
+async fn a_reset_removes_a_live_counter_and_reports_an_expired_one_as_gone() {
+    let (s, clock) = store();
+    for _ in 0..2 {
+        s.apply_one(&op("k", 2, 10, 1));
+    }
+    assert!(!s.apply_one(&op("k", 2, 10, 1)).allowed);
+    assert!(s.reset("k").await.unwrap());
+    assert!(!has(&s, "k"));
+    assert_eq!(s.apply_one(&op("k", 2, 10, 1)).remaining, 1);
+    // Past its window the counter already answers as fresh: nothing to reset.
+    clock.advance(Duration::from_secs(11));
+    assert!(!s.reset("k").await.unwrap());
+    assert!(!s.reset("never").await.unwrap());
+}

@@ -118,6 +118,9 @@ pub struct CounterState {
     /// Allowed: time until the counter is full again (window over, bucket
     /// full). Denied: time until the same hit would be allowed.
     pub reset_after: Duration,
+    /// Credits charged past what was left (an overdraft's new debt); 0
+    /// unless an overdrawing op was charged.
+    pub overdrawn: u64,
 }
 
 /// A store failure; the request that hit it gets an error, never a panic.
@@ -211,6 +214,31 @@ pub trait Store: Send + Sync + 'static {
         &'a self,
         op: &'a CounterOp,
     ) -> StoreFuture<'a, Result<Option<CounterState>, StoreError>>;
+
+    /// Deletes the counter at `key`, so its next hit finds a fresh one, and
+    /// drops what this process caches of it; true when a counter was stored.
+    /// A store that cannot reset refuses (the default).
+    fn reset<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Result<bool, StoreError>> {
+        let _ = key;
+        Box::pin(std::future::ready(Err(StoreError::Refused(format!(
+            "the {} store cannot reset counters",
+            self.name()
+        )))))
+    }
+
+    /// Drops this process's cached denial of `key` (the over-limit cache's),
+    /// after another replica reset its counter; true when one was dropped.
+    fn forget(&self, key: &str) -> bool {
+        let _ = key;
+        false
+    }
+
+    /// Whether this process's over-limit cache holds a live denial of `key`
+    /// (`None`: no such cache in front of the store).
+    fn cached_denial(&self, key: &str) -> Option<bool> {
+        let _ = key;
+        None
+    }
 
     /// Checks that the backend answers (used to close the circuit breaker).
     fn probe(&self) -> StoreFuture<'_, Result<(), StoreError>> {

@@ -121,6 +121,7 @@ impl OverLimitCache {
             allowed: false,
             remaining: 0,
             reset_after: Duration::from_millis(entry.until_ms - now),
+            overdrawn: 0,
         })
     }
 
@@ -295,6 +296,26 @@ impl Store for OverLimitCache {
         self.inner.peek(op)
     }
 
+    fn reset<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let existed = self.inner.reset(key).await?;
+            // After the store's delete: a denial learnt meanwhile goes too.
+            self.forget(key);
+            Ok(existed)
+        })
+    }
+
+    fn forget(&self, key: &str) -> bool {
+        let id = self.id_of(key);
+        self.shard(id).remove(id).is_some()
+    }
+
+    fn cached_denial(&self, key: &str) -> Option<bool> {
+        let id = self.id_of(key);
+        let now = self.now_ms();
+        Some(self.shard(id).peek(id).is_some_and(|e| now < e.until_ms))
+    }
+
     fn probe(&self) -> StoreFuture<'_, Result<(), StoreError>> {
         self.inner.probe()
     }
@@ -435,6 +456,31 @@ mod tests {
         assert_eq!(p.cached.len(), 1);
         p.both(&[refund(4)]).await;
         assert!(p.both(&[hits(4)]).await[0].allowed);
+    }
+
+    #[tokio::test]
+    async fn a_reset_deletes_the_counter_and_a_forget_drops_only_the_cached_denial() {
+        let p = pair(100);
+        for _ in 0..3 {
+            p.cached.apply(&[op("k", 2)], Charge::Each).await.unwrap();
+        }
+        assert_eq!(p.cached.cached_denial("k"), Some(true));
+        assert_eq!(p.cached.cached_denial("other"), Some(false));
+        // Another replica reset the store: forgetting sends the next hit there.
+        p.cached.inner.reset("k").await.unwrap();
+        assert!(p.cached.forget("k"));
+        assert!(!p.cached.forget("k"));
+        assert!(p.cached.apply(&[op("k", 2)], Charge::Each).await.unwrap()[0].allowed);
+        // Full again, cached; a reset through the cache clears both.
+        for _ in 0..2 {
+            p.cached.apply(&[op("k", 2)], Charge::Each).await.unwrap();
+        }
+        assert_eq!(p.cached.cached_denial("k"), Some(true));
+        assert!(p.cached.reset("k").await.unwrap());
+        assert_eq!(p.cached.cached_denial("k"), Some(false));
+        let fresh = p.cached.apply(&[op("k", 2)], Charge::Each).await.unwrap();
+        assert_eq!((fresh[0].allowed, fresh[0].remaining), (true, 1));
+        assert!(!p.cached.reset("never").await.unwrap());
     }
 
     #[tokio::test]

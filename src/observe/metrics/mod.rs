@@ -13,11 +13,13 @@ use prometheus::{Encoder, Histogram, IntCounter, IntCounterVec, IntGauge, Regist
 use crate::observe::statsd;
 
 mod build;
+mod counters;
 mod fair;
 mod parts;
 mod traffic;
 
-use build::{counter, counter_vec, counter_vec_of, gauge, histogram};
+use build::{counter, counter_vec, counter_vec_of, gauge, gauge_vec, histogram};
+pub use counters::{CounterResetMetrics, COUNTER_RESET_RESULTS};
 pub use fair::FairMetrics;
 pub use parts::{
     GlobalMetrics, GovernorMetrics, RlqsMetrics, SourceMetrics, StoreMetrics, TlsMetrics,
@@ -38,6 +40,14 @@ pub struct Metrics {
     pub errors: IntCounterVec,
     /// `divvy_decisions_total{domain,rule_label,code}`: deciding-rule outcomes; domain is the rule's domain pattern.
     pub decisions: IntCounterVec,
+    /// `divvy_overdraft_charged_total{rule}`: credits an `overdraft: true`
+    /// limit charged past what was left (new debt), by rule label.
+    pub overdraft_charged: IntCounterVec,
+    /// `divvy_rule_limit{rule}`: each divvy rule's configured `creditLimit`
+    /// (its first limit's), by rule name; set when a rule set is installed.
+    pub rule_limit: prometheus::GaugeVec,
+    /// `divvy_rule_limit_window_seconds{rule}`: that limit's `resetSeconds`.
+    pub rule_window: prometheus::GaugeVec,
     /// `divvy_reloads_total{result}`: policy reloads, success or failure.
     pub reloads: IntCounterVec,
     /// `divvy_rules_generation`: generation of the rules in force.
@@ -80,6 +90,8 @@ pub struct Metrics {
     pub fair: FairMetrics,
     /// The traffic recorder (`serve --record`).
     pub traffic: TrafficMetrics,
+    /// Counter resets (`DELETE /counters`).
+    pub counters: CounterResetMetrics,
 }
 
 /// A rule's counters, looked up once when the rule set is compiled (a
@@ -173,6 +185,24 @@ impl Metrics {
                 "Decisions by rule domain, rule label and code",
                 &["domain", "rule_label", "code"],
             ),
+            overdraft_charged: counter_vec(
+                &r,
+                "divvy_overdraft_charged_total",
+                "Credits overdraft limits charged past what was left, by rule label",
+                &["rule"],
+            ),
+            rule_limit: gauge_vec(
+                &r,
+                "divvy_rule_limit",
+                "Each divvy rule's configured creditLimit (its first limit's), by rule name",
+                &["rule"],
+            ),
+            rule_window: gauge_vec(
+                &r,
+                "divvy_rule_limit_window_seconds",
+                "The resetSeconds of each divvy rule's first limit, by rule name",
+                &["rule"],
+            ),
             reloads: counter_vec(
                 &r,
                 "divvy_reloads_total",
@@ -231,6 +261,7 @@ impl Metrics {
             rlqs: RlqsMetrics::new(&r),
             fair: FairMetrics::new(&r),
             traffic: TrafficMetrics::new(&r),
+            counters: CounterResetMetrics::new(&r),
             registry: r,
         }
     }

@@ -344,9 +344,12 @@ pub async fn rule(State(s): State<AdminState>, Path(name): Path<String>) -> Resp
         "5m": board.top(300, Some(&name), 20),
         "15m": board.top(900, Some(&name), 20),
     });
-    let fair = set.rules().iter().find(|r| r.name() == name);
-    if fair.is_some_and(|r| r.spec.limits.iter().any(|l| l.fair_share.is_some())) {
+    let rule = set.rules().iter().find(|r| r.name() == name);
+    if rule.is_some_and(|r| r.spec.limits.iter().any(|l| l.fair_share.is_some())) {
         v["fair"] = super::fair::page_json(s.limiter.fair(), &name, 1, 50);
+    }
+    if let Some(r) = rule.filter(|r| r.spec.limits.iter().any(|l| l.overdraft)) {
+        v["overdraft"] = super::debts::rule_json(&s, r).await;
     }
     Json(v).into_response()
 }

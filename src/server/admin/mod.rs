@@ -7,11 +7,14 @@
 //! `Authorization: Bearer <--admin-token>`), `auth.rs` the tokens and the
 //! layer that protects reads with `--admin-read-token`, `state.rs` the
 //! state they read, `render.rs` the JSON shapes of knobs and limits,
+//! `counters.rs` one actor's counters read and reset (`/counters`),
 //! `api.rs` the dashboard's JSON API under `/api/v1/` and `ui.rs` the
 //! dashboard page at `/ui` (assets embedded in the binary).
 
 pub mod api;
 pub mod auth;
+pub mod counters;
+mod debts;
 pub mod fair;
 pub mod knobs;
 pub mod render;

@@ -44,6 +44,10 @@ pub fn router(state: AdminState, metrics_path: &str) -> Router {
             "/knobs/{label}",
             axum::routing::put(super::knobs::set).delete(super::knobs::delete),
         )
+        .route(
+            "/counters",
+            get(super::counters::get).delete(super::counters::delete),
+        )
         .route("/metrics", get(prometheus))
         .route("/api/v1/overview", get(super::api::overview))
         .route("/api/v1/rules", get(super::api::rules))
@@ -315,12 +319,7 @@ async fn counter_json(
         Err(e) => return json!({"error": e.to_string()}),
     };
     if limit.overdraft {
-        let (probe, added) = crate::store::algorithm::debt_probe(op);
-        v["debt"] = match store.peek(&probe).await {
-            Ok(None) => json!(0),
-            Ok(Some(st)) => json!(added.saturating_sub(st.remaining)),
-            Err(e) => json!({"error": e.to_string()}),
-        };
+        v["debt"] = super::debts::debt_of(store, op).await;
     }
     v
 }

@@ -31,4 +31,6 @@ pub struct AdminState {
     pub failure_policy: Option<&'static str>,
     /// The RLQS streams (for `GET /rlqs`).
     pub rlqs: Arc<crate::server::rlqs::Hub>,
+    /// Counter resets, told to every replica (`DELETE /counters`).
+    pub resets: Arc<crate::counters::resets::CounterResets>,
 }

@@ -266,29 +266,51 @@ impl Verdict {
             allowed: self.allowed,
             remaining: self.remaining,
             reset_after: Duration::from_millis(self.reset_ms),
+            overdrawn: 0,
         }
     }
 }
 
 /// The verdict of `op` on `state`, overdrawn or filled where it applies
-/// (`may_fill`: the op is charged on its own), and whether it takes
-/// credits (allowed, filled, or a denied overdraft charged alone).
-fn decide(op: &CounterOp, state: Option<State>, now: u64, may_fill: bool) -> (Verdict, bool) {
+/// (`may_fill`: the op is charged on its own).
+fn decide(op: &CounterOp, state: Option<State>, now: u64, may_fill: bool) -> Decided {
     let p = Params::of(op);
     let v = step(op.algorithm, state, now, &p);
     if op.overdraft {
         if let Some(o) = overdrawn(op.algorithm, state, now, &p, &v, may_fill) {
             let takes = o.next.is_some();
-            return (o, takes);
+            // `v` was denied with what was left: the rest goes past it.
+            let past = if takes {
+                p.cost.saturating_sub(v.remaining)
+            } else {
+                0
+            };
+            return Decided { v: o, takes, past };
         }
     }
     if op.fill && may_fill {
         if let Some(f) = fill(op.algorithm, state, now, &p, &v) {
-            return (f, true);
+            return Decided {
+                v: f,
+                takes: true,
+                past: 0,
+            };
         }
     }
-    let takes = v.allowed;
-    (v, takes)
+    Decided {
+        v,
+        takes: v.allowed,
+        past: 0,
+    }
+}
+
+/// An op's verdict, whether it takes credits (allowed, filled, or a
+/// denied overdraft charged alone) and the credits it takes past what was
+/// left (an overdraft's).
+struct Decided {
+    v: Verdict,
+    takes: bool,
+    past: u64,
 }
 
 /// Applies `p` to a counter of `algorithm` holding `state` at time `now` (ms).
@@ -389,21 +411,23 @@ pub fn apply_request<S: States>(
 /// saves in order. What it leaves out is the general path's bookkeeping:
 /// several vectors a call and one per group.
 fn apply_each<S: States>(states: &mut S, now: u64, ops: &[CounterOp]) -> Vec<CounterState> {
-    let verdicts: Vec<(Option<State>, Verdict, bool)> = ops
+    let verdicts: Vec<(Option<State>, Decided)> = ops
         .iter()
         .enumerate()
         .map(|(i, op)| {
             let st = states.load(i);
-            let (v, takes) = decide(op, st, now, true);
-            (st, v, takes)
+            (st, decide(op, st, now, true))
         })
         .collect();
     verdicts
         .into_iter()
         .enumerate()
-        .map(|(i, (st, v, takes))| {
-            save_if_charged(states, i, st, &v, takes);
-            v.answer()
+        .map(|(i, (st, d))| {
+            save_if_charged(states, i, st, &d.v, d.takes);
+            CounterState {
+                overdrawn: if d.takes { d.past } else { 0 },
+                ..d.v.answer()
+            }
         })
         .collect()
 }
@@ -463,11 +487,11 @@ fn apply_groups<S: States>(
                 },
             };
             let may_fill = charge == Charge::Each && end - start == 1;
-            let (v, takes) = decide(op, st, now, may_fill);
+            let Decided { v, takes, past } = decide(op, st, now, may_fill);
             all &= takes;
             overlay.push((k, v.next.or(st)));
             before.push(st);
-            verdicts.push(v);
+            verdicts.push((v, past));
         }
         if all {
             for (k, s) in overlay {
@@ -480,7 +504,7 @@ fn apply_groups<S: States>(
         start = end;
     }
     let mut out = Vec::with_capacity(n);
-    for (i, v) in verdicts.iter().enumerate() {
+    for (i, (v, past)) in verdicts.iter().enumerate() {
         if v.allowed && v.next.is_some() && (blocked || !charged[i]) {
             // Allowed, but its group (or the request) was denied: the counter
             // stays as it was.
@@ -495,9 +519,14 @@ fn apply_groups<S: States>(
                 allowed: true,
                 remaining,
                 reset_after: Duration::from_millis(reset_ms),
+                overdrawn: 0,
             });
         } else {
-            out.push(v.answer());
+            let charged_past = if charged[i] && !blocked { *past } else { 0 };
+            out.push(CounterState {
+                overdrawn: charged_past,
+                ..v.answer()
+            });
         }
     }
     if !blocked {
@@ -522,7 +551,7 @@ fn apply_groups<S: States>(
 fn apply_one<S: States>(states: &mut S, now: u64, op: &CounterOp, charge: Charge) -> CounterState {
     let p = Params::of(op);
     let st = states.load(0);
-    let (v, takes) = decide(op, st, now, charge == Charge::Each);
+    let Decided { v, takes, past } = decide(op, st, now, charge == Charge::Each);
     if charge == Charge::Denied {
         if v.allowed && v.next.is_some() {
             // Allowed, but the request was denied: the counter stays as it was.
@@ -531,12 +560,16 @@ fn apply_one<S: States>(states: &mut S, now: u64, op: &CounterOp, charge: Charge
                 allowed: true,
                 remaining,
                 reset_after: Duration::from_millis(reset_ms),
+                overdrawn: 0,
             };
         }
         return v.answer();
     }
     save_if_charged(states, 0, st, &v, takes);
-    v.answer()
+    CounterState {
+        overdrawn: if takes { past } else { 0 },
+        ..v.answer()
+    }
 }
 
 fn load<S: States>(

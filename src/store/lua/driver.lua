@@ -35,9 +35,10 @@ local function step(o, st, may)
   if a ~= 1 and sover[p] and f < 32 then
     local oa, orr, ot, o1, o2, o3 = overdrawn(A, st[1], st[2], st[3], L, W, B, cost, r,
       salg[p] == 3, may)
-    -- allowed, or denied and charged alone ("fills"), or denied uncharged
-    if oa == 1 then return 1, orr, ot, {o1, o2, o3} end
-    if oa and o1 ~= nil then return 0, orr, ot, {o1, o2, o3}, true end
+    -- allowed, or denied and charged alone ("fills"), or denied uncharged;
+    -- then the credits past what was left, if charged
+    if oa == 1 then return 1, orr, ot, {o1, o2, o3}, false, cost - r end
+    if oa and o1 ~= nil then return 0, orr, ot, {o1, o2, o3}, true, cost - r end
     if oa then return 0, orr, ot, nil end
   end
   if a ~= 1 and may and sfill[p] and f < 32 then
@@ -58,7 +59,7 @@ local out, j = {}, 0
 -- A request's working tables, the call's: by op (each written before it is
 -- read), and by key (emptied after each group and request): tables a
 -- request cost a group of two counters a third of its time.
-local before, charged, ra, rr, rt, rn = {}, {}, {}, {}, {}, {}
+local before, charged, ra, rr, rt, rn, rp = {}, {}, {}, {}, {}, {}, {}
 local charged_state, overlay = {}, {}
 -- Ops rs..re: one request (an op that starts one, and those up to the next).
 local function request(rs, re)
@@ -75,11 +76,11 @@ local function request(rs, re)
       local st = overlay[k]
       if st == nil then st = charged_state[k] end
       if st == nil then st = load(o) end
-      local a, r, t, nx, fills = step(o, st, i == g and not aon)
+      local a, r, t, nx, fills, pc = step(o, st, i == g and not aon)
       if a ~= 1 and not fills then all = false end
       overlay[k] = nx or st
       before[o] = st
-      ra[o], rr[o], rt[o], rn[o] = a, r, t, nx ~= nil
+      ra[o], rr[o], rt[o], rn[o], rp[o] = a, r, t, nx ~= nil, pc
     end
     for o = i, g do
       local k = KEYS[o]
@@ -101,6 +102,7 @@ local function request(rs, re)
       out[j + 1], out[j + 2] = view(o, st)
     else
       out[j + 1], out[j + 2] = (ra[o] == 1) and rr[o] or -1 - rr[o], rt[o]
+      if rp[o] and charged[o] and not blocked then overdrew(o, rp[o]) end
     end
     j = j + 2
     -- (`load` above reads `stored` only when blocked: nothing changes then.)
@@ -118,8 +120,9 @@ while rs <= n do
   if re == rs and xs[rs] % 32 < 16 then
     -- One op, not denied: what `request` does for it, without its tables.
     local k = KEYS[rs]
-    local a, r, t, nx, fills = step(rs, load(rs), xs[rs] % 16 < 8)
+    local a, r, t, nx, fills, pc = step(rs, load(rs), xs[rs] % 16 < 8)
     if (a == 1 or fills) and nx then stored[k], dirty[k], owner[k] = nx, true, rs end
+    if pc and nx then overdrew(rs, pc) end
     out[j + 1], out[j + 2] = (a == 1) and r or -1 - r, t
     j = j + 2
   else
@@ -135,4 +138,4 @@ for k in pairs(dirty) do
   local st, was = stored[k], loaded[k] or NONE
   algorithms[salg[p]].save(k, st[1], st[2], st[3], slim[p], swin[p], was[1], was[2], was[3])
 end
-return out
+return with_past(out)

@@ -37,6 +37,20 @@ end
 -- the arithmetic stays exact). Allowed (1 or 0), credits left, ms to reset,
 -- the state to store; nothing where it does not apply.
 local MAXL, MAXMS = 9007199254740991, 4503599627370496
+-- (op, credits) of each op charged past what was left, appended to the
+-- answer after its 2 values per key (src/store/redis/mod.rs reads them).
+local past = {}
+local function overdrew(o, credits)
+  if credits > 0 then
+    local m = #past
+    past[m + 1], past[m + 2] = o, credits
+  end
+end
+local function with_past(out)
+  local m = #out
+  for q = 1, #past do out[m + q] = past[q] end
+  return out
+end
 local function overdrawn(A, s1, s2, s3, L, W, B, cost, r, hb, alone)
   if cost <= 0 then return end
   if r <= 0 and not alone then
@@ -110,6 +124,7 @@ local function lone_path()
       local a, r, t, n1, n2, n3 = step(a1, a2, a3, L, W, B, cost, false)
       if a ~= 1 and ov then
         local oa, orr, ot, o1, o2, o3 = overdrawn(A, a1, a2, a3, L, W, B, cost, r, hb, al)
+        if oa and o1 ~= nil then overdrew(i, cost - r) end
         if oa then a, r, t, n1, n2, n3 = oa, orr, ot, o1, o2, o3 end
       elseif a ~= 1 and fl then
         local ft, fr, f1, f2, f3 = filled(A, a1, a2, a3, L, W, B, cost, r)
@@ -128,6 +143,6 @@ local function lone_path()
       i = i + 1
     end
   end
-  return out
+  return with_past(out)
 end
 if lone then return lone_path() end

@@ -40,7 +40,35 @@ pub(super) fn counter_state(credits: i64, reset_ms: i64) -> CounterState {
         allowed,
         remaining: u64::try_from(remaining).unwrap_or(0),
         reset_after: Duration::from_millis(u64::try_from(reset_ms).unwrap_or(0)),
+        overdrawn: 0,
     }
+}
+
+/// The counter script's answer for `count` counters: 2 values per counter
+/// ([`counter_state`]), then 2 per op charged past what was left (its
+/// 1-based index and those credits).
+pub(super) fn parse_answer(raw: &[i64], count: usize) -> Result<Vec<CounterState>, StoreError> {
+    let malformed = || {
+        StoreError::Refused(format!(
+            "redis: the counter script returned {} values for {} counters",
+            raw.len(),
+            count
+        ))
+    };
+    if raw.len() < count * 2 || !raw.len().is_multiple_of(2) {
+        return Err(malformed());
+    }
+    let (pairs, past) = raw.split_at(count * 2);
+    let mut states: Vec<CounterState> = pairs
+        .chunks_exact(2)
+        .map(|c| counter_state(c[0], c[1]))
+        .collect();
+    for p in past.chunks_exact(2) {
+        let i = usize::try_from(p[0] - 1).map_err(|_| malformed())?;
+        let state = states.get_mut(i).ok_or_else(malformed)?;
+        state.overdrawn = u64::try_from(p[1]).map_err(|_| malformed())?;
+    }
+    Ok(states)
 }
 
 /// Hands one request's counters (all in hash slot `slot`) to the batcher

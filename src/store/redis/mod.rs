@@ -323,17 +323,7 @@ impl Core {
         })
         .await
         .map_err(|e| store_error(&e))?;
-        if raw.len() != count * 2 {
-            return Err(StoreError::Refused(format!(
-                "redis: the counter script returned {} values for {} counters",
-                raw.len(),
-                count
-            )));
-        }
-        Ok(raw
-            .chunks_exact(2)
-            .map(|c| counter_state(c[0], c[1]))
-            .collect())
+        parse_answer(&raw, count)
     }
 
     /// The time sent to the script: the injected clock's, or -1 (the
@@ -384,6 +374,8 @@ impl Core {
                         ..state
                     };
                 }
+                // Given back: nothing stays charged past what was left.
+                states[i].overdrawn = 0;
             }
         }
         Ok(states)
@@ -419,6 +411,7 @@ impl Core {
                 allowed: false,
                 remaining: 0,
                 reset_after: Duration::ZERO,
+                overdrawn: 0,
             };
             ops.len()
         ];
@@ -465,6 +458,7 @@ impl Core {
                 allowed: true,
                 remaining: 0,
                 reset_after: Duration::ZERO,
+                overdrawn: 0,
             };
             refunds.len()
         ];
@@ -529,6 +523,21 @@ impl Store for RedisStore {
                 .eval(&[(std::slice::from_ref(&check), Charge::Each)])
                 .await?;
             Ok(states.into_iter().next())
+        })
+    }
+
+    /// `DEL` of the one key that holds the counter (every algorithm keeps
+    /// its state, and an overdraft its debt, in that key; in a Cluster the
+    /// client sends it to the key's slot).
+    fn reset<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let deleted: i64 = self
+                .core
+                .client
+                .del(key)
+                .await
+                .map_err(|e| store_error(&e))?;
+            Ok(deleted > 0)
         })
     }
 

@@ -60,6 +60,19 @@ fn counter_state_reads_allowed_from_the_sign() {
 }
 
 #[test]
+fn an_answer_s_extra_pairs_are_credits_charged_past_what_was_left() {
+    let states = parse_answer(&[0, 5, -1, 9, 2, 200], 2).expect("well formed");
+    assert_eq!((states[0].overdrawn, states[1].overdrawn), (0, 200));
+    assert_eq!(parse_answer(&[0, 5], 1).expect("plain")[0].overdrawn, 0);
+    // Too short, odd, or naming an op that is not there: refused.
+    assert!(parse_answer(&[0, 5], 2).is_err());
+    assert!(parse_answer(&[0, 5, 1], 1).is_err());
+    assert!(parse_answer(&[0, 5, 3, 10], 1).is_err());
+    assert!(parse_answer(&[0, 5, 0, 10], 1).is_err());
+    assert!(parse_answer(&[0, 5, 1, -10], 1).is_err());
+}
+
+#[test]
 fn script_args_send_each_shape_once() {
     let a = [op("a", 10, 1), op("b", 10, 2), op("c", 20, 1)];
     let b = [op("d", 10, 3)];

@@ -145,6 +145,19 @@ async function showRule() {
   for (const w of ['1m', '5m', '15m']) fillOffenders($('rule-offenders-' + w).tBodies[0], r.offenders[w], false);
   $('rule-knob-link').href = '#knobs/' + encodeURIComponent(r.label || '');
   showFair(r.fair);
+  showDebts(r.overdraft);
+}
+
+function showDebts(d) {
+  $('rule-debts').hidden = !d;
+  if (!d) return;
+  $('rule-debts-summary').textContent = fmt(d.chargedPastLeft) + ' credits charged past what was left since start; the counters last overdrawn:';
+  const num = (x) => (typeof x === 'number' ? x : '–');
+  const rows = d.counters.map((c) => el('tr', {},
+    el('td', { class: 'name', text: c.counterKey }),
+    el('td', { class: 'num denied', text: String(num(c.debt)) }),
+    el('td', { class: 'num', text: typeof c.fullInSeconds === 'number' ? fmt(c.fullInSeconds) + ' s' : '–' })));
+  $('rule-debts-table').tBodies[0].replaceChildren(...rows);
 }
 
 function showFair(f) {

@@ -72,6 +72,31 @@ pub fn now_ms() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
+/// A clock set from outside, in ms since the epoch: `divvy replay` sets it
+/// to each recorded request's time, so windows open and close at the
+/// recorded pace however fast the replay runs.
+#[derive(Debug, Default)]
+pub struct SimulatedClock(std::sync::atomic::AtomicU64);
+
+impl SimulatedClock {
+    /// A clock reading `ms` since the epoch.
+    pub fn at(ms: u64) -> SimulatedClock {
+        SimulatedClock(std::sync::atomic::AtomicU64::new(ms))
+    }
+
+    /// Moves the clock to `ms`; never back (recorded times from several
+    /// connections may arrive slightly out of order).
+    pub fn set(&self, ms: u64) {
+        self.0.fetch_max(ms, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Clock for SimulatedClock {
+    fn now(&self) -> Duration {
+        Duration::from_millis(self.0.load(std::sync::atomic::Ordering::SeqCst))
+    }
+}
+
 /// A clock the unit tests move by hand (ms since the epoch).
 #[cfg(test)]
 #[derive(Default)]

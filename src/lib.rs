@@ -12,7 +12,8 @@
 //! RLQS server in [`server`]), [`governor`]
 //! (sets knobs from Prometheus), [`observe`] (metrics, statsd, and the
 //! dashboard's per-rule history and top offenders), and the
-//! leaves [`pattern`] (globs) and [`clock`] (time). The binary allocates
+//! leaves [`pattern`] (globs) and [`clock`] (time). [`replay`] decides
+//! recorded traffic again, offline, under one policy or two. The binary allocates
 //! through [`allocator`] on the runtime [`runtime`] builds.
 #![warn(missing_docs)]
 
@@ -32,6 +33,7 @@ pub mod observe;
 /// The glob matcher of rule values: a leaf that [`config`] and [`rules`] both use.
 pub mod pattern;
 pub mod quota;
+pub mod replay;
 pub mod reuse;
 pub mod rules;
 pub mod runtime;

@@ -1,4 +1,4 @@
-//! The `divvy` command: `serve`, `check`, `explain`, `knob` and `probe`.
+//! The `divvy` command: `serve`, `check`, `explain`, `knob`, `probe` and `replay`.
 
 mod cli;
 
@@ -102,6 +102,8 @@ enum Command {
         #[command(subcommand)]
         command: cli::knob::KnobCommand,
     },
+    /// Decide recorded traffic again under a policy (and an old one beside it): per rule, allowed and denied, and the first requests whose decision changed.
+    Replay(cli::replay::ReplayArgs),
     /// Read or reset one actor's counters of a rule on a running server
     /// (every replica answers it as fresh within a second after a reset).
     Counters {
@@ -162,6 +164,7 @@ fn main() -> ExitCode {
         Command::Knob { admin_url, command } => cli::knob::run(command, &admin_url),
         Command::Counters { command } => cli::counters::run(command),
         Command::Probe(args) => cli::probe::run(&args),
+        Command::Replay(args) => cli::replay::run(&args),
     };
     exit(result)
 }

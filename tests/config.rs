@@ -145,7 +145,7 @@ fn match_policy_labels_and_domains_are_checked() {
         &e,
         &[
             "rule #1 (a=b)",
-            "matchPolicy must be `stop` or `canary`, found `canery`",
+            "matchPolicy must be `stop`, `canary` or `shadow`, found `canery`",
         ],
     );
     let e = yaml_errors(&with_default(
@@ -702,5 +702,59 @@ fn overdraft_is_read_in_every_syntax_and_checked() {
             "  - operation: {a: b}\n    overdraft: true\n    limits:\n      - {creditLimit: 1, resetSeconds: 1}\n",
         )),
         &["`overdraft` cannot stand beside `limits`; set it on each limit"],
+    );
+}
+
+#[test]
+fn match_policy_shadow_is_accepted_in_every_syntax() {
+    let texts = [
+        (
+            "overrides:\n  - operation: {a: b}\n    matchPolicy: shadow\n    creditLimit: 1\n    resetSeconds: 60\ndefault: {creditLimit: 1, resetSeconds: 60}\n",
+            Format::Yaml,
+        ),
+        (
+            r#"{"overrides": [{"operation": {"a": "b"}, "matchPolicy": "shadow", "creditLimit": 1, "resetSeconds": 60}], "default": {"creditLimit": 1, "resetSeconds": 60}}"#,
+            Format::Json,
+        ),
+        (
+            "[a=b]\nmatchPolicy = shadow\ncreditLimit = 1\nresetSeconds = 60\n[default]\ncreditLimit = 1\nresetSeconds = 60\n",
+            Format::Ini,
+        ),
+    ];
+    for (text, format) in texts {
+        let policy = parse_str(text, format, "policy.test").expect("shadow is a matchPolicy");
+        assert_eq!(policy.rules[0].match_policy.as_str(), "shadow");
+    }
+    // A shadow rule decides as a stop rule: a later rule it covers is unreachable.
+    let e = yaml_errors(&with_default(
+        "  - operation: {a: \"*\"}\n    matchPolicy: shadow\n    creditLimit: 1\n    resetSeconds: 60\n  - operation: {a: b}\n    creditLimit: 1\n    resetSeconds: 60\n",
+    ));
+    assert_has(&e, &["unreachable"]);
+    // `divvy check` counts it apart, `divvy explain` says it never denies.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("p.yaml");
+    std::fs::write(&path, texts[0].0).unwrap();
+    let run = |args: &[&str]| {
+        let out = Command::new(common::binary())
+            .args(args)
+            .arg(&path)
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        String::from_utf8(out.stdout).unwrap()
+    };
+    assert_has(
+        &run(&["check"]),
+        &["(0 stop, 0 canary, 1 shadow, 1 default)"],
+    );
+    let explained = Command::new(common::binary())
+        .args(["explain"])
+        .arg(&path)
+        .arg("a=b")
+        .output()
+        .unwrap();
+    assert_has(
+        &String::from_utf8_lossy(&explained.stdout),
+        &["(shadow: never denies"],
     );
 }

@@ -101,6 +101,12 @@ impl App {
         governors.spawn();
         let reloader = start_sources(&settings, &limiter, policy, hash);
         wait_for_xds(&settings, &limiter).await;
+        if let Some(path) = &settings.record {
+            let metrics = limiter.telemetry().metrics.traffic.clone();
+            crate::observe::traffic::start(path, settings.record_max_bytes, metrics)
+                .map_err(|e| AppError::Setting(e.to_string()))?;
+            info!(file = %path.display(), max_bytes = settings.record_max_bytes, "recording requests");
+        }
         let listeners = Listeners::bind(&settings).await?;
         if let Some((addr, path)) = &settings.ratelimit_prometheus {
             let mapper = match &settings.ratelimit_mapper {
@@ -170,6 +176,13 @@ impl App {
             return Ok(());
         };
         result.inspect_err(|e| error!("{e}"))?;
+        // What was recorded reaches the file before the process exits.
+        if let Some(recorder) = crate::observe::traffic::active() {
+            let flush = tokio::task::spawn_blocking(|| recorder.flush(SHUTDOWN_TIMEOUT));
+            if !flush.await.unwrap_or(false) {
+                error!("--record: the last recorded requests could not be written");
+            }
+        }
         info!("shut down");
         Ok(())
     }

@@ -132,6 +132,10 @@ pub struct Settings {
     pub rlqs_assignment_ttl: Duration,
     /// Most buckets one RLQS stream may report.
     pub rlqs_max_buckets_per_stream: usize,
+    /// `--record`: the file every request is recorded to, if any.
+    pub record: Option<PathBuf>,
+    /// `--record-max-bytes`: the size past which that file is rotated.
+    pub record_max_bytes: u64,
 }
 
 impl Default for Settings {
@@ -192,6 +196,8 @@ impl Default for Settings {
             global_floor: 0.01,
             rlqs_assignment_ttl: Duration::from_secs(15),
             rlqs_max_buckets_per_stream: 1000,
+            record: None,
+            record_max_bytes: crate::observe::traffic::DEFAULT_MAX_BYTES,
         }
     }
 }

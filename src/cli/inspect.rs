@@ -6,7 +6,8 @@ use anyhow::bail;
 use divvy::config::{self, ConfigError, Policy};
 use divvy::rules::{Operation, RuleSet};
 
-fn load_for_cli(file: &Path) -> anyhow::Result<Policy> {
+/// A policy file loaded, every problem listed in the error.
+pub fn load_for_cli(file: &Path) -> anyhow::Result<Policy> {
     match config::load_file(file) {
         Ok(p) => Ok(p),
         Err(ConfigError::Invalid { problems, file }) => {
@@ -134,7 +135,11 @@ pub fn explain(
         Some(d) => println!("request (domain {d}): {}", pairs.join(" ")),
         None => println!("request (line protocol): {}", pairs.join(" ")),
     }
-    println!("decides: {}", describe(plan.decider));
+    let shadow = match rules.rule(plan.decider).is_shadow() {
+        true => " (shadow: never denies; would-be denials are counted)",
+        false => "",
+    };
+    println!("decides: {}{shadow}", describe(plan.decider));
     if plan.canaries.is_empty() {
         println!("canaries: none");
     }
@@ -170,11 +175,20 @@ fn rules_table(policy: &Policy) -> String {
         .iter()
         .filter(|r| r.match_policy == config::MatchPolicy::Canary)
         .count();
+    let shadows = rules
+        .iter()
+        .filter(|r| !r.is_default && r.match_policy == config::MatchPolicy::Shadow)
+        .count();
+    // Shadow rules are named only when there are some (scripts read this line).
+    let shadow_text = match shadows {
+        0 => String::new(),
+        n => format!(", {n} shadow"),
+    };
     let mut out = format!(
-        "{}: OK, {} rules ({} stop, {} canary, 1 default)\n",
+        "{}: OK, {} rules ({} stop, {} canary{shadow_text}, 1 default)\n",
         policy.source,
         rules.len(),
-        rules.len() - canaries - 1,
+        rules.len().saturating_sub(canaries + shadows + 1),
         canaries
     );
     let mut rows: Vec<[String; 7]> = vec![[

@@ -6,5 +6,6 @@ pub mod inspect;
 pub mod knob;
 pub mod probe;
 pub mod ratelimit;
+pub mod replay;
 pub mod serve;
 pub mod tls;

@@ -24,6 +24,9 @@ pub enum MatchPolicy {
     Stop,
     /// Counted and charged, never decides.
     Canary,
+    /// Decides as `stop` would and is counted, but never denies: a denial it
+    /// would have given is counted as `shadow_mode` and the hit allowed.
+    Shadow,
 }
 
 impl MatchPolicy {
@@ -32,6 +35,7 @@ impl MatchPolicy {
         match self {
             MatchPolicy::Stop => "stop",
             MatchPolicy::Canary => "canary",
+            MatchPolicy::Shadow => "shadow",
         }
     }
 }

@@ -71,7 +71,9 @@ impl<'r> Engine<'r> for DivvyRules<'_> {
                 .iter()
                 .map(|&rule| planner.prepare(rule, &hit, None, false))
                 .collect();
-            let decider = planner.prepare(plan.decider, &hit, hit.limit_override, true);
+            // A shadow rule's denial must not deny the request's other hits.
+            let decides = !self.rules.rule(plan.decider).is_shadow();
+            let decider = planner.prepare(plan.decider, &hit, hit.limit_override, decides);
             // Counted limits are decided by the store; an always-deny rule has none.
             denied_outside |= decider.ops.is_empty() && decider.limits.iter().any(|l| !l.allowed);
             prepared.push(Planned {
@@ -111,20 +113,27 @@ impl<'r> Engine<'r> for DivvyRules<'_> {
                 .into_iter()
                 .map(|p| self.outcome(p, ops, states))
                 .collect();
-            let decider = self.outcome(decider, ops, states);
+            let mut decider = self.outcome(decider, ops, states);
+            let rule = self.rules.rule(decider.rule);
+            // A shadow rule's would-be denial is counted, and the hit allowed.
+            let shadow = rule.is_shadow() && !decider.allowed;
+            if shadow {
+                allow(&mut decider);
+            }
             for c in &canaries {
                 tallies.push(Tally::Rule {
                     rule: c.rule,
                     canary: true,
+                    shadow: false,
                     allowed: c.allowed,
                     cost: hit.cost,
                     actor: String::new(),
                 });
             }
-            let rule = self.rules.rule(decider.rule);
             tallies.push(Tally::Rule {
                 rule: decider.rule,
                 canary: false,
+                shadow,
                 allowed: decider.allowed,
                 cost: hit.cost,
                 actor: match decider.allowed {
@@ -132,7 +141,11 @@ impl<'r> Engine<'r> for DivvyRules<'_> {
                     false => denied_actor(rule, &decider, &hit),
                 },
             });
-            items.push(Decision { decider, canaries });
+            items.push(Decision {
+                decider,
+                canaries,
+                shadow_denied: shadow,
+            });
             if let Cow::Owned(made) = hit {
                 made.operation.recycle();
             }
@@ -208,6 +221,15 @@ impl DivvyRules<'_> {
             o.counter_key = Some(std::mem::take(&mut op.key));
         }
         Outcome::from_limits(p.rule, limits)
+    }
+}
+
+/// Turns a shadow rule's denial into an allowance: the limits keep their
+/// counts (0 left), only the decision changes.
+fn allow(outcome: &mut Outcome) {
+    outcome.allowed = true;
+    for l in &mut outcome.limits {
+        l.allowed = true;
     }
 }
 

@@ -258,4 +258,6 @@ thread_local! {
 #[cfg(test)]
 mod fair_tests;
 #[cfg(test)]
+mod shadow_tests;
+#[cfg(test)]
 mod tests;

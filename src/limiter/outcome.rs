@@ -150,6 +150,9 @@ pub struct Decision {
     pub decider: Outcome,
     /// The canary rules that ran, in order; they never decide.
     pub canaries: Vec<Outcome>,
+    /// The deciding rule is a shadow rule that would have denied the hit
+    /// (`decider` says allowed: a shadow rule never denies).
+    pub shadow_denied: bool,
 }
 
 /// The answers for a request, with the rule set they were decided by.

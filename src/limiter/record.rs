@@ -17,6 +17,8 @@ pub(super) enum Tally {
         rule: usize,
         /// Canary (never decides) or deciding rule.
         canary: bool,
+        /// A shadow rule that would have denied the hit (and allowed it).
+        shadow: bool,
         /// Whether the rule allowed the hit.
         allowed: bool,
         /// The hit's credits.
@@ -65,6 +67,7 @@ pub(super) fn record(
             Tally::Rule {
                 rule,
                 canary,
+                shadow,
                 allowed,
                 cost,
                 actor,
@@ -82,6 +85,12 @@ pub(super) fn record(
                 };
                 t.counters.hits[i].inc();
                 m.hit_statsd(status, label);
+                if *shadow {
+                    // envoyproxy/ratelimit's stat name for a shadow denial.
+                    // (Looked up here: only shadow rules have this series.)
+                    m.hit(HitStatus::Shadow, label);
+                    t.stats.shadow_denied();
+                }
                 if !canary {
                     t.counters.decisions[i].inc();
                     board.record(now, &t.stats, *allowed, actor, *cost);

@@ -1,6 +1,7 @@
 //! What divvy tells about itself: Prometheus [`metrics`] and the [`statsd`]
 //! mirror of divvy's own names; the dashboard's 15 minutes of [`history`]
-//! per rule and top [`offenders`], kept by the [`recorder`].
+//! per rule and top [`offenders`], kept by the [`recorder`]; the
+//! [`traffic`] recorder of `serve --record`.
 
 pub mod history;
 pub mod metrics;
@@ -10,3 +11,4 @@ pub mod recorder;
 pub mod statsd;
 pub mod statsd_mapper;
 pub mod telemetry;
+pub mod traffic;

@@ -12,6 +12,7 @@
 //! 10,000 rules) and [`super::offenders`] (8 MB at most).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, RwLock, Weak};
 
 use super::history::{RuleHistory, Second, SECONDS};
@@ -32,6 +33,20 @@ pub struct RuleStats {
     /// An envoyproxy/ratelimit limit as `<requests_per_unit> per <unit>`
     /// (divvy rules are described by their spec).
     pub describe: Option<String>,
+    /// Hits a shadow rule would have denied (and allowed), since it came in force.
+    pub shadow_denials: AtomicU64,
+}
+
+impl RuleStats {
+    /// Counts a hit a shadow rule would have denied.
+    pub fn shadow_denied(&self) {
+        self.shadow_denials.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Hits a shadow rule would have denied so far.
+    pub fn shadow_denials(&self) -> u64 {
+        self.shadow_denials.load(Ordering::Relaxed)
+    }
 }
 
 /// Rule histories by name, and the offenders of every rule.
@@ -98,6 +113,7 @@ impl Recorder {
             name: Arc::from(name),
             history: RuleHistory::default(),
             describe: None,
+            shadow_denials: AtomicU64::new(0),
         });
         map.insert(stats.name.clone(), Arc::downgrade(&stats));
         stats
@@ -126,6 +142,7 @@ impl Recorder {
                 name: Arc::from(stats_key),
                 history: RuleHistory::default(),
                 describe: Some(describe()),
+                shadow_denials: AtomicU64::new(0),
             })
         });
         Some(stats.clone())

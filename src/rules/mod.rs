@@ -144,6 +144,12 @@ impl Rule {
     pub fn is_canary(&self) -> bool {
         self.spec.match_policy == MatchPolicy::Canary
     }
+
+    /// Whether this rule decides as a stop rule but never denies
+    /// (`matchPolicy: shadow`).
+    pub fn is_shadow(&self) -> bool {
+        self.spec.match_policy == MatchPolicy::Shadow
+    }
 }
 
 thread_local! {

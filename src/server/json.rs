@@ -178,6 +178,45 @@ pub fn parse_request(body: &[u8]) -> Result<RateLimitRequest, String> {
     })
 }
 
+/// A `RateLimitRequest` as the `POST /json` body [`parse_request`] reads
+/// back, on one line (what `serve --record` writes for gRPC and JSON).
+pub fn format_request(r: &RateLimitRequest) -> String {
+    let descriptors: Vec<Value> = r
+        .descriptors
+        .iter()
+        .map(|d| {
+            let entries: Vec<Value> = d
+                .entries
+                .iter()
+                .map(|e| json!({"key": e.key, "value": e.value}))
+                .collect();
+            let mut o = Map::new();
+            o.insert("entries".into(), Value::Array(entries));
+            if let Some(l) = &d.limit {
+                let unit = RateLimitUnit::try_from(l.unit).map_or("UNKNOWN", |u| u.as_str_name());
+                o.insert(
+                    "limit".into(),
+                    json!({"requestsPerUnit": l.requests_per_unit, "unit": unit}),
+                );
+            }
+            if let Some(h) = &d.hits_addend {
+                o.insert("hitsAddend".into(), json!(h.value));
+            }
+            if d.is_negative_hits {
+                o.insert("isNegativeHits".into(), json!(true));
+            }
+            Value::Object(o)
+        })
+        .collect();
+    let mut o = Map::new();
+    o.insert("domain".into(), json!(r.domain));
+    o.insert("descriptors".into(), Value::Array(descriptors));
+    if r.hits_addend != 0 {
+        o.insert("hitsAddend".into(), json!(r.hits_addend));
+    }
+    Value::Object(o).to_string()
+}
+
 fn code_name(code: i32) -> &'static str {
     Code::try_from(code).map_or("UNKNOWN", |c| c.as_str_name())
 }

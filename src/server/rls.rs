@@ -105,6 +105,9 @@ pub async fn respond(
 ) -> Result<RateLimitResponse, Status> {
     let envoy = limiter.envoy();
     let metrics = &*limiter.telemetry().metrics;
+    if let Some(recorder) = crate::observe::traffic::active() {
+        recorder.record(super::json::format_request(&request).as_bytes());
+    }
     let (one, many);
     // Most requests carry one descriptor: held in place, not in a Vec.
     let descriptors: &[Descriptor] = match validate_one(&request, metrics) {

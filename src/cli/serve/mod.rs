@@ -289,6 +289,16 @@ pub struct ServeArgs {
         default_value_t = 1000
     )]
     rlqs_max_buckets_per_stream: usize,
+    /// Record every request to this file as `divvy replay` reads it
+    /// (`<unix-ms> <request>` a line), off the request path: a full queue
+    /// drops lines (`divvy_record_lines_total{result="dropped"}`). Off by default.
+    #[arg(long, env = "DIVVY_RECORD")]
+    record: Option<PathBuf>,
+    /// Size of the --record file (`64Mi`, `1G`, bytes) past which it is moved
+    /// to FILE.1 (replacing it) and a new one begun.
+    #[arg(long, env = "DIVVY_RECORD_MAX_BYTES", default_value = "64Mi",
+          value_parser = parse_memory_limit)]
+    record_max_bytes: u64,
     #[command(flatten)]
     xds: XdsArgs,
     /// envoyproxy/ratelimit's behaviour, when started as `ratelimit`.

@@ -263,7 +263,7 @@ fn check_limit_list(
     limits
 }
 
-/// `stop` (the default) or `canary`; the default rule cannot be a canary.
+/// `stop` (the default), `canary` or `shadow`; the default rule cannot be a canary.
 fn check_match_policy(
     text: Option<&str>,
     is_default: bool,
@@ -273,9 +273,10 @@ fn check_match_policy(
     let match_policy = match text {
         None | Some("stop") => MatchPolicy::Stop,
         Some("canary") => MatchPolicy::Canary,
+        Some("shadow") => MatchPolicy::Shadow,
         Some(other) => {
             problems.push(format!(
-                "{who}: matchPolicy must be `stop` or `canary`, found `{other}`"
+                "{who}: matchPolicy must be `stop`, `canary` or `shadow`, found `{other}`"
             ));
             MatchPolicy::Stop
         }

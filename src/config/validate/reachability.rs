@@ -50,7 +50,8 @@ pub(super) fn check_reachability(rules: &[RuleSpec], problems: &mut Vec<String>)
                 rules[a]
             ));
         }
-        if rule.match_policy == MatchPolicy::Stop {
+        // A shadow rule decides as a stop rule does (it only never denies).
+        if rule.match_policy != MatchPolicy::Canary {
             let first_exact = compiled[b].iter().find_map(|(k, p)| match p {
                 Pattern::Exact(v) => Some((*k, v.as_str())),
                 _ => None,

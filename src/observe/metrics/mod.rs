@@ -16,6 +16,7 @@ mod build;
 mod counters;
 mod fair;
 mod parts;
+mod traffic;
 
 use build::{counter, counter_vec, counter_vec_of, gauge, gauge_vec, histogram};
 pub use counters::{CounterResetMetrics, COUNTER_RESET_RESULTS};
@@ -23,11 +24,13 @@ pub use fair::FairMetrics;
 pub use parts::{
     GlobalMetrics, GovernorMetrics, RlqsMetrics, SourceMetrics, StoreMetrics, TlsMetrics,
 };
+pub use traffic::TrafficMetrics;
 
 /// Every metric the service exports.
 pub struct Metrics {
     registry: Registry,
-    /// `divvy_hits_total{status,rule_label}`: status accepted, rejected, canary-accepted, canary-rejected.
+    /// `divvy_hits_total{status,rule_label}`: status accepted, rejected, canary-accepted, canary-rejected,
+    /// shadow_mode (a shadow rule's would-be denial, also counted accepted).
     pub hits: IntCounterVec,
     /// `divvy_hit_duration_seconds`: time to decide one request (all its descriptors).
     pub hit_duration: Histogram,
@@ -85,6 +88,8 @@ pub struct Metrics {
     pub rlqs: RlqsMetrics,
     /// Fair shares among a limit's active values.
     pub fair: FairMetrics,
+    /// The traffic recorder (`serve --record`).
+    pub traffic: TrafficMetrics,
     /// Counter resets (`DELETE /counters`).
     pub counters: CounterResetMetrics,
 }
@@ -255,6 +260,7 @@ impl Metrics {
             tls: TlsMetrics::new(&r),
             rlqs: RlqsMetrics::new(&r),
             fair: FairMetrics::new(&r),
+            traffic: TrafficMetrics::new(&r),
             counters: CounterResetMetrics::new(&r),
             registry: r,
         }
@@ -367,6 +373,9 @@ pub enum HitStatus {
     CanaryAccepted,
     /// A canary had none.
     CanaryRejected,
+    /// A shadow rule would have denied it (and allowed it): envoyproxy/ratelimit's
+    /// `shadow_mode` stat, counted besides the hit's `accepted`.
+    Shadow,
 }
 
 impl HitStatus {
@@ -377,6 +386,7 @@ impl HitStatus {
             HitStatus::Rejected => "rejected",
             HitStatus::CanaryAccepted => "canary-accepted",
             HitStatus::CanaryRejected => "canary-rejected",
+            HitStatus::Shadow => "shadow_mode",
         }
     }
 }

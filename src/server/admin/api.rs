@@ -226,6 +226,9 @@ fn row_json(s: &AdminState, row: &Row, now: u64, points: usize) -> Value {
         "algorithm": limit.as_ref().map(|l| l.algorithm.as_str()),
         "limit": limit.as_ref().map(|l| l.describe()).or(row.envoy_limit.map(str::to_owned)),
         "knob": knob,
+        "matchPolicy": spec.map(|s| s.match_policy.as_str()),
+        // A shadow rule's would-be denials (its history counts them allowed).
+        "shadowDenials": row.rule.filter(|r| r.is_shadow()).and_then(|r| r.telemetry()).map(|t| t.stats.shadow_denials()),
         "allowedPerSecond": row.rate.allowed as f64 / RATE_SECONDS as f64,
         "deniedPerSecond": row.rate.denied as f64 / RATE_SECONDS as f64,
         "deniedShare": row.share(),

@@ -270,8 +270,15 @@ async fn explain(State(s): State<AdminState>, RawQuery(query): RawQuery) -> Resp
             limits.push(v);
         }
         let first = limits.first().cloned().unwrap_or(Value::Null);
+        // What the next hit would meet (a shadow rule still never denies it).
+        let would_deny = limits
+            .iter()
+            .any(|v| v["kind"] == "always deny" || v["counter"]["remaining"] == json!(0));
         describe.push(json!({
             "role": role,
+            "matchPolicy": spec.match_policy.as_str(),
+            "shadow": rule.is_shadow(),
+            "wouldDeny": would_deny,
             "rule": spec.to_string(),
             "position": spec.position,
             "label": spec.label,

@@ -378,10 +378,17 @@ fn fill_batch(
     hits: &mut Vec<Hit>,
     metrics: &Metrics,
 ) {
+    // Looked up once a batch: recording is off unless `--record`.
+    let recorder = crate::observe::traffic::active();
     while slots.len() < max_batch {
         match framer.next() {
             Some(Frame::Line(line)) => match parse_line(line, hits) {
-                Ok(()) => slots.push(Slot::Hit),
+                Ok(()) => {
+                    if let Some(r) = recorder {
+                        r.record(line);
+                    }
+                    slots.push(Slot::Hit)
+                }
                 Err(e) => {
                     metrics.error(e.code());
                     slots.push(Slot::Ready(e.to_string()));

@@ -115,6 +115,7 @@ async function showOverview() {
 function limitCell(r) {
   const td = el('td', { class: 'limit', text: r.limit || '–' });
   if (r.knob) td.append(' ', el('span', { class: 'knob', title: 'a knob overrides the rule', text: 'knob' }));
+  if (r.matchPolicy === 'shadow') td.append(' ', el('span', { class: 'knob shadow', title: 'shadow rule: counts would-be denials, never denies', text: 'shadow' }));
   return td;
 }
 
@@ -138,7 +139,8 @@ async function showRules() {
 async function showRule() {
   const r = await api('/api/v1/rules/' + encodeURIComponent(state.rule));
   $('rule-name').textContent = r.name;
-  $('rule-limit').textContent = 'limit ' + (r.limit || '–') + (r.knob ? ' (knob)' : '') + ' · ' + fmt(r.allowedPerSecond) + ' allowed/s · ' + fmt(r.deniedPerSecond) + ' denied/s';
+  $('rule-limit').textContent = 'limit ' + (r.limit || '–') + (r.knob ? ' (knob)' : '') + ' · ' + fmt(r.allowedPerSecond) + ' allowed/s · ' + fmt(r.deniedPerSecond) + ' denied/s'
+    + (r.matchPolicy === 'shadow' ? ' · shadow: ' + r.shadowDenials + ' hits would have been denied (none was)' : '');
   drawChart($('rule-chart'), r.history || { allowed: [0], denied: [0] });
   for (const w of ['1m', '5m', '15m']) fillOffenders($('rule-offenders-' + w).tBodies[0], r.offenders[w], false);
   $('rule-knob-link').href = '#knobs/' + encodeURIComponent(r.label || '');

@@ -138,6 +138,12 @@ async fn scenario(store: Store) {
     };
     assert_eq!(past("tokens"), Some(1701.0), "{samples:?}");
     assert_eq!(past("team-tokens"), Some(1500.0), "{samples:?}");
+    // Each rule's configured limit, for dashboards.
+    let limit = samples.get("divvy_rule_limit{rule=\"tokens\"}").copied();
+    let window = samples
+        .get("divvy_rule_limit_window_seconds{rule=\"tokens\"}")
+        .copied();
+    assert_eq!((limit, window), (Some(1000.0), Some(3600.0)), "{samples:?}");
 
     // The dashboard's rule page: the same figure, and the counters last
     // overdrawn (bob's most recent, paid back by the refund) with their debts.

@@ -205,6 +205,7 @@ impl DivvyRules<'_> {
             if state.overdrawn > 0 {
                 let rule = self.rules.rule(p.rule);
                 self.metrics
+                    .policy
                     .overdraft_charged
                     .with_label_values(&[rule.spec.label.as_deref().unwrap_or("")])
                     .inc_by(state.overdrawn);

@@ -312,7 +312,7 @@ impl RuleSet {
             rule.telemetry = Some(t);
         }
         // The configured limits, for dashboards that draw usage against them.
-        let m = &telemetry.metrics;
+        let m = &telemetry.metrics.policy;
         m.rule_limit.reset();
         m.rule_window.reset();
         for rule in &self.rules {

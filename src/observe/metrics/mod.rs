@@ -16,14 +16,16 @@ mod build;
 mod counters;
 mod fair;
 mod parts;
+mod policy;
 mod traffic;
 
-use build::{counter, counter_vec, counter_vec_of, gauge, gauge_vec, histogram};
+use build::{counter, counter_vec, counter_vec_of, gauge, histogram};
 pub use counters::{CounterResetMetrics, COUNTER_RESET_RESULTS};
 pub use fair::FairMetrics;
 pub use parts::{
     GlobalMetrics, GovernorMetrics, RlqsMetrics, SourceMetrics, StoreMetrics, TlsMetrics,
 };
+pub use policy::PolicyMetrics;
 pub use traffic::TrafficMetrics;
 
 /// Every metric the service exports.
@@ -40,14 +42,6 @@ pub struct Metrics {
     pub errors: IntCounterVec,
     /// `divvy_decisions_total{domain,rule_label,code}`: deciding-rule outcomes; domain is the rule's domain pattern.
     pub decisions: IntCounterVec,
-    /// `divvy_overdraft_charged_total{rule}`: credits an `overdraft: true`
-    /// limit charged past what was left (new debt), by rule label.
-    pub overdraft_charged: IntCounterVec,
-    /// `divvy_rule_limit{rule}`: each divvy rule's configured `creditLimit`
-    /// (its first limit's), by rule name; set when a rule set is installed.
-    pub rule_limit: prometheus::GaugeVec,
-    /// `divvy_rule_limit_window_seconds{rule}`: that limit's `resetSeconds`.
-    pub rule_window: prometheus::GaugeVec,
     /// `divvy_reloads_total{result}`: policy reloads, success or failure.
     pub reloads: IntCounterVec,
     /// `divvy_rules_generation`: generation of the rules in force.
@@ -88,6 +82,8 @@ pub struct Metrics {
     pub rlqs: RlqsMetrics,
     /// Fair shares among a limit's active values.
     pub fair: FairMetrics,
+    /// Rules' configured limits and overdraft charges.
+    pub policy: PolicyMetrics,
     /// The traffic recorder (`serve --record`).
     pub traffic: TrafficMetrics,
     /// Counter resets (`DELETE /counters`).
@@ -185,24 +181,6 @@ impl Metrics {
                 "Decisions by rule domain, rule label and code",
                 &["domain", "rule_label", "code"],
             ),
-            overdraft_charged: counter_vec(
-                &r,
-                "divvy_overdraft_charged_total",
-                "Credits overdraft limits charged past what was left, by rule label",
-                &["rule"],
-            ),
-            rule_limit: gauge_vec(
-                &r,
-                "divvy_rule_limit",
-                "Each divvy rule's configured creditLimit (its first limit's), by rule name",
-                &["rule"],
-            ),
-            rule_window: gauge_vec(
-                &r,
-                "divvy_rule_limit_window_seconds",
-                "The resetSeconds of each divvy rule's first limit, by rule name",
-                &["rule"],
-            ),
             reloads: counter_vec(
                 &r,
                 "divvy_reloads_total",
@@ -260,6 +238,7 @@ impl Metrics {
             tls: TlsMetrics::new(&r),
             rlqs: RlqsMetrics::new(&r),
             fair: FairMetrics::new(&r),
+            policy: PolicyMetrics::new(&r),
             traffic: TrafficMetrics::new(&r),
             counters: CounterResetMetrics::new(&r),
             registry: r,

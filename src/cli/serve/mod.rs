@@ -206,6 +206,10 @@ pub struct ServeArgs {
     /// policy is deciding stays ready: it still answers every request.
     #[arg(long, env = "DIVVY_READY_REQUIRES_STORE")]
     ready_requires_store: bool,
+    /// Serve gRPC reflection (grpc.reflection v1 and v1alpha) on the gRPC
+    /// port, so grpcurl can list and call the services without proto files.
+    #[arg(long, env = "DIVVY_GRPC_REFLECTION")]
+    grpc_reflection: bool,
     /// Accepted so that deployments that set it keep starting; it changes
     /// nothing (a replica stays ready while the store fails unless
     /// --ready-requires-store).

@@ -68,6 +68,7 @@ pub(super) fn settings(args: &ServeArgs) -> anyhow::Result<Settings> {
         on_store_failure: args.on_store_failure,
         local_share: args.local_share,
         ready_requires_store: args.ready_requires_store,
+        grpc_reflection: args.grpc_reflection,
         healthy_needs_config: mode.is_some_and(|m| m.healthy_needs_config),
         wait_for_xds: mode.is_some_and(|m| !m.force_start),
         shutdown_delay: Duration::from_secs(args.shutdown_delay_seconds),

@@ -152,22 +152,9 @@ fn histogram_with(out: &mut String, name: &str, labels: &[(&str, &str)], t: &Tim
 fn events() -> Vec<(String, EventKind, f64)> {
     let families = metrics().gather();
     let mut out = Vec::new();
-    for family in metrics().envoy_stats.collect() {
-        for m in family.get_metric() {
-            let label = |name: &str| {
-                m.get_label()
-                    .iter()
-                    .find(|l| l.name() == name)
-                    .map(|l| l.value().to_owned())
-                    .unwrap_or_default()
-            };
-            let name = format!(
-                "ratelimit.service.rate_limit.{}.{}",
-                sanitize(&label("key")),
-                label("stat")
-            );
-            out.push((name, EventKind::Counter, m.get_counter().get_value()));
-        }
+    for (key, stat, value) in envoy_stats() {
+        let name = format!("ratelimit.service.rate_limit.{key}.{stat}");
+        out.push((name, EventKind::Counter, value));
     }
     for (code, n) in samples(&families, "divvy_errors_total", "code") {
         let err_type = if code == "unavailable" {
@@ -248,26 +235,13 @@ type Sample = (Vec<(String, String)>, f64);
 /// key1 and key2 (the mapping's first three dot-separated parts).
 fn descriptor_stats(out: &mut String) {
     let mut by_stat: BTreeMap<String, Vec<Sample>> = BTreeMap::new();
-    for family in metrics().envoy_stats.collect() {
-        for m in family.get_metric() {
-            let label = |name: &str| {
-                m.get_label()
-                    .iter()
-                    .find(|l| l.name() == name)
-                    .map(|l| l.value().to_owned())
-                    .unwrap_or_default()
-            };
-            let (key, stat) = (sanitize(&label("key")), label("stat"));
-            let parts: Vec<&str> = key.splitn(4, '.').collect();
-            let mut labels = vec![("domain".to_owned(), parts[0].to_owned())];
-            for (name, part) in ["key1", "key2"].iter().zip(parts.iter().skip(1)) {
-                labels.push(((*name).to_owned(), (*part).to_owned()));
-            }
-            by_stat
-                .entry(stat)
-                .or_default()
-                .push((labels, m.get_counter().get_value()));
+    for (key, stat, value) in envoy_stats() {
+        let parts: Vec<&str> = key.splitn(4, '.').collect();
+        let mut labels = vec![("domain".to_owned(), parts[0].to_owned())];
+        for (name, part) in ["key1", "key2"].iter().zip(parts.iter().skip(1)) {
+            labels.push(((*name).to_owned(), (*part).to_owned()));
         }
+        by_stat.entry(stat).or_default().push((labels, value));
     }
     for (stat, samples_of) in by_stat {
         let name = format!("ratelimit_service_rate_limit_{stat}");
@@ -280,6 +254,29 @@ fn descriptor_stats(out: &mut String) {
             let _ = writeln!(out, "{name}{{{}}} {value}", labels.join(","));
         }
     }
+}
+
+/// `divvy_ratelimit_stats_total`'s samples: the sanitised stats key, the
+/// stat, the count.
+fn envoy_stats() -> Vec<(String, String, f64)> {
+    let mut out = Vec::new();
+    for family in metrics().envoy_stats.collect() {
+        for m in family.get_metric() {
+            let label = |name: &str| {
+                m.get_label()
+                    .iter()
+                    .find(|l| l.name() == name)
+                    .map(|l| l.value().to_owned())
+                    .unwrap_or_default()
+            };
+            out.push((
+                sanitize(&label("key")),
+                label("stat"),
+                m.get_counter().get_value(),
+            ));
+        }
+    }
+    out
 }
 
 /// envoyproxy/ratelimit's stat-name sanitising: `:` and `|` become `_`, and

@@ -172,6 +172,7 @@ fn grpc_limits(s: &Settings) -> GrpcLimits {
         keepalive_timeout: std::time::Duration::from_secs(20),
         deadline_margin: s.deadline_margin,
         ready_requires_store: s.ready_requires_store,
+        failure_policy: s.on_store_failure,
     }
 }
 

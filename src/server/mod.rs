@@ -1,6 +1,7 @@
 //! Protocol front ends. Each parses, calls the one [`Limiter`], and formats.
 
 pub mod admin;
+pub mod arrival;
 pub mod connections;
 pub mod deadline;
 pub mod headers;
@@ -60,6 +61,9 @@ pub struct GrpcLimits {
     /// Each connection is sent GOAWAY at this age (±10%) and closed a
     /// grace later (`None`: connections live as long as their peers keep them).
     pub connection_age: Option<connections::ConnectionAge>,
+    /// What a `ShouldRateLimit` that waited past its deadline is answered
+    /// (`--on-store-failure`; see [`arrival`]).
+    pub failure_policy: crate::store::failover::FailurePolicy,
     /// The rate-limit service's gRPC health follows the counter store's
     /// (NOT_SERVING while a failure policy decides): `--ready-requires-store`.
     pub ready_requires_store: bool,
@@ -76,6 +80,7 @@ impl Default for GrpcLimits {
             deadline_margin: deadline::DEFAULT_MARGIN,
             connection_age: None,
             ready_requires_store: false,
+            failure_policy: crate::store::failover::FailurePolicy::Local,
         }
     }
 }
@@ -98,6 +103,12 @@ pub async fn serve_grpc(
         needs_config: answers.envoy.error_without_config,
     };
     let health_service = spawn_health(limiter.clone(), readiness).await;
+    let shed = limiter
+        .telemetry()
+        .metrics
+        .shed
+        .with_label_values(&["deadline"]);
+    let arrival = arrival::ArrivalLayer::new(limits.deadline_margin, limits.failure_policy, shed);
     let style = rls::ResponseStyle {
         headers: answers.headers,
         denied_body: answers.denied_body,
@@ -109,6 +120,8 @@ pub async fn serve_grpc(
         .max_concurrent_streams(limits.max_concurrent_streams)
         .http2_keepalive_interval(limits.keepalive)
         .http2_keepalive_timeout(Some(limits.keepalive_timeout))
+        // Outermost: the arrival is stamped before anything else runs.
+        .layer(arrival)
         .layer(tower::util::MapResponseLayer::new(count_too_large))
         .add_service(health_service)
         .add_service(service)

@@ -60,6 +60,9 @@ pub struct Metrics {
     envoy_keys: std::sync::RwLock<std::collections::HashSet<String>>,
     /// `divvy_rejected_total{reason}`: requests, connections and counters refused to keep work and memory bounded.
     pub rejected: IntCounterVec,
+    /// `divvy_shed_total{reason}`: requests answered at once by the failure
+    /// policy because they waited past their caller's deadline before being handled.
+    pub shed: IntCounterVec,
     /// `divvy_grpc_connections_aged_total`: gRPC connections sent GOAWAY at their age
     /// (`--grpc-max-connection-age`).
     pub grpc_connections_aged: IntCounter,
@@ -124,6 +127,10 @@ pub const REJECT_REASONS: [&str; 7] = [
     "rlqs_too_many_buckets",
     "rlqs_bucket_id_too_large",
 ];
+
+/// Every `reason` of `divvy_shed_total` (all exported from the start): a
+/// request that waited past its caller's deadline less the margin.
+pub const SHED_REASONS: [&str; 1] = ["deadline"];
 
 /// The reasons of `divvy_admin_auth_failures_total`: no bearer token, a
 /// token that is neither admin nor read token, the read token on a change.
@@ -213,6 +220,13 @@ impl Metrics {
                 "Requests, connections and counters refused to keep work and memory bounded, by reason",
                 "reason",
                 &REJECT_REASONS,
+            ),
+            shed: counter_vec_of(
+                &r,
+                "divvy_shed_total",
+                "Requests answered at once by the failure policy, without deciding, because they waited past their caller's deadline (less the margin) before being handled, by reason",
+                "reason",
+                &SHED_REASONS,
             ),
             grpc_connections_aged: counter(
                 &r,

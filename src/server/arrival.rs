@@ -6,9 +6,13 @@
 //! than Envoy's 20 ms, and an answer decided after that is one Envoy no
 //! longer waits for (with `failure_mode_deny`, its client gets a 500).
 //! [`ArrivalLayer`], outermost on the gRPC server, stamps each request with
-//! the instant its headers were read ([`Arrived`]; hyper calls the service
-//! as it accepts the stream, before the request waits for a task to run
-//! it). When the request's task starts and its budget (timeout less the
+//! the instant its headers were read ([`Arrived`]). The stamp is taken when
+//! the service is cloned, not when it is called: as hyper accepts a stream
+//! (in the connection's task, right after the read), tonic's glue
+//! (`hyper_util`'s `TowerToHyperService`) clones the whole tower stack for
+//! that request and calls the clone only once the stream's own task runs,
+//! after the request has waited its turn. Each clone is called once, so
+//! the stamp is taken by its first call and later calls stamp "now". When the request's task starts and its budget (timeout less the
 //! margin, [`store_deadline`]) is already spent, a `ShouldRateLimit` is
 //! answered at once with the failure policy's answer ([`ShedAnswer`]),
 //! without decoding or deciding it, and counted in
@@ -114,15 +118,29 @@ impl<S> Layer<S> for ArrivalLayer {
         Arrival {
             inner,
             shed: self.shed.clone(),
+            cloned_at: None,
         }
     }
 }
 
 /// The service [`ArrivalLayer`] makes.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Arrival<S> {
     inner: S,
     shed: Shed,
+    /// When this copy was made: for the copy hyper makes per request, when
+    /// the request's headers were read (see the module's notes).
+    cloned_at: Option<Instant>,
+}
+
+impl<S: Clone> Clone for Arrival<S> {
+    fn clone(&self) -> Arrival<S> {
+        Arrival {
+            inner: self.inner.clone(),
+            shed: self.shed.clone(),
+            cloned_at: Some(Instant::now()),
+        }
+    }
 }
 
 /// A request that may be shed: answered when its task first runs.
@@ -148,7 +166,10 @@ where
     }
 
     fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
-        let now = Instant::now();
+        let now = self
+            .cloned_at
+            .take()
+            .map_or_else(Instant::now, |at| at.min(Instant::now()));
         request.extensions_mut().insert(Arrived(now));
         let deadline = match self.shed.answer {
             Some(answer) if request.uri().path() == SHOULD_RATE_LIMIT => {

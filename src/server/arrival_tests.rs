@@ -80,6 +80,22 @@ async fn answer(
     (response, counted.get())
 }
 
+/// As hyper's glue does: the stack cloned as the headers are read, the
+/// clone called once the request's task runs, `wait` later.
+async fn answer_cloned(
+    policy: FailurePolicy,
+    request: http::Request<()>,
+    wait: Duration,
+) -> (http::Response<tonic::body::Body>, u64) {
+    let counted = IntCounter::new("shed", "shed").unwrap();
+    let service = ArrivalLayer::new(5 * MS, policy, counted.clone()).layer(inner());
+    let mut per_request = service.clone();
+    tokio::time::advance(wait).await;
+    poll_fn(|cx| per_request.poll_ready(cx)).await.unwrap();
+    let response = per_request.call(request).await.unwrap();
+    (response, counted.get())
+}
+
 async fn frames(mut body: tonic::body::Body) -> (Vec<u8>, Option<HeaderMap>) {
     let (mut data, mut trailers) = (Vec::new(), None);
     while let Some(frame) = poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await {
@@ -142,4 +158,36 @@ async fn calls_in_time_without_a_deadline_or_under_local_are_decided() {
         // The inner service saw the arrival stamp.
         assert_eq!(response.headers()["x-inner"], "stamped", "{what}");
     }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_wait_counts_from_the_per_request_copy_not_from_the_call() {
+    let late = request(SHOULD_RATE_LIMIT, Some("20m"));
+    let (response, shed) = answer_cloned(FailurePolicy::Allow, late, 16 * MS).await;
+    assert_eq!(shed, 1);
+    assert!(response.headers().get("x-inner").is_none());
+    let in_time = request(SHOULD_RATE_LIMIT, Some("20m"));
+    let (response, shed) = answer_cloned(FailurePolicy::Allow, in_time, 14 * MS).await;
+    assert_eq!(shed, 0);
+    assert_eq!(response.headers()["x-inner"], "stamped");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_copy_stamps_its_first_call_only() {
+    let counted = IntCounter::new("shed", "shed").unwrap();
+    let layer = ArrivalLayer::new(5 * MS, FailurePolicy::Allow, counted.clone());
+    let mut copy = layer.layer(inner()).clone();
+    tokio::time::advance(16 * MS).await;
+    copy.call(request(SHOULD_RATE_LIMIT, Some("20m")))
+        .await
+        .unwrap();
+    assert_eq!(counted.get(), 1);
+    // A second call on the same copy counts from itself.
+    tokio::time::advance(16 * MS).await;
+    let response = copy
+        .call(request(SHOULD_RATE_LIMIT, Some("20m")))
+        .await
+        .unwrap();
+    assert_eq!(counted.get(), 1);
+    assert_eq!(response.headers()["x-inner"], "stamped");
 }

@@ -324,9 +324,25 @@ fn twice_the_capacity_through_envoy_is_answered_200_or_429_and_the_excess_is_she
     println!(
         "Envoy: ratelimit.ok {ok}, over_limit {over}, error {error}, failure_mode_allowed {allowed}, divvy cluster upstream_rq_timeout {timeouts}"
     );
+    let calls = envoy_stats(envoy.admin, "upstream_rq");
+    let calls: Vec<String> = calls
+        .iter()
+        .filter(|(k, v)| k.starts_with(&format!("cluster.{CLUSTER}.")) && **v > 0)
+        .map(|(k, v)| format!("{}: {v}", &k[CLUSTER.len() + 9..]))
+        .collect();
+    println!("  divvy cluster: {}", calls.join(", "));
     println!(
         "divvy: shed {shed:.0} ({:.1}% of the calls answered); CPU used: {cpu}",
         100.0 * shed / (ok + over).max(1) as f64,
+    );
+    // What divvy logged (h2 closing a connection that had too many of its
+    // streams reset, for one).
+    let logged: Vec<String> = service.log.try_iter().collect();
+    let warned: Vec<&String> = logged.iter().filter(|l| l.contains("WARN")).collect();
+    println!(
+        "divvy warned {} times; first: {:?}",
+        warned.len(),
+        warned.first()
     );
     assert_eq!(
         error, 0,

@@ -118,6 +118,10 @@ pub async fn serve_grpc(
         RateLimitServiceServer::new(service).max_decoding_message_size(limits.max_request_bytes);
     let router = tonic::transport::Server::builder()
         .max_concurrent_streams(limits.max_concurrent_streams)
+        // A request Envoy gave up on while it waited in the socket arrives
+        // with its reset; h2 closed the connection (GOAWAY, every call on
+        // it failing) past 20 such in one read. Bounded by the stream limit.
+        .http2_max_pending_accept_reset_streams(Some(limits.max_concurrent_streams as usize))
         .http2_keepalive_interval(limits.keepalive)
         .http2_keepalive_timeout(Some(limits.keepalive_timeout))
         // Outermost: the arrival is stamped before anything else runs.

@@ -19,6 +19,9 @@ use std::time::Duration;
 
 use common::envoy::{self, upstream, Bootstrap};
 use common::Server;
+use divvy::server::arrival::SHOULD_RATE_LIMIT;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 
 /// Istio's name for the rate-limit service's cluster.
 const CLUSTER: &str = "outbound|8081||ratelimit.default.svc.cluster.local";
@@ -373,4 +376,69 @@ fn shed(service: &Server) -> f64 {
         .get("divvy_shed_total{reason=\"deadline\"}")
         .copied()
         .expect("divvy_shed_total{reason=\"deadline\"} in /metrics")
+}
+
+/// One ShouldRateLimit over plain HTTP/2 to `addr` with `grpc-timeout:
+/// timeout` (a tonic client would itself give up on a 0 ms timeout), the
+/// answer decoded.
+async fn ask_raw(addr: std::net::SocketAddr, timeout: &'static str) -> RateLimitResponse {
+    use prost::Message;
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (send, connection) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(connection);
+    let mut send = send.ready().await.unwrap();
+    let request = http::Request::post(format!("http://{addr}{SHOULD_RATE_LIMIT}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .header("grpc-timeout", timeout)
+        .body(())
+        .unwrap();
+    let message = common::request("overload", vec![common::desc(&[("k", "v")])]).encode_to_vec();
+    let mut body = vec![0u8];
+    body.extend_from_slice(&u32::try_from(message.len()).unwrap().to_be_bytes());
+    body.extend_from_slice(&message);
+    let (response, mut stream) = send.send_request(request, false).unwrap();
+    stream.send_data(body.into(), true).unwrap();
+    let mut answer = response.await.unwrap().into_body();
+    let mut data = Vec::new();
+    while let Some(chunk) = answer.data().await {
+        let chunk = chunk.unwrap();
+        let _ = answer.flow_control().release_capacity(chunk.len());
+        data.extend_from_slice(&chunk);
+    }
+    let trailers = answer.trailers().await.unwrap().expect("trailers");
+    assert_eq!(trailers["grpc-status"], "0", "{trailers:?}");
+    assert!(
+        data.len() >= 5 && data[0] == 0,
+        "one uncompressed message: {data:?}"
+    );
+    RateLimitResponse::decode(&data[5..]).expect("a RateLimitResponse")
+}
+
+/// A call that allows no time at all (`grpc-timeout: 0m`) is late as it
+/// arrives: under `allow` or `deny` it is answered at once with the
+/// policy's overall code alone (no statuses: it is not decoded) and
+/// counted in `divvy_shed_total`; under `local` it is decided by the
+/// counters (here the memory store's) and not counted; a call with time
+/// is decided under every policy.
+#[tokio::test]
+async fn a_call_allowing_no_time_gets_the_failure_policys_answer_and_is_counted() {
+    let (ok, over) = (Code::Ok as i32, Code::OverLimit as i32);
+    for (policy, late_code, shed_count) in
+        [("allow", ok, 1.0), ("deny", over, 1.0), ("local", ok, 0.0)]
+    {
+        let server = Server::with_policy_args(POLICY, "yaml", &["--on-store-failure", policy]);
+        let late = ask_raw(server.grpc, "0m").await;
+        assert_eq!(late.overall_code, late_code, "{policy}: {late:?}");
+        // Shed: no statuses; decided: one per descriptor.
+        let statuses = if shed_count > 0.0 { 0 } else { 1 };
+        assert_eq!(late.statuses.len(), statuses, "{policy}: {late:?}");
+        let in_time = ask_raw(server.grpc, "1S").await;
+        assert_eq!(
+            (in_time.overall_code, in_time.statuses.len()),
+            (ok, 1),
+            "{policy}: {in_time:?}"
+        );
+        assert_eq!(shed(&server), shed_count, "{policy}");
+    }
 }

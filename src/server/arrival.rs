@@ -1,26 +1,19 @@
 //! When a gRPC request arrived, and what one that waited past its deadline
-//! gets.
+//! gets (docs/reliability.md, "Overload").
 //!
-//! A caller's deadline counts from when its request arrived, not from when
-//! a handler got to it: on a busy server a request can wait its turn longer
-//! than Envoy's 20 ms, and an answer decided after that is one Envoy no
-//! longer waits for (with `failure_mode_deny`, its client gets a 500).
-//! [`ArrivalLayer`], outermost on the gRPC server, stamps each request with
-//! the instant its headers were read ([`Arrived`]). The stamp is taken when
-//! the service is cloned, not when it is called: as hyper accepts a stream
-//! (in the connection's task, right after the read), tonic's glue
-//! (`hyper_util`'s `TowerToHyperService`) clones the whole tower stack for
-//! that request and calls the clone only once the stream's own task runs,
-//! after the request has waited its turn. Each clone is called once, so
-//! the stamp is taken by its first call and later calls stamp "now". When the request's task starts and its budget (timeout less the
-//! margin, [`store_deadline`]) is already spent, a `ShouldRateLimit` is
-//! answered at once with the failure policy's answer ([`ShedAnswer`]),
-//! without decoding or deciding it, and counted in
-//! `divvy_shed_total{reason="deadline"}`. Requests without a deadline are
-//! never shed. The `local` policy needs the counters, so under it nothing
-//! is shed here: the handler's deadline (from the same stamp) is already
-//! past, and the failover store decides from the local counters without
-//! waiting on Redis.
+//! A caller's deadline counts from when its headers were read, not from
+//! when a handler got to it: on a busy server a request can wait its turn
+//! past Envoy's 20 ms. [`ArrivalLayer`], outermost, stamps each request
+//! ([`Arrived`]) when the service is cloned, not when it is called: tonic's
+//! glue (`hyper_util`'s `TowerToHyperService`) clones the stack as hyper
+//! accepts the stream, right after the read, and calls the clone only once
+//! the stream's task runs. A clone's first call takes that stamp.
+//!
+//! A `ShouldRateLimit` whose budget ([`store_deadline`]) is spent when its
+//! task starts gets the failure policy's overall code at once ([`ShedAnswer`]),
+//! undecoded, and is counted in `divvy_shed_total{reason="deadline"}`. Under
+//! `local` (it needs the counters) nothing is shed here: the handler's
+//! deadline, from the same stamp, is already past. No deadline, no shedding.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -166,27 +159,26 @@ where
     }
 
     fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
-        let now = self
+        let arrived = self
             .cloned_at
             .take()
             .map_or_else(Instant::now, |at| at.min(Instant::now()));
-        request.extensions_mut().insert(Arrived(now));
-        let deadline = match self.shed.answer {
+        request.extensions_mut().insert(Arrived(arrived));
+        let timeout = match self.shed.answer {
             Some(answer) if request.uri().path() == SHOULD_RATE_LIMIT => {
-                caller_timeout(request.headers())
-                    .map(|timeout| (store_deadline(now, timeout, self.shed.margin), answer))
+                caller_timeout(request.headers()).map(|timeout| (timeout, answer))
             }
             _ => None,
         };
-        let Some((deadline, answer)) = deadline else {
+        let Some((timeout, answer)) = timeout else {
             return Either::Left(self.inner.call(request));
         };
         // The service made ready is the one called later; a clone stays.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
-        let counted = self.shed.counted.clone();
+        let (counted, margin) = (self.shed.counted.clone(), self.shed.margin);
         Either::Right(Box::pin(async move {
-            if Instant::now() >= deadline {
+            if is_late(arrived, timeout, margin, Instant::now()) {
                 counted.inc();
                 return Ok(shed_response(answer));
             }

@@ -330,45 +330,16 @@ fn twice_the_capacity_through_envoy_is_answered_200_or_429_and_the_excess_is_she
     let shots = open_loop(port, rate, OVERLOAD);
     let cpu = Cpus::read(&service, &envoy).since(&cpus, OVERLOAD);
     let run = Summary::of(&shots);
-    let after = envoy_stats(envoy.admin, "ratelimit");
     let shed = shed(&service) - shed_before;
-    let grow = |name: &str| stat(&after, name) - stat(&before, name);
-    let (ok, over, error, allowed) = (
-        grow("cluster.upstream.ratelimit.ok"),
-        grow("cluster.upstream.ratelimit.over_limit"),
-        grow("cluster.upstream.ratelimit.error"),
-        grow("cluster.upstream.ratelimit.failure_mode_allowed"),
-    );
-    let timeouts = grow(&format!("cluster.{CLUSTER}.upstream_rq_timeout"));
     println!(
         "offered {rate:.0}/s for {} s: {} sent; {}",
         OVERLOAD.as_secs(),
         shots.len(),
         run.show()
     );
-    println!(
-        "Envoy: ratelimit.ok {ok}, over_limit {over}, error {error}, failure_mode_allowed {allowed}, divvy cluster upstream_rq_timeout {timeouts}"
-    );
-    let calls = envoy_stats(envoy.admin, "upstream_rq");
-    let calls: Vec<String> = calls
-        .iter()
-        .filter(|(k, v)| k.starts_with(&format!("cluster.{CLUSTER}.")) && **v > 0)
-        .map(|(k, v)| format!("{}: {v}", &k[CLUSTER.len() + 9..]))
-        .collect();
-    println!("  divvy cluster: {}", calls.join(", "));
-    println!(
-        "divvy: shed {shed:.0} ({:.1}% of the calls answered); CPU used: {cpu}",
-        100.0 * shed / (ok + over).max(1) as f64,
-    );
-    // What divvy logged (h2 closing a connection that had too many of its
-    // streams reset, for one).
-    let logged: Vec<String> = service.log.try_iter().collect();
-    let warned: Vec<&String> = logged.iter().filter(|l| l.contains("WARN")).collect();
-    println!(
-        "divvy warned {} times; first: {:?}",
-        warned.len(),
-        warned.first()
-    );
+    let (ok, over, error, allowed) = envoys_view(&envoy, &before, shed);
+    println!("  CPU used: {cpu}");
+    println!("  divvy warned: {}", warnings(&service));
     assert_eq!(
         error, 0,
         "Envoy's rate-limit calls that failed (each a 500)"
@@ -389,6 +360,51 @@ fn twice_the_capacity_through_envoy_is_answered_200_or_429_and_the_excess_is_she
         shed > 0.0,
         "nothing shed at twice the maximum: the load did not overload divvy"
     );
+}
+
+/// Prints what Envoy saw of its calls to divvy since `before` (and the
+/// share of them divvy shed); the rate-limit filter's ok, over_limit,
+/// error and failure_mode_allowed counts.
+fn envoys_view(
+    envoy: &envoy::Envoy,
+    before: &BTreeMap<String, u64>,
+    shed: f64,
+) -> (u64, u64, u64, u64) {
+    let after = envoy_stats(envoy.admin, "ratelimit");
+    let grow = |name: &str| stat(&after, name) - stat(before, name);
+    let filter = |name: &str| grow(&format!("cluster.upstream.ratelimit.{name}"));
+    let counts = (
+        filter("ok"),
+        filter("over_limit"),
+        filter("error"),
+        filter("failure_mode_allowed"),
+    );
+    let (ok, over, error, allowed) = counts;
+    println!("  Envoy: ratelimit.ok {ok}, over_limit {over}, error {error}, failure_mode_allowed {allowed}");
+    let divvy = format!("cluster.{CLUSTER}.");
+    let calls: Vec<String> = after
+        .keys()
+        .filter_map(|k| k.strip_prefix(&divvy))
+        .filter(|k| k.starts_with("upstream_rq_"))
+        .map(|k| (k, grow(&format!("{divvy}{k}"))))
+        .filter(|(_, v)| *v > 0)
+        .map(|(k, v)| format!("{k} {v}"))
+        .collect();
+    println!("  Envoy's calls to divvy: {}", calls.join(", "));
+    let received = grow(&format!("{divvy}upstream_rq_total")).max(1);
+    println!(
+        "  divvy shed {shed:.0} of the {received} calls it received ({:.0}%)",
+        100.0 * shed / received as f64
+    );
+    counts
+}
+
+/// How many warnings divvy logged, and the first (h2 closing a
+/// connection that had too many of its streams reset, for one).
+fn warnings(service: &Server) -> String {
+    let logged: Vec<String> = service.log.try_iter().collect();
+    let warned: Vec<&String> = logged.iter().filter(|l| l.contains("WARN")).collect();
+    format!("{} times; first: {:?}", warned.len(), warned.first())
 }
 
 /// `divvy_shed_total{reason="deadline"}` now.

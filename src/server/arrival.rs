@@ -131,9 +131,16 @@ impl<S: Clone> Clone for Arrival<S> {
         Arrival {
             inner: self.inner.clone(),
             shed: self.shed.clone(),
-            cloned_at: Some(Instant::now()),
+            cloned_at: Some(arrived_now()),
         }
     }
+}
+
+/// When the request being accepted now arrived: its read's batch
+/// ([`super::recv_time`]), else now.
+fn arrived_now() -> Instant {
+    let now = Instant::now();
+    super::recv_time::batch_arrival(now).map_or(now, |at| at.min(now))
 }
 
 /// A request that may be shed: answered when its task first runs.

@@ -10,6 +10,7 @@ pub mod json;
 pub mod line;
 pub mod problem;
 pub mod readiness;
+pub mod recv_time;
 pub mod rlqs;
 pub mod rls;
 pub mod rls_envoy;

@@ -7,7 +7,9 @@
 //! ([`Arrived`]) when the service is cloned, not when it is called: tonic's
 //! glue (`hyper_util`'s `TowerToHyperService`) clones the stack as hyper
 //! accepts the stream, right after the read, and calls the clone only once
-//! the stream's task runs. A clone's first call takes that stamp.
+//! the stream's task runs. A clone's first call takes that stamp: the
+//! kernel's receive time of the read's batch ([`super::recv_time`]) when
+//! there is one, else the clone's instant.
 //!
 //! A `ShouldRateLimit` whose budget ([`store_deadline`]) is spent when its
 //! task starts gets the failure policy's overall code at once ([`ShedAnswer`]),

@@ -173,6 +173,7 @@ fn grpc_limits(s: &Settings) -> GrpcLimits {
         deadline_margin: s.deadline_margin,
         ready_requires_store: s.ready_requires_store,
         reflection: s.grpc_reflection,
+        failure_policy: s.on_store_failure,
     }
 }
 

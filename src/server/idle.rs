@@ -18,15 +18,19 @@ pub struct IdleStream {
     inner: TcpStream,
     idle: Duration,
     deadline: Pin<Box<Sleep>>,
+    /// When what it reads arrived (the kernel's receive timestamps).
+    batch: super::recv_time::Batch,
 }
 
 impl IdleStream {
     /// Wraps `inner`.
     pub fn new(inner: TcpStream, idle: Duration) -> IdleStream {
+        super::recv_time::enable(&inner);
         IdleStream {
             inner,
             idle,
             deadline: Box::pin(tokio::time::sleep(idle)),
+            batch: super::recv_time::Batch::default(),
         }
     }
 }
@@ -38,7 +42,8 @@ impl AsyncRead for IdleStream {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let before = buf.filled().len();
-        match Pin::new(&mut self.inner).poll_read(cx, buf) {
+        let this = &mut *self;
+        match super::recv_time::poll_read(&this.inner, cx, buf, &mut this.batch) {
             Poll::Ready(r) => {
                 if buf.filled().len() > before {
                     let next = Instant::now() + self.idle;

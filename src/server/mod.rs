@@ -1,6 +1,7 @@
 //! Protocol front ends. Each parses, calls the one [`Limiter`], and formats.
 
 pub mod admin;
+pub mod arrival;
 pub mod connections;
 pub mod deadline;
 pub mod headers;
@@ -9,6 +10,7 @@ pub mod json;
 pub mod line;
 pub mod problem;
 pub mod readiness;
+pub mod recv_time;
 pub mod reflection;
 pub mod rlqs;
 pub mod rls;
@@ -61,6 +63,9 @@ pub struct GrpcLimits {
     /// Each connection is sent GOAWAY at this age (±10%) and closed a
     /// grace later (`None`: connections live as long as their peers keep them).
     pub connection_age: Option<connections::ConnectionAge>,
+    /// What a `ShouldRateLimit` that waited past its deadline is answered
+    /// (`--on-store-failure`; see [`arrival`]).
+    pub failure_policy: crate::store::failover::FailurePolicy,
     /// The rate-limit service's gRPC health follows the counter store's
     /// (NOT_SERVING while a failure policy decides): `--ready-requires-store`.
     pub ready_requires_store: bool,
@@ -80,6 +85,7 @@ impl Default for GrpcLimits {
             connection_age: None,
             ready_requires_store: false,
             reflection: false,
+            failure_policy: crate::store::failover::FailurePolicy::Local,
         }
     }
 }
@@ -102,6 +108,13 @@ pub async fn serve_grpc(
         needs_config: answers.envoy.error_without_config,
     };
     let health_service = spawn_health(limiter.clone(), readiness).await;
+    let shed = limiter
+        .telemetry()
+        .metrics
+        .store
+        .shed
+        .with_label_values(&["deadline"]);
+    let arrival = arrival::ArrivalLayer::new(limits.deadline_margin, limits.failure_policy, shed);
     let style = rls::ResponseStyle {
         headers: answers.headers,
         denied_body: answers.denied_body,
@@ -119,8 +132,14 @@ pub async fn serve_grpc(
     };
     let router = tonic::transport::Server::builder()
         .max_concurrent_streams(limits.max_concurrent_streams)
+        // A request Envoy gave up on while it waited in the socket arrives
+        // with its reset; h2 closed the connection (GOAWAY, every call on
+        // it failing) past 20 such in one read. Bounded by the stream limit.
+        .http2_max_pending_accept_reset_streams(Some(limits.max_concurrent_streams as usize))
         .http2_keepalive_interval(limits.keepalive)
         .http2_keepalive_timeout(Some(limits.keepalive_timeout))
+        // Outermost: the arrival is stamped before anything else runs.
+        .layer(arrival)
         .layer(tower::util::MapResponseLayer::new(count_too_large))
         .add_service(health_service)
         .add_service(service)

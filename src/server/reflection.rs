@@ -287,22 +287,8 @@ fn envoy_types() -> Vec<FileDescriptorProto> {
 
 const RLS: &str = "envoy.service.ratelimit.v3";
 
-/// envoy/service/ratelimit/v3/rls.proto: the request, the response, the service.
-fn rls() -> FileDescriptorProto {
-    let request = message(
-        "RateLimitRequest",
-        vec![
-            f("domain", 1, Ty::Str),
-            field(
-                "descriptors",
-                2,
-                Ty::Msg("envoy.extensions.common.ratelimit.v3.RateLimitDescriptor"),
-                true,
-                None,
-            ),
-            f("hits_addend", 3, Ty::U32),
-        ],
-    );
+/// RateLimitResponse, with its nested messages and enums.
+fn rls_response() -> DescriptorProto {
     let code = "envoy.service.ratelimit.v3.RateLimitResponse.Code";
     let unit = "envoy.service.ratelimit.v3.RateLimitResponse.RateLimit.Unit";
     let quota = "envoy.service.ratelimit.v3.RateLimitResponse.Quota";
@@ -382,6 +368,26 @@ fn rls() -> FileDescriptorProto {
         "Code",
         &[("UNKNOWN", 0), ("OK", 1), ("OVER_LIMIT", 2)],
     )];
+    response
+}
+
+/// envoy/service/ratelimit/v3/rls.proto: the request, the response, the service.
+fn rls() -> FileDescriptorProto {
+    let request = message(
+        "RateLimitRequest",
+        vec![
+            f("domain", 1, Ty::Str),
+            field(
+                "descriptors",
+                2,
+                Ty::Msg("envoy.extensions.common.ratelimit.v3.RateLimitDescriptor"),
+                true,
+                None,
+            ),
+            f("hits_addend", 3, Ty::U32),
+        ],
+    );
+    let response = rls_response();
     let mut rls = file(
         "envoy/service/ratelimit/v3/rls.proto",
         RLS,

@@ -83,8 +83,14 @@ impl RateLimitService for RlsService {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
+        // The deadline counts from the arrival (stamped by the outermost
+        // layer), not from now: the request may have waited its turn.
+        let arrived = request
+            .extensions()
+            .get::<super::arrival::Arrived>()
+            .map_or_else(Instant::now, |a| a.0);
         let deadline = super::deadline::caller_timeout(request.metadata().as_ref())
-            .map(|timeout| super::deadline::store_deadline(Instant::now(), timeout, self.margin));
+            .map(|timeout| super::deadline::store_deadline(arrived, timeout, self.margin));
         respond(&self.limiter, self.style, request.into_inner(), deadline)
             .await
             .map(Response::new)

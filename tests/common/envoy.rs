@@ -84,6 +84,13 @@ pub struct Envoy {
     _dir: tempfile::TempDir,
 }
 
+impl Envoy {
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
 impl Drop for Envoy {
     fn drop(&mut self) {
         let _ = self.child.kill();

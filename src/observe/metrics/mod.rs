@@ -138,6 +138,10 @@ pub const REJECT_REASONS: [&str; 7] = [
     "rlqs_bucket_id_too_large",
 ];
 
+/// Every `reason` of `divvy_shed_total` (all exported from the start): a
+/// request that waited past its caller's deadline less the margin.
+pub const SHED_REASONS: [&str; 1] = ["deadline"];
+
 /// The reasons of `divvy_admin_auth_failures_total`: no bearer token, a
 /// token that is neither admin nor read token, the read token on a change.
 pub const AUTH_FAILURE_REASONS: [&str; 3] = ["missing", "wrong", "read_only"];

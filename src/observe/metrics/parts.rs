@@ -3,7 +3,7 @@
 
 use prometheus::{GaugeVec, Histogram, IntCounter, IntCounterVec, IntGauge, Opts, Registry};
 
-use super::build::{counter, counter_vec, gauge, gauge_vec, histogram};
+use super::build::{counter, counter_vec, counter_vec_of, gauge, gauge_vec, histogram};
 
 /// The counter store, its circuit breaker and failure policy.
 pub struct StoreMetrics {
@@ -33,6 +33,9 @@ pub struct StoreMetrics {
     pub memory_budget: IntGauge,
     /// `divvy_max_counters`: the memory store's cap in force (the lesser of `--max-counters` and the budget's).
     pub max_counters: IntGauge,
+    /// `divvy_shed_total{reason}`: requests answered at once by the failure
+    /// policy because they waited past their caller's deadline before being handled.
+    pub shed: IntCounterVec,
 }
 
 /// Leases of global limits.
@@ -171,6 +174,13 @@ impl StoreMetrics {
         );
         ready.set(1);
         StoreMetrics {
+            shed: counter_vec_of(
+                r,
+                "divvy_shed_total",
+                "Requests answered at once by the failure policy, without deciding, because they waited past their caller's deadline (less the margin) before being handled, by reason",
+                "reason",
+                &super::SHED_REASONS,
+            ),
             counters: gauge(
                 r,
                 "divvy_counters",

@@ -280,12 +280,13 @@ impl Cpus {
     }
 }
 
-/// Ignored by default: it needs CPUs 0 and 1 free of other work (divvy
-/// waited for CPU 0 half the time on the shared build machine, and failed
-/// it there: docs/reliability.md, "Overload"). Run it alone with
+/// Issue 55's acceptance, which divvy does not meet yet: at 2x its capacity
+/// Envoy still times out calls (shedding costs half a decision, and starts
+/// too late; figures in docs/reliability.md, "Overload"). Ignored so CI
+/// stays green on what holds; run it alone with
 /// `cargo test --test overload -- --ignored --nocapture`.
 #[test]
-#[ignore = "needs CPUs 0 and 1 free of other work; run with --ignored (docs/reliability.md#overload)"]
+#[ignore = "fails today: Envoy's rate-limit errors are not 0 at 2x capacity (docs/reliability.md#overload)"]
 fn twice_the_capacity_through_envoy_is_answered_200_or_429_and_the_excess_is_shed() {
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     assert!(

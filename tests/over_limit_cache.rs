@@ -289,3 +289,58 @@ fn the_binary_answers_a_flood_over_the_limit_from_the_cache() {
     assert!(hits >= 500.0, "{hits}");
     assert!(calls <= 10, "{calls}");
 }
+
+/// The overall code of `hits` credits for user `ann` in domain `r` (given
+/// back with `refund`).
+async fn code(server: &common::Server, hits: u64, refund: bool) -> i32 {
+    let mut d = common::desc(&[("user", "ann")]);
+    d.hits_addend = Some(envoy_types::pb::google::protobuf::UInt64Value { value: hits });
+    d.is_negative_hits = refund;
+    let mut client = server.client().await;
+    let r = client
+        .should_rate_limit(common::request("r", vec![d]))
+        .await;
+    r.expect("answer").into_inner().overall_code
+}
+
+/// Two replicas on one redis-server, the cache on (the default): a user
+/// exhausted, replica B answering its denials from the cache; a refund
+/// (`is_negative_hits`) on replica A gives credits back, and within about
+/// a second B admits the user again instead of denying until the window
+/// ends (the refund is announced to the other replicas' caches).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refund_on_one_replica_frees_the_counter_on_the_others() {
+    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+    let redis = Redis::start();
+    let policy = "overrides:\n  - {domain: r, operation: {user: '*'}, actorField: user, creditLimit: 3, resetSeconds: 3600}\ndefault: {creditLimit: 1, resetSeconds: 60}\n";
+    let args = ["--redis-url", &redis.url()];
+    let (a, b) = (
+        common::Server::with_policy_args(policy, "yaml", &args),
+        common::Server::with_policy_args(policy, "yaml", &args),
+    );
+    let (ok, over) = (Code::Ok as i32, Code::OverLimit as i32);
+    assert_eq!(code(&a, 3, false).await, ok);
+    for _ in 0..3 {
+        assert_eq!(code(&b, 1, false).await, over);
+    }
+    let cached = b
+        .metric_samples()
+        .get("divvy_over_limit_cache_hits_total")
+        .copied();
+    assert!(
+        cached.unwrap_or(0.0) >= 1.0,
+        "B's denials did not come from its cache"
+    );
+    // Two credits back on A: B admits ann again soon, not in an hour.
+    assert_eq!(code(&a, 2, true).await, ok);
+    let given = std::time::Instant::now();
+    while code(&b, 1, false).await != ok {
+        let waited = given.elapsed();
+        assert!(
+            waited < Duration::from_secs(2),
+            "B still denies ann {waited:?} after A's refund"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    println!("B admitted ann {:?} after A's refund", given.elapsed());
+}

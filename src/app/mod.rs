@@ -202,7 +202,11 @@ async fn build_limiter(
     // dashboard serve.
     let telemetry = crate::observe::telemetry::Telemetry::process();
     let budget = stores::memory_budget(s, policy.rules.len(), &telemetry.metrics);
-    let parts = stores::build_store(s, budget.max_counters, &telemetry.metrics).await?;
+    let mut parts = stores::build_store(s, budget.max_counters, &telemetry.metrics).await?;
+    if let Some(rx) = parts.refunds.take() {
+        let announce = crate::counters::resets::announce_refunds;
+        tokio::spawn(announce(rx, parts.coord.clone(), s.replica.clone()));
+    }
     let knobs = Arc::new(parts.knobs.with_replica(s.replica.clone()));
     // Knobs set while this replica was down apply from the first request.
     let _ = knobs.refresh().await;

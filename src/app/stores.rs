@@ -30,6 +30,9 @@ pub(super) struct StoreParts {
     /// it): the regional store of global limits, where governors elect their
     /// leader, where RLQS limits are shared and the actor-hash key agreed.
     pub coord: Coordination,
+    /// Keys of full counters refunds gave credits back to (with the
+    /// over-limit cache on Redis), for the other replicas' caches.
+    pub refunds: Option<tokio::sync::mpsc::Receiver<String>>,
 }
 
 /// The memory budget: `memory_limit` (0: none), else the cgroup's limit;
@@ -98,6 +101,7 @@ pub(super) async fn build_store(
             store: memory,
             knobs: Knobs::local(metrics.clone()),
             coord: Coordination::in_process(),
+            refunds: None,
         });
     };
     info!(target = ?target, policy = ?s.on_store_failure, "counters in redis");
@@ -109,13 +113,17 @@ pub(super) async fn build_store(
     let (redis, connected) = RedisStore::connect(&options, Duration::from_secs(2)).await?;
     let coord = Coordination::redis(&redis);
     let mut primary: Arc<dyn Store> = Arc::new(redis);
+    let mut refunds = None;
     if s.over_limit_cache > 0 {
-        primary = Arc::new(OverLimitCache::new(
+        let (tx, rx) = tokio::sync::mpsc::channel(4096);
+        refunds = Some(rx);
+        let cache = OverLimitCache::new(
             primary,
             s.over_limit_cache,
             Arc::new(SystemClock::default()),
             metrics.clone(),
-        ));
+        );
+        primary = Arc::new(cache.with_refunds(tx));
     }
     let failover = FailoverStore::new(primary, s.on_store_failure, s.local_share, metrics.clone())
         .with_breaker(options.timeout, s.breaker_failures)
@@ -130,6 +138,7 @@ pub(super) async fn build_store(
         store: failover,
         knobs: Knobs::shared(SharedKnobs::new(coord.clone()), metrics.clone()),
         coord,
+        refunds,
     })
 }
 

@@ -12,6 +12,11 @@
 //! A HIT already on its way to Redis when the reset lands may bring back a
 //! denial after the cache dropped it: each key is dropped again at every
 //! poll for [`REPEAT_MS`] after it was first seen.
+//!
+//! A refund that gives credits back to a full counter is announced the same
+//! way ([`announce_refunds`], value `<ms>:<replica>:r<n>`), kept only
+//! [`REFUND_KEEP`]: nothing is reset, the other replicas' caches forget
+//! their denial of it.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -32,6 +37,36 @@ pub const POLL_EVERY: Duration = Duration::from_millis(200);
 pub const KEEP: Duration = Duration::from_secs(600);
 /// How long after a reset is first seen its key is dropped again at each poll.
 pub const REPEAT_MS: u64 = 1000;
+/// How long a refund's announcement stays in [`RESETS_KEY`].
+pub const REFUND_KEEP: Duration = Duration::from_secs(5);
+/// Most refunds announced in one write.
+const REFUND_BATCH: usize = 256;
+
+/// Announces the keys `refunds` receives (full counters a refund gave
+/// credits back to) in [`RESETS_KEY`], so every replica's over-limit cache
+/// forgets them at its next poll; until the channel closes. A failed write
+/// is dropped: those caches deny until the window ends, as before.
+pub async fn announce_refunds(
+    mut refunds: tokio::sync::mpsc::Receiver<String>,
+    coord: Coordination,
+    replica: String,
+) {
+    let mut n = 0u64;
+    let mut keys = Vec::with_capacity(REFUND_BATCH);
+    while refunds.recv_many(&mut keys, REFUND_BATCH).await > 0 {
+        let now = now_ms();
+        let fields = keys
+            .drain(..)
+            .map(|k| {
+                n += 1;
+                (k, format!("{now}:{replica}:r{n}"))
+            })
+            .collect();
+        if let Err(e) = coord.hash_set(RESETS_KEY, fields, Some(KEEP)).await {
+            tracing::debug!("a refund could not be announced to the other replicas: {e}");
+        }
+    }
+}
 
 /// Why a reset did not complete.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -128,12 +163,16 @@ impl CounterResets {
     /// older than [`KEEP`].
     fn note(&self, stored: HashMap<String, String>, now: u64) -> (Vec<String>, Vec<String>) {
         let keep_ms = u64::try_from(KEEP.as_millis()).unwrap_or(u64::MAX);
+        let refund_keep_ms = u64::try_from(REFUND_KEEP.as_millis()).unwrap_or(u64::MAX);
         let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
         seen.retain(|key, _| stored.contains_key(key));
         let mut stale = Vec::new();
         for (key, stamp) in stored {
-            let at = stamp.split(':').next().and_then(|t| t.parse::<u64>().ok());
-            if at.is_none_or(|at| now.saturating_sub(at) > keep_ms) {
+            let mut parts = stamp.split(':');
+            let at = parts.next().and_then(|t| t.parse::<u64>().ok());
+            let refund = parts.nth(1).is_some_and(|n| n.starts_with('r'));
+            let keep = if refund { refund_keep_ms } else { keep_ms };
+            if at.is_none_or(|at| now.saturating_sub(at) > keep) {
                 stale.push(key.clone());
             }
             match seen.get(&key) {

@@ -8,8 +8,9 @@
 //! refund), in a group of its own, and only for a call whose groups are
 //! charged on their own. An entry holds for the same algorithm, limit and
 //! window only: a knob or reload that changes them bypasses and drops it.
-//! A refund sent to another replica within the window is the one case the
-//! cache does not see (it keeps denying until the reset).
+//! A refund that gives back credits of a counter that was full is told to
+//! the other replicas (through [`OverLimitCache::with_refunds`]'s channel,
+//! see `crate::counters::resets`), whose caches then forget it.
 
 use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -54,6 +55,9 @@ pub struct OverLimitCache {
     hash_key: (u64, u64),
     /// Where the HITs answered here are counted.
     metrics: Arc<Metrics>,
+    /// Keys of full counters a refund gave credits back to, for the other
+    /// replicas' caches (dropped when the channel is full).
+    refunds: Option<tokio::sync::mpsc::Sender<String>>,
 }
 
 impl OverLimitCache {
@@ -79,7 +83,16 @@ impl OverLimitCache {
                 (s.hash_one(0x5eed_u64), s.hash_one(0xd1f7_u64))
             },
             metrics,
+            refunds: None,
         }
+    }
+
+    /// Sends the key of each counter that was full and that a refund gave
+    /// credits back to into `refunds` (its receiver tells the other
+    /// replicas, whose caches may still deny it).
+    pub fn with_refunds(mut self, refunds: tokio::sync::mpsc::Sender<String>) -> OverLimitCache {
+        self.refunds = Some(refunds);
+        self
     }
 
     /// Counters cached now (expired ones included until they are looked up).
@@ -201,7 +214,21 @@ impl OverLimitCache {
         for id in refunded {
             self.shard(id).remove(id);
         }
+        self.tell_refunds(ops, &states);
         Ok(states)
+    }
+
+    /// Sends the keys of counters that were full before a refund of this
+    /// call (what is left now is no more than what was given back) and
+    /// that another replica's cache may hold.
+    fn tell_refunds(&self, ops: &[CounterOp], states: &[CounterState]) {
+        let Some(tx) = &self.refunds else { return };
+        for (op, state) in ops.iter().zip(states) {
+            let was_full = op.refund && op.cost > 0 && state.remaining <= op.cost;
+            if was_full && op.algorithm.spec().over_limit_cache && !op.overdraft {
+                let _ = tx.try_send(op.key.clone());
+            }
+        }
     }
 
     /// The ops not answered from the cache go to the store; the answers are

@@ -1,0 +1,181 @@
+//! The checks on what the load saw: every request decided (no 5xx but in
+//! the first second after a replica kill), and no limit over-admitted
+//! beyond what the failure policy allows.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+use crate::faults::{Event, Kind, KNOB_LIMIT};
+use crate::load::{Record, Status, ACTORS};
+use crate::rig::RULES;
+
+/// What the checks print, and what they found wrong.
+#[derive(Default)]
+pub struct Findings {
+    /// The report's lines.
+    pub report: String,
+    /// Each failed assertion.
+    pub violations: Vec<String>,
+}
+
+/// A 5xx is expected only this long after a replica is killed (requests
+/// in flight to it, and Envoy's connections to it until its health check
+/// fails).
+const KILL_GRACE: f64 = 1.0;
+
+/// Counts each status; a 5xx outside a kill's first second, or anything
+/// that is not a decision, is a violation.
+pub fn statuses(records: &[Record], events: &[Event], out: &mut Findings) {
+    let kills: Vec<f64> = events
+        .iter()
+        .filter(|e| e.kind == Kind::ReplicaKill)
+        .map(|e| e.injected)
+        .collect();
+    let (mut allowed, mut denied, mut excused, mut other) = (0, 0, 0, BTreeMap::new());
+    for r in records {
+        match &r.status {
+            Status::Allowed => allowed += 1,
+            Status::Denied => denied += 1,
+            Status::Server(_) if kills.iter().any(|k| r.done >= *k && r.done <= k + KILL_GRACE) => {
+                excused += 1
+            }
+            Status::Server(code) => *other.entry(format!("HTTP {code}")).or_insert(0) += 1,
+            Status::Other(why) => *other.entry(why.clone()).or_insert(0) += 1,
+        }
+    }
+    let per_envoy: Vec<usize> = (0..2).map(|e| records.iter().filter(|r| r.envoy == e).count()).collect();
+    let _ = writeln!(
+        out.report,
+        "requests: {} through Envoys {per_envoy:?} (200: {allowed}, 429: {denied}, 5xx in a replica kill's first second: {excused}, anything else: {})",
+        records.len(),
+        other.values().sum::<usize>()
+    );
+    for (what, n) in other {
+        let first = records
+            .iter()
+            .find(|r| status_text(&r.status) == what)
+            .map_or(0.0, |r| r.sent - crate::START.get().copied().unwrap_or(0.0));
+        out.violations.push(format!("{n} requests answered {what} (first at {first:.1} s)"));
+    }
+}
+
+fn status_text(status: &Status) -> String {
+    match status {
+        Status::Server(code) => format!("HTTP {code}"),
+        Status::Other(why) => why.clone(),
+        _ => String::new(),
+    }
+}
+
+/// How many times a rule's own bound a window may admit while a Redis
+/// fault's effects last: with `--on-store-failure local` (the default)
+/// each of the two replicas admits up to `--local-share` 0.5 of the limit
+/// on its own, beside what Redis admitted before it failed (2x); a Redis
+/// restarted empty has also forgotten what it admitted (3x).
+fn redis_factor(kind: Kind) -> u64 {
+    match kind {
+        Kind::RedisKill => 3,
+        Kind::RedisStop | Kind::RedisSlow => 2,
+        _ => 1,
+    }
+}
+
+/// The most an actor may be admitted on `rule` in epoch second `k`.
+fn bound(rule: usize, k: f64, events: &[Event]) -> u64 {
+    let factor = events
+        .iter()
+        .filter(|e| e.injected < k + 1.0 && e.over() > k)
+        .map(|e| redis_factor(e.kind))
+        .max()
+        .unwrap_or(1);
+    let mut base = RULES[rule].2;
+    if rule == 0 && knob_covers(k, events) {
+        base = KNOB_LIMIT;
+    }
+    base * factor
+}
+
+/// Whether epoch second `k` lies wholly between a knob being seen on
+/// both replicas and its removal.
+fn knob_covers(k: f64, events: &[Event]) -> bool {
+    events.windows(2).any(|pair| {
+        let (set, delete) = (&pair[0], &pair[1]);
+        set.kind == Kind::Knob
+            && delete.kind == Kind::Knob
+            && set.recovered.is_some_and(|seen| k >= seen && k + 1.0 <= delete.injected)
+    })
+}
+
+/// Counts each actor's admissions per epoch second (only those sent and
+/// answered within the same second, so that which window decided them
+/// is certain) against the limit in force.
+pub fn admissions(records: &[Record], events: &[Event], out: &mut Findings) {
+    let mut counts: BTreeMap<(usize, usize, i64), u64> = BTreeMap::new();
+    let (mut certain, mut allowed) = (0u64, 0u64);
+    for r in records.iter().filter(|r| r.status == Status::Allowed) {
+        allowed += 1;
+        if r.sent.floor() == r.done.floor() {
+            certain += 1;
+            *counts.entry((r.rule, r.actor, r.sent.floor() as i64)).or_insert(0) += 1;
+        }
+    }
+    let _ = writeln!(
+        out.report,
+        "admissions: {allowed} (200s), {certain} of them sent and answered in one epoch second and counted per window"
+    );
+    for (rule, (name, algorithm, _)) in RULES.iter().enumerate() {
+        let mut worst = (0u64, 0u64, 0i64);
+        let mut over = Vec::new();
+        for ((_, _, k), n) in counts.range((rule, 0, i64::MIN)..=(rule, ACTORS, i64::MAX)) {
+            let b = bound(rule, *k as f64, events);
+            if *n * worst.1 > worst.0 * b || worst.1 == 0 {
+                worst = (*n, b, *k);
+            }
+            if *n > b {
+                over.push(format!("{n} > {b} at {k}"));
+            }
+        }
+        let _ = writeln!(
+            out.report,
+            "  {name} ({algorithm}): fullest window {} of {} allowed",
+            worst.0, worst.1
+        );
+        if !over.is_empty() {
+            out.violations.push(format!("{name}: over-admitted in {} windows: {}", over.len(), over.join(", ")));
+        }
+    }
+}
+
+/// Each fault's recovery against its bound, and what went wrong in it.
+pub fn recoveries(events: &[Event], out: &mut Findings) {
+    let start = crate::START.get().copied().unwrap_or(0.0);
+    for e in events {
+        let recovery = e
+            .recovery()
+            .map_or("not seen".to_owned(), |r| format!("{:.2} s", r));
+        let _ = writeln!(
+            out.report,
+            "  {:>6.1} s  {:<34} held {:>4.1} s, recovered in {recovery} (bound {:.1} s) {}",
+            e.injected - start,
+            e.name,
+            e.healed - e.injected,
+            e.bound,
+            e.note
+        );
+        match e.recovery() {
+            None => out.violations.push(format!("{}: no recovery seen", e.name)),
+            Some(r) if r > e.bound => out
+                .violations
+                .push(format!("{}: recovered in {r:.2} s, past its bound of {:.1} s", e.name, e.bound)),
+            _ => {}
+        }
+        if let Some(problem) = &e.problem {
+            out.violations.push(format!("{}: {problem}", e.name));
+        }
+    }
+    for kind in crate::faults::ALL {
+        if !events.iter().any(|e| e.kind == kind) {
+            out.violations.push(format!("fault kind {kind:?} was never injected (run longer)"));
+        }
+    }
+}

@@ -1,0 +1,152 @@
+//! The soak: real processes on loopback (a redis-server behind a fault
+//! proxy, two divvy replicas on it, a real Envoy in front of each with
+//! Envoy's defaults: a 20 ms timeout and `failure_mode_deny: true`), a
+//! steady load through both Envoys, and faults on a random schedule from a
+//! printed seed. It asserts, and prints as a report at the end: every
+//! request decided (no 5xx but in a replica kill's first second), no limit
+//! over-admitted beyond the failure policy's allowance, each fault's
+//! recovery within its bound, resources flat, no panic and no ERROR line a
+//! fault does not explain. It exits 1 when any of that fails.
+//!
+//! Two ways to run the one source (see docs/reliability.md, "Soak"):
+//! - `cargo test --bench soak -- --minutes 2 --seed 7`: the debug build of
+//!   divvy (what `tests/run-all.sh` runs);
+//! - `cargo bench --bench soak -- --minutes 60`: the release build.
+//!
+//! Options: `--minutes M` (default 2; fractions allowed), `--seed N`
+//! (default: drawn from the clock, and printed, so a failure can be
+//! replayed); `SOAK_MINUTES` and `SOAK_SEED` stand for them.
+
+#[path = "../../tests/common/mod.rs"]
+mod common;
+
+mod checks;
+mod faults;
+mod health;
+mod hostile;
+mod load;
+mod rig;
+mod sampler;
+
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// When the load began (Unix seconds): the report's times count from it.
+pub static START: OnceLock<f64> = OnceLock::new();
+
+/// The time now, in Unix seconds: the load's windows are epoch-aligned.
+pub fn now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// The run's length and seed.
+struct Options {
+    minutes: f64,
+    seed: u64,
+}
+
+/// Reads `--minutes` and `--seed` (and ignores the `--bench` that `cargo
+/// bench` passes).
+fn options() -> Result<Options, String> {
+    let env = |name: &str| std::env::var(name).ok();
+    let mut minutes = env("SOAK_MINUTES");
+    let mut seed = env("SOAK_SEED");
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--minutes" => minutes = args.next(),
+            "--seed" => seed = args.next(),
+            "--bench" => {}
+            other => return Err(format!("unknown argument {other:?} (expected --minutes M, --seed N)")),
+        }
+    }
+    let minutes = match minutes {
+        None => 2.0,
+        Some(m) => m
+            .parse::<f64>()
+            .ok()
+            .filter(|m| *m >= 0.5)
+            .ok_or(format!("--minutes {m:?}: a number of minutes, at least 0.5"))?,
+    };
+    let seed = match seed {
+        None => SystemTime::now().duration_since(UNIX_EPOCH).map_or(7, |d| d.as_nanos() as u64),
+        Some(s) => s.parse().map_err(|_| format!("--seed {s:?}: an unsigned integer"))?,
+    };
+    Ok(Options { minutes, seed })
+}
+
+fn main() -> ExitCode {
+    let opts = match options() {
+        Ok(opts) => opts,
+        Err(e) => {
+            eprintln!("soak: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let divvy = common::binary();
+    println!(
+        "soak: seed {} ({} minutes; replay with --seed {}), divvy at {}",
+        opts.seed,
+        opts.minutes,
+        opts.seed,
+        divvy.display()
+    );
+    let mut rng = common::seeded_rng(opts.seed);
+    let mut rig = rig::Rig::start(divvy);
+    for replica in &rig.replicas {
+        let http = replica.http();
+        let ready = faults::wait_until(60.0, || {
+            rig::metric(http, "divvy_store_breaker_state") == Some(0.0)
+        });
+        assert!(ready.is_some(), "replica {} did not reach Redis within 60 s", replica.index);
+    }
+    let seconds = opts.minutes * 60.0;
+    let stop = Arc::new(AtomicBool::new(false));
+    let sampler = sampler::start(rig.pids.clone(), stop.clone());
+    let start = now();
+    START.set(start).expect("started once");
+    let (records, load) = load::start([rig.envoy_port(0), rig.envoy_port(1)], seconds);
+    // A quiet start: the report's first seconds show the steady state.
+    std::thread::sleep(Duration::from_secs(5));
+    let events = faults::run(&mut rig, &mut rng, start + seconds);
+    let skipped = load.join().expect("load");
+    stop.store(true, Ordering::Relaxed);
+    let samples = sampler.join().expect("sampler");
+    let end = now();
+    let records = std::mem::take(&mut *records.lock().unwrap());
+    let log = rig.log.lock().unwrap().clone();
+    let mut findings = checks::Findings::default();
+    checks::statuses(&records, &events, &mut findings);
+    checks::admissions(&records, &events, &mut findings);
+    findings.report += "faults (time, what, recovery):\n";
+    checks::recoveries(&events, &mut findings);
+    health::resources(&samples, start, end, &mut findings);
+    health::logs(&log, &events, &mut findings);
+    report(&opts, &rig, skipped, end - start, findings)
+}
+
+/// Prints the report; failure when anything was violated.
+fn report(opts: &Options, rig: &rig::Rig, skipped: u64, took: f64, findings: checks::Findings) -> ExitCode {
+    println!("\n== soak report: seed {}, {:.0} s of load", opts.seed, took);
+    print!("{}", findings.report);
+    for (i, envoy) in rig.envoys.iter().enumerate() {
+        let stats = common::envoy::get(envoy.admin, "/stats?filter=cluster.divvy.(upstream_cx_connect_fail|health_check.failure)$", &[])
+            .map(|(_, _, body)| body.split_whitespace().collect::<Vec<_>>().join(" "))
+            .unwrap_or_default();
+        println!("envoy {i}: {stats}");
+    }
+    println!("requests the load generator fell behind on and skipped: {skipped}");
+    if findings.violations.is_empty() {
+        println!("soak: PASSED (seed {})", opts.seed);
+        return ExitCode::SUCCESS;
+    }
+    println!("soak: FAILED (seed {}), {} violations:", opts.seed, findings.violations.len());
+    for v in &findings.violations {
+        println!("  - {v}");
+    }
+    ExitCode::FAILURE
+}

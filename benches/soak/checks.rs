@@ -80,14 +80,18 @@ fn redis_factor(kind: Kind) -> u64 {
     }
 }
 
-/// The most an actor may be admitted on `rule` in epoch second `k`.
-fn bound(rule: usize, k: f64, events: &[Event]) -> u64 {
+/// The most an actor may be admitted on `rule` in epoch second `k`: the
+/// rule's own bound, times [`redis_factor`] while a Redis fault lasts, and
+/// twice it wherever the failure policy decided anything (Redis slower
+/// than Envoy's deadline on a busy machine opens the breaker too).
+fn bound(rule: usize, k: f64, events: &[Event], policy: &[(f64, f64)]) -> u64 {
+    let overlaps = |from: f64, to: f64| from < k + 1.0 && to > k;
+    let by_policy = if policy.iter().any(|(a, b)| overlaps(*a, *b)) { 2 } else { 1 };
     let factor = events
         .iter()
-        .filter(|e| e.injected < k + 1.0 && e.over() > k)
+        .filter(|e| overlaps(e.injected, e.over()))
         .map(|e| redis_factor(e.kind))
-        .max()
-        .unwrap_or(1);
+        .fold(by_policy, u64::max);
     let mut base = RULES[rule].2;
     if rule == 0 && knob_covers(k, events) {
         base = KNOB_LIMIT;
@@ -109,7 +113,7 @@ fn knob_covers(k: f64, events: &[Event]) -> bool {
 /// Counts each actor's admissions per epoch second (only those sent and
 /// answered within the same second, so that which window decided them
 /// is certain) against the limit in force.
-pub fn admissions(records: &[Record], events: &[Event], out: &mut Findings) {
+pub fn admissions(records: &[Record], events: &[Event], policy: &[(f64, f64)], out: &mut Findings) {
     let mut counts: BTreeMap<(usize, usize, i64), u64> = BTreeMap::new();
     let (mut certain, mut allowed) = (0u64, 0u64);
     for r in records.iter().filter(|r| r.status == Status::Allowed) {
@@ -127,12 +131,13 @@ pub fn admissions(records: &[Record], events: &[Event], out: &mut Findings) {
         let mut worst = (0u64, 0u64, 0i64);
         let mut over = Vec::new();
         for ((_, _, k), n) in counts.range((rule, 0, i64::MIN)..=(rule, ACTORS, i64::MAX)) {
-            let b = bound(rule, *k as f64, events);
+            let b = bound(rule, *k as f64, events, policy);
             if *n * worst.1 > worst.0 * b || worst.1 == 0 {
                 worst = (*n, b, *k);
             }
             if *n > b {
-                over.push(format!("{n} > {b} at {k}"));
+                let at = *k as f64 - crate::START.get().copied().unwrap_or(0.0);
+                over.push(format!("{n} > {b} at {at:.0} s"));
             }
         }
         let _ = writeln!(

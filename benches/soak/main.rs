@@ -16,11 +16,13 @@
 //! Options: `--minutes M` (default 2; fractions allowed), `--seed N`
 //! (default: drawn from the clock, and printed, so a failure can be
 //! replayed); `SOAK_MINUTES` and `SOAK_SEED` stand for them.
+//! `SOAK_DUMP=DIR` writes every request, fault and log line there.
 
 #[path = "../../tests/common/mod.rs"]
 mod common;
 
 mod checks;
+mod dump;
 mod faults;
 mod health;
 mod hostile;
@@ -106,7 +108,8 @@ fn main() -> ExitCode {
     }
     let seconds = opts.minutes * 60.0;
     let stop = Arc::new(AtomicBool::new(false));
-    let sampler = sampler::start(rig.pids.clone(), stop.clone());
+    let addrs = rig.replicas.iter().map(rig::Replica::http).collect();
+    let sampler = sampler::start(rig.pids.clone(), addrs, stop.clone());
     let start = now();
     START.set(start).expect("started once");
     let (records, load) = load::start([rig.envoy_port(0), rig.envoy_port(1)], seconds);
@@ -119,9 +122,15 @@ fn main() -> ExitCode {
     let end = now();
     let records = std::mem::take(&mut *records.lock().unwrap());
     let log = rig.log.lock().unwrap().clone();
+    if let Ok(dir) = std::env::var("SOAK_DUMP") {
+        if let Err(e) = dump::write(&dir, &records, &events, &log) {
+            eprintln!("soak: SOAK_DUMP={dir}: {e}");
+        }
+    }
     let mut findings = checks::Findings::default();
     checks::statuses(&records, &events, &mut findings);
-    checks::admissions(&records, &events, &mut findings);
+    let policy = sampler::policy_active(&samples);
+    checks::admissions(&records, &events, &policy, &mut findings);
     findings.report += "faults (time, what, recovery):\n";
     checks::recoveries(&events, &mut findings);
     health::resources(&samples, start, end, &mut findings);
@@ -134,8 +143,9 @@ fn report(opts: &Options, rig: &rig::Rig, skipped: u64, took: f64, findings: che
     println!("\n== soak report: seed {}, {:.0} s of load", opts.seed, took);
     print!("{}", findings.report);
     for (i, envoy) in rig.envoys.iter().enumerate() {
-        let stats = common::envoy::get(envoy.admin, "/stats?filter=cluster.divvy.(upstream_cx_connect_fail|health_check.failure)$", &[])
-            .map(|(_, _, body)| body.split_whitespace().collect::<Vec<_>>().join(" "))
+        let filter = "/stats?filter=cluster.divvy.(health_check|upstream_cx_connect_fail|membership_healthy)";
+        let stats = common::envoy::get(envoy.admin, filter, &[])
+            .map(|(_, _, body)| body.lines().filter(|l| l.contains(':')).collect::<Vec<_>>().join(", "))
             .unwrap_or_default();
         println!("envoy {i}: {stats}");
     }

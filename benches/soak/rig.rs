@@ -188,7 +188,9 @@ const SECOND_DIVVY: u16 = 8082;
 /// An Envoy with Envoy's defaults for the rate-limit filter (a 20 ms
 /// timeout, `failure_mode_deny: true`), both replicas in its cluster and
 /// a gRPC health check every 250 ms, so that a dead replica leaves the
-/// rotation within about a quarter second.
+/// rotation within about a quarter second (the no-traffic interval too:
+/// Envoy counts a cluster only gRPC calls go to as without traffic, and
+/// would check it once a minute).
 fn start_envoy(grpc: &[u16], upstream: u16) -> Envoy {
     let yaml = Bootstrap::new("soak", "", "0.02s")
         .descriptor_headers(&[("x-rule", "rule"), ("x-actor", "actor")])
@@ -201,7 +203,7 @@ fn start_envoy(grpc: &[u16], upstream: u16) -> Envoy {
     );
     let checked = "  - name: divvy\n    type: STATIC\n    connect_timeout: 1s\n";
     let health = format!(
-        "{checked}    health_checks:\n    - {{ timeout: 0.2s, interval: 0.25s, unhealthy_threshold: 1, healthy_threshold: 1, grpc_health_check: {{}} }}\n    common_lb_config: {{ healthy_panic_threshold: {{ value: 0 }} }}\n"
+        "{checked}    health_checks:\n    - {{ timeout: 0.2s, interval: 0.25s, no_traffic_interval: 0.25s, unhealthy_threshold: 1, healthy_threshold: 1, grpc_health_check: {{}} }}\n    common_lb_config: {{ healthy_panic_threshold: {{ value: 0 }} }}\n"
     );
     assert!(yaml.contains(endpoint) && yaml.contains(checked), "bootstrap changed: {yaml}");
     let yaml = yaml.replace(endpoint, &both).replace(checked, &health);

@@ -1,6 +1,7 @@
 //! Each replica's resident memory, open file descriptors and threads,
 //! read from /proc once a second.
 
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -22,6 +23,9 @@ pub struct Sample {
     pub fds: u64,
     /// Threads.
     pub threads: u64,
+    /// Its failure-policy decisions so far (`divvy_failure_policy_decisions_total`,
+    /// every label), if its admin API answered.
+    pub policy: Option<f64>,
 }
 
 /// Reads `/proc/PID/status` and `/proc/PID/fd`; `None` once it is gone.
@@ -35,9 +39,39 @@ fn read(pid: u32) -> Option<(u64, u64, u64)> {
     Some((field("VmRSS:")? * 1024, fds, field("Threads:")?))
 }
 
+/// The sum of a replica's `divvy_failure_policy_decisions_total`.
+fn policy_decisions(http: SocketAddr) -> Option<f64> {
+    let (status, body) = crate::rig::get(http, "/metrics")?;
+    (status == 200).then_some(())?;
+    let samples = crate::common::parse_metrics(&body);
+    let decisions = samples
+        .iter()
+        .filter(|(k, _)| k.starts_with("divvy_failure_policy_decisions_total"));
+    Some(decisions.map(|(_, v)| v).sum())
+}
+
+/// When the failure policy decided something, as seen by the sampler:
+/// each `[from, to]` between two samples of one process over which its
+/// count of policy decisions grew.
+pub fn policy_active(samples: &[Sample]) -> Vec<(f64, f64)> {
+    let mut spans = Vec::new();
+    for replica in 0..2 {
+        let mine: Vec<&Sample> = samples.iter().filter(|s| s.replica == replica).collect();
+        for pair in mine.windows(2) {
+            let (a, b) = (pair[0], pair[1]);
+            let grew = matches!((a.policy, b.policy), (Some(x), Some(y)) if y > x);
+            if a.pid == b.pid && grew {
+                spans.push((a.at, b.at));
+            }
+        }
+    }
+    spans
+}
+
 /// Samples the processes of `pids` every second until `stop` is set.
 pub fn start(
     pids: Arc<Mutex<Vec<Option<u32>>>>,
+    addrs: Vec<SocketAddr>,
     stop: Arc<AtomicBool>,
 ) -> std::thread::JoinHandle<Vec<Sample>> {
     std::thread::spawn(move || {
@@ -46,9 +80,10 @@ pub fn start(
             let now_pids = pids.lock().unwrap().clone();
             for (replica, pid) in now_pids.into_iter().enumerate() {
                 let Some(pid) = pid else { continue };
+                let http = addrs[replica];
                 if let Some((rss, fds, threads)) = read(pid) {
-                    let at = now();
-                    samples.push(Sample { at, replica, pid, rss, fds, threads });
+                    let (at, policy) = (now(), policy_decisions(http));
+                    samples.push(Sample { at, replica, pid, rss, fds, threads, policy });
                 }
             }
             std::thread::sleep(Duration::from_secs(1));

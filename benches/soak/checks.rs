@@ -36,26 +36,49 @@ pub fn statuses(records: &[Record], events: &[Event], out: &mut Findings) {
         match &r.status {
             Status::Allowed => allowed += 1,
             Status::Denied => denied += 1,
-            Status::Server(_) if kills.iter().any(|k| r.done >= *k && r.done <= k + KILL_GRACE) => {
+            Status::Server(_)
+                if kills
+                    .iter()
+                    .any(|k| r.done >= *k && r.done <= k + KILL_GRACE) =>
+            {
                 excused += 1
             }
             Status::Server(code) => *other.entry(format!("HTTP {code}")).or_insert(0) += 1,
             Status::Other(why) => *other.entry(why.clone()).or_insert(0) += 1,
         }
     }
-    let per_envoy: Vec<usize> = (0..2).map(|e| records.iter().filter(|r| r.envoy == e).count()).collect();
+    let per_envoy: Vec<usize> = (0..2)
+        .map(|e| records.iter().filter(|r| r.envoy == e).count())
+        .collect();
     let _ = writeln!(
         out.report,
         "requests: {} through Envoys {per_envoy:?} (200: {allowed}, 429: {denied}, 5xx in a replica kill's first second: {excused}, anything else: {})",
         records.len(),
         other.values().sum::<usize>()
     );
+    let mut took: Vec<f64> = records.iter().map(|r| (r.done - r.sent) * 1000.0).collect();
+    took.sort_by(f64::total_cmp);
+    let pct = |p: f64| {
+        took.get(((took.len() as f64 - 1.0) * p) as usize)
+            .copied()
+            .unwrap_or(0.0)
+    };
+    let _ = writeln!(
+        out.report,
+        "latency through Envoy, ms: p50 {:.1}, p99 {:.1}, p99.9 {:.1}, max {:.1}",
+        pct(0.5),
+        pct(0.99),
+        pct(0.999),
+        pct(1.0)
+    );
     for (what, n) in other {
         let first = records
             .iter()
             .find(|r| status_text(&r.status) == what)
             .map_or(0.0, |r| r.sent - crate::START.get().copied().unwrap_or(0.0));
-        out.violations.push(format!("{n} requests answered {what} (first at {first:.1} s)"));
+        out.violations.push(format!(
+            "{n} requests answered {what} (first at {first:.1} s)"
+        ));
     }
 }
 
@@ -86,7 +109,11 @@ fn redis_factor(kind: Kind) -> u64 {
 /// than Envoy's deadline on a busy machine opens the breaker too).
 fn bound(rule: usize, k: f64, events: &[Event], policy: &[(f64, f64)]) -> u64 {
     let overlaps = |from: f64, to: f64| from < k + 1.0 && to > k;
-    let by_policy = if policy.iter().any(|(a, b)| overlaps(*a, *b)) { 2 } else { 1 };
+    let by_policy = if policy.iter().any(|(a, b)| overlaps(*a, *b)) {
+        2
+    } else {
+        1
+    };
     let factor = events
         .iter()
         .filter(|e| overlaps(e.injected, e.over()))
@@ -106,7 +133,9 @@ fn knob_covers(k: f64, events: &[Event]) -> bool {
         let (set, delete) = (&pair[0], &pair[1]);
         set.kind == Kind::Knob
             && delete.kind == Kind::Knob
-            && set.recovered.is_some_and(|seen| k >= seen && k + 1.0 <= delete.injected)
+            && set
+                .recovered
+                .is_some_and(|seen| k >= seen && k + 1.0 <= delete.injected)
     })
 }
 
@@ -120,7 +149,9 @@ pub fn admissions(records: &[Record], events: &[Event], policy: &[(f64, f64)], o
         allowed += 1;
         if r.sent.floor() == r.done.floor() {
             certain += 1;
-            *counts.entry((r.rule, r.actor, r.sent.floor() as i64)).or_insert(0) += 1;
+            *counts
+                .entry((r.rule, r.actor, r.sent.floor() as i64))
+                .or_insert(0) += 1;
         }
     }
     let _ = writeln!(
@@ -146,7 +177,11 @@ pub fn admissions(records: &[Record], events: &[Event], policy: &[(f64, f64)], o
             worst.0, worst.1
         );
         if !over.is_empty() {
-            out.violations.push(format!("{name}: over-admitted in {} windows: {}", over.len(), over.join(", ")));
+            out.violations.push(format!(
+                "{name}: over-admitted in {} windows: {}",
+                over.len(),
+                over.join(", ")
+            ));
         }
     }
 }
@@ -169,9 +204,10 @@ pub fn recoveries(events: &[Event], out: &mut Findings) {
         );
         match e.recovery() {
             None => out.violations.push(format!("{}: no recovery seen", e.name)),
-            Some(r) if r > e.bound => out
-                .violations
-                .push(format!("{}: recovered in {r:.2} s, past its bound of {:.1} s", e.name, e.bound)),
+            Some(r) if r > e.bound => out.violations.push(format!(
+                "{}: recovered in {r:.2} s, past its bound of {:.1} s",
+                e.name, e.bound
+            )),
             _ => {}
         }
         if let Some(problem) = &e.problem {
@@ -180,7 +216,9 @@ pub fn recoveries(events: &[Event], out: &mut Findings) {
     }
     for kind in crate::faults::ALL {
         if !events.iter().any(|e| e.kind == kind) {
-            out.violations.push(format!("fault kind {kind:?} was never injected (run longer)"));
+            out.violations.push(format!(
+                "fault kind {kind:?} was never injected (run longer)"
+            ));
         }
     }
 }

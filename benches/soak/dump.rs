@@ -9,11 +9,20 @@ use crate::rig::LogLine;
 
 /// Writes `requests.txt`, `faults.txt` and `log.txt` into `dir` (times in
 /// Unix seconds).
-pub fn write(dir: &str, records: &[Record], events: &[Event], log: &[LogLine]) -> std::io::Result<()> {
+pub fn write(
+    dir: &str,
+    records: &[Record],
+    events: &[Event],
+    log: &[LogLine],
+) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
     let mut text = String::from("# rule actor envoy sent done status\n");
     for r in records {
-        let _ = writeln!(text, "{} {} {} {:.4} {:.4} {:?}", r.rule, r.actor, r.envoy, r.sent, r.done, r.status);
+        let _ = writeln!(
+            text,
+            "{} {} {} {:.4} {:.4} {:?}",
+            r.rule, r.actor, r.envoy, r.sent, r.done, r.status
+        );
     }
     std::fs::write(format!("{dir}/requests.txt"), text)?;
     let mut text = String::new();

@@ -118,7 +118,10 @@ pub fn run(rig: &mut Rig, rng: &mut TestRng, until: f64) -> Vec<Event> {
             return events;
         }
         std::thread::sleep(Duration::from_secs_f64(gap));
-        println!("soak: {:>6.1} s  {kind:?} for {hold:.1} s", now() - crate::START.get().copied().unwrap_or(0.0));
+        println!(
+            "soak: {:>6.1} s  {kind:?} for {hold:.1} s",
+            now() - crate::START.get().copied().unwrap_or(0.0)
+        );
         events.extend(inject(rig, rng, kind, hold));
     }
 }
@@ -150,10 +153,16 @@ fn redis_fault(rig: &mut Rig, kind: Kind, hold: Duration) -> Event {
     match kind {
         Kind::RedisStop => rig.redis.pause(),
         Kind::RedisKill => rig.redis.kill(),
-        _ => rig.proxy.set(ProxyFault::SlowReplies(Duration::from_millis(60))),
+        _ => rig
+            .proxy
+            .set(ProxyFault::SlowReplies(Duration::from_millis(60))),
     }
     std::thread::sleep(hold);
-    let open: Vec<bool> = rig.replicas.iter().map(|r| breaker(r.http()) != Some(0.0)).collect();
+    let open: Vec<bool> = rig
+        .replicas
+        .iter()
+        .map(|r| breaker(r.http()) != Some(0.0))
+        .collect();
     event.note = format!("breaker open at the end: {open:?}");
     match kind {
         Kind::RedisStop => rig.redis.resume(),
@@ -175,7 +184,12 @@ fn breaker(http: std::net::SocketAddr) -> Option<f64> {
 /// ready and its breaker closed (the soak's own bound: a debug build
 /// starts in well under 10 s).
 fn replica_kill(rig: &mut Rig, hold: Duration) -> Event {
-    let mut event = Event::new("replica 0 killed, restarted", Kind::ReplicaKill, now(), 10.0);
+    let mut event = Event::new(
+        "replica 0 killed, restarted",
+        Kind::ReplicaKill,
+        now(),
+        10.0,
+    );
     rig.kill_replica(0);
     std::thread::sleep(hold);
     event.healed = now();
@@ -193,7 +207,9 @@ fn reloads(rig: &Rig, result: &str) -> Vec<f64> {
     rig.replicas
         .iter()
         .map(|r| {
-            let body = rig::get(r.http(), "/metrics").map(|(_, b)| b).unwrap_or_default();
+            let body = rig::get(r.http(), "/metrics")
+                .map(|(_, b)| b)
+                .unwrap_or_default();
             crate::common::parse_metrics(&body)
                 .iter()
                 .filter(|(k, _)| k.starts_with("divvy_reloads_total") && k.contains(&label))
@@ -209,8 +225,16 @@ fn reloads(rig: &Rig, result: &str) -> Vec<f64> {
 fn reload(rig: &mut Rig) -> Vec<Event> {
     let mut events = Vec::new();
     for (name, text, result) in [
-        ("bad policy file refused", "overrides: [\n  - {creditLimit: oops\n".to_owned(), "failure"),
-        ("good policy file loaded", rig::policy(next_version()), "success"),
+        (
+            "bad policy file refused",
+            "overrides: [\n  - {creditLimit: oops\n".to_owned(),
+            "failure",
+        ),
+        (
+            "good policy file loaded",
+            rig::policy(next_version()),
+            "success",
+        ),
     ] {
         let before = reloads(rig, result);
         let mut event = Event::new(name, Kind::Reload, now(), 2.0);

@@ -21,20 +21,34 @@ const FD_SLACK: f64 = 3.0;
 /// before the mark to the end.
 pub fn resources(samples: &[Sample], from: f64, to: f64, out: &mut Findings) {
     let mark = (to - 600.0).max(from + (to - from) / 2.0);
-    let _ = writeln!(out.report, "resources (at the mark, {:.0} s in → at the end):", mark - from);
+    let _ = writeln!(
+        out.report,
+        "resources (at the mark, {:.0} s in → at the end):",
+        mark - from
+    );
     for replica in 0..2 {
         let Some(last) = samples.iter().rev().find(|s| s.replica == replica) else {
-            out.violations.push(format!("replica {replica}: never sampled"));
+            out.violations
+                .push(format!("replica {replica}: never sampled"));
             continue;
         };
         let mine: Vec<&Sample> = samples.iter().filter(|s| s.pid == last.pid).collect();
         if mine.first().is_none_or(|s| s.at > mark - 5.0) {
-            let _ = writeln!(out.report, "  replica {replica}: restarted after the mark, not compared");
+            let _ = writeln!(
+                out.report,
+                "  replica {replica}: restarted after the mark, not compared"
+            );
             continue;
         }
-        let near: Vec<&Sample> = mine.iter().copied().filter(|s| (s.at - mark).abs() <= 5.0).collect();
+        let near: Vec<&Sample> = mine
+            .iter()
+            .copied()
+            .filter(|s| (s.at - mark).abs() <= 5.0)
+            .collect();
         let end: Vec<&Sample> = mine.iter().rev().take(10).copied().collect();
-        let mean = |set: &[&Sample], f: fn(&Sample) -> f64| set.iter().map(|s| f(s)).sum::<f64>() / set.len().max(1) as f64;
+        let mean = |set: &[&Sample], f: fn(&Sample) -> f64| {
+            set.iter().map(|s| f(s)).sum::<f64>() / set.len().max(1) as f64
+        };
         let measures: [(&str, fn(&Sample) -> f64, f64); 3] = [
             ("RSS MiB", |s| s.rss as f64 / 1048576.0, 0.0),
             ("open fds", |s| s.fds as f64, FD_SLACK),
@@ -46,7 +60,9 @@ pub fn resources(samples: &[Sample], from: f64, to: f64, out: &mut Findings) {
             let peak = mine.iter().map(|s| f(s)).fold(0.0, f64::max);
             let _ = write!(line, " {name} {at:.1} → {late:.1} (peak {peak:.1});");
             if late > at * (1.0 + GROWTH) + slack {
-                out.violations.push(format!("replica {replica}: {name} grew from {at:.1} to {late:.1}"));
+                out.violations.push(format!(
+                    "replica {replica}: {name} grew from {at:.1} to {late:.1}"
+                ));
             }
         }
         let _ = writeln!(out.report, "{line}");
@@ -68,7 +84,8 @@ pub fn logs(log: &[LogLine], events: &[Event], out: &mut Findings) {
             warnings += 1;
         }
         if line.contains("panicked") {
-            out.violations.push(format!("replica {replica} panicked: {line}"));
+            out.violations
+                .push(format!("replica {replica} panicked: {line}"));
         }
         if !is_error(line) {
             continue;
@@ -79,7 +96,9 @@ pub fn logs(log: &[LogLine], events: &[Event], out: &mut Findings) {
             .find(|e| *at >= e.injected - 0.5 && *at <= e.over() + 2.0);
         match cause {
             Some(_) => explained += 1,
-            None => out.violations.push(format!("replica {replica}: unexplained ERROR line: {line}")),
+            None => out
+                .violations
+                .push(format!("replica {replica}: unexplained ERROR line: {line}")),
         }
     }
     let _ = writeln!(

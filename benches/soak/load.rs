@@ -45,14 +45,18 @@ pub struct Record {
     pub status: Status,
 }
 
-/// The load's user names: `rule.actor.envoy`.
+/// The load's users, named `rule.actor.envoy`, their schedules spread
+/// evenly over each 1/[`RATE`] s (steady, not a burst of every user at
+/// once).
 fn loads(seconds: f64) -> Vec<(usize, usize, usize, Load)> {
+    let users = RULES.len() * ACTORS * 2;
     let mut loads = Vec::new();
     for rule in 0..RULES.len() {
         for actor in 0..ACTORS {
             for envoy in 0..2 {
                 let user = format!("{rule}.{actor}.{envoy}");
-                loads.push((rule, actor, envoy, Load::new(&user, RATE, 0.0, seconds)));
+                let from = loads.len() as f64 / (users as f64 * RATE);
+                loads.push((rule, actor, envoy, Load::new(&user, RATE, from, seconds)));
             }
         }
     }
@@ -61,7 +65,10 @@ fn loads(seconds: f64) -> Vec<(usize, usize, usize, Load)> {
 
 /// Runs the load through Envoys `ports` for `seconds` on threads of its
 /// own; the records accumulate in the returned vector as they come.
-pub fn start(ports: [u16; 2], seconds: f64) -> (Arc<Mutex<Vec<Record>>>, std::thread::JoinHandle<u64>) {
+pub fn start(
+    ports: [u16; 2],
+    seconds: f64,
+) -> (Arc<Mutex<Vec<Record>>>, std::thread::JoinHandle<u64>) {
     let records = Arc::new(Mutex::new(Vec::new()));
     let shared = records.clone();
     let handle = std::thread::spawn(move || {
@@ -82,7 +89,14 @@ pub fn start(ports: [u16; 2], seconds: f64) -> (Arc<Mutex<Vec<Record>>>, std::th
                     Outcome::Failed(why) => classify(why),
                 };
                 let done = now();
-                let record = Record { rule, actor, envoy, sent, done, status };
+                let record = Record {
+                    rule,
+                    actor,
+                    envoy,
+                    sent,
+                    done,
+                    status,
+                };
                 records.lock().unwrap().push(record);
                 outcome
             })

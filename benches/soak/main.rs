@@ -16,7 +16,9 @@
 //! Options: `--minutes M` (default 2; fractions allowed), `--seed N`
 //! (default: drawn from the clock, and printed, so a failure can be
 //! replayed); `SOAK_MINUTES` and `SOAK_SEED` stand for them.
-//! `SOAK_DUMP=DIR` writes every request, fault and log line there.
+//! `SOAK_DUMP=DIR` writes every request, fault and log line there;
+//! `SOAK_DIVVY=/path/to/divvy` runs another build of divvy (the test
+//! command's release build, say) instead of this profile's.
 
 #[path = "../../tests/common/mod.rs"]
 mod common;
@@ -63,20 +65,26 @@ fn options() -> Result<Options, String> {
             "--minutes" => minutes = args.next(),
             "--seed" => seed = args.next(),
             "--bench" => {}
-            other => return Err(format!("unknown argument {other:?} (expected --minutes M, --seed N)")),
+            other => {
+                return Err(format!(
+                    "unknown argument {other:?} (expected --minutes M, --seed N)"
+                ))
+            }
         }
     }
     let minutes = match minutes {
         None => 2.0,
-        Some(m) => m
-            .parse::<f64>()
-            .ok()
-            .filter(|m| *m >= 0.5)
-            .ok_or(format!("--minutes {m:?}: a number of minutes, at least 0.5"))?,
+        Some(m) => m.parse::<f64>().ok().filter(|m| *m >= 0.5).ok_or(format!(
+            "--minutes {m:?}: a number of minutes, at least 0.5"
+        ))?,
     };
     let seed = match seed {
-        None => SystemTime::now().duration_since(UNIX_EPOCH).map_or(7, |d| d.as_nanos() as u64),
-        Some(s) => s.parse().map_err(|_| format!("--seed {s:?}: an unsigned integer"))?,
+        None => SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(7, |d| d.as_nanos() as u64),
+        Some(s) => s
+            .parse()
+            .map_err(|_| format!("--seed {s:?}: an unsigned integer"))?,
     };
     Ok(Options { minutes, seed })
 }
@@ -89,7 +97,8 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let divvy = common::binary();
+    let divvy =
+        std::env::var_os("SOAK_DIVVY").map_or_else(common::binary, std::path::PathBuf::from);
     println!(
         "soak: seed {} ({} minutes; replay with --seed {}), divvy at {}",
         opts.seed,
@@ -104,7 +113,11 @@ fn main() -> ExitCode {
         let ready = faults::wait_until(60.0, || {
             rig::metric(http, "divvy_store_breaker_state") == Some(0.0)
         });
-        assert!(ready.is_some(), "replica {} did not reach Redis within 60 s", replica.index);
+        assert!(
+            ready.is_some(),
+            "replica {} did not reach Redis within 60 s",
+            replica.index
+        );
     }
     let seconds = opts.minutes * 60.0;
     let stop = Arc::new(AtomicBool::new(false));
@@ -139,22 +152,59 @@ fn main() -> ExitCode {
 }
 
 /// Prints the report; failure when anything was violated.
-fn report(opts: &Options, rig: &rig::Rig, skipped: u64, took: f64, findings: checks::Findings) -> ExitCode {
-    println!("\n== soak report: seed {}, {:.0} s of load", opts.seed, took);
+fn report(
+    opts: &Options,
+    rig: &rig::Rig,
+    skipped: u64,
+    took: f64,
+    findings: checks::Findings,
+) -> ExitCode {
+    println!(
+        "\n== soak report: seed {}, {:.0} s of load",
+        opts.seed, took
+    );
     print!("{}", findings.report);
     for (i, envoy) in rig.envoys.iter().enumerate() {
-        let filter = "/stats?filter=cluster.divvy.(health_check|upstream_cx_connect_fail|membership_healthy)";
+        let filter = "/stats?filter=(cluster.divvy.(health_check.(failure|success)|upstream_cx_connect_fail|upstream_rq_timeout)|ratelimit.(error|failure_mode_allowed))$";
         let stats = common::envoy::get(envoy.admin, filter, &[])
-            .map(|(_, _, body)| body.lines().filter(|l| l.contains(':')).collect::<Vec<_>>().join(", "))
+            .map(|(_, _, body)| {
+                body.lines()
+                    .filter(|l| l.contains(':'))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            })
             .unwrap_or_default();
         println!("envoy {i}: {stats}");
+    }
+    for replica in &rig.replicas {
+        let body = rig::get(replica.http(), "/metrics")
+            .map(|(_, b)| b)
+            .unwrap_or_default();
+        let counts: Vec<String> = common::parse_metrics(&body)
+            .into_iter()
+            .filter(|(k, v)| {
+                *v > 0.0
+                    && (k.starts_with("divvy_errors_total")
+                        || k.starts_with("divvy_failure_policy_decisions_total"))
+            })
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect();
+        println!(
+            "replica {} since its last start: {}",
+            replica.index,
+            counts.join(", ")
+        );
     }
     println!("requests the load generator fell behind on and skipped: {skipped}");
     if findings.violations.is_empty() {
         println!("soak: PASSED (seed {})", opts.seed);
         return ExitCode::SUCCESS;
     }
-    println!("soak: FAILED (seed {}), {} violations:", opts.seed, findings.violations.len());
+    println!(
+        "soak: FAILED (seed {}), {} violations:",
+        opts.seed,
+        findings.violations.len()
+    );
     for v in &findings.violations {
         println!("  - {v}");
     }

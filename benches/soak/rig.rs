@@ -205,7 +205,10 @@ fn start_envoy(grpc: &[u16], upstream: u16) -> Envoy {
     let health = format!(
         "{checked}    health_checks:\n    - {{ timeout: 0.2s, interval: 0.25s, no_traffic_interval: 0.25s, unhealthy_threshold: 1, healthy_threshold: 1, grpc_health_check: {{}} }}\n    common_lb_config: {{ healthy_panic_threshold: {{ value: 0 }} }}\n"
     );
-    assert!(yaml.contains(endpoint) && yaml.contains(checked), "bootstrap changed: {yaml}");
+    assert!(
+        yaml.contains(endpoint) && yaml.contains(checked),
+        "bootstrap changed: {yaml}"
+    );
     let yaml = yaml.replace(endpoint, &both).replace(checked, &health);
     let dir = tempfile::tempdir().expect("temp dir");
     let config = dir.path().join("envoy.yaml");

@@ -83,7 +83,15 @@ pub fn start(
                 let http = addrs[replica];
                 if let Some((rss, fds, threads)) = read(pid) {
                     let (at, policy) = (now(), policy_decisions(http));
-                    samples.push(Sample { at, replica, pid, rss, fds, threads, policy });
+                    samples.push(Sample {
+                        at,
+                        replica,
+                        pid,
+                        rss,
+                        fds,
+                        threads,
+                        policy,
+                    });
                 }
             }
             std::thread::sleep(Duration::from_secs(1));

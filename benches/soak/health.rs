@@ -15,6 +15,10 @@ const GROWTH: f64 = 0.10;
 /// less at the moment of a sample is no leak.
 const FD_SLACK: f64 = 3.0;
 
+/// A resource: its name, how to read it from a sample, the absolute
+/// growth allowed beyond [`GROWTH`].
+type Measure = (&'static str, fn(&Sample) -> f64, f64);
+
 /// The mark: ten minutes before the end, or half-way through a shorter
 /// run. The mean of the samples within five seconds of it is compared
 /// with the mean of the last ten, for each replica process that ran from
@@ -49,7 +53,7 @@ pub fn resources(samples: &[Sample], from: f64, to: f64, out: &mut Findings) {
         let mean = |set: &[&Sample], f: fn(&Sample) -> f64| {
             set.iter().map(|s| f(s)).sum::<f64>() / set.len().max(1) as f64
         };
-        let measures: [(&str, fn(&Sample) -> f64, f64); 3] = [
+        let measures: [Measure; 3] = [
             ("RSS MiB", |s| s.rss as f64 / 1048576.0, 0.0),
             ("open fds", |s| s.fds as f64, FD_SLACK),
             ("threads", |s| s.threads as f64, 0.0),

@@ -28,10 +28,12 @@ pub enum Kind {
     Knob,
     /// A line-protocol flood of long, distinct actor values.
     Hostile,
+    /// ZooKeeper (the aux rules' source) killed, then started again.
+    ZooKeeper,
 }
 
 /// Every kind, in the order they are listed in the report.
-pub const ALL: [Kind; 7] = [
+pub const ALL: [Kind; 8] = [
     Kind::RedisStop,
     Kind::RedisKill,
     Kind::RedisSlow,
@@ -39,6 +41,7 @@ pub const ALL: [Kind; 7] = [
     Kind::Reload,
     Kind::Knob,
     Kind::Hostile,
+    Kind::ZooKeeper,
 ];
 
 /// One fault as it happened (times in Unix seconds).
@@ -137,6 +140,7 @@ fn inject(rig: &mut Rig, rng: &mut TestRng, kind: Kind, hold: f64) -> Vec<Event>
         Kind::Reload => reload(rig),
         Kind::Knob => knob(rig, hold),
         Kind::Hostile => vec![crate::hostile::burst(rig, rng)],
+        Kind::ZooKeeper => vec![zookeeper(rig, hold)],
     }
 }
 
@@ -281,6 +285,36 @@ fn knob(rig: &mut Rig, hold: Duration) -> Vec<Event> {
     }
     delete.recovered = wait_until(10.0, || !seen());
     vec![set, delete]
+}
+
+/// ZooKeeper killed for `hold`, then started again: the aux rule stays in
+/// force on both replicas meanwhile; recovered when both see ZooKeeper
+/// answer again (`divvy_aux_rules_source_up`), within the reconnection
+/// backoff's longest wait, 10 s (docs/knobs.md, "Aux rules").
+fn zookeeper(rig: &mut Rig, hold: Duration) -> Event {
+    let mut event = Event::new("zookeeper killed, restarted", Kind::ZooKeeper, now(), 10.0);
+    rig.zk.kill();
+    std::thread::sleep(hold);
+    let aux: Vec<Option<f64>> = rig
+        .replicas
+        .iter()
+        .map(|r| rig::metric(r.http(), "divvy_aux_rules"))
+        .collect();
+    event.note = format!("aux rules in force while it was down: {aux:?}");
+    if aux.iter().any(|n| *n != Some(1.0)) {
+        event.problem = Some(format!(
+            "the aux rule was not kept while ZooKeeper was down: {aux:?}"
+        ));
+    }
+    rig.zk.launch();
+    event.healed = now();
+    let https: Vec<_> = rig.replicas.iter().map(rig::Replica::http).collect();
+    event.recovered = wait_until(30.0, || {
+        https
+            .iter()
+            .all(|h| rig::metric(*h, "divvy_aux_rules_source_up") == Some(1.0))
+    });
+    event
 }
 
 /// Polls `done` every 20 ms for up to `limit` seconds: when it held.

@@ -31,6 +31,7 @@ mod hostile;
 mod load;
 mod rig;
 mod sampler;
+mod zookeeper;
 
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -112,11 +113,12 @@ fn main() -> ExitCode {
         let http = replica.http();
         let ready = faults::wait_until(60.0, || {
             rig::metric(http, "divvy_store_breaker_state") == Some(0.0)
+                && rig::metric(http, "divvy_aux_rules") == Some(1.0)
         });
+        let index = replica.index;
         assert!(
             ready.is_some(),
-            "replica {} did not reach Redis within 60 s",
-            replica.index
+            "replica {index} did not reach Redis and ZooKeeper within 60 s"
         );
     }
     let seconds = opts.minutes * 60.0;

@@ -1,4 +1,5 @@
-//! The processes of the soak: one redis-server behind a fault proxy, two
+//! The processes of the soak: one redis-server behind a fault proxy, a
+//! ZooKeeper with aux rules, two
 //! divvy replicas on it (each on fixed ports, so a replica killed comes
 //! back where Envoy looks for it), and an Envoy in front of each whose
 //! rate-limit cluster holds both replicas behind a gRPC health check.
@@ -13,6 +14,7 @@ use crate::common::fault_proxy::FaultProxy;
 use crate::common::redis::Redis;
 use crate::common::{stable_port, Server};
 use crate::now;
+use crate::zookeeper::ZooKeeper;
 
 /// The admin token the replicas take knob changes with.
 pub const TOKEN: &str = "soak-admin-token";
@@ -74,6 +76,8 @@ impl Replica {
 pub struct Rig {
     /// The redis-server.
     pub redis: Redis,
+    /// The ZooKeeper the replicas take aux rules from.
+    pub zk: ZooKeeper,
     /// The proxy the replicas reach Redis through (to slow it).
     pub proxy: FaultProxy,
     /// The two replicas.
@@ -100,6 +104,7 @@ impl Rig {
         let redis = Redis::start_with_port(stable_port());
         let proxy = FaultProxy::start(redis.port);
         let mut rig = Rig {
+            zk: ZooKeeper::start(),
             redis,
             proxy,
             replicas: Vec::new(),
@@ -141,6 +146,9 @@ impl Rig {
             .args(["--http-addr", &format!("127.0.0.1:{http}")])
             .args(["--redis-url", &self.proxy.url()])
             .args(["--admin-token", TOKEN])
+            .args(["--zk-enabled-for-aux-rules", "true"])
+            .args(["--zk-hosts-for-aux-rules", &self.zk.hosts()])
+            .args(["--zk-aux-rules-path", crate::zookeeper::PATH])
             .env("DIVVY_LOG", "info");
         let mut server = Server::spawn(command);
         let started = now();

@@ -133,9 +133,7 @@ pub fn run(rig: &mut Rig, rng: &mut TestRng, until: f64) -> Vec<Event> {
 fn inject(rig: &mut Rig, rng: &mut TestRng, kind: Kind, hold: f64) -> Vec<Event> {
     let hold = Duration::from_secs_f64(hold);
     match kind {
-        Kind::RedisStop => vec![redis_fault(rig, kind, hold)],
-        Kind::RedisKill => vec![redis_fault(rig, kind, hold)],
-        Kind::RedisSlow => vec![redis_fault(rig, kind, hold)],
+        Kind::RedisStop | Kind::RedisKill | Kind::RedisSlow => vec![redis_fault(rig, kind, hold)],
         Kind::ReplicaKill => vec![replica_kill(rig, hold)],
         Kind::Reload => reload(rig),
         Kind::Knob => knob(rig, hold),

@@ -31,6 +31,7 @@ mod hostile;
 mod load;
 mod rig;
 mod sampler;
+mod selfcheck;
 mod zookeeper;
 
 use std::process::ExitCode;
@@ -98,6 +99,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    selfcheck::run();
     let divvy =
         std::env::var_os("SOAK_DIVVY").map_or_else(common::binary, std::path::PathBuf::from);
     println!(

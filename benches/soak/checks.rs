@@ -31,20 +31,24 @@ pub fn statuses(records: &[Record], events: &[Event], out: &mut Findings) {
         .filter(|e| e.kind == Kind::ReplicaKill)
         .map(|e| e.injected)
         .collect();
-    let (mut allowed, mut denied, mut excused, mut other) = (0, 0, 0, BTreeMap::new());
+    let start = crate::START.get().copied().unwrap_or(0.0);
+    // Each other answer: how many, and when the first was sent.
+    let mut other: BTreeMap<String, (usize, f64)> = BTreeMap::new();
+    let (mut allowed, mut denied, mut excused) = (0, 0, 0);
     for r in records {
+        let after_kill = kills
+            .iter()
+            .any(|k| r.done >= *k && r.done <= k + KILL_GRACE);
         match &r.status {
             Status::Allowed => allowed += 1,
             Status::Denied => denied += 1,
-            Status::Server(_)
-                if kills
-                    .iter()
-                    .any(|k| r.done >= *k && r.done <= k + KILL_GRACE) =>
-            {
-                excused += 1
+            Status::Server(_) if after_kill => excused += 1,
+            status => {
+                other
+                    .entry(status_text(status))
+                    .or_insert((0, r.sent - start))
+                    .0 += 1
             }
-            Status::Server(code) => *other.entry(format!("HTTP {code}")).or_insert(0) += 1,
-            Status::Other(why) => *other.entry(why.clone()).or_insert(0) += 1,
         }
     }
     let per_envoy: Vec<usize> = (0..2)
@@ -54,8 +58,18 @@ pub fn statuses(records: &[Record], events: &[Event], out: &mut Findings) {
         out.report,
         "requests: {} through Envoys {per_envoy:?} (200: {allowed}, 429: {denied}, 5xx in a replica kill's first second: {excused}, anything else: {})",
         records.len(),
-        other.values().sum::<usize>()
+        other.values().map(|(n, _)| n).sum::<usize>()
     );
+    latency(records, out);
+    for (what, (n, first)) in other {
+        out.violations.push(format!(
+            "{n} requests answered {what} (first at {first:.1} s)"
+        ));
+    }
+}
+
+/// The load's latency percentiles, from each request's send to its answer.
+fn latency(records: &[Record], out: &mut Findings) {
     let mut took: Vec<f64> = records.iter().map(|r| (r.done - r.sent) * 1000.0).collect();
     took.sort_by(f64::total_cmp);
     let pct = |p: f64| {
@@ -71,15 +85,6 @@ pub fn statuses(records: &[Record], events: &[Event], out: &mut Findings) {
         pct(0.999),
         pct(1.0)
     );
-    for (what, n) in other {
-        let first = records
-            .iter()
-            .find(|r| status_text(&r.status) == what)
-            .map_or(0.0, |r| r.sent - crate::START.get().copied().unwrap_or(0.0));
-        out.violations.push(format!(
-            "{n} requests answered {what} (first at {first:.1} s)"
-        ));
-    }
 }
 
 fn status_text(status: &Status) -> String {

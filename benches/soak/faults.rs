@@ -30,10 +30,12 @@ pub enum Kind {
     Hostile,
     /// ZooKeeper (the aux rules' source) killed, then started again.
     ZooKeeper,
+    /// The gRPC port's certificate: a broken pair, then a good one.
+    Tls,
 }
 
 /// Every kind, in the order they are listed in the report.
-pub const ALL: [Kind; 8] = [
+pub const ALL: [Kind; 9] = [
     Kind::RedisStop,
     Kind::RedisKill,
     Kind::RedisSlow,
@@ -42,6 +44,7 @@ pub const ALL: [Kind; 8] = [
     Kind::Knob,
     Kind::Hostile,
     Kind::ZooKeeper,
+    Kind::Tls,
 ];
 
 /// One fault as it happened (times in Unix seconds).
@@ -139,6 +142,7 @@ fn inject(rig: &mut Rig, rng: &mut TestRng, kind: Kind, hold: f64) -> Vec<Event>
         Kind::Knob => knob(rig, hold),
         Kind::Hostile => vec![crate::hostile::burst(rig, rng)],
         Kind::ZooKeeper => vec![zookeeper(rig, hold)],
+        Kind::Tls => crate::tls::rotation(rig),
     }
 }
 
@@ -316,13 +320,19 @@ fn zookeeper(rig: &mut Rig, hold: Duration) -> Event {
 }
 
 /// Polls `done` every 20 ms for up to `limit` seconds: when it held.
-pub fn wait_until(limit: f64, mut done: impl FnMut() -> bool) -> Option<f64> {
+pub fn wait_until(limit: f64, done: impl FnMut() -> bool) -> Option<f64> {
+    wait_every(limit, 0.02, done)
+}
+
+/// Polls `done` every `every` seconds for up to `limit` seconds: when it
+/// held.
+pub fn wait_every(limit: f64, every: f64, mut done: impl FnMut() -> bool) -> Option<f64> {
     let give_up = now() + limit;
     while now() < give_up {
         if done() {
             return Some(now());
         }
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(Duration::from_secs_f64(every));
     }
     None
 }

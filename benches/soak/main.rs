@@ -32,6 +32,7 @@ mod load;
 mod rig;
 mod sampler;
 mod selfcheck;
+mod tls;
 mod zookeeper;
 
 use std::process::ExitCode;

@@ -9,11 +9,12 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::sync::{Arc, Mutex};
 
-use crate::common::envoy::{self, Bootstrap, Envoy};
+use crate::common::envoy::{self, Bootstrap, Envoy, UpstreamTls};
 use crate::common::fault_proxy::FaultProxy;
 use crate::common::redis::Redis;
 use crate::common::{stable_port, Server};
 use crate::now;
+use crate::tls::Tls;
 use crate::zookeeper::ZooKeeper;
 
 /// The admin token the replicas take knob changes with.
@@ -76,6 +77,8 @@ impl Replica {
 pub struct Rig {
     /// The redis-server.
     pub redis: Redis,
+    /// The gRPC port's certificates.
+    pub tls: Tls,
     /// The ZooKeeper the replicas take aux rules from.
     pub zk: ZooKeeper,
     /// The proxy the replicas reach Redis through (to slow it).
@@ -104,6 +107,7 @@ impl Rig {
         let redis = Redis::start_with_port(stable_port());
         let proxy = FaultProxy::start(redis.port);
         let mut rig = Rig {
+            tls: Tls::generate(),
             zk: ZooKeeper::start(),
             redis,
             proxy,
@@ -128,7 +132,7 @@ impl Rig {
         let upstream = envoy::upstream("ok");
         let grpc: Vec<u16> = rig.replicas.iter().map(|r| r.ports[0]).collect();
         for _ in 0..2 {
-            rig.envoys.push(start_envoy(&grpc, upstream));
+            rig.envoys.push(start_envoy(&grpc, upstream, &rig.tls));
         }
         rig
     }
@@ -146,6 +150,10 @@ impl Rig {
             .args(["--http-addr", &format!("127.0.0.1:{http}")])
             .args(["--redis-url", &self.proxy.url()])
             .args(["--admin-token", TOKEN])
+            .arg("--grpc-tls-cert")
+            .arg(&self.tls.cert)
+            .arg("--grpc-tls-key")
+            .arg(&self.tls.key)
             .args(["--zk-enabled-for-aux-rules", "true"])
             .args(["--zk-hosts-for-aux-rules", &self.zk.hosts()])
             .args(["--zk-aux-rules-path", crate::zookeeper::PATH])
@@ -194,16 +202,23 @@ impl Rig {
 const SECOND_DIVVY: u16 = 8082;
 
 /// An Envoy with Envoy's defaults for the rate-limit filter (a 20 ms
-/// timeout, `failure_mode_deny: true`), both replicas in its cluster and
+/// timeout, `failure_mode_deny: true`), TLS to divvy from `tls`'s CA, both
+/// replicas in its cluster and
 /// a gRPC health check every 250 ms, so that a dead replica leaves the
 /// rotation within about a quarter second (the no-traffic interval too:
 /// Envoy counts a cluster only gRPC calls go to as without traffic, and
 /// would check it once a minute).
-fn start_envoy(grpc: &[u16], upstream: u16) -> Envoy {
+fn start_envoy(grpc: &[u16], upstream: u16, tls: &Tls) -> Envoy {
+    let upstream_tls = UpstreamTls {
+        cert: &tls.envoy.0,
+        key: &tls.envoy.1,
+        ca: &tls.ca_path,
+        san: Some("localhost"),
+    };
     let yaml = Bootstrap::new("soak", "", "0.02s")
         .descriptor_headers(&[("x-rule", "rule"), ("x-actor", "actor")])
         .listener("soak", "divvy")
-        .divvy("divvy", None)
+        .divvy("divvy", Some(upstream_tls))
         .yaml();
     let endpoint = "port_value: 8081 } } }";
     let both = format!(

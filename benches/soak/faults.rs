@@ -32,10 +32,12 @@ pub enum Kind {
     ZooKeeper,
     /// The gRPC port's certificate: a broken pair, then a good one.
     Tls,
+    /// Prometheus (the governor's source) killed, then started again.
+    Prometheus,
 }
 
 /// Every kind, in the order they are listed in the report.
-pub const ALL: [Kind; 9] = [
+pub const ALL: [Kind; 10] = [
     Kind::RedisStop,
     Kind::RedisKill,
     Kind::RedisSlow,
@@ -45,6 +47,7 @@ pub const ALL: [Kind; 9] = [
     Kind::Hostile,
     Kind::ZooKeeper,
     Kind::Tls,
+    Kind::Prometheus,
 ];
 
 /// One fault as it happened (times in Unix seconds).
@@ -103,8 +106,8 @@ pub fn between(rng: &mut TestRng, lo: f64, hi: f64) -> f64 {
 
 /// The longest a fault is held, seconds; the gap before each is drawn
 /// from [`GAP`].
-const HOLD: (f64, f64) = (2.0, 5.0);
-const GAP: (f64, f64) = (2.0, 4.0);
+const HOLD: (f64, f64) = (2.0, 4.0);
+const GAP: (f64, f64) = (1.5, 3.0);
 
 /// Injects faults until `until` (Unix seconds), leaving time for the
 /// last one's recovery: every kind once in a seeded order first.
@@ -143,6 +146,7 @@ fn inject(rig: &mut Rig, rng: &mut TestRng, kind: Kind, hold: f64) -> Vec<Event>
         Kind::Hostile => vec![crate::hostile::burst(rig, rng)],
         Kind::ZooKeeper => vec![zookeeper(rig, hold)],
         Kind::Tls => crate::tls::rotation(rig),
+        Kind::Prometheus => vec![crate::governor::prometheus_down(rig, hold)],
     }
 }
 
@@ -238,7 +242,7 @@ fn reload(rig: &mut Rig) -> Vec<Event> {
         ),
         (
             "good policy file loaded",
-            rig::policy(next_version()),
+            rig::policy(next_version(), &rig.prometheus.url()),
             "success",
         ),
     ] {

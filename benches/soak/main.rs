@@ -26,6 +26,7 @@ mod common;
 mod checks;
 mod dump;
 mod faults;
+mod governor;
 mod health;
 mod hostile;
 mod load;

@@ -1,5 +1,5 @@
 //! The processes of the soak: one redis-server behind a fault proxy, a
-//! ZooKeeper with aux rules, two
+//! ZooKeeper with aux rules, a Prometheus a governor reads, two
 //! divvy replicas on it (each on fixed ports, so a replica killed comes
 //! back where Envoy looks for it), and an Envoy in front of each whose
 //! rate-limit cluster holds both replicas behind a gRPC health check.
@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::common::envoy::{self, Bootstrap, Envoy, UpstreamTls};
 use crate::common::fault_proxy::FaultProxy;
+use crate::common::prometheus::Prometheus;
 use crate::common::redis::Redis;
 use crate::common::{stable_port, Server};
 use crate::now;
@@ -33,8 +34,9 @@ pub const RULES: [(&str, &str, u64); 3] = [
 pub const LIMIT: u64 = 10;
 
 /// The policy file, `version` in a comment (a reload that changes no rule
-/// keeps every counter: counters are keyed by rule content).
-pub fn policy(version: u32) -> String {
+/// keeps every counter: counters are keyed by rule content), with the
+/// governor reading `prometheus`.
+pub fn policy(version: u32, prometheus: &str) -> String {
     let mut yaml = format!("# soak policy, version {version}\noverrides:\n");
     for (name, algorithm, _) in RULES {
         yaml += &format!(
@@ -42,7 +44,8 @@ pub fn policy(version: u32) -> String {
         );
     }
     yaml += "  - operation: {rule: hostile, actor: \"*\"}\n    actorField: actor\n    algorithm: fixed\n    creditLimit: 5\n    resetSeconds: 1\n    label: hostile\n";
-    yaml + "default:\n  creditLimit: 10\n  resetSeconds: 0\n"
+    let (rule, governor) = crate::governor::policy_part(prometheus);
+    yaml + &rule + "default:\n  creditLimit: 10\n  resetSeconds: 0\n" + &governor
 }
 
 /// One line a replica logged: when (Unix seconds), which replica, the line.
@@ -77,6 +80,8 @@ impl Replica {
 pub struct Rig {
     /// The redis-server.
     pub redis: Redis,
+    /// The Prometheus the governor reads.
+    pub prometheus: Prometheus,
     /// The gRPC port's certificates.
     pub tls: Tls,
     /// The ZooKeeper the replicas take aux rules from.
@@ -103,10 +108,12 @@ impl Rig {
     pub fn start(divvy: PathBuf) -> Rig {
         let dir = tempfile::tempdir().expect("temp dir");
         let policy = dir.path().join("policy.yaml");
-        std::fs::write(&policy, self::policy(1)).expect("write policy");
+        let prometheus = crate::governor::start();
+        std::fs::write(&policy, self::policy(1, &prometheus.url())).expect("write policy");
         let redis = Redis::start_with_port(stable_port());
         let proxy = FaultProxy::start(redis.port);
         let mut rig = Rig {
+            prometheus,
             tls: Tls::generate(),
             zk: ZooKeeper::start(),
             redis,

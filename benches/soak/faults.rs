@@ -34,10 +34,12 @@ pub enum Kind {
     Tls,
     /// Prometheus (the governor's source) killed, then started again.
     Prometheus,
+    /// The xDS control plane stopped, then serving a new version.
+    Xds,
 }
 
 /// Every kind, in the order they are listed in the report.
-pub const ALL: [Kind; 10] = [
+pub const ALL: [Kind; 11] = [
     Kind::RedisStop,
     Kind::RedisKill,
     Kind::RedisSlow,
@@ -48,6 +50,7 @@ pub const ALL: [Kind; 10] = [
     Kind::ZooKeeper,
     Kind::Tls,
     Kind::Prometheus,
+    Kind::Xds,
 ];
 
 /// One fault as it happened (times in Unix seconds).
@@ -147,6 +150,7 @@ fn inject(rig: &mut Rig, rng: &mut TestRng, kind: Kind, hold: f64) -> Vec<Event>
         Kind::ZooKeeper => vec![zookeeper(rig, hold)],
         Kind::Tls => crate::tls::rotation(rig),
         Kind::Prometheus => vec![crate::governor::prometheus_down(rig, hold)],
+        Kind::Xds => vec![crate::xds::plane_down(rig, hold)],
     }
 }
 

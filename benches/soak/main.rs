@@ -34,6 +34,7 @@ mod rig;
 mod sampler;
 mod selfcheck;
 mod tls;
+mod xds;
 mod zookeeper;
 
 use std::process::ExitCode;

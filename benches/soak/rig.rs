@@ -1,5 +1,6 @@
 //! The processes of the soak: one redis-server behind a fault proxy, a
-//! ZooKeeper with aux rules, a Prometheus a governor reads, two
+//! ZooKeeper with aux rules, a Prometheus a governor reads, an xDS control
+//! plane, two
 //! divvy replicas on it (each on fixed ports, so a replica killed comes
 //! back where Envoy looks for it), and an Envoy in front of each whose
 //! rate-limit cluster holds both replicas behind a gRPC health check.
@@ -16,6 +17,7 @@ use crate::common::redis::Redis;
 use crate::common::{stable_port, Server};
 use crate::now;
 use crate::tls::Tls;
+use crate::xds::Plane;
 use crate::zookeeper::ZooKeeper;
 
 /// The admin token the replicas take knob changes with.
@@ -80,6 +82,8 @@ impl Replica {
 pub struct Rig {
     /// The redis-server.
     pub redis: Redis,
+    /// The xDS control plane of an envoyproxy/ratelimit domain.
+    pub xds: Plane,
     /// The Prometheus the governor reads.
     pub prometheus: Prometheus,
     /// The gRPC port's certificates.
@@ -113,6 +117,7 @@ impl Rig {
         let redis = Redis::start_with_port(stable_port());
         let proxy = FaultProxy::start(redis.port);
         let mut rig = Rig {
+            xds: Plane::start(),
             prometheus,
             tls: Tls::generate(),
             zk: ZooKeeper::start(),
@@ -161,6 +166,8 @@ impl Rig {
             .arg(&self.tls.cert)
             .arg("--grpc-tls-key")
             .arg(&self.tls.key)
+            .args(["--xds-server", &self.xds.addr.to_string()])
+            .args(["--xds-node-id", "soak"])
             .args(["--zk-enabled-for-aux-rules", "true"])
             .args(["--zk-hosts-for-aux-rules", &self.zk.hosts()])
             .args(["--zk-aux-rules-path", crate::zookeeper::PATH])

@@ -31,6 +31,7 @@ mod health;
 mod hostile;
 mod load;
 mod rig;
+mod rlqs;
 mod sampler;
 mod selfcheck;
 mod tls;
@@ -133,10 +134,13 @@ fn main() -> ExitCode {
     let start = now();
     START.set(start).expect("started once");
     let (records, load) = load::start([rig.envoy_port(0), rig.envoy_port(1)], seconds);
+    let stream = rlqs::start(rig.grpc(1), rig.tls.ca_pem.clone());
     // A quiet start: the report's first seconds show the steady state.
     std::thread::sleep(Duration::from_secs(5));
     let events = faults::run(&mut rig, &mut rng, start + seconds);
     let skipped = load.join().expect("load");
+    let mut findings = checks::Findings::default();
+    stream.finish(start + 2.0, now(), &mut findings);
     stop.store(true, Ordering::Relaxed);
     let samples = sampler.join().expect("sampler");
     let end = now();
@@ -147,7 +151,6 @@ fn main() -> ExitCode {
             eprintln!("soak: SOAK_DUMP={dir}: {e}");
         }
     }
-    let mut findings = checks::Findings::default();
     checks::statuses(&records, &events, &mut findings);
     let policy = sampler::policy_active(&samples);
     checks::admissions(&records, &events, &policy, &mut findings);

@@ -47,7 +47,10 @@ pub fn policy(version: u32, prometheus: &str) -> String {
     }
     yaml += "  - operation: {rule: hostile, actor: \"*\"}\n    actorField: actor\n    algorithm: fixed\n    creditLimit: 5\n    resetSeconds: 1\n    label: hostile\n";
     let (rule, governor) = crate::governor::policy_part(prometheus);
-    yaml + &rule + "default:\n  creditLimit: 10\n  resetSeconds: 0\n" + &governor
+    yaml + &rule
+        + crate::rlqs::RULE
+        + "default:\n  creditLimit: 10\n  resetSeconds: 0\n"
+        + &governor
 }
 
 /// One line a replica logged: when (Unix seconds), which replica, the line.
@@ -204,6 +207,11 @@ impl Rig {
         let next = self.policy.with_extension("next");
         std::fs::write(&next, text).expect("write policy");
         std::fs::rename(&next, &self.policy).expect("rename policy");
+    }
+
+    /// Replica `index`'s gRPC address.
+    pub fn grpc(&self, index: usize) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.replicas[index].ports[0]))
     }
 
     /// The listener port of Envoy `index`.

@@ -14,6 +14,8 @@ use crate::rig::{self, Rig};
 /// CA that signs them all.
 pub struct Tls {
     ca: Ca,
+    /// The CA certificate (PEM).
+    pub ca_pem: String,
     /// The CA certificate (PEM) Envoy trusts.
     pub ca_path: PathBuf,
     /// The replicas' certificate and key (shared; rotated in place).
@@ -36,6 +38,7 @@ impl Tls {
         let (cert, key) = ca.server(16).write(dir.path(), "server");
         let envoy = ca.issue(&[San::Dns("envoy")], 2).write(dir.path(), "envoy");
         Tls {
+            ca_pem: ca.pem.clone(),
             ca,
             ca_path,
             cert,

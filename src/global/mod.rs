@@ -275,7 +275,11 @@ impl Global {
                 // given back by others is taken up quickly) and while the
                 // global store fails (so leases return soon after it does).
                 let quick = renewals < 4 || g.short.load(Ordering::Acquire) || g.in_fallback();
-                let every = if quick { tick } else { g.options.period };
+                let every = if quick {
+                    tick
+                } else {
+                    g.options.period
+                };
                 let due = last_renewal.is_none_or(|t| t.elapsed() >= every);
                 if g.step(due).await {
                     last_renewal = Some(Instant::now());

@@ -176,3 +176,11 @@ wait "$release_build" || { echo "the background release build failed:" >&2; tail
 log "cargo test, servers on one worker thread (DIVVY_WORKER_THREADS=1)"
 DIVVY_WORKER_THREADS=1 cargo test --locked --test hostile --test line --test grpc --test authority --test redis \
   --test knobs --test reload --test zookeeper --test admin --test tls
+
+# The soak (docs/reliability.md): two replicas on one Redis behind two
+# Envoys, 2 minutes of steady load with every fault kind at least once, on
+# a fixed seed. It runs the release build made above (the soak itself
+# builds in the dev profile): Envoy's 20 ms deadline is what the soak holds
+# divvy to, and that is the build that ships.
+log "soak: 2 minutes, seed 7"
+SOAK_DIVVY=target/release/divvy cargo test --locked --bench soak -- --minutes 2 --seed 7

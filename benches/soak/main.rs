@@ -151,7 +151,11 @@ fn main() -> ExitCode {
             eprintln!("soak: SOAK_DUMP={dir}: {e}");
         }
     }
-    checks::statuses(&records, &events, &mut findings);
+    let tolerated = std::env::var("SOAK_5XX_TOLERATED")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    checks::statuses(&records, &events, tolerated, &mut findings);
     let policy = sampler::policy_active(&samples);
     checks::admissions(&records, &events, &policy, &mut findings);
     findings.report += "faults (time, what, recovery):\n";

@@ -30,7 +30,7 @@ pub fn run() {
     let none: Vec<Event> = Vec::new();
     let mut clean = Findings::default();
     checks::admissions(&second(10, Status::Allowed), &none, &[], &mut clean);
-    checks::statuses(&second(10, Status::Denied), &none, &mut clean);
+    checks::statuses(&second(10, Status::Denied), &none, 0, &mut clean);
     assert!(
         clean.violations.is_empty(),
         "a clean trace fails: {:?}",
@@ -54,7 +54,7 @@ pub fn run() {
         "the failure policy's allowance is not applied"
     );
     let mut failed = Findings::default();
-    checks::statuses(&second(1, Status::Server(500)), &none, &mut failed);
+    checks::statuses(&second(1, Status::Server(500)), &none, 0, &mut failed);
     assert!(
         !failed.violations.is_empty(),
         "a 500 with no replica killed passes"

@@ -3,11 +3,8 @@
 //! A reset needs the admin token (`--token` or `DIVVY_ADMIN_TOKEN`); a read
 //! uses it, or `DIVVY_ADMIN_READ_TOKEN`, when the server protects reads.
 
-use std::io::Write;
-
 use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
-use serde_json::Value;
 
 use super::knob::{agent, token};
 
@@ -67,21 +64,7 @@ pub fn run(command: CountersCommand) -> anyhow::Result<()> {
     let mut response = req
         .call()
         .with_context(|| format!("cannot reach the admin API: {method} {url}"))?;
-    let status = response.status();
-    let text = response
-        .body_mut()
-        .read_to_string()
-        .context("cannot read the answer")?;
-    let pretty = serde_json::from_str::<Value>(&text)
-        .ok()
-        .and_then(|v| serde_json::to_string_pretty(&v).ok())
-        .unwrap_or(text);
-    if !status.is_success() {
-        bail!("{method} {url}: {status}: {pretty}");
-    }
-    // A closed stdout (`| head`) is not an error worth a panic.
-    let _ = writeln!(std::io::stdout(), "{pretty}");
-    Ok(())
+    super::knob::print_answer(&mut response, &format!("{method} {url}: "))
 }
 
 /// `<server>/counters?rule=...&actor=...&key=value...`.

@@ -80,6 +80,15 @@ pub fn run(command: KnobCommand, admin_url: &str) -> anyhow::Result<()> {
         }
     }
     .with_context(|| format!("cannot reach the admin API at {base}"))?;
+    print_answer(&mut response, "")
+}
+
+/// Prints an admin API answer (JSON pretty-printed); an error status is an
+/// error naming `what` (the request, when the caller names it).
+pub(crate) fn print_answer(
+    response: &mut ureq::http::Response<ureq::Body>,
+    what: &str,
+) -> anyhow::Result<()> {
     let status = response.status();
     let text = response
         .body_mut()
@@ -90,7 +99,7 @@ pub fn run(command: KnobCommand, admin_url: &str) -> anyhow::Result<()> {
         .and_then(|v| serde_json::to_string_pretty(&v).ok())
         .unwrap_or(text);
     if !status.is_success() {
-        bail!("{status}: {pretty}");
+        bail!("{what}{status}: {pretty}");
     }
     // A closed stdout (`| head`) is not an error worth a panic.
     let _ = writeln!(std::io::stdout(), "{pretty}");

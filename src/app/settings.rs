@@ -130,6 +130,8 @@ pub struct Settings {
     pub rlqs_assignment_ttl: Duration,
     /// Most buckets one RLQS stream may report.
     pub rlqs_max_buckets_per_stream: usize,
+    /// OTLP tracing (`None`: off, and no tracing work per request).
+    pub otlp: Option<crate::observe::tracing_otlp::OtlpSettings>,
 }
 
 impl Default for Settings {
@@ -189,6 +191,7 @@ impl Default for Settings {
             global_floor: 0.01,
             rlqs_assignment_ttl: Duration::from_secs(15),
             rlqs_max_buckets_per_stream: 1000,
+            otlp: None,
         }
     }
 }

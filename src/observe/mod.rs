@@ -9,3 +9,4 @@ pub mod ratelimit_names;
 pub mod recorder;
 pub mod statsd;
 pub mod telemetry;
+pub mod tracing_otlp;

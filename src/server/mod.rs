@@ -12,6 +12,7 @@ pub mod readiness;
 pub mod rlqs;
 pub mod rls;
 pub mod rls_envoy;
+mod rls_trace;
 pub mod tls;
 
 use std::future::Future;

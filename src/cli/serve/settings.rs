@@ -89,6 +89,7 @@ pub(super) fn settings(args: &ServeArgs) -> anyhow::Result<Settings> {
         global_floor: args.global_floor,
         rlqs_assignment_ttl: args.rlqs_assignment_ttl,
         rlqs_max_buckets_per_stream: args.rlqs_max_buckets_per_stream,
+        otlp: args.otlp.settings()?,
     })
 }
 

@@ -78,6 +78,10 @@ pub struct Metrics {
     pub rlqs: RlqsMetrics,
     /// Fair shares among a limit's active values.
     pub fair: FairMetrics,
+    /// `divvy_trace_spans_dropped_total{reason}`: spans not exported
+    /// (queue_full: the export queue was full; export_failed: the collector
+    /// refused or did not answer).
+    pub trace_spans_dropped: IntCounterVec,
 }
 
 /// A rule's counters, looked up once when the rule set is compiled (a
@@ -234,6 +238,13 @@ impl Metrics {
             tls: TlsMetrics::new(&r),
             rlqs: RlqsMetrics::new(&r),
             fair: FairMetrics::new(&r),
+            trace_spans_dropped: counter_vec_of(
+                &r,
+                "divvy_trace_spans_dropped_total",
+                "Trace spans not exported, by reason: queue_full (the bounded export queue was full), export_failed (the collector refused or did not answer)",
+                "reason",
+                &crate::observe::tracing_otlp::export::DROP_REASONS,
+            ),
             registry: r,
         }
     }

@@ -1,0 +1,153 @@
+//! The export queue: finished spans wait in a bounded queue and go out in
+//! batches from one task. A full queue drops the span (counted) instead of
+//! making a decision wait; a failed or timed-out export drops its batch
+//! (counted). The SDK's own batch processor drops too, but counts nowhere
+//! a metric can read.
+
+use std::time::Duration;
+
+use opentelemetry::Context;
+use opentelemetry_sdk::error::OTelSdkResult;
+use opentelemetry_sdk::trace::{Span, SpanData, SpanExporter, SpanProcessor};
+use prometheus::IntCounterVec;
+use tokio::sync::{mpsc, oneshot};
+
+/// Why spans were dropped (`divvy_trace_spans_dropped_total{reason}`).
+pub const DROP_REASONS: [&str; 2] = ["queue_full", "export_failed"];
+
+/// What the export task is handed.
+enum Item {
+    Span(Box<SpanData>),
+    /// Export what is queued now, then answer.
+    Flush(oneshot::Sender<()>),
+}
+
+/// A span processor over a bounded queue (see the module's comment); a
+/// clone feeds the same queue.
+#[derive(Debug, Clone)]
+pub struct DroppingBatch {
+    tx: mpsc::Sender<Item>,
+    dropped: IntCounterVec,
+}
+
+/// The queue's bounds and timings.
+#[derive(Debug, Clone, Copy)]
+pub struct QueueBounds {
+    /// Most spans waiting.
+    pub max_queue: usize,
+    /// Most spans per export.
+    pub max_batch: usize,
+    /// Longest wait before a partial batch goes.
+    pub delay: Duration,
+    /// Longest wait for one export.
+    pub export_timeout: Duration,
+}
+
+impl DroppingBatch {
+    /// The processor, its export task spawned on the current runtime;
+    /// drops are counted in `dropped` by reason. The task ends when the
+    /// processor (the tracer provider) is dropped.
+    pub fn spawn<E: SpanExporter + 'static>(
+        exporter: E,
+        bounds: QueueBounds,
+        dropped: IntCounterVec,
+    ) -> DroppingBatch {
+        let (tx, rx) = mpsc::channel(bounds.max_queue.max(1));
+        tokio::spawn(run(exporter, rx, bounds, dropped.clone()));
+        DroppingBatch { tx, dropped }
+    }
+
+    /// Exports what is queued now; waits at most `within`.
+    pub async fn flush(&self, within: Duration) {
+        let (done, answer) = oneshot::channel();
+        if self.tx.send(Item::Flush(done)).await.is_ok() {
+            let _ = tokio::time::timeout(within, answer).await;
+        }
+    }
+}
+
+impl SpanProcessor for DroppingBatch {
+    fn on_start(&self, _span: &mut Span, _cx: &Context) {}
+
+    fn on_end(&self, span: SpanData) {
+        if !span.span_context.is_sampled() {
+            return;
+        }
+        if self.tx.try_send(Item::Span(Box::new(span))).is_err() {
+            self.dropped.with_label_values(&["queue_full"]).inc();
+        }
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        // Synchronous callers (the SDK at shutdown) cannot wait on the
+        // runtime; the service flushes through `DroppingBatch::flush`.
+        Ok(())
+    }
+
+    fn shutdown_with_timeout(&self, _timeout: Duration) -> OTelSdkResult {
+        Ok(())
+    }
+}
+
+/// Gathers spans into batches of `max_batch` (or what came within
+/// `delay`) and exports them one batch at a time.
+async fn run<E: SpanExporter>(
+    exporter: E,
+    mut rx: mpsc::Receiver<Item>,
+    bounds: QueueBounds,
+    dropped: IntCounterVec,
+) {
+    let mut batch = Vec::with_capacity(bounds.max_batch);
+    loop {
+        let tick = tokio::time::sleep(bounds.delay);
+        tokio::pin!(tick);
+        let mut flushed = None;
+        let open = loop {
+            tokio::select! {
+                item = rx.recv() => match item {
+                    Some(Item::Span(span)) => {
+                        batch.push(*span);
+                        if batch.len() >= bounds.max_batch {
+                            break true;
+                        }
+                    }
+                    Some(Item::Flush(done)) => {
+                        flushed = Some(done);
+                        break true;
+                    }
+                    None => break false,
+                },
+                () = &mut tick => break true,
+            }
+        };
+        if !batch.is_empty() {
+            let spans = std::mem::replace(&mut batch, Vec::with_capacity(bounds.max_batch));
+            export(&exporter, spans, bounds.export_timeout, &dropped).await;
+        }
+        if let Some(done) = flushed {
+            let _ = done.send(());
+        }
+        if !open {
+            return;
+        }
+    }
+}
+
+/// One export; a failure or timeout drops the batch, counted.
+async fn export<E: SpanExporter>(
+    exporter: &E,
+    spans: Vec<SpanData>,
+    timeout: Duration,
+    dropped: &IntCounterVec,
+) {
+    let n = spans.len() as u64;
+    let failed = match tokio::time::timeout(timeout, exporter.export(spans)).await {
+        Ok(Ok(())) => None,
+        Ok(Err(e)) => Some(e.to_string()),
+        Err(_) => Some(format!("no answer within {timeout:?}")),
+    };
+    if let Some(why) = failed {
+        dropped.with_label_values(&["export_failed"]).inc_by(n);
+        tracing::debug!(spans = n, error = %why, "trace export failed; spans dropped");
+    }
+}

@@ -147,7 +147,8 @@ impl GrpcReceiver {
             let _ = stop.send(());
         }
         if let Some(task) = self.task.take() {
-            let _ = rt.block_on(async { tokio::time::timeout(Duration::from_secs(10), task).await });
+            let _ =
+                rt.block_on(async { tokio::time::timeout(Duration::from_secs(10), task).await });
         }
     }
 }
@@ -160,7 +161,10 @@ fn wait_for(spans: &Spans, what: &str, done: impl Fn(&[Got]) -> bool) -> Vec<Got
         if done(&now) {
             return now;
         }
-        assert!(Instant::now() < deadline, "no {what} within 30 s; spans: {now:#?}");
+        assert!(
+            Instant::now() < deadline,
+            "no {what} within 30 s; spans: {now:#?}"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
 }
@@ -330,9 +334,13 @@ fn divvy_spans_join_envoys_trace_and_drops_are_counted_when_the_receiver_is_down
     // divvy's call span, its decision and its Redis call; Envoy's span of
     // the rate-limit call (the one whose id divvy's call names as parent).
     let spans = wait_for(&receiver.spans, "divvy and Envoy spans", |s| {
-        let call = s.iter().find(|g| g.service == "divvy" && g.name.ends_with("ShouldRateLimit"));
-        call.is_some_and(|c| s.iter().any(|g| g.service == "envoy" && g.span_id == c.parent))
-            && s.iter().any(|g| g.name == "EVALSHA")
+        let call = s
+            .iter()
+            .find(|g| g.service == "divvy" && g.name.ends_with("ShouldRateLimit"));
+        call.is_some_and(|c| {
+            s.iter()
+                .any(|g| g.service == "envoy" && g.span_id == c.parent)
+        }) && s.iter().any(|g| g.name == "EVALSHA")
     });
     let call = spans
         .iter()
@@ -342,17 +350,26 @@ fn divvy_spans_join_envoys_trace_and_drops_are_counted_when_the_receiver_is_down
         .iter()
         .find(|g| g.service == "envoy" && g.span_id == call.parent)
         .unwrap();
-    assert_eq!(call.trace_id, envoy_rl.trace_id, "divvy's span is in Envoy's trace");
+    assert_eq!(
+        call.trace_id, envoy_rl.trace_id,
+        "divvy's span is in Envoy's trace"
+    );
     assert!(
-        envoy_rl.name.contains("ShouldRateLimit") || envoy_rl.name.contains("ratelimit"),
+        envoy_rl.name.contains("RateLimitService.ShouldRateLimit"),
         "the parent is Envoy's rate-limit call: {envoy_rl:#?}"
     );
     // Envoy's rate-limit call sits under Envoy's request span.
-    assert!(spans
-        .iter()
-        .any(|g| g.service == "envoy" && g.span_id == envoy_rl.parent && g.trace_id == call.trace_id));
-    assert_eq!(call.attributes.get("divvy.domain").map(String::as_str), Some("edge"));
-    assert_eq!(call.attributes.get("divvy.code").map(String::as_str), Some("OK"));
+    assert!(spans.iter().any(|g| g.service == "envoy"
+        && g.span_id == envoy_rl.parent
+        && g.trace_id == call.trace_id));
+    assert_eq!(
+        call.attributes.get("divvy.domain").map(String::as_str),
+        Some("edge")
+    );
+    assert_eq!(
+        call.attributes.get("divvy.code").map(String::as_str),
+        Some("OK")
+    );
     assert_eq!(
         call.attributes.get("divvy.rule_labels").map(String::as_str),
         Some("traced-rule")
@@ -366,7 +383,10 @@ fn divvy_spans_join_envoys_trace_and_drops_are_counted_when_the_receiver_is_down
         .find(|g| g.name == "EVALSHA" && g.parent == decide.span_id)
         .expect("the Redis call's span, a child of the decision's");
     assert_eq!(store.trace_id, call.trace_id);
-    assert_eq!(store.attributes.get("db.system").map(String::as_str), Some("redis"));
+    assert_eq!(
+        store.attributes.get("db.system").map(String::as_str),
+        Some("redis")
+    );
     assert!(store.attributes.contains_key("divvy.batch.requests"));
     assert!(store.attributes.contains_key("db.redis.slot"));
 
@@ -383,7 +403,10 @@ fn divvy_spans_join_envoys_trace_and_drops_are_counted_when_the_receiver_is_down
         if dropped(&service) > before {
             break;
         }
-        assert!(Instant::now() < deadline, "no span counted as dropped within 30 s");
+        assert!(
+            Instant::now() < deadline,
+            "no span counted as dropped within 30 s"
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
     drop(redis);
@@ -433,7 +456,10 @@ fn serve_http(conn: std::net::TcpStream, spans: &Spans) {
             return;
         }
         assert_eq!(path, "/v1/traces");
-        collect(spans, ExportTraceServiceRequest::decode(&body[..]).expect("an OTLP body"));
+        collect(
+            spans,
+            ExportTraceServiceRequest::decode(&body[..]).expect("an OTLP body"),
+        );
         let answer = ExportTraceServiceResponse::default().encode_to_vec();
         let head = format!(
             "HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: {}\r\n\r\n",
@@ -467,7 +493,10 @@ fn otlp_http_spans_name_the_callers_traceparent_and_malformed_ones_start_a_trace
     let parent = "00f067aa0ba902b7";
     rt.block_on(async {
         let mut client = service.client().await;
-        for traceparent in [format!("00-{trace}-{parent}-01"), "00-garbage-01".to_owned()] {
+        for traceparent in [
+            format!("00-{trace}-{parent}-01"),
+            "00-garbage-01".to_owned(),
+        ] {
             let mut request = tonic::Request::new(common::request(
                 "edge",
                 vec![common::desc(&[("generic_key", "traced")])],
@@ -480,18 +509,69 @@ fn otlp_http_spans_name_the_callers_traceparent_and_malformed_ones_start_a_trace
         }
     });
     let got = wait_for(&spans, "two call spans over OTLP/HTTP", |s| {
-        s.iter().filter(|g| g.name.ends_with("ShouldRateLimit")).count() == 2
+        s.iter()
+            .filter(|g| g.name.ends_with("ShouldRateLimit"))
+            .count()
+            == 2
     });
     let calls: Vec<&Got> = got
         .iter()
         .filter(|g| g.name.ends_with("ShouldRateLimit"))
         .collect();
     assert!(calls.iter().all(|c| c.service == "divvy-http"));
-    let joined = calls.iter().find(|c| c.trace_id == trace).expect("the caller's trace");
+    let joined = calls
+        .iter()
+        .find(|c| c.trace_id == trace)
+        .expect("the caller's trace");
     assert_eq!(joined.parent, parent);
-    let fresh = calls.iter().find(|c| c.trace_id != trace).expect("a trace of its own");
+    let fresh = calls
+        .iter()
+        .find(|c| c.trace_id != trace)
+        .expect("a trace of its own");
     assert_eq!(fresh.parent, "", "a malformed traceparent names no parent");
     assert!(got
         .iter()
         .any(|g| g.name == "divvy.decide" && g.parent == joined.span_id));
+}
+
+#[test]
+fn line_protocol_hits_are_traced_only_under_a_ratio_sampler() {
+    let (port, spans) = http_receiver();
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let start = |sampler: &[&str]| {
+        let mut args = vec![
+            "--otlp-endpoint",
+            &endpoint,
+            "--otlp-protocol",
+            "http/protobuf",
+            "--otlp-schedule-delay-ms",
+            "100",
+        ];
+        args.extend_from_slice(sampler);
+        Server::with_policy_args(POLICY, "yaml", &args)
+    };
+    // The default sampler follows callers; a HIT has none: not traced.
+    let mut untraced = start(&[]);
+    assert!(untraced.line_exchange(b"HIT k=v\n").starts_with("OK true"));
+    untraced.terminate();
+    let traced = start(&["--otlp-sampler", "traceidratio", "--otlp-sampler-arg", "1"]);
+    assert!(traced
+        .line_exchange(b"HIT k=v\nHIT k=w\n")
+        .starts_with("OK true"));
+    let got = wait_for(&spans, "a line-protocol span", |s| {
+        s.iter().any(|g| g.name == "divvy.line/HIT")
+    });
+    let lines: Vec<&Got> = got.iter().filter(|g| g.name == "divvy.line/HIT").collect();
+    assert_eq!(
+        lines.len(),
+        1,
+        "one span, from the ratio-sampled server: {got:#?}"
+    );
+    assert_eq!(
+        lines[0].attributes.get("divvy.hits").map(String::as_str),
+        Some("2")
+    );
+    assert!(got
+        .iter()
+        .any(|g| g.name == "divvy.decide" && g.parent == lines[0].span_id));
 }

@@ -136,6 +136,17 @@ pub const REJECT_REASONS: [&str; 7] = [
 /// token that is neither admin nor read token, the read token on a change.
 pub const AUTH_FAILURE_REASONS: [&str; 3] = ["missing", "wrong", "read_only"];
 
+/// `divvy_trace_spans_dropped_total{reason}`, every reason exported from the start.
+fn trace_spans_dropped(r: &Registry) -> IntCounterVec {
+    counter_vec_of(
+        r,
+        "divvy_trace_spans_dropped_total",
+        "Trace spans not exported, by reason: queue_full (the bounded export queue was full), export_failed (the collector refused or did not answer)",
+        "reason",
+        &crate::observe::tracing_otlp::export::DROP_REASONS,
+    )
+}
+
 impl Default for Metrics {
     fn default() -> Metrics {
         Metrics::new()
@@ -238,13 +249,7 @@ impl Metrics {
             tls: TlsMetrics::new(&r),
             rlqs: RlqsMetrics::new(&r),
             fair: FairMetrics::new(&r),
-            trace_spans_dropped: counter_vec_of(
-                &r,
-                "divvy_trace_spans_dropped_total",
-                "Trace spans not exported, by reason: queue_full (the bounded export queue was full), export_failed (the collector refused or did not answer)",
-                "reason",
-                &crate::observe::tracing_otlp::export::DROP_REASONS,
-            ),
+            trace_spans_dropped: trace_spans_dropped(&r),
             registry: r,
         }
     }

@@ -36,7 +36,8 @@ pub(super) fn tracing_args(env: &Env, args: &mut Vec<String>) -> Result<(), Unsu
         .map(|e| e.trim().to_owned())
         .filter(|e| !e.is_empty())
         .unwrap_or_else(|| format!("http://localhost:{port}"));
-    // The Go exporter takes `host:port` without a scheme too.
+    // The Go exporter takes `host:port` without a scheme too (an https://
+    // endpoint is refused by `serve`'s flag check).
     let endpoint = if endpoint.contains("://") {
         endpoint
     } else {

@@ -89,7 +89,9 @@ impl RateLimitService for RlsService {
             .map(|timeout| super::deadline::store_deadline(Instant::now(), timeout, self.margin));
         // Tracing off: this load is all the tracing work a call does.
         if let Some(tracing) = crate::observe::tracing_otlp::active() {
-            return rls_trace::call(tracing, &self.limiter, self.style, request, deadline).await;
+            // Boxed: the untraced call's future stays as small as before.
+            let call = rls_trace::call(tracing, &self.limiter, self.style, request, deadline);
+            return Box::pin(call).await;
         }
         respond(&self.limiter, self.style, request.into_inner(), deadline)
             .await
@@ -140,7 +142,7 @@ pub(super) async fn respond_traced(
     let decide = limiter.decide(&ask);
     let verdict = match trace.as_deref_mut() {
         None => decide.await,
-        Some(t) => t.decide(decide).await,
+        Some(t) => Box::pin(t.decide(decide)).await,
     }
     .map_err(|e| {
         metrics.error("unavailable");

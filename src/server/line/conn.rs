@@ -482,7 +482,7 @@ async fn answer(limiter: &Limiter, slots: &[Slot], hits: &[Hit], out: &mut Vec<u
         let trace = crate::observe::tracing_otlp::active().and_then(|t| t.line_batch(hits.len()));
         let verdict = match trace {
             None => limiter.decide(&ask).await,
-            Some(mut t) => t.decide(limiter.decide(&ask)).await,
+            Some(mut t) => Box::pin(t.decide(limiter.decide(&ask))).await,
         };
         Some(verdict.map(Verdict::into_decisions))
     };

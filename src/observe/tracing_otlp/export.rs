@@ -151,3 +151,90 @@ async fn export<E: SpanExporter>(
         tracing::debug!(spans = n, error = %why, "trace export failed; spans dropped");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::future::Future;
+
+    use opentelemetry::trace::{Tracer as _, TracerProvider as _};
+    use opentelemetry_sdk::error::OTelSdkError;
+    use opentelemetry_sdk::trace::SdkTracerProvider;
+    use prometheus::Opts;
+
+    use super::*;
+
+    /// A collector that refuses every export.
+    #[derive(Debug)]
+    struct Refuses;
+
+    impl SpanExporter for Refuses {
+        async fn export(&self, _batch: Vec<SpanData>) -> OTelSdkResult {
+            Err(OTelSdkError::InternalFailure("refused".into()))
+        }
+    }
+
+    /// A collector that never answers.
+    #[derive(Debug)]
+    struct Hangs;
+
+    impl SpanExporter for Hangs {
+        fn export(&self, _batch: Vec<SpanData>) -> impl Future<Output = OTelSdkResult> + Send {
+            std::future::pending()
+        }
+    }
+
+    fn bounds(max_queue: usize) -> QueueBounds {
+        QueueBounds {
+            max_queue,
+            max_batch: 512,
+            delay: Duration::from_secs(5),
+            export_timeout: Duration::from_secs(10),
+        }
+    }
+
+    fn counter() -> IntCounterVec {
+        IntCounterVec::new(Opts::new("dropped", "dropped"), &["reason"]).unwrap()
+    }
+
+    /// `n` finished spans through `queue`.
+    fn spans(queue: &DroppingBatch, n: usize) -> SdkTracerProvider {
+        let provider = SdkTracerProvider::builder()
+            .with_span_processor(queue.clone())
+            .build();
+        let tracer = provider.tracer("test");
+        for _ in 0..n {
+            drop(tracer.start("span"));
+        }
+        provider
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_full_queue_drops_at_once_and_counts() {
+        let dropped = counter();
+        let queue = DroppingBatch::spawn(Hangs, bounds(2), dropped.clone());
+        // The export task has not run yet: two spans fit, three do not.
+        let _provider = spans(&queue, 5);
+        assert_eq!(dropped.with_label_values(&["queue_full"]).get(), 3);
+        assert_eq!(dropped.with_label_values(&["export_failed"]).get(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refused_export_drops_its_batch_and_counts() {
+        let dropped = counter();
+        let queue = DroppingBatch::spawn(Refuses, bounds(16), dropped.clone());
+        let _provider = spans(&queue, 3);
+        queue.flush(Duration::from_secs(1)).await;
+        assert_eq!(dropped.with_label_values(&["export_failed"]).get(), 3);
+        assert_eq!(dropped.with_label_values(&["queue_full"]).get(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_export_without_answer_times_out_and_counts() {
+        let dropped = counter();
+        let queue = DroppingBatch::spawn(Hangs, bounds(16), dropped.clone());
+        let _provider = spans(&queue, 2);
+        // Paused time runs ahead to the export timeout (10 s).
+        queue.flush(Duration::from_secs(60)).await;
+        assert_eq!(dropped.with_label_values(&["export_failed"]).get(), 2);
+    }
+}

@@ -82,6 +82,9 @@ pub struct Metrics {
     /// (queue_full: the export queue was full; export_failed: the collector
     /// refused or did not answer).
     pub trace_spans_dropped: IntCounterVec,
+    /// `divvy_trace_spans_exported_total`: spans the collector accepted
+    /// (the export task's sign of life).
+    pub trace_spans_exported: IntCounter,
 }
 
 /// A rule's counters, looked up once when the rule set is compiled (a
@@ -250,6 +253,7 @@ impl Metrics {
             rlqs: RlqsMetrics::new(&r),
             fair: FairMetrics::new(&r),
             trace_spans_dropped: trace_spans_dropped(&r),
+            trace_spans_exported: counter(&r, "divvy_trace_spans_exported_total", "Trace spans the OTLP collector accepted"),
             registry: r,
         }
     }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use opentelemetry::Context;
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::trace::{Span, SpanData, SpanExporter, SpanProcessor};
-use prometheus::IntCounterVec;
+use prometheus::{IntCounter, IntCounterVec};
 use tokio::sync::{mpsc, oneshot};
 
 /// Why spans were dropped (`divvy_trace_spans_dropped_total{reason}`).
@@ -30,6 +30,15 @@ pub struct DroppingBatch {
     dropped: IntCounterVec,
 }
 
+/// Where the queue counts what became of its spans.
+#[derive(Debug, Clone)]
+pub struct SpanCounters {
+    /// Dropped, by reason ([`DROP_REASONS`]).
+    pub dropped: IntCounterVec,
+    /// Accepted by the collector.
+    pub exported: IntCounter,
+}
+
 /// The queue's bounds and timings.
 #[derive(Debug, Clone, Copy)]
 pub struct QueueBounds {
@@ -45,15 +54,16 @@ pub struct QueueBounds {
 
 impl DroppingBatch {
     /// The processor, its export task spawned on the current runtime;
-    /// drops are counted in `dropped` by reason. The task ends when the
-    /// processor (the tracer provider) is dropped.
+    /// what becomes of the spans is counted in `counters`. The task ends
+    /// when every clone of the processor is dropped.
     pub fn spawn<E: SpanExporter + 'static>(
         exporter: E,
         bounds: QueueBounds,
-        dropped: IntCounterVec,
+        counters: SpanCounters,
     ) -> DroppingBatch {
         let (tx, rx) = mpsc::channel(bounds.max_queue.max(1));
-        tokio::spawn(run(exporter, rx, bounds, dropped.clone()));
+        let dropped = counters.dropped.clone();
+        tokio::spawn(run(exporter, rx, bounds, counters));
         DroppingBatch { tx, dropped }
     }
 
@@ -95,7 +105,7 @@ async fn run<E: SpanExporter>(
     exporter: E,
     mut rx: mpsc::Receiver<Item>,
     bounds: QueueBounds,
-    dropped: IntCounterVec,
+    counters: SpanCounters,
 ) {
     let mut batch = Vec::with_capacity(bounds.max_batch);
     loop {
@@ -122,7 +132,7 @@ async fn run<E: SpanExporter>(
         };
         if !batch.is_empty() {
             let spans = std::mem::replace(&mut batch, Vec::with_capacity(bounds.max_batch));
-            export(&exporter, spans, bounds.export_timeout, &dropped).await;
+            export(&exporter, spans, bounds.export_timeout, &counters).await;
         }
         if let Some(done) = flushed {
             let _ = done.send(());
@@ -138,16 +148,22 @@ async fn export<E: SpanExporter>(
     exporter: &E,
     spans: Vec<SpanData>,
     timeout: Duration,
-    dropped: &IntCounterVec,
+    counters: &SpanCounters,
 ) {
     let n = spans.len() as u64;
     let failed = match tokio::time::timeout(timeout, exporter.export(spans)).await {
-        Ok(Ok(())) => None,
+        Ok(Ok(())) => {
+            counters.exported.inc_by(n);
+            None
+        }
         Ok(Err(e)) => Some(e.to_string()),
         Err(_) => Some(format!("no answer within {timeout:?}")),
     };
     if let Some(why) = failed {
-        dropped.with_label_values(&["export_failed"]).inc_by(n);
+        counters
+            .dropped
+            .with_label_values(&["export_failed"])
+            .inc_by(n);
         tracing::debug!(spans = n, error = %why, "trace export failed; spans dropped");
     }
 }
@@ -192,8 +208,31 @@ mod tests {
         }
     }
 
-    fn counter() -> IntCounterVec {
-        IntCounterVec::new(Opts::new("dropped", "dropped"), &["reason"]).unwrap()
+    fn counters() -> SpanCounters {
+        SpanCounters {
+            dropped: IntCounterVec::new(Opts::new("dropped", "dropped"), &["reason"]).unwrap(),
+            exported: IntCounter::new("exported", "exported").unwrap(),
+        }
+    }
+
+    /// A collector that accepts every export.
+    #[derive(Debug)]
+    struct Accepts;
+
+    impl SpanExporter for Accepts {
+        async fn export(&self, _batch: Vec<SpanData>) -> OTelSdkResult {
+            Ok(())
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn accepted_spans_are_counted_after_the_delay() {
+        let c = counters();
+        let queue = DroppingBatch::spawn(Accepts, bounds(16), c.clone());
+        let _provider = spans(&queue, 4);
+        tokio::time::sleep(Duration::from_secs(6)).await;
+        assert_eq!(c.exported.get(), 4);
+        assert_eq!(c.dropped.with_label_values(&["queue_full"]).get(), 0);
     }
 
     /// `n` finished spans through `queue`.
@@ -210,8 +249,9 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_full_queue_drops_at_once_and_counts() {
-        let dropped = counter();
-        let queue = DroppingBatch::spawn(Hangs, bounds(2), dropped.clone());
+        let c = counters();
+        let dropped = c.dropped.clone();
+        let queue = DroppingBatch::spawn(Hangs, bounds(2), c);
         // The export task has not run yet: two spans fit, three do not.
         let _provider = spans(&queue, 5);
         assert_eq!(dropped.with_label_values(&["queue_full"]).get(), 3);
@@ -220,8 +260,9 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_refused_export_drops_its_batch_and_counts() {
-        let dropped = counter();
-        let queue = DroppingBatch::spawn(Refuses, bounds(16), dropped.clone());
+        let c = counters();
+        let dropped = c.dropped.clone();
+        let queue = DroppingBatch::spawn(Refuses, bounds(16), c);
         let _provider = spans(&queue, 3);
         queue.flush(Duration::from_secs(1)).await;
         assert_eq!(dropped.with_label_values(&["export_failed"]).get(), 3);
@@ -230,8 +271,9 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn an_export_without_answer_times_out_and_counts() {
-        let dropped = counter();
-        let queue = DroppingBatch::spawn(Hangs, bounds(16), dropped.clone());
+        let c = counters();
+        let dropped = c.dropped.clone();
+        let queue = DroppingBatch::spawn(Hangs, bounds(16), c);
         let _provider = spans(&queue, 2);
         // Paused time runs ahead to the export timeout (10 s).
         queue.flush(Duration::from_secs(60)).await;

@@ -103,7 +103,11 @@ pub fn install(s: &OtlpSettings, metrics: &Metrics) -> Result<(), TraceError> {
         delay: s.delay,
         export_timeout: s.export_timeout,
     };
-    let queue = export::DroppingBatch::spawn(exporter, bounds, metrics.trace_spans_dropped.clone());
+    let counters = export::SpanCounters {
+        dropped: metrics.trace_spans_dropped.clone(),
+        exported: metrics.trace_spans_exported.clone(),
+    };
+    let queue = export::DroppingBatch::spawn(exporter, bounds, counters);
     let provider = SdkTracerProvider::builder()
         .with_span_processor(queue.clone())
         .with_sampler(sampler(s.sampler))

@@ -31,6 +31,7 @@ use prost::Message;
 #[derive(Debug, Clone)]
 struct Got {
     service: String,
+    resource: BTreeMap<String, String>,
     name: String,
     trace_id: String,
     span_id: String,
@@ -48,13 +49,16 @@ fn hex(bytes: &[u8]) -> String {
 fn collect(spans: &Spans, request: ExportTraceServiceRequest) {
     let mut got = spans.lock().unwrap();
     for rs in request.resource_spans {
-        let service = rs
+        let resource: BTreeMap<String, String> = rs
             .resource
             .iter()
             .flat_map(|r| &r.attributes)
-            .find(|kv| kv.key == "service.name")
-            .map(|kv| value_text(kv.value.as_ref().and_then(|v| v.value.as_ref())))
-            .unwrap_or_default();
+            .map(|kv| {
+                let v = kv.value.as_ref().and_then(|v| v.value.as_ref());
+                (kv.key.clone(), value_text(v))
+            })
+            .collect();
+        let service = resource.get("service.name").cloned().unwrap_or_default();
         for span in rs.scope_spans.into_iter().flat_map(|s| s.spans) {
             let attributes = span
                 .attributes
@@ -66,6 +70,7 @@ fn collect(spans: &Spans, request: ExportTraceServiceRequest) {
                 .collect();
             got.push(Got {
                 service: service.clone(),
+                resource: resource.clone(),
                 name: span.name,
                 trace_id: hex(&span.trace_id),
                 span_id: hex(&span.span_id),
@@ -471,6 +476,22 @@ fn serve_http(conn: std::net::TcpStream, spans: &Spans) {
     }
 }
 
+/// One `ShouldRateLimit` call to `server` about `generic_key=traced` in
+/// domain `edge`, carrying `traceparent`; its overall code.
+fn call_with_traceparent(server: &Server, traceparent: &str) -> i32 {
+    runtime().block_on(async {
+        let mut client = server.client().await;
+        let mut request = tonic::Request::new(common::request(
+            "edge",
+            vec![common::desc(&[("generic_key", "traced")])],
+        ));
+        let value = traceparent.parse().expect("an ASCII header value");
+        request.metadata_mut().insert("traceparent", value);
+        let answer = client.should_rate_limit(request).await.expect("decided");
+        answer.into_inner().overall_code
+    })
+}
+
 #[test]
 fn otlp_http_spans_name_the_callers_traceparent_and_malformed_ones_start_a_trace() {
     let (port, spans) = http_receiver();
@@ -488,26 +509,14 @@ fn otlp_http_spans_name_the_callers_traceparent_and_malformed_ones_start_a_trace
             "divvy-http",
         ],
     );
-    let rt = runtime();
     let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
     let parent = "00f067aa0ba902b7";
-    rt.block_on(async {
-        let mut client = service.client().await;
-        for traceparent in [
-            format!("00-{trace}-{parent}-01"),
-            "00-garbage-01".to_owned(),
-        ] {
-            let mut request = tonic::Request::new(common::request(
-                "edge",
-                vec![common::desc(&[("generic_key", "traced")])],
-            ));
-            request
-                .metadata_mut()
-                .insert("traceparent", traceparent.parse().unwrap());
-            let answer = client.should_rate_limit(request).await.expect("decided");
-            assert_eq!(answer.into_inner().overall_code, 1, "OK");
-        }
-    });
+    for traceparent in [
+        format!("00-{trace}-{parent}-01"),
+        "00-garbage-01".to_owned(),
+    ] {
+        assert_eq!(call_with_traceparent(&service, &traceparent), 1, "OK");
+    }
     let got = wait_for(&spans, "two call spans over OTLP/HTTP", |s| {
         s.iter()
             .filter(|g| g.name.ends_with("ShouldRateLimit"))
@@ -574,4 +583,63 @@ fn line_protocol_hits_are_traced_only_under_a_ratio_sampler() {
     assert!(got
         .iter()
         .any(|g| g.name == "divvy.decide" && g.parent == lines[0].span_id));
+}
+
+#[test]
+fn ratelimit_mode_traces_with_envoyproxy_ratelimits_variables() {
+    let (port, spans) = http_receiver();
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("data");
+    let config = root.join("ratelimit/config");
+    std::fs::create_dir_all(&config).unwrap();
+    let file = "domain: edge
+descriptors:
+  - key: generic_key
+    value: traced
+    rate_limit: {unit: minute, requests_per_unit: 100}
+";
+    std::fs::write(config.join("edge.yaml"), file).unwrap();
+    let endpoint = format!("127.0.0.1:{port}");
+    let mut command = common::as_ratelimit(dir.path());
+    command.envs(common::RATELIMIT_ON_LOOPBACK).envs([
+        ("RUNTIME_ROOT", root.to_str().unwrap()),
+        ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+        ("TRACING_ENABLED", "true"),
+        ("TRACING_EXPORTER_PROTOCOL", "http"),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
+        ("TRACING_SERVICE_NAME", "rl-under-test"),
+        ("TRACING_SERVICE_NAMESPACE", "gateway"),
+        ("TRACING_SERVICE_INSTANCE_ID", "pod-7"),
+        ("TRACING_SAMPLING_RATE", "1"),
+        ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+    ]);
+    let server = Server::spawn(command);
+    let trace = "0af7651916cd43dd8448eb211c80319c";
+    let parent = "b7ad6b7169203331";
+    let code = call_with_traceparent(&server, &format!("00-{trace}-{parent}-01"));
+    assert_eq!(code, 1, "OK");
+    let got = wait_for(&spans, "the ratelimit-mode call span", |s| {
+        s.iter().any(|g| g.name.ends_with("ShouldRateLimit"))
+    });
+    let call = got
+        .iter()
+        .find(|g| g.name.ends_with("ShouldRateLimit"))
+        .unwrap();
+    assert_eq!(
+        (call.trace_id.as_str(), call.parent.as_str()),
+        (trace, parent)
+    );
+    assert_eq!(call.service, "rl-under-test");
+    assert_eq!(
+        call.resource.get("service.namespace").map(String::as_str),
+        Some("gateway")
+    );
+    assert_eq!(
+        call.resource.get("service.instance.id").map(String::as_str),
+        Some("pod-7")
+    );
+    assert_eq!(
+        call.attributes.get("divvy.engine").map(String::as_str),
+        Some("envoy_ratelimit")
+    );
 }

@@ -53,6 +53,7 @@ pub struct Tracing {
     // Kept: dropping the provider would stop the tracer.
     _provider: SdkTracerProvider,
     queue: export::DroppingBatch,
+    sampler: SamplerSetting,
     line_rate: f64,
 }
 
@@ -117,6 +118,7 @@ pub fn install(s: &OtlpSettings, metrics: &Metrics) -> Result<(), TraceError> {
         tracer: provider.tracer("divvy"),
         _provider: provider,
         queue,
+        sampler: s.sampler,
         line_rate: s.sampler.line_rate(),
     };
     ACTIVE
@@ -183,6 +185,13 @@ impl Tracing {
     /// The span of a `ShouldRateLimit` call whose caller's span is
     /// `parent` (from its headers); `None` when the sampler leaves it out.
     pub fn rate_limit_call(&'static self, parent: Option<SpanContext>) -> Option<CallTrace> {
+        // A call the sampler is sure to leave out costs no span at all.
+        if !self
+            .sampler
+            .may_sample(parent.as_ref().map(SpanContext::is_sampled))
+        {
+            return None;
+        }
         let cx = match parent {
             Some(p) => Context::new().with_remote_span_context(p),
             None => Context::new(),

@@ -40,6 +40,18 @@ pub enum RootSampler {
 }
 
 impl SamplerSetting {
+    /// Whether a call whose caller sampled it (`Some(true)`), did not
+    /// (`Some(false)`) or sent no trace (`None`) can be sampled: `false`
+    /// only where the sampler's answer is sure to be no.
+    pub fn may_sample(self, parent_sampled: Option<bool>) -> bool {
+        match (self, parent_sampled) {
+            (SamplerSetting::AlwaysOff, _) => false,
+            (SamplerSetting::ParentBased(_), Some(sampled)) => sampled,
+            (SamplerSetting::ParentBased(RootSampler::AlwaysOff), None) => false,
+            _ => true,
+        }
+    }
+
     /// The share of line-protocol requests traced: they carry no caller's
     /// trace, so only a ratio sampler traces them, at its rate.
     pub fn line_rate(self) -> f64 {
@@ -158,6 +170,18 @@ mod tests {
             parse_sampler(Some("traceidratio"), Some("2")),
             Err(SamplerError::Ratio(_))
         ));
+    }
+
+    #[test]
+    fn calls_sure_to_be_left_out_are_known_before_any_span() {
+        let parent_based = SamplerSetting::ParentBased(RootSampler::AlwaysOn);
+        assert!(parent_based.may_sample(Some(true)));
+        assert!(!parent_based.may_sample(Some(false)));
+        assert!(parent_based.may_sample(None));
+        let off_at_root = SamplerSetting::ParentBased(RootSampler::AlwaysOff);
+        assert!(!off_at_root.may_sample(None));
+        assert!(!SamplerSetting::AlwaysOff.may_sample(Some(true)));
+        assert!(SamplerSetting::Ratio(0.5).may_sample(Some(false)));
     }
 
     #[test]

@@ -511,10 +511,15 @@ fn otlp_http_spans_name_the_callers_traceparent_and_malformed_ones_start_a_trace
     );
     let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
     let parent = "00f067aa0ba902b7";
-    for traceparent in [
+    // First a call its caller did not sample: no span of its trace may
+    // come, though the spans of the later calls (queued after it) do.
+    let unsampled = "11111111111111111111111111111111";
+    let traceparents = [
+        format!("00-{unsampled}-{parent}-00"),
         format!("00-{trace}-{parent}-01"),
         "00-garbage-01".to_owned(),
-    ] {
+    ];
+    for traceparent in traceparents {
         assert_eq!(call_with_traceparent(&service, &traceparent), 1, "OK");
     }
     let got = wait_for(&spans, "two call spans over OTLP/HTTP", |s| {
@@ -528,6 +533,7 @@ fn otlp_http_spans_name_the_callers_traceparent_and_malformed_ones_start_a_trace
         .filter(|g| g.name.ends_with("ShouldRateLimit"))
         .collect();
     assert!(calls.iter().all(|c| c.service == "divvy-http"));
+    assert!(got.iter().all(|g| g.trace_id != unsampled), "{got:#?}");
     let joined = calls
         .iter()
         .find(|c| c.trace_id == trace)

@@ -1,6 +1,7 @@
 //! What divvy tells about itself: Prometheus [`metrics`] and the [`statsd`]
 //! mirror of divvy's own names; the dashboard's 15 minutes of [`history`]
-//! per rule and top [`offenders`], kept by the [`recorder`].
+//! per rule and top [`offenders`], kept by the [`recorder`]; OpenTelemetry
+//! traces over OTLP ([`tracing_otlp`]).
 
 pub mod history;
 pub mod metrics;

@@ -150,6 +150,15 @@ fn trace_spans_dropped(r: &Registry) -> IntCounterVec {
     )
 }
 
+/// `divvy_trace_spans_exported_total`.
+fn trace_spans_exported(r: &Registry) -> IntCounter {
+    counter(
+        r,
+        "divvy_trace_spans_exported_total",
+        "Trace spans the OTLP collector accepted",
+    )
+}
+
 impl Default for Metrics {
     fn default() -> Metrics {
         Metrics::new()
@@ -253,7 +262,7 @@ impl Metrics {
             rlqs: RlqsMetrics::new(&r),
             fair: FairMetrics::new(&r),
             trace_spans_dropped: trace_spans_dropped(&r),
-            trace_spans_exported: counter(&r, "divvy_trace_spans_exported_total", "Trace spans the OTLP collector accepted"),
+            trace_spans_exported: trace_spans_exported(&r),
             registry: r,
         }
     }

@@ -10,8 +10,8 @@
 //! [`sources`] (the policy file, ZooKeeper and xDS, feeding one install
 //! path), [`quota`] (fair shares of a limit, used by [`global`] and by the
 //! RLQS server in [`server`]), [`governor`]
-//! (sets knobs from Prometheus), [`observe`] (metrics, statsd, and the
-//! dashboard's per-rule history and top offenders), and the
+//! (sets knobs from Prometheus), [`observe`] (metrics, statsd, OTLP traces,
+//! and the dashboard's per-rule history and top offenders), and the
 //! leaves [`pattern`] (globs) and [`clock`] (time). [`replay`] decides
 //! recorded traffic again, offline, under one policy or two. The binary allocates
 //! through [`allocator`] on the runtime [`runtime`] builds.

@@ -92,6 +92,11 @@ impl App {
         };
         info!(rules = policy.rules.len(), source = %policy.source, "policy loaded");
         let (limiter, coord) = build_limiter(&settings, &policy).await?;
+        if let Some(otlp) = &settings.otlp {
+            crate::observe::tracing_otlp::install(otlp, &limiter.telemetry().metrics)
+                .map_err(|e| AppError::Setting(e.to_string()))?;
+            info!(endpoint = %otlp.endpoint, protocol = ?otlp.protocol, "exporting traces over OTLP");
+        }
         // Governors elect one replica per rule through the counters' Redis.
         let governors = Arc::new(Governors::new(
             limiter.clone(),
@@ -183,6 +188,8 @@ impl App {
                 error!("--record: the last recorded requests could not be written");
             }
         }
+        // The spans of the last requests, if tracing is on.
+        crate::observe::tracing_otlp::flush(Duration::from_secs(2)).await;
         info!("shut down");
         Ok(())
     }

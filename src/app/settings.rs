@@ -138,6 +138,8 @@ pub struct Settings {
     pub record: Option<PathBuf>,
     /// `--record-max-bytes`: the size past which that file is rotated.
     pub record_max_bytes: u64,
+    /// OTLP tracing (`None`: off, and no tracing work per request).
+    pub otlp: Option<crate::observe::tracing_otlp::OtlpSettings>,
 }
 
 impl Default for Settings {
@@ -201,6 +203,7 @@ impl Default for Settings {
             rlqs_max_buckets_per_stream: 1000,
             record: None,
             record_max_bytes: crate::observe::traffic::DEFAULT_MAX_BYTES,
+            otlp: None,
         }
     }
 }

@@ -34,13 +34,6 @@ pub const IGNORED: &[&str] = &[
     "REDIS_STARTUP_MAX_INTERVAL",
     "REDIS_STARTUP_MAX_ELAPSED_TIME",
     "REDIS_CLUSTER_PIPELINE_PARALLELISM",
-    "TRACING_ENABLED",
-    "TRACING_SERVICE_NAME",
-    "TRACING_SERVICE_NAMESPACE",
-    "TRACING_SERVICE_INSTANCE_ID",
-    "TRACING_EXPORTER_PROTOCOL",
-    "TRACING_SAMPLING_RATE",
-    "OTEL_EXPORTER_OTLP_ENDPOINT",
 ];
 
 /// A setting divvy cannot honour.
@@ -160,6 +153,7 @@ pub fn serve_args(env: &Env) -> Result<(Vec<String>, RatelimitMode), Unsupported
     connection_age_args(env, &mut args)?;
     redis_args(env, &mut args)?;
     statsd_args(env, &mut args)?;
+    tracing_env::tracing_args(env, &mut args)?;
     let metrics_path = get(env, "PROMETHEUS_PATH", "/metrics");
     if !metrics_path.starts_with('/') || metrics_path.len() < 2 {
         return Err(unsupported(
@@ -517,6 +511,8 @@ fn statsd_args(env: &Env, args: &mut Vec<String>) -> Result<(), Unsupported> {
     }
     Ok(())
 }
+
+mod tracing_env;
 
 #[cfg(test)]
 #[path = "ratelimit_tests.rs"]

@@ -15,6 +15,7 @@ pub mod reflection;
 pub mod rlqs;
 pub mod rls;
 pub mod rls_envoy;
+mod rls_trace;
 pub mod tls;
 
 use std::future::Future;

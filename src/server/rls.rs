@@ -9,6 +9,7 @@
 //! `requests_per_unit` 0 (README, "Envoy's RateLimitService"). A denial may
 //! carry a problem body ([`super::problem`]).
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,12 +26,13 @@ use tokio::time::Instant;
 use tonic::{Request, Response, Status};
 
 use super::headers::{rate_limit_headers, HeaderStyle};
-use super::{problem, rls_envoy};
+use super::{problem, rls_envoy, rls_trace};
 use crate::config::DeniedBody;
 use crate::limiter::{
     Decisions, Descriptor, Hit, LimitOverride, Limiter, Outcome, Request as Decide, Reset, Verdict,
 };
 use crate::observe::metrics::Metrics;
+use crate::observe::tracing_otlp::CallTrace;
 use crate::rules::Rule;
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 
@@ -91,6 +93,12 @@ impl RateLimitService for RlsService {
             .map_or_else(Instant::now, |a| a.0);
         let deadline = super::deadline::caller_timeout(request.metadata().as_ref())
             .map(|timeout| super::deadline::store_deadline(arrived, timeout, self.margin));
+        // Tracing off: this load is all the tracing work a call does.
+        if let Some(tracing) = crate::observe::tracing_otlp::active() {
+            // Boxed: the untraced call's future stays as small as before.
+            let call = rls_trace::call(tracing, &self.limiter, self.style, request, deadline);
+            return Box::pin(call).await;
+        }
         respond(&self.limiter, self.style, request.into_inner(), deadline)
             .await
             .map(Response::new)
@@ -103,11 +111,23 @@ impl RateLimitService for RlsService {
 /// Shared by gRPC and `POST /json`. The request is validated whole first.
 /// The store is waited for until `deadline` at most; then the failure
 /// policy decides. `style` says what the answer carries besides statuses.
-pub async fn respond(
+pub fn respond(
     limiter: &Limiter,
     style: ResponseStyle,
     request: RateLimitRequest,
     deadline: Option<Instant>,
+) -> impl Future<Output = Result<RateLimitResponse, Status>> + Send + '_ {
+    respond_traced(limiter, style, request, deadline, None)
+}
+
+/// [`respond`], the decision inside `trace`'s decision span when traced
+/// (its deciding rules recorded on the call's span).
+pub(super) async fn respond_traced(
+    limiter: &Limiter,
+    style: ResponseStyle,
+    request: RateLimitRequest,
+    deadline: Option<Instant>,
+    mut trace: Option<&mut CallTrace>,
 ) -> Result<RateLimitResponse, Status> {
     let envoy = limiter.envoy();
     let metrics = &*limiter.telemetry().metrics;
@@ -127,13 +147,19 @@ pub async fn respond(
             &many
         }
     };
-    let verdict = limiter
-        .decide(&Decide::envoy(&request.domain, descriptors).until(deadline))
-        .await
-        .map_err(|e| {
-            metrics.error("unavailable");
-            Status::unavailable(e.to_string())
-        })?;
+    let ask = Decide::envoy(&request.domain, descriptors).until(deadline);
+    let decide = limiter.decide(&ask);
+    let verdict = match trace.as_deref_mut() {
+        None => decide.await,
+        Some(t) => Box::pin(t.decide(decide)).await,
+    }
+    .map_err(|e| {
+        metrics.error("unavailable");
+        Status::unavailable(e.to_string())
+    })?;
+    if let Some(t) = trace {
+        rls_trace::record_verdict(t, &verdict);
+    }
     Ok(match verdict {
         Verdict::Envoy(statuses) => {
             rls_envoy::response(&request, &statuses, envoy, style.denied_body)

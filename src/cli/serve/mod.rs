@@ -17,6 +17,7 @@ use tracing::info;
 use super::ratelimit::RatelimitMode;
 use super::tls::TlsArgs;
 
+mod otlp;
 mod settings;
 mod xds;
 
@@ -311,6 +312,9 @@ pub struct ServeArgs {
     /// TLS on the gRPC and admin ports.
     #[command(flatten)]
     tls: TlsArgs,
+    /// OTLP tracing.
+    #[command(flatten)]
+    otlp: otlp::OtlpArgs,
 }
 
 impl ServeArgs {

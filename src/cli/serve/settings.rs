@@ -93,6 +93,7 @@ pub(super) fn settings(args: &ServeArgs) -> anyhow::Result<Settings> {
         rlqs_max_buckets_per_stream: args.rlqs_max_buckets_per_stream,
         record: args.record.clone(),
         record_max_bytes: args.record_max_bytes,
+        otlp: args.otlp.settings()?,
     })
 }
 

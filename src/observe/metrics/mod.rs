@@ -88,6 +88,13 @@ pub struct Metrics {
     pub traffic: TrafficMetrics,
     /// Counter resets (`DELETE /counters`).
     pub counters: CounterResetMetrics,
+    /// `divvy_trace_spans_dropped_total{reason}`: spans not exported
+    /// (queue_full: the export queue was full; export_failed: the collector
+    /// refused or did not answer).
+    pub trace_spans_dropped: IntCounterVec,
+    /// `divvy_trace_spans_exported_total`: spans the collector accepted
+    /// (the export task's sign of life).
+    pub trace_spans_exported: IntCounter,
 }
 
 /// A rule's counters, looked up once when the rule set is compiled (a
@@ -145,6 +152,26 @@ pub const SHED_REASONS: [&str; 1] = ["deadline"];
 /// The reasons of `divvy_admin_auth_failures_total`: no bearer token, a
 /// token that is neither admin nor read token, the read token on a change.
 pub const AUTH_FAILURE_REASONS: [&str; 3] = ["missing", "wrong", "read_only"];
+
+/// `divvy_trace_spans_dropped_total{reason}`, every reason exported from the start.
+fn trace_spans_dropped(r: &Registry) -> IntCounterVec {
+    counter_vec_of(
+        r,
+        "divvy_trace_spans_dropped_total",
+        "Trace spans not exported, by reason: queue_full (the bounded export queue was full), export_failed (the collector refused or did not answer)",
+        "reason",
+        &crate::observe::tracing_otlp::export::DROP_REASONS,
+    )
+}
+
+/// `divvy_trace_spans_exported_total`.
+fn trace_spans_exported(r: &Registry) -> IntCounter {
+    counter(
+        r,
+        "divvy_trace_spans_exported_total",
+        "Trace spans the OTLP collector accepted",
+    )
+}
 
 impl Default for Metrics {
     fn default() -> Metrics {
@@ -245,6 +272,8 @@ impl Metrics {
             policy: PolicyMetrics::new(&r),
             traffic: TrafficMetrics::new(&r),
             counters: CounterResetMetrics::new(&r),
+            trace_spans_dropped: trace_spans_dropped(&r),
+            trace_spans_exported: trace_spans_exported(&r),
             registry: r,
         }
     }

@@ -483,13 +483,15 @@ async fn answer(limiter: &Limiter, slots: &[Slot], hits: &[Hit], out: &mut Vec<u
     let decided = if hits.is_empty() {
         None
     } else {
-        // The line protocol's rules are always divvy rules.
-        Some(
-            limiter
-                .decide(&Request::line(hits))
-                .await
-                .map(Verdict::into_decisions),
-        )
+        // The line protocol's rules are always divvy rules. Traced (a root
+        // span per batch) only when a ratio sampler picks it.
+        let ask = Request::line(hits);
+        let trace = crate::observe::tracing_otlp::active().and_then(|t| t.line_batch(hits.len()));
+        let verdict = match trace {
+            None => limiter.decide(&ask).await,
+            Some(mut t) => Box::pin(t.decide(limiter.decide(&ask))).await,
+        };
+        Some(verdict.map(Verdict::into_decisions))
     };
     let mut next_hit = 0;
     for slot in slots {

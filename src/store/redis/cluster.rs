@@ -86,6 +86,7 @@ pub(super) async fn batched(
             charge,
             reply,
             slot,
+            trace: crate::observe::tracing_otlp::current(),
         })
         .await
         .map_err(|_| StoreError::Unavailable("redis: the batcher stopped".into()))?;

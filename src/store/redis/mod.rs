@@ -36,6 +36,7 @@ pub const SCRIPT: &str = super::algorithm::SCRIPT;
 mod cluster;
 mod connect;
 mod script;
+mod trace;
 
 use cluster::*;
 use connect::*;
@@ -114,6 +115,8 @@ struct Pending {
     /// In a Cluster, the one hash slot of all its counters (a request over
     /// several slots is not batched).
     slot: u16,
+    /// The decision span of a traced request (its store span's parent).
+    trace: Option<opentelemetry::trace::SpanContext>,
 }
 
 /// The counters of one request as the script takes them.
@@ -254,8 +257,12 @@ async fn eval_batch(core: &Core, batch: Vec<Pending>) {
     let parts: Vec<Part<'_>> = batch.iter().map(|p| (p.ops.as_slice(), p.charge)).collect();
     // Boxed: the call future (fred's included) is large, and inline it made
     // the task large too, copied whole when spawned and when done.
+    let traced = trace::start(&batch);
     let result = Box::pin(core.eval(&parts)).await;
     drop(parts);
+    if let Some(start) = traced {
+        trace::finish(&batch, start, result.is_ok());
+    }
     match result {
         Ok(states) => {
             let mut states = states.into_iter();

@@ -124,6 +124,15 @@ impl MemoryCoordination {
         }
     }
 
+    pub(super) fn hash_delete_if(&self, key: &str, fields: &[(String, String)]) {
+        let held: Vec<String> = fields
+            .iter()
+            .filter(|(f, v)| self.hash_get(key, f).as_ref() == Some(v))
+            .map(|(f, _)| f.clone())
+            .collect();
+        self.hash_delete(key, &held);
+    }
+
     pub(super) fn hash_delete(&self, key: &str, fields: &[String]) {
         let mut map = self.entries();
         let emptied = match map.get_mut(key).map(|e| &mut e.value) {

@@ -201,6 +201,26 @@ impl Coordination {
         }
     }
 
+    /// Removes each of `fields` from the hash `key` if it still holds the
+    /// value given (atomically per call on Redis: a value written since it
+    /// was read is kept).
+    pub async fn hash_delete_if(
+        &self,
+        key: &str,
+        fields: Vec<(String, String)>,
+    ) -> Result<(), CoordError> {
+        if fields.is_empty() {
+            return Ok(());
+        }
+        match &self.backend {
+            Backend::Redis(r) => r.hash_delete_if(key, fields).await,
+            Backend::Memory(m) => {
+                m.hash_delete_if(key, &fields);
+                Ok(())
+            }
+        }
+    }
+
     /// Renews `renewal.holder`'s shares of every counter asked for, in one
     /// call: four values per counter, in order (grant, target, every live
     /// holder's grant and every lapsed one's reserve as `holder=grant ...`, and `1` when another holder

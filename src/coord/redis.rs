@@ -33,6 +33,17 @@ end
 return 0
 ";
 
+/// Removes each field `ARGV[2i-1]` still holding `ARGV[2i]`; returns how many.
+const HDEL_IF: &str = r"
+local n = 0
+for i = 1, #ARGV, 2 do
+  if redis.call('HGET', KEYS[1], ARGV[i]) == ARGV[i + 1] then
+    n = n + redis.call('HDEL', KEYS[1], ARGV[i])
+  end
+end
+return n
+";
+
 fn unavailable(e: &Error) -> CoordError {
     CoordError::Unavailable(e.to_string())
 }
@@ -145,6 +156,19 @@ impl RedisCoordination {
         self.client
             .hdel::<(), _, _>(key, fields)
             .await
+            .map_err(|e| unavailable(&e))
+    }
+
+    pub(super) async fn hash_delete_if(
+        &self,
+        key: &str,
+        fields: Vec<(String, String)>,
+    ) -> Result<(), CoordError> {
+        let args: Vec<String> = fields.into_iter().flat_map(|(f, v)| [f, v]).collect();
+        self.client
+            .eval::<i64, _, _, _>(HDEL_IF, vec![key], args)
+            .await
+            .map(|_| ())
             .map_err(|e| unavailable(&e))
     }
 

@@ -44,8 +44,10 @@ const REFUND_BATCH: usize = 256;
 
 /// Announces the keys `refunds` receives (full counters a refund gave
 /// credits back to) in [`RESETS_KEY`], so every replica's over-limit cache
-/// forgets them at its next poll; until the channel closes. A failed write
-/// is dropped: those caches deny until the window ends, as before.
+/// forgets them at its next poll; until the channel closes. At most
+/// [`REFUND_BATCH`] per [`POLL_EVERY`], which bounds the hash every replica
+/// reads (keys past that, or past the channel, are not announced). A
+/// failed write is dropped: those caches deny until the window ends.
 pub async fn announce_refunds(
     mut refunds: tokio::sync::mpsc::Receiver<String>,
     coord: Coordination,
@@ -65,6 +67,7 @@ pub async fn announce_refunds(
         if let Err(e) = coord.hash_set(RESETS_KEY, fields, Some(KEEP)).await {
             tracing::debug!("a refund could not be announced to the other replicas: {e}");
         }
+        tokio::time::sleep(POLL_EVERY).await;
     }
 }
 
@@ -153,27 +156,33 @@ impl CounterResets {
             }
         }
         if !stale.is_empty() {
-            let _ = coord.hash_delete(RESETS_KEY, stale).await;
+            // Only if unchanged: a reset written since the read is kept.
+            let _ = coord.hash_delete_if(RESETS_KEY, stale).await;
         }
         true
     }
 
     /// Records what `stored` holds at `now`: the keys to drop from the cache
     /// (new resets and those seen within [`REPEAT_MS`]) and the entries
-    /// older than [`KEEP`].
-    fn note(&self, stored: HashMap<String, String>, now: u64) -> (Vec<String>, Vec<String>) {
+    /// older than [`KEEP`] (a refund's: [`REFUND_KEEP`]), with their stamps.
+    fn note(
+        &self,
+        stored: HashMap<String, String>,
+        now: u64,
+    ) -> (Vec<String>, Vec<(String, String)>) {
         let keep_ms = u64::try_from(KEEP.as_millis()).unwrap_or(u64::MAX);
         let refund_keep_ms = u64::try_from(REFUND_KEEP.as_millis()).unwrap_or(u64::MAX);
         let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
         seen.retain(|key, _| stored.contains_key(key));
         let mut stale = Vec::new();
         for (key, stamp) in stored {
-            let mut parts = stamp.split(':');
-            let at = parts.next().and_then(|t| t.parse::<u64>().ok());
-            let refund = parts.nth(1).is_some_and(|n| n.starts_with('r'));
+            // `<ms>:<replica>:<n>`; the replica's name may hold colons, so
+            // the refund's `r<n>` is read from the end.
+            let at = stamp.split(':').next().and_then(|t| t.parse::<u64>().ok());
+            let refund = stamp.rsplit(':').next().is_some_and(|n| n.starts_with('r'));
             let keep = if refund { refund_keep_ms } else { keep_ms };
             if at.is_none_or(|at| now.saturating_sub(at) > keep) {
-                stale.push(key.clone());
+                stale.push((key.clone(), stamp.clone()));
             }
             match seen.get(&key) {
                 Some(s) if s.stamp == stamp => {}
@@ -252,7 +261,7 @@ mod tests {
         let mut drop = drop;
         drop.sort();
         assert_eq!(drop, vec!["bad", "k", "old"]);
-        let mut stale = stale;
+        let mut stale: Vec<String> = stale.into_iter().map(|(k, _)| k).collect();
         stale.sort();
         assert_eq!(stale, vec!["bad", "old"]);
         // Seen again within REPEAT_MS: dropped again; later: not.
@@ -267,6 +276,46 @@ mod tests {
         // Gone from the hash: forgotten here too.
         r.note(HashMap::new(), now + 6000);
         assert!(r.seen.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_refund_is_kept_five_seconds_whatever_the_replica_s_name() {
+        let r = resets();
+        let now = 10_000_000;
+        let young = now - 4_000;
+        let old = now - 6_000;
+        // Replicas are named `host:pid`: the refund's `r<n>` is last.
+        let (_, stale) = r.note(
+            stored(&[
+                ("fresh-refund", &format!("{young}:host-1:4242:r7")),
+                ("old-refund", &format!("{old}:host-1:4242:r8")),
+                ("old-reset", &format!("{old}:host-1:4242:9")),
+            ]),
+            now,
+        );
+        let stale: Vec<(String, String)> = stale;
+        assert_eq!(stale.len(), 1, "{stale:?}");
+        assert_eq!(stale[0].0, "old-refund");
+        assert_eq!(stale[0].1, format!("{old}:host-1:4242:r8"));
+    }
+
+    #[tokio::test]
+    async fn a_stale_entry_rewritten_since_it_was_read_is_kept() {
+        let coord = Coordination::in_process();
+        let fields = vec![("k".to_owned(), "1:a:0".to_owned())];
+        coord.hash_set(RESETS_KEY, fields, None).await.unwrap();
+        // Rewritten after the read that judged "1:a:0" stale.
+        let newer = vec![("k".to_owned(), "2:b:0".to_owned())];
+        coord.hash_set(RESETS_KEY, newer, None).await.unwrap();
+        let stale = vec![("k".to_owned(), "1:a:0".to_owned())];
+        coord.hash_delete_if(RESETS_KEY, stale).await.unwrap();
+        assert_eq!(
+            coord.hash_get(RESETS_KEY, "k").await.unwrap().as_deref(),
+            Some("2:b:0")
+        );
+        let stale = vec![("k".to_owned(), "2:b:0".to_owned())];
+        coord.hash_delete_if(RESETS_KEY, stale).await.unwrap();
+        assert_eq!(coord.hash_get(RESETS_KEY, "k").await.unwrap(), None);
     }
 
     #[tokio::test]

@@ -10,14 +10,18 @@
 use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender, TrySendError};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use super::metrics::TrafficMetrics;
 
 /// Lines the queue holds before it drops.
 pub const QUEUE_LINES: usize = 65_536;
+/// Bytes the queue holds before it drops (large requests fill it sooner
+/// than [`QUEUE_LINES`] would).
+pub const QUEUE_BYTES: usize = 64 * 1024 * 1024;
 /// The default of `--record-max-bytes`: 64 MiB.
 pub const DEFAULT_MAX_BYTES: u64 = 64 * 1024 * 1024;
 /// How often an idle writer flushes the file and says it is alive.
@@ -53,6 +57,8 @@ enum Msg {
 pub struct TrafficRecorder {
     tx: SyncSender<Msg>,
     metrics: TrafficMetrics,
+    /// Bytes of the lines queued and not yet written.
+    queued: Arc<AtomicUsize>,
 }
 
 static ACTIVE: OnceLock<TrafficRecorder> = OnceLock::new();
@@ -77,26 +83,34 @@ impl TrafficRecorder {
         queue: usize,
         metrics: TrafficMetrics,
     ) -> Result<(TrafficRecorder, std::thread::JoinHandle<()>), RecordError> {
-        let writer = Writer::open(path, max_bytes.max(1), metrics.clone())?;
+        let queued = Arc::new(AtomicUsize::new(0));
+        let writer = Writer::open(path, max_bytes.max(1), metrics.clone(), queued.clone())?;
         let (tx, rx) = sync_channel(queue);
         let thread = std::thread::Builder::new()
             .name("divvy-record".into())
             .spawn(move || writer.run(rx))
             .map_err(RecordError::Thread)?;
-        Ok((TrafficRecorder { tx, metrics }, thread))
+        Ok((
+            TrafficRecorder {
+                tx,
+                metrics,
+                queued,
+            },
+            thread,
+        ))
     }
 
     /// Records one request line (without its newline), stamped now.
     pub fn record(&self, line: &[u8]) {
+        let before = self.queued.fetch_add(line.len(), Ordering::Relaxed);
         let msg = Msg::Line {
             at_ms: crate::clock::now_ms(),
             text: line.into(),
         };
-        match self.tx.try_send(msg) {
-            Ok(()) => {}
-            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
-                self.metrics.lines.with_label_values(&["dropped"]).inc();
-            }
+        let sent = before + line.len() <= QUEUE_BYTES && self.tx.try_send(msg).is_ok();
+        if !sent {
+            self.queued.fetch_sub(line.len(), Ordering::Relaxed);
+            self.metrics.lines.with_label_values(&["dropped"]).inc();
         }
     }
 
@@ -132,10 +146,17 @@ struct Writer {
     /// Bytes in the current file.
     written: u64,
     metrics: TrafficMetrics,
+    /// The recorder's count of bytes queued, taken down as lines are written.
+    queued: Arc<AtomicUsize>,
 }
 
 impl Writer {
-    fn open(path: &Path, max_bytes: u64, metrics: TrafficMetrics) -> Result<Writer, RecordError> {
+    fn open(
+        path: &Path,
+        max_bytes: u64,
+        metrics: TrafficMetrics,
+        queued: Arc<AtomicUsize>,
+    ) -> Result<Writer, RecordError> {
         let file = append(path).map_err(|source| RecordError::Open {
             path: path.display().to_string(),
             source,
@@ -147,6 +168,7 @@ impl Writer {
             file: BufWriter::new(file),
             written,
             metrics,
+            queued,
         })
     }
 
@@ -154,7 +176,10 @@ impl Writer {
         loop {
             self.metrics.alive.set(unix_seconds());
             match rx.recv_timeout(IDLE_FLUSH) {
-                Ok(Msg::Line { at_ms, text }) => self.write(at_ms, &text),
+                Ok(Msg::Line { at_ms, text }) => {
+                    self.write(at_ms, &text);
+                    self.queued.fetch_sub(text.len(), Ordering::Relaxed);
+                }
                 Ok(Msg::Flush(ack)) => {
                     let _ = self.file.flush();
                     let _ = ack.send(());
@@ -174,7 +199,10 @@ impl Writer {
         let len = (stamp.len() + 1 + text.len() + 1) as u64;
         if self.written > 0 && self.written + len > self.max_bytes {
             if let Err(e) = self.rotate() {
+                // The file stays within its bound: the line is not written.
                 tracing::warn!(error = %e, path = %self.path.display(), "--record: rotation failed");
+                self.metrics.lines.with_label_values(&["failed"]).inc();
+                return;
             }
         }
         let wrote = (|| {

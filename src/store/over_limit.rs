@@ -219,12 +219,15 @@ impl OverLimitCache {
     }
 
     /// Sends the keys of counters that were full before a refund of this
-    /// call (what is left now is no more than what was given back) and
-    /// that another replica's cache may hold.
+    /// call (what is left now is no more than what was given back, and
+    /// less than a fresh counter holds: a refund to an unused counter is
+    /// not news) and that another replica's cache may hold.
     fn tell_refunds(&self, ops: &[CounterOp], states: &[CounterState]) {
         let Some(tx) = &self.refunds else { return };
         for (op, state) in ops.iter().zip(states) {
-            let was_full = op.refund && op.cost > 0 && state.remaining <= op.cost;
+            let full = op.limit.min(op.burst);
+            let was_full =
+                op.refund && op.cost > 0 && state.remaining <= op.cost && state.remaining < full;
             if was_full && op.algorithm.spec().over_limit_cache && !op.overdraft {
                 let _ = tx.try_send(op.key.clone());
             }

@@ -70,9 +70,14 @@ impl DroppingBatch {
     /// Exports what is queued now; waits at most `within`.
     pub async fn flush(&self, within: Duration) {
         let (done, answer) = oneshot::channel();
-        if self.tx.send(Item::Flush(done)).await.is_ok() {
-            let _ = tokio::time::timeout(within, answer).await;
-        }
+        // Both the wait for room in a full queue and the export itself
+        // count against `within` (a dead collector must not hold shutdown).
+        let _ = tokio::time::timeout(within, async {
+            if self.tx.send(Item::Flush(done)).await.is_ok() {
+                let _ = answer.await;
+            }
+        })
+        .await;
     }
 }
 
@@ -267,6 +272,20 @@ mod tests {
         queue.flush(Duration::from_secs(1)).await;
         assert_eq!(dropped.with_label_values(&["export_failed"]).get(), 3);
         assert_eq!(dropped.with_label_values(&["queue_full"]).get(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_flush_into_a_full_queue_of_a_dead_collector_keeps_its_bound() {
+        let queue = DroppingBatch::spawn(Hangs, bounds(2), counters());
+        let _provider = spans(&queue, 2);
+        let start = tokio::time::Instant::now();
+        // The queue is full and every export hangs until its 10 s timeout.
+        queue.flush(Duration::from_secs(2)).await;
+        assert!(
+            start.elapsed() <= Duration::from_secs(2),
+            "{:?}",
+            start.elapsed()
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -373,7 +373,7 @@ async fn run_case(client: &Client, scripts: &Scripts, case: &Case) -> Result<(),
     let mut now = T0;
     for (advance, ops) in &case.calls {
         now += advance;
-        let mut answers = Vec::new();
+        let (mut answers, mut pasts) = (Vec::new(), Vec::new());
         for (prefix, general) in [("lean", false), ("general", true)] {
             let (keys, args) = call_args(case, ops, prefix, now, general, case.hinted);
             // A group (one rule's limits) takes the general path on both
@@ -388,12 +388,26 @@ async fn run_case(client: &Client, scripts: &Scripts, case: &Case) -> Result<(),
                 .eval(script.as_str(), keys, args)
                 .await
                 .map_err(|e| format!("{prefix} call: {e}"))?;
-            // The general side's extra request answers last.
+            // The general side's extra request answers last; then two
+            // values per op charged past what was left (an overdraft's).
             let want = ops.len() * 2 + if general { 4 } else { 0 };
-            if got.len() != want {
-                return Err(format!("{prefix} call: {} values, not {want}", got.len()));
+            if got.len() < want || (got.len() - want) % 2 != 0 {
+                return Err(format!(
+                    "{prefix} call: {} values, not {want} and pairs",
+                    got.len()
+                ));
             }
-            answers.push(got);
+            let mut past: Vec<(i64, i64)> =
+                got[want..].chunks_exact(2).map(|p| (p[0], p[1])).collect();
+            past.sort_unstable();
+            pasts.push(past);
+            answers.push(got[..ops.len() * 2].to_vec());
+        }
+        if pasts[0] != pasts[1] {
+            return Err(format!(
+                "at {now}: credits charged past what was left, lean path {:?}, general path {:?}",
+                pasts[0], pasts[1]
+            ));
         }
         for (n, (l, g)) in answers[0]
             .chunks_exact(2)

@@ -391,7 +391,7 @@ async fn run_case(client: &Client, scripts: &Scripts, case: &Case) -> Result<(),
             // The general side's extra request answers last; then two
             // values per op charged past what was left (an overdraft's).
             let want = ops.len() * 2 + if general { 4 } else { 0 };
-            if got.len() < want || (got.len() - want) % 2 != 0 {
+            if got.len() < want || !(got.len() - want).is_multiple_of(2) {
                 return Err(format!(
                     "{prefix} call: {} values, not {want} and pairs",
                     got.len()

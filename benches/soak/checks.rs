@@ -233,6 +233,7 @@ pub fn recoveries(events: &[Event], out: &mut Findings) {
             out.violations.push(format!("{}: {problem}", e.name));
         }
     }
+    summary(events, out);
     for kind in crate::faults::ALL {
         if !events.iter().any(|e| e.kind == kind) {
             out.violations.push(format!(
@@ -240,4 +241,26 @@ pub fn recoveries(events: &[Event], out: &mut Findings) {
             ));
         }
     }
+}
+
+/// Per fault (by name): how many, and the median and longest recovery.
+fn summary(events: &[Event], out: &mut Findings) {
+    let _ = writeln!(out.report, "recovery by fault (count, median, max, bound):");
+    let mut names: Vec<&'static str> = events.iter().map(|e| e.name).collect();
+    names.sort_unstable();
+    names.dedup();
+    for name in names {
+        let mine: Vec<&Event> = events.iter().filter(|e| e.name == name).collect();
+        let mut times: Vec<f64> = mine.iter().filter_map(|e| e.recovery()).collect();
+        times.sort_by(f64::total_cmp);
+        let median = times.get(times.len() / 2).copied().unwrap_or(f64::NAN);
+        let max = times.last().copied().unwrap_or(f64::NAN);
+        let _ = writeln!(
+            out.report,
+            "  {name:<36} {:>4}  {median:>5.2} s  {max:>5.2} s  {:>4.1} s",
+            mine.len(),
+            mine[0].bound
+        );
+    }
+    let _ = writeln!(out.report, "  faults in all: {}", events.len());
 }

@@ -111,3 +111,36 @@ pub fn logs(log: &[LogLine], events: &[Event], out: &mut Findings) {
         log.len()
     );
 }
+
+/// Each replica's RSS, descriptors and threads every ten minutes (the
+/// mean of the samples within five seconds of each mark), for the
+/// hour's table in docs/reliability.md.
+pub fn timeline(samples: &[Sample], from: f64, to: f64, out: &mut Findings) {
+    let _ = writeln!(
+        out.report,
+        "resources every 10 minutes (replica: RSS MiB / fds / threads):"
+    );
+    let mut minute = 10.0;
+    while from + minute * 60.0 <= to + 5.0 {
+        let mark = from + minute * 60.0;
+        let mut line = format!("  {minute:>3.0} min:");
+        for replica in 0..2 {
+            let near: Vec<&Sample> = samples
+                .iter()
+                .filter(|s| s.replica == replica && (s.at - mark).abs() <= 5.0)
+                .collect();
+            let n = near.len().max(1) as f64;
+            let mean = |f: fn(&Sample) -> f64| near.iter().map(|s| f(s)).sum::<f64>() / n;
+            let _ = write!(
+                line,
+                "  replica {replica} (pid {}) {:.1} / {:.1} / {:.1}",
+                near.first().map_or(0, |s| s.pid),
+                mean(|s| s.rss as f64 / 1048576.0),
+                mean(|s| s.fds as f64),
+                mean(|s| s.threads as f64)
+            );
+        }
+        let _ = writeln!(out.report, "{line}");
+        minute += 10.0;
+    }
+}

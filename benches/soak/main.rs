@@ -161,6 +161,7 @@ fn main() -> ExitCode {
     findings.report += "faults (time, what, recovery):\n";
     checks::recoveries(&events, &mut findings);
     health::resources(&samples, start, end, &mut findings);
+    health::timeline(&samples, start, end, &mut findings);
     health::logs(&log, &events, &mut findings);
     report(&opts, &rig, skipped, end - start, findings)
 }

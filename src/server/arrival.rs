@@ -71,19 +71,65 @@ impl ShedAnswer {
     }
 }
 
-/// Whether a request that arrived at `arrived` allowing `timeout` has spent
-/// its budget (the timeout less `margin`) by `now`: then it is shed.
-pub fn is_late(arrived: Instant, timeout: Duration, margin: Duration, now: Instant) -> bool {
-    now >= store_deadline(arrived, timeout, margin)
+/// The part of a caller's timeout a call may wait for its turn before it
+/// is shed: once divvy is that far behind, the answer (decided or shed)
+/// waits about as long again for its connection's task to write it, so a
+/// call let wait its whole budget would be answered past the caller's
+/// timeout (docs/reliability.md, "Overload").
+pub const QUEUE_SHARE: u32 = 4;
+
+/// Why a call is shed: the `reason` of `divvy_shed_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Late {
+    /// It waited a [`QUEUE_SHARE`] of its caller's timeout for its turn.
+    Queue,
+    /// Its budget (the timeout less the margin) is spent.
+    Deadline,
+}
+
+/// Whether a request that arrived at `arrived` allowing `timeout` is shed
+/// at `now`, and why: the spent budget (the timeout less `margin`) first,
+/// then a wait of a [`QUEUE_SHARE`] of the timeout.
+pub fn is_late(arrived: Instant, timeout: Duration, margin: Duration, now: Instant) -> Option<Late> {
+    let share = std::env::var("DIVVY_SHED_QUEUE_SHARE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(QUEUE_SHARE);
+    if now >= store_deadline(arrived, timeout, margin) {
+        Some(Late::Deadline)
+    } else if now.saturating_duration_since(arrived) >= timeout / share {
+        Some(Late::Queue)
+    } else {
+        None
+    }
 }
 
 /// What the layer needs to shed: the margin, the policy's answer (`None`:
-/// nothing is shed) and the counter of shed requests.
+/// nothing is shed) and the counters of shed requests.
 #[derive(Debug, Clone)]
 struct Shed {
     margin: Duration,
     answer: Option<ShedAnswer>,
-    counted: IntCounter,
+    counted: ShedCounters,
+}
+
+/// `divvy_shed_total`'s series, one per [`Late`] reason.
+#[derive(Debug, Clone)]
+pub struct ShedCounters {
+    /// `reason="queue"`.
+    pub queue: IntCounter,
+    /// `reason="deadline"`.
+    pub deadline: IntCounter,
+}
+
+impl ShedCounters {
+    /// The series of `reason`.
+    fn of(&self, reason: Late) -> &IntCounter {
+        match reason {
+            Late::Queue => &self.queue,
+            Late::Deadline => &self.deadline,
+        }
+    }
 }
 
 /// Stamps requests with [`Arrived`] and sheds late `ShouldRateLimit`s.
@@ -95,7 +141,7 @@ pub struct ArrivalLayer {
 impl ArrivalLayer {
     /// Keeps `margin` of each caller's timeout; a late request gets
     /// `policy`'s answer and is counted in `counted`.
-    pub fn new(margin: Duration, policy: FailurePolicy, counted: IntCounter) -> ArrivalLayer {
+    pub fn new(margin: Duration, policy: FailurePolicy, counted: ShedCounters) -> ArrivalLayer {
         ArrivalLayer {
             shed: Shed {
                 margin,
@@ -187,8 +233,8 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let (counted, margin) = (self.shed.counted.clone(), self.shed.margin);
         Either::Right(Box::pin(async move {
-            if is_late(arrived, timeout, margin, Instant::now()) {
-                counted.inc();
+            if let Some(reason) = is_late(arrived, timeout, margin, Instant::now()) {
+                counted.of(reason).inc();
                 return Ok(shed_response(answer));
             }
             inner.call(request).await

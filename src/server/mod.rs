@@ -109,12 +109,11 @@ pub async fn serve_grpc(
         needs_config: answers.envoy.error_without_config,
     };
     let health_service = spawn_health(limiter.clone(), readiness).await;
-    let shed = limiter
-        .telemetry()
-        .metrics
-        .store
-        .shed
-        .with_label_values(&["deadline"]);
+    let shed = &limiter.telemetry().metrics.store.shed;
+    let shed = arrival::ShedCounters {
+        queue: shed.with_label_values(&["queue"]),
+        deadline: shed.with_label_values(&["deadline"]),
+    };
     let arrival = arrival::ArrivalLayer::new(limits.deadline_margin, limits.failure_policy, shed);
     let style = rls::ResponseStyle {
         headers: answers.headers,

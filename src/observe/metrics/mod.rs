@@ -146,8 +146,9 @@ pub const REJECT_REASONS: [&str; 7] = [
 ];
 
 /// Every `reason` of `divvy_shed_total` (all exported from the start): a
-/// request that waited past its caller's deadline less the margin.
-pub const SHED_REASONS: [&str; 1] = ["deadline"];
+/// request that waited a quarter of its caller's timeout for its turn
+/// (`queue`), or past the timeout less the margin (`deadline`).
+pub const SHED_REASONS: [&str; 2] = ["queue", "deadline"];
 
 /// The reasons of `divvy_admin_auth_failures_total`: no bearer token, a
 /// token that is neither admin nor read token, the read token on a change.

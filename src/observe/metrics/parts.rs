@@ -34,7 +34,8 @@ pub struct StoreMetrics {
     /// `divvy_max_counters`: the memory store's cap in force (the lesser of `--max-counters` and the budget's).
     pub max_counters: IntGauge,
     /// `divvy_shed_total{reason}`: requests answered at once by the failure
-    /// policy because they waited past their caller's deadline before being handled.
+    /// policy because they waited too long for their turn (`queue`) or past
+    /// their caller's deadline (`deadline`) before being handled.
     pub shed: IntCounterVec,
 }
 

@@ -398,6 +398,14 @@ impl Store for MemoryStore {
         Box::pin(std::future::ready(Ok(self.apply_now(ops, charge))))
     }
 
+    fn apply_ready(
+        &self,
+        ops: &[CounterOp],
+        charge: Charge,
+    ) -> Option<Result<Vec<CounterState>, StoreError>> {
+        Some(Ok(self.apply_now(ops, charge)))
+    }
+
     fn peek<'a>(
         &'a self,
         op: &'a CounterOp,

@@ -208,6 +208,20 @@ pub trait Store: Send + Sync + 'static {
         self.apply(ops, charge)
     }
 
+    /// [`Store::apply`]'s answer when the store has it at once, with no
+    /// future to allocate and poll (the memory store); `None`: the caller
+    /// awaits [`Store::apply_by`]. Only a store whose `apply_by` would do
+    /// nothing else may answer here: a wrapper (failover, over-limit cache)
+    /// keeps the default, so its own logic always runs.
+    fn apply_ready(
+        &self,
+        ops: &[CounterOp],
+        charge: Charge,
+    ) -> Option<Result<Vec<CounterState>, StoreError>> {
+        let _ = (ops, charge);
+        None
+    }
+
     /// The current state of the counter of `op` without changing it (`None`:
     /// no counter is stored, it is full).
     fn peek<'a>(

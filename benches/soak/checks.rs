@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
-use crate::faults::{Event, Kind, KNOB_LIMIT};
+use crate::faults::{Event, Kind, KNOB_DELETED, KNOB_LIMIT, KNOB_SET};
 use crate::load::{Record, Status, ACTORS};
 use crate::rig::RULES;
 
@@ -146,12 +146,13 @@ fn bound(rule: usize, k: f64, events: &[Event], policy: &[(f64, f64)]) -> u64 {
 }
 
 /// Whether epoch second `k` lies wholly between a knob being seen on
-/// both replicas and its removal.
+/// both replicas and its removal (not between a removal and the next
+/// knob set, when two knob faults follow each other).
 fn knob_covers(k: f64, events: &[Event]) -> bool {
     events.windows(2).any(|pair| {
         let (set, delete) = (&pair[0], &pair[1]);
-        set.kind == Kind::Knob
-            && delete.kind == Kind::Knob
+        set.name == KNOB_SET
+            && delete.name == KNOB_DELETED
             && set
                 .recovered
                 .is_some_and(|seen| k >= seen && k + 1.0 <= delete.injected)

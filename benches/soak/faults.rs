@@ -271,6 +271,10 @@ fn next_version() -> u32 {
 
 /// The fixed rule's knob limit while the knob is in force.
 pub const KNOB_LIMIT: u64 = 5;
+/// The name of the event that sets the knob.
+pub const KNOB_SET: &str = "knob set (fixed: creditLimit 5)";
+/// The name of the event that deletes it.
+pub const KNOB_DELETED: &str = "knob deleted";
 
 /// A knob lowering the fixed rule to [`KNOB_LIMIT`], set on replica 0 and
 /// removed `hold` later; each change must reach replica 1 within a second
@@ -278,7 +282,7 @@ pub const KNOB_LIMIT: u64 = 5;
 fn knob(rig: &mut Rig, hold: Duration) -> Vec<Event> {
     let (a, b) = (rig.replicas[0].http(), rig.replicas[1].http());
     let seen = || rig::get(b, "/knobs").is_some_and(|(_, body)| body.contains("\"fixed\""));
-    let mut set = Event::new("knob set (fixed: creditLimit 5)", Kind::Knob, now(), 1.0);
+    let mut set = Event::new(KNOB_SET, Kind::Knob, now(), 1.0);
     let body = format!("{{\"creditLimit\": {KNOB_LIMIT}, \"ttlSeconds\": 120}}");
     let answer = rig::request(a, "PUT", "/knobs/fixed", &body);
     set.healed = now();
@@ -287,7 +291,7 @@ fn knob(rig: &mut Rig, hold: Duration) -> Vec<Event> {
     }
     set.recovered = wait_until(10.0, seen);
     std::thread::sleep(hold);
-    let mut delete = Event::new("knob deleted", Kind::Knob, now(), 1.0);
+    let mut delete = Event::new(KNOB_DELETED, Kind::Knob, now(), 1.0);
     let answer = rig::request(a, "DELETE", "/knobs/fixed", "");
     delete.healed = now();
     if answer.as_ref().map(|(s, _)| *s) != Some(200) {

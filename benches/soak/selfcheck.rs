@@ -3,7 +3,7 @@
 //! panic), so a soak that passes is not a soak whose checks cannot fail.
 
 use crate::checks::{self, Findings};
-use crate::faults::Event;
+use crate::faults::{Event, Kind, KNOB_DELETED, KNOB_SET};
 use crate::load::{Record, Status};
 
 /// `n` requests of rule 0, actor 0, in epoch second 1000, all `status`.
@@ -53,6 +53,7 @@ pub fn run() {
         allowed.violations.is_empty(),
         "the failure policy's allowance is not applied"
     );
+    knobs();
     let mut failed = Findings::default();
     checks::statuses(&second(1, Status::Server(500)), &none, 0, &mut failed);
     assert!(
@@ -70,4 +71,40 @@ pub fn run() {
     ];
     crate::health::logs(&log, &none, &mut logged);
     assert_eq!(logged.violations.len(), 2, "{:?}", logged.violations);
+}
+
+/// A knob event named `name` at `at`, seen at once.
+fn knob_event(name: &'static str, at: f64) -> Event {
+    let mut e = Event::new(name, Kind::Knob, at, 1.0);
+    (e.healed, e.recovered) = (at, Some(at));
+    e
+}
+
+/// The knob's lower limit holds between a set and its delete only: six
+/// admissions inside fail, ten between a delete and the next set pass
+/// (an hour's run once read that gap as the knob in force).
+fn knobs() {
+    let inside = [
+        knob_event(KNOB_SET, 999.0),
+        knob_event(KNOB_DELETED, 1002.0),
+    ];
+    let mut over = Findings::default();
+    checks::admissions(&second(6, Status::Allowed), &inside, &[], &mut over);
+    assert!(
+        !over.violations.is_empty(),
+        "6 admissions under a knob of 5 pass"
+    );
+    let gap = [
+        knob_event(KNOB_SET, 990.0),
+        knob_event(KNOB_DELETED, 995.0),
+        knob_event(KNOB_SET, 1002.0),
+        knob_event(KNOB_DELETED, 1004.0),
+    ];
+    let mut between = Findings::default();
+    checks::admissions(&second(10, Status::Allowed), &gap, &[], &mut between);
+    assert!(
+        between.violations.is_empty(),
+        "the gap between a knob's delete and the next set counts as the knob: {:?}",
+        between.violations
+    );
 }

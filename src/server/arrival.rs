@@ -90,7 +90,12 @@ pub enum Late {
 /// Whether a request that arrived at `arrived` allowing `timeout` is shed
 /// at `now`, and why: the spent budget (the timeout less `margin`) first,
 /// then a wait of a [`QUEUE_SHARE`] of the timeout.
-pub fn is_late(arrived: Instant, timeout: Duration, margin: Duration, now: Instant) -> Option<Late> {
+pub fn is_late(
+    arrived: Instant,
+    timeout: Duration,
+    margin: Duration,
+    now: Instant,
+) -> Option<Late> {
     let share = std::env::var("DIVVY_SHED_QUEUE_SHARE")
         .ok()
         .and_then(|v| v.parse().ok())

@@ -161,12 +161,7 @@ async fn a_call_that_waited_a_quarter_of_its_timeout_is_shed_for_its_wait() {
 #[tokio::test(start_paused = true)]
 async fn calls_in_time_without_a_deadline_or_under_local_are_decided() {
     let cases = [
-        (
-            FailurePolicy::Allow,
-            SHOULD_RATE_LIMIT,
-            Some("20m"),
-            4 * MS,
-        ),
+        (FailurePolicy::Allow, SHOULD_RATE_LIMIT, Some("20m"), 4 * MS),
         (FailurePolicy::Allow, SHOULD_RATE_LIMIT, None, 10_000 * MS),
         (
             FailurePolicy::Local,

@@ -12,8 +12,9 @@
 //! there is one, else the clone's instant.
 //!
 //! A `ShouldRateLimit` whose budget ([`store_deadline`]) is spent when its
-//! task starts gets the failure policy's overall code at once ([`ShedAnswer`]),
-//! undecoded, and is counted in `divvy_shed_total{reason="deadline"}`. Under
+//! task starts, or that waited a [`QUEUE_SHARE`] of its timeout, gets the
+//! failure policy's overall code at once ([`ShedAnswer`]), undecoded, and is
+//! counted in `divvy_shed_total{reason="deadline"|"queue"}`. Under
 //! `local` (it needs the counters) nothing is shed here: the handler's
 //! deadline, from the same stamp, is already past. No deadline, no shedding.
 
@@ -96,13 +97,9 @@ pub fn is_late(
     margin: Duration,
     now: Instant,
 ) -> Option<Late> {
-    let share = std::env::var("DIVVY_SHED_QUEUE_SHARE")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(QUEUE_SHARE);
     if now >= store_deadline(arrived, timeout, margin) {
         Some(Late::Deadline)
-    } else if now.saturating_duration_since(arrived) >= timeout / share {
+    } else if now.saturating_duration_since(arrived) >= timeout / QUEUE_SHARE {
         Some(Late::Queue)
     } else {
         None

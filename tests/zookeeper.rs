@@ -8,25 +8,18 @@
 //! removes them, and the service keeps serving the last good set while
 //! ZooKeeper is down and picks changes up again once it is back.
 //!
-//! Two tests fail on purpose, on bugs found here (see their comments):
-//! `refusals_name_aux_rules_as_aux_rules` (refusal messages call the node's
-//! rules `rule #i` of the policy file, not `aux rule #i` as
-//! `with_aux_rules` documents) and
-//! `refused_node_data_applies_once_the_file_fits_it` (node data refused
-//! because it clashed with the file is never tried again after the file is
-//! fixed, so a running replica and a fresh one serve different rules).
+//! The ZooKeeper launcher is tests/common/zookeeper.rs (the soak uses it
+//! too).
 
 mod common;
 
-use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::zookeeper::{block, ZooKeeper};
 use common::{ask, desc, parse_ok, request, Server};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use serde_json::Value;
-use zookeeper_client as zk;
 
 /// The node divvy reads by default.
 const NODE: &str = "/ratelimiter/rules";
@@ -53,178 +46,6 @@ overrides:
 default: {label: file-default, creditLimit: 1000, resetSeconds: 0}
 ";
 const FILE_LABELS: [&str; 3] = ["file-a", "file-b", "file-default"];
-
-// ---------------------------------------------------------------- ZooKeeper
-
-/// A ZooKeeper server process on 127.0.0.1; killed on drop.
-struct ZooKeeper {
-    child: Option<Child>,
-    port: u16,
-    dir: tempfile::TempDir,
-}
-
-impl ZooKeeper {
-    /// Starts one on a free port.
-    fn start() -> ZooKeeper {
-        let mut z = ZooKeeper::configure(common::stable_port());
-        z.launch();
-        z
-    }
-
-    /// Writes the config for `port` without starting the server.
-    fn configure(port: u16) -> ZooKeeper {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let data = dir.path().join("data");
-        std::fs::create_dir(&data).expect("data dir");
-        std::fs::write(
-            dir.path().join("zoo.cfg"),
-            format!(
-                "tickTime=2000\ndataDir={}\nclientPort={port}\nclientPortAddress=127.0.0.1\n\
-                 admin.enableServer=false\n",
-                data.display()
-            ),
-        )
-        .expect("zoo.cfg");
-        ZooKeeper {
-            child: None,
-            port,
-            dir,
-        }
-    }
-
-    fn log_path(&self) -> PathBuf {
-        self.dir.path().join("zookeeper.log")
-    }
-
-    /// Starts the server (again, on the same port and data dir) and waits
-    /// until it answers.
-    fn launch(&mut self) {
-        assert!(self.child.is_none(), "ZooKeeper already running");
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.log_path())
-            .expect("zookeeper log");
-        let child = Command::new("java")
-            .args([
-                "-Xmx256m",
-                "-XX:+UseSerialGC",
-                "-XX:TieredStopAtLevel=1",
-                "-cp",
-                "/etc/zookeeper/conf:/usr/share/java/zookeeper.jar:/usr/share/java/slf4j-simple.jar",
-                "org.apache.zookeeper.server.ZooKeeperServerMain",
-            ])
-            .arg(self.dir.path().join("zoo.cfg"))
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("log"))
-            .stderr(log)
-            .spawn()
-            .expect("java must be installed, with Debian's zookeeper package");
-        self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let up = block(async {
-                let client = connect(&self.hosts()).await.ok()?;
-                client.check_stat("/").await.ok()
-            });
-            if up.is_some() {
-                return;
-            }
-            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().unwrap()) {
-                panic!(
-                    "ZooKeeper exited ({status}):\n{}",
-                    std::fs::read_to_string(self.log_path()).unwrap_or_default()
-                );
-            }
-            assert!(
-                Instant::now() < deadline,
-                "ZooKeeper on port {} did not answer within 30 s:\n{}",
-                self.port,
-                std::fs::read_to_string(self.log_path()).unwrap_or_default()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    /// Kills the server (SIGKILL) and waits for it; the data dir stays.
-    fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    /// `127.0.0.1:port`.
-    fn hosts(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
-    }
-
-    /// Writes `data` to `path`, creating it (and its parents) if missing;
-    /// returns the instant just before the write was sent.
-    fn set(&self, path: &str, data: &str) -> Instant {
-        block(async {
-            let client = connect(&self.hosts()).await.expect("connect to ZooKeeper");
-            let sent = Instant::now();
-            match client.set_data(path, data.as_bytes(), None).await {
-                Ok(_) => return sent,
-                Err(zk::Error::NoNode) => {}
-                Err(e) => panic!("set {path}: {e}"),
-            }
-            let options = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
-            let parent = &path[..path.rfind('/').unwrap()];
-            if !parent.is_empty() {
-                client.mkdir(parent, &options).await.expect("mkdir");
-            }
-            let sent = Instant::now();
-            client
-                .create(path, data.as_bytes(), &options)
-                .await
-                .unwrap_or_else(|e| panic!("create {path}: {e}"));
-            sent
-        })
-    }
-
-    /// Deletes `path`; returns the instant just before the delete was sent.
-    fn delete(&self, path: &str) -> Instant {
-        block(async {
-            let client = connect(&self.hosts()).await.expect("connect to ZooKeeper");
-            let sent = Instant::now();
-            client
-                .delete(path, None)
-                .await
-                .unwrap_or_else(|e| panic!("delete {path}: {e}"));
-            sent
-        })
-    }
-}
-
-impl Drop for ZooKeeper {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-/// Runs `f` on a fresh single-threaded runtime (the client's session task
-/// runs on it while `f` runs and ends with it).
-fn block<F: Future>(f: F) -> F::Output {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime")
-        .block_on(f)
-}
-
-async fn connect(hosts: &str) -> Result<zk::Client, String> {
-    let connect = zk::Client::connector()
-        .with_session_timeout(Duration::from_secs(10))
-        .with_fail_eagerly()
-        .connect(hosts);
-    match tokio::time::timeout(Duration::from_secs(5), connect).await {
-        Ok(Ok(c)) => Ok(c),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(_) => Err("timeout".to_owned()),
-    }
-}
 
 // ---------------------------------------------------------------- divvy
 

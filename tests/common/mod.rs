@@ -13,6 +13,7 @@ pub mod prometheus;
 pub mod redis;
 pub mod rlqs;
 pub mod xds;
+pub mod zookeeper;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};

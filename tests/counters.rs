@@ -9,11 +9,10 @@
 
 mod common;
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::redis::{Cluster, Redis};
-use common::{binary, http_request, parse_ok, Server};
+use common::{http_request, parse_ok, Server};
 use serde_json::Value;
 
 const ADMIN: &str = "counters-admin-secret";
@@ -306,24 +305,9 @@ fn on_the_memory_store_a_reset_frees_the_actor_and_a_rule_without_actor_needs_no
     assert_eq!(hit(&open, "path=/shared"), (true, 0, 3600));
 }
 
+/// `divvy counters <args>` against `server`.
 fn cli(server: &Server, args: &[&str], token: Option<&str>) -> (bool, String, String) {
-    let mut command = Command::new(binary());
-    command
-        .arg("counters")
-        .args(args)
-        .args(["--server", &format!("http://{}", server.http)])
-        .env_remove("DIVVY_ADMIN_TOKEN")
-        .env_remove("DIVVY_ADMIN_READ_TOKEN")
-        .env_remove("DIVVY_ADMIN_URL");
-    if let Some(t) = token {
-        command.env("DIVVY_ADMIN_TOKEN", t);
-    }
-    let out = command.output().expect("run divvy counters");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    common::admin_client(server, "counters", "--server", args, token)
 }
 
 #[test]

@@ -9,7 +9,6 @@ use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::redis::Redis;
@@ -898,22 +897,9 @@ fn knobs_survive_a_reload_and_a_vanished_label_is_listed_inactive() {
 
 // -------------------------------------------------------------- 7. the CLI
 
+/// `divvy knob <args>` against `server`.
 fn cli(server: &Server, args: &[&str], token: Option<&str>) -> (bool, String, String) {
-    let mut cmd = Command::new(common::binary());
-    cmd.arg("knob")
-        .args(args)
-        .args(["--admin-url", &format!("http://{}", server.http)])
-        .env_remove("DIVVY_ADMIN_TOKEN")
-        .env_remove("DIVVY_ADMIN_URL");
-    if let Some(t) = token {
-        cmd.env("DIVVY_ADMIN_TOKEN", t);
-    }
-    let out = cmd.output().expect("run divvy knob");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    common::admin_client(server, "knob", "--admin-url", args, token)
 }
 
 #[test]

@@ -56,6 +56,38 @@ pub fn binary() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_divvy"))
 }
 
+/// Runs `divvy <command> <args>` as an admin client of `server` (its admin
+/// URL given by `url_flag`, which `knob` and `counters` name differently),
+/// with `token` as `DIVVY_ADMIN_TOKEN` and no other admin variable from
+/// the test's environment; returns whether it succeeded, its stdout and its
+/// stderr (where refusals such as a wrong token's 403 show).
+pub fn admin_client(
+    server: &Server,
+    command: &str,
+    url_flag: &str,
+    args: &[&str],
+    token: Option<&str>,
+) -> (bool, String, String) {
+    let mut cmd = Command::new(binary());
+    cmd.arg(command)
+        .args(args)
+        .args([url_flag, &format!("http://{}", server.http)])
+        .env_remove("DIVVY_ADMIN_TOKEN")
+        .env_remove("DIVVY_ADMIN_READ_TOKEN")
+        .env_remove("DIVVY_ADMIN_URL");
+    if let Some(t) = token {
+        cmd.env("DIVVY_ADMIN_TOKEN", t);
+    }
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("run divvy {command}: {e}"));
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 /// A running `divvy serve`; killed on drop.
 pub struct Server {
     child: Child,

@@ -257,6 +257,8 @@ pub struct Bootstrap {
     listeners: Vec<(String, String)>,
     /// (name, transport socket yaml)
     clusters: Vec<(String, String)>,
+    /// The OTLP/gRPC receiver's port when Envoy traces ([`Bootstrap::tracing`]).
+    otlp: Option<u16>,
 }
 
 /// A divvy cluster's TLS: Envoy's certificate and key, the CA it trusts
@@ -281,6 +283,21 @@ const UPSTREAM_PORT: u16 = 8088;
 const ADMIN_PORT: u16 = 9901;
 const FIRST_LISTENER: u16 = 10000;
 
+/// A connection manager's tracing block for [`Bootstrap::tracing`]: every
+/// request sampled, exported to the `otlp` cluster.
+const TRACING: &str = r#"
+          generate_request_id: true
+          tracing:
+            random_sampling: { value: 100 }
+            provider:
+              name: envoy.tracers.opentelemetry
+              typed_config:
+                "@type": type.googleapis.com/envoy.config.trace.v3.OpenTelemetryConfig
+                service_name: envoy
+                grpc_service:
+                  envoy_grpc: { cluster_name: otlp }
+                  timeout: 1s"#;
+
 impl Bootstrap {
     /// Requests asking domain `domain` about `generic_key`, Envoy waiting
     /// `timeout` (an Envoy duration such as `0.25s`) for each answer.
@@ -292,7 +309,16 @@ impl Bootstrap {
             timeout: timeout.to_owned(),
             listeners: Vec::new(),
             clusters: Vec::new(),
+            otlp: None,
         }
+    }
+
+    /// Envoy's OpenTelemetry tracer on every listener: every request
+    /// sampled, spans flushed every 200 ms (one span is enough) to an
+    /// OTLP/gRPC receiver on `port` through a cluster named `otlp`.
+    pub fn tracing(mut self, port: u16) -> Bootstrap {
+        self.otlp = Some(port);
+        self
     }
 
     /// Descriptors of one entry per request header instead of the
@@ -372,7 +398,18 @@ impl Bootstrap {
                 })
                 .collect()
         };
-        let mut yaml = "static_resources:\n  listeners:".to_owned();
+        let mut yaml = String::new();
+        if self.otlp.is_some() {
+            yaml += "layered_runtime:
+  layers:
+  - name: static
+    static_layer:
+      tracing.opentelemetry.flush_interval_ms: 200
+      tracing.opentelemetry.min_flush_spans: 1
+";
+        }
+        yaml += "static_resources:\n  listeners:";
+        let tracing = if self.otlp.is_some() { TRACING } else { "" };
         for ((name, cluster), port) in self.listeners.iter().zip(FIRST_LISTENER..) {
             yaml += &format!(
                 r#"
@@ -383,7 +420,7 @@ impl Bootstrap {
       - name: envoy.filters.network.http_connection_manager
         typed_config:
           "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: {name}
+          stat_prefix: {name}{tracing}
           route_config:
             name: app
             virtual_hosts:
@@ -437,6 +474,23 @@ impl Bootstrap {
       endpoints:
       - lb_endpoints:
         - endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {DIVVY_PORT} }} }} }}"#
+            );
+        }
+        if let Some(port) = self.otlp {
+            yaml += &format!(
+                r#"
+  - name: otlp
+    type: STATIC
+    connect_timeout: 1s
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config: {{ http2_protocol_options: {{}} }}
+    load_assignment:
+      cluster_name: otlp
+      endpoints:
+      - lb_endpoints:
+        - endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {port} }} }} }}"#
             );
         }
         yaml += &format!(

@@ -9,10 +9,10 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::redis::{Cluster, Redis};
-use common::{http_request, parse_ok, Server};
+use common::{http_request, parse_ok, wait_until, Server};
 use serde_json::Value;
 
 const ADMIN: &str = "counters-admin-secret";
@@ -57,20 +57,6 @@ fn counter(server: &Server, query: &str) -> Value {
     let list = v["counters"].as_array().expect("counters");
     assert_eq!(list.len(), 1, "{v}");
     list[0].clone()
-}
-
-/// Polls `f` every 20 ms until it holds or `limit` passes; the time it took.
-fn wait_until(limit: Duration, mut f: impl FnMut() -> bool) -> Option<Duration> {
-    let start = Instant::now();
-    loop {
-        if f() {
-            return Some(start.elapsed());
-        }
-        if start.elapsed() > limit {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 fn metric(server: &Server, sample: &str) -> f64 {

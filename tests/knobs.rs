@@ -12,7 +12,7 @@ use std::path::Path;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::redis::Redis;
-use common::{parse_ok, Server};
+use common::{parse_ok, wait_until, Server};
 use serde_json::Value;
 
 const TOKEN: &str = "kn0b-T0ken-7f3a9c";
@@ -192,20 +192,6 @@ fn clear_of_hour_boundary() {
     let into_hour = now.as_secs() % 3600;
     if into_hour >= 3590 {
         std::thread::sleep(Duration::from_secs(3600 - into_hour + 1));
-    }
-}
-
-/// Polls `f` every 20 ms until it holds or `limit` passes; the time it took.
-fn wait_until(limit: Duration, mut f: impl FnMut() -> bool) -> Option<Duration> {
-    let start = Instant::now();
-    loop {
-        if f() {
-            return Some(start.elapsed());
-        }
-        if start.elapsed() > limit {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
     }
 }
 

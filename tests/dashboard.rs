@@ -34,6 +34,12 @@ overrides:
     creditLimit: 1000
     resetSeconds: 1h
     overdraft: true
+  - label: beta
+    operation: {path: /beta, ip: "*"}
+    actorField: ip
+    creditLimit: 2
+    resetSeconds: 1h
+    matchPolicy: shadow
 default: {creditLimit: 100, resetSeconds: 60}
 "#;
 
@@ -206,7 +212,7 @@ async fn the_page_shows_rules_traffic_offenders_and_changes_knobs() {
     b.until(
         Duration::from_secs(5),
         "the policy's rules",
-        "return document.querySelectorAll('#rules-table tbody tr[data-name]').length === 4;",
+        "return document.querySelectorAll('#rules-table tbody tr[data-name]').length === 5;",
     )
     .await;
     assert_eq!(
@@ -216,6 +222,7 @@ async fn the_page_shows_rules_traffic_offenders_and_changes_knobs() {
 
     offenders_show(&b, &server, &base).await;
     debts_show(&b, &server, &base).await;
+    shadow_shows(&b, &server, &base).await;
     knob_form(&b, &server, &base).await;
     more_views(&b, &base).await;
     // Chromium logs the refused change (a 401 answer) as a failed load: that
@@ -285,6 +292,56 @@ async fn debts_show(b: &Browser, server: &Server, base: &str) {
     b.until(Duration::from_secs(5), "ann's debt on the rule page", "const s = document.getElementById('rule-debts'); const r = document.querySelector('#rule-debts-table tbody tr'); return !!s && !s.hidden && !!r && r.cells[0].textContent.includes('ann') && r.cells[1].textContent === '1500';")
         .await;
     b.screenshot("rule-debts").await;
+}
+
+/// A shadow rule (`matchPolicy: shadow`) of 2 an hour hit 5 times: every
+/// hit allowed; the rules table marks it with the shadow badge (and only
+/// it), and its page tells the 3 hits that would have been denied.
+async fn shadow_shows(b: &Browser, server: &Server, base: &str) {
+    let answers: Vec<bool> = (0..5)
+        .map(|_| parse_ok(&server.line_exchange(b"HIT path=/beta ip=7.7.7.7\n")).0)
+        .collect();
+    assert_eq!(answers, [true; 5], "a shadow rule denied a hit");
+    b.client.goto(&format!("{base}/ui#rules")).await.unwrap();
+    b.until(
+        Duration::from_secs(5),
+        "the shadow badge on beta",
+        "const s = document.querySelector('#rules-table tr[data-name=\"beta\"] td.limit span.shadow'); return !!s && s.textContent === 'shadow';",
+    )
+    .await;
+    let badged = b
+        .js("return [...document.querySelectorAll('#rules-table tbody tr[data-name]')].filter((r) => r.querySelector('span.shadow')).map((r) => r.dataset.name);")
+        .await;
+    assert_eq!(badged, json!(["beta"]));
+    b.client
+        .goto(&format!("{base}/ui#rule/beta"))
+        .await
+        .unwrap();
+    b.until(
+        Duration::from_secs(5),
+        "beta's would-be denials on its page",
+        "const t = document.getElementById('rule-limit').textContent; return document.getElementById('rule-name').textContent === 'beta' && t.includes('shadow: 3 hits would have been denied (none was)');",
+    )
+    .await;
+    b.screenshot("rule-shadow").await;
+    // A rule that is not shadow says nothing of it.
+    b.client
+        .goto(&format!("{base}/ui#rule/login"))
+        .await
+        .unwrap();
+    b.until(
+        Duration::from_secs(5),
+        "login's page",
+        "return document.getElementById('rule-name').textContent === 'login' && document.getElementById('rule-limit').textContent.startsWith('limit ');",
+    )
+    .await;
+    let text = b
+        .js("return document.getElementById('rule-limit').textContent;")
+        .await;
+    assert!(
+        !text.as_str().unwrap_or_default().contains("shadow"),
+        "{text}"
+    );
 }
 
 /// The knob form: a wrong token changes nothing, the admin token sets a
@@ -436,7 +493,7 @@ async fn with_a_read_token_the_api_refuses_and_the_page_asks_for_one() {
     .await;
     b.fill("read-token", READ).await;
     b.click("read-token-save").await;
-    b.until(Duration::from_secs(5), "the rules, read with the token", "return document.querySelectorAll('#rules-table tbody tr[data-name]').length === 4 && document.getElementById('token-prompt').hidden;")
+    b.until(Duration::from_secs(5), "the rules, read with the token", "return document.querySelectorAll('#rules-table tbody tr[data-name]').length === 5 && document.getElementById('token-prompt').hidden;")
         .await;
     // The refused reads were the page's own 401/403s (logged by Chromium as
     // failed loads); no script error.

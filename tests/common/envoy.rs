@@ -298,6 +298,26 @@ const TRACING: &str = r#"
                   envoy_grpc: { cluster_name: otlp }
                   timeout: 1s"#;
 
+/// A static cluster named `name` of one HTTP/2 endpoint on loopback
+/// `port`, with transport socket `socket` (YAML, empty for plaintext).
+fn h2_cluster(name: &str, socket: &str, port: u16) -> String {
+    format!(
+        r#"
+  - name: {name}
+    type: STATIC
+    connect_timeout: 1s
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config: {{ http2_protocol_options: {{}} }}{socket}
+    load_assignment:
+      cluster_name: {name}
+      endpoints:
+      - lb_endpoints:
+        - endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {port} }} }} }}"#
+    )
+}
+
 impl Bootstrap {
     /// Requests asking domain `domain` about `generic_key`, Envoy waiting
     /// `timeout` (an Envoy duration such as `0.25s`) for each answer.
@@ -376,28 +396,6 @@ impl Bootstrap {
 
     /// The bootstrap's YAML, its ports the placeholders.
     pub fn yaml(&self) -> String {
-        let Bootstrap {
-            domain,
-            generic_key,
-            timeout,
-            ..
-        } = self;
-        let actions = if self.headers.is_empty() {
-            format!(
-                "
-                    - generic_key: {{ descriptor_key: generic_key, descriptor_value: {generic_key} }}"
-            )
-        } else {
-            self.headers
-                .iter()
-                .map(|(header, key)| {
-                    format!(
-                        "
-                    - request_headers: {{ header_name: {header}, descriptor_key: {key} }}"
-                    )
-                })
-                .collect()
-        };
         let mut yaml = String::new();
         if self.otlp.is_some() {
             yaml += "layered_runtime:
@@ -409,10 +407,66 @@ impl Bootstrap {
 ";
         }
         yaml += "static_resources:\n  listeners:";
-        let tracing = if self.otlp.is_some() { TRACING } else { "" };
         for ((name, cluster), port) in self.listeners.iter().zip(FIRST_LISTENER..) {
-            yaml += &format!(
-                r#"
+            yaml += &self.listener_yaml(name, cluster, port);
+        }
+        yaml += &format!(
+            r#"
+  clusters:
+  - name: upstream
+    type: STATIC
+    connect_timeout: 1s
+    load_assignment:
+      cluster_name: upstream
+      endpoints:
+      - lb_endpoints:
+        - endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {UPSTREAM_PORT} }} }} }}"#
+        );
+        for (name, socket) in &self.clusters {
+            yaml += &h2_cluster(name, socket, DIVVY_PORT);
+        }
+        if let Some(port) = self.otlp {
+            yaml += &h2_cluster("otlp", "", port);
+        }
+        yaml += &format!(
+            "
+admin:
+  address: {{ socket_address: {{ address: 127.0.0.1, port_value: {ADMIN_PORT} }} }}
+"
+        );
+        yaml
+    }
+
+    /// The rate-limit actions of every route: the `generic_key`, or one
+    /// `request_headers` action per descriptor header.
+    fn actions_yaml(&self) -> String {
+        if self.headers.is_empty() {
+            let generic_key = &self.generic_key;
+            return format!(
+                "
+                    - generic_key: {{ descriptor_key: generic_key, descriptor_value: {generic_key} }}"
+            );
+        }
+        self.headers
+            .iter()
+            .map(|(header, key)| {
+                format!(
+                    "
+                    - request_headers: {{ header_name: {header}, descriptor_key: {key} }}"
+                )
+            })
+            .collect()
+    }
+
+    /// Listener `name` on `port`, asking the divvy cluster `cluster`.
+    fn listener_yaml(&self, name: &str, cluster: &str, port: u16) -> String {
+        let Bootstrap {
+            domain, timeout, ..
+        } = self;
+        let actions = self.actions_yaml();
+        let tracing = if self.otlp.is_some() { TRACING } else { "" };
+        format!(
+            r#"
   - name: {name}
     address: {{ socket_address: {{ address: 127.0.0.1, port_value: {port} }} }}
     filter_chains:
@@ -445,61 +499,7 @@ impl Bootstrap {
           - name: envoy.filters.http.router
             typed_config:
               "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"#
-            );
-        }
-        yaml += &format!(
-            r#"
-  clusters:
-  - name: upstream
-    type: STATIC
-    connect_timeout: 1s
-    load_assignment:
-      cluster_name: upstream
-      endpoints:
-      - lb_endpoints:
-        - endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {UPSTREAM_PORT} }} }} }}"#
-        );
-        for (name, socket) in &self.clusters {
-            yaml += &format!(
-                r#"
-  - name: {name}
-    type: STATIC
-    connect_timeout: 1s
-    typed_extension_protocol_options:
-      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
-        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-        explicit_http_config: {{ http2_protocol_options: {{}} }}{socket}
-    load_assignment:
-      cluster_name: {name}
-      endpoints:
-      - lb_endpoints:
-        - endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {DIVVY_PORT} }} }} }}"#
-            );
-        }
-        if let Some(port) = self.otlp {
-            yaml += &format!(
-                r#"
-  - name: otlp
-    type: STATIC
-    connect_timeout: 1s
-    typed_extension_protocol_options:
-      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
-        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-        explicit_http_config: {{ http2_protocol_options: {{}} }}
-    load_assignment:
-      cluster_name: otlp
-      endpoints:
-      - lb_endpoints:
-        - endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {port} }} }} }}"#
-            );
-        }
-        yaml += &format!(
-            "
-admin:
-  address: {{ socket_address: {{ address: 127.0.0.1, port_value: {ADMIN_PORT} }} }}
-"
-        );
-        yaml
+        )
     }
 
     /// Starts Envoy on this bootstrap ([`start`]) with divvy's gRPC port

@@ -246,6 +246,17 @@ fn divvy_spans_join_envoys_trace_and_drops_are_counted_when_the_receiver_is_down
                 .any(|g| g.service == "envoy" && g.span_id == c.parent)
         }) && s.iter().any(|g| g.name == "EVALSHA")
     });
+    assert_joined(&spans);
+
+    receiver.stop(&rt);
+    assert_drops_counted(&service, proxy.ports[0]);
+    drop(redis);
+}
+
+/// divvy's ShouldRateLimit span sits under Envoy's rate-limit call span
+/// (itself under Envoy's request span), with the call's attributes, its
+/// decision span as a child, and the Redis call's span under that.
+fn assert_joined(spans: &[Got]) {
     let call = spans
         .iter()
         .find(|g| g.service == "divvy" && g.name.ends_with("ShouldRateLimit"))
@@ -293,18 +304,19 @@ fn divvy_spans_join_envoys_trace_and_drops_are_counted_when_the_receiver_is_down
     );
     assert!(store.attributes.contains_key("divvy.batch.requests"));
     assert!(store.attributes.contains_key("db.redis.slot"));
+}
 
-    // The receiver goes away: requests are still decided and answered, and
-    // divvy counts the spans it could not export.
-    receiver.stop(&rt);
-    let before = dropped(&service);
+/// With the receiver gone: requests through Envoy port `port` are still
+/// decided and answered, and divvy counts the spans it could not export.
+fn assert_drops_counted(service: &Server, port: u16) {
+    let before = dropped(service);
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         for _ in 0..10 {
-            let (status, _, _) = envoy::get(proxy.ports[0], "/hello", &[]).expect("an answer");
+            let (status, _, _) = envoy::get(port, "/hello", &[]).expect("an answer");
             assert_eq!(status, 200, "decisions go on without the receiver");
         }
-        if dropped(&service) > before {
+        if dropped(service) > before {
             break;
         }
         assert!(
@@ -313,7 +325,6 @@ fn divvy_spans_join_envoys_trace_and_drops_are_counted_when_the_receiver_is_down
         );
         std::thread::sleep(Duration::from_millis(200));
     }
-    drop(redis);
 }
 
 /// An OTLP/HTTP receiver (`POST /v1/traces`, protobuf bodies) on a free

@@ -276,6 +276,14 @@ fn aux_rules_apply_ahead_of_the_file_in_node_order() {
     );
     assert_eq!(config[5]["default"], true);
 
+    first_in_node_order_decides(s);
+    swapped_order_decides(&zk, s);
+    readme_example_denies_in_any_domain(&zk, s);
+}
+
+/// The first set: aux-user counts for u1 ahead of file-a, the file decides
+/// the rest, and of two matching aux rules the first in the node decides.
+fn first_in_node_order_decides(s: &Server) {
     // The aux rule decides for the requests it matches, with its own counter.
     let (allowed, credits, seconds) = hit(s, "k=a user=u1");
     assert!(
@@ -305,7 +313,11 @@ fn aux_rules_apply_ahead_of_the_file_in_node_order() {
     assert_eq!(metric(s, "divvy_aux_rules_source_up"), 1.0);
     assert_eq!(metric(s, "divvy_aux_rules_refused_total"), 0.0);
     assert_eq!(ready(s), 200);
+}
 
+/// The same rules in the other order: the other one decides, and a rule
+/// dropped from the node leaves the file's rule deciding again.
+fn swapped_order_decides(zk: &ZooKeeper, s: &Server) {
     // The same rules in the other order: now the other one decides.
     let swapped = r#"[
         {"label": "aux-second", "operation": {"k": "b", "v": "1"}, "creditLimit": 8, "resetSeconds": 0},
@@ -322,7 +334,11 @@ fn aux_rules_apply_ahead_of_the_file_in_node_order() {
     // aux-user is gone: file-a decides for u1 again.
     assert_eq!(marker(s, "k=a user=u1"), 10);
     assert_eq!(metric(s, "divvy_aux_rules"), 2.0);
+}
 
+/// The README's always-deny example: it denies acme's export over the
+/// line protocol and Envoy requests of any domain.
+fn readme_example_denies_in_any_domain(zk: &ZooKeeper, s: &Server) {
     // The README's example: an always-deny rule without resetSeconds.
     zk.set(
         NODE,

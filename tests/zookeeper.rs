@@ -381,7 +381,26 @@ fn invalid_data_keeps_the_previous_aux_rules() {
     wait_labels(s, &good, Duration::from_secs(15));
     assert_eq!(marker(s, "k=a user=u1"), 5);
 
-    let bad: [(&str, String, &str); 8] = [
+    let bad = invalid_sets();
+    for (i, (what, data, reason)) in bad.iter().enumerate() {
+        zk.set(NODE, data);
+        assert_refused(s, what, reason, i + 1, &good);
+    }
+
+    // A valid set after the refusals applies, and is not counted as refused.
+    zk.set(NODE, &aux(&[("aux-new", &[("k", "a"), ("user", "u2")], 6)]));
+    wait_labels(s, &with_file(&["aux-new"]), CHANGE_BOUND + MARGIN);
+    assert_eq!(marker(s, "k=a user=u2"), 6);
+    assert_eq!(marker(s, "k=a user=u1"), 10);
+    assert_eq!(metric(s, "divvy_aux_rules_refused_total"), bad.len() as f64);
+    assert_eq!(metric(s, "divvy_aux_rules"), 1.0);
+    assert_eq!(ready(s), 200);
+}
+
+/// Node data divvy must refuse: (what it is, the data, what the refusal
+/// says).
+fn invalid_sets() -> [(&'static str, String, &'static str); 8] {
+    [
         ("not JSON", "this is not JSON".to_owned(), "not a JSON array"),
         (
             "a JSON object, not an array",
@@ -422,53 +441,47 @@ fn invalid_data_keeps_the_previous_aux_rules() {
             r#"[{"label": "aux-everything", "creditLimit": 1, "resetSeconds": 0}]"#.to_owned(),
             "non-empty operation",
         ),
-    ];
-    for (i, (what, data, reason)) in bad.iter().enumerate() {
-        zk.set(NODE, data);
-        let line = wait_log(s, REFUSED, Duration::from_secs(5));
-        println!("{what}: {line}");
-        assert!(
-            line.contains("ERROR"),
-            "{what}: the refusal is logged at error level: {line}"
-        );
-        assert!(
-            line.contains(reason),
-            "{what}: the refusal says {reason:?}: {line}"
-        );
-        wait_metric(
-            s,
-            "divvy_aux_rules_refused_total",
-            (i + 1) as f64,
-            Duration::from_secs(2),
-        );
-        assert_eq!(labels(s), good, "{what}: the previous aux rules stay");
-        assert_eq!(
-            marker(s, "k=a user=u1"),
-            5,
-            "{what}: aux-good still decides"
-        );
-        assert_eq!(marker(s, "k=a"), 10, "{what}");
-        assert_eq!(
-            marker(s, "k=cc"),
-            1000,
-            "{what}: nothing of the refused set applies"
-        );
-        assert_eq!(
-            marker(s, "k=d"),
-            1000,
-            "{what}: nothing of the refused set applies"
-        );
-        assert_eq!(metric(s, "divvy_aux_rules"), 1.0, "{what}");
-    }
+    ]
+}
 
-    // A valid set after the refusals applies, and is not counted as refused.
-    zk.set(NODE, &aux(&[("aux-new", &[("k", "a"), ("user", "u2")], 6)]));
-    wait_labels(s, &with_file(&["aux-new"]), CHANGE_BOUND + MARGIN);
-    assert_eq!(marker(s, "k=a user=u2"), 6);
-    assert_eq!(marker(s, "k=a user=u1"), 10);
-    assert_eq!(metric(s, "divvy_aux_rules_refused_total"), bad.len() as f64);
-    assert_eq!(metric(s, "divvy_aux_rules"), 1.0);
-    assert_eq!(ready(s), 200);
+/// The `refused`-th refusal, of `what`: logged at error level with
+/// `reason`, counted, and the previous aux rules (`good`, aux-good
+/// deciding for u1) still in force.
+fn assert_refused(s: &Server, what: &str, reason: &str, refused: usize, good: &[String]) {
+    let line = wait_log(s, REFUSED, Duration::from_secs(5));
+    println!("{what}: {line}");
+    assert!(
+        line.contains("ERROR"),
+        "{what}: the refusal is logged at error level: {line}"
+    );
+    assert!(
+        line.contains(reason),
+        "{what}: the refusal says {reason:?}: {line}"
+    );
+    wait_metric(
+        s,
+        "divvy_aux_rules_refused_total",
+        refused as f64,
+        Duration::from_secs(2),
+    );
+    assert_eq!(labels(s), good, "{what}: the previous aux rules stay");
+    assert_eq!(
+        marker(s, "k=a user=u1"),
+        5,
+        "{what}: aux-good still decides"
+    );
+    assert_eq!(marker(s, "k=a"), 10, "{what}");
+    assert_eq!(
+        marker(s, "k=cc"),
+        1000,
+        "{what}: nothing of the refused set applies"
+    );
+    assert_eq!(
+        marker(s, "k=d"),
+        1000,
+        "{what}: nothing of the refused set applies"
+    );
+    assert_eq!(metric(s, "divvy_aux_rules"), 1.0, "{what}");
 }
 
 /// A change of the node is in force within 2 s (the node named by

@@ -644,8 +644,13 @@ fn zookeeper_down_keeps_the_last_good_rules_and_back_up_applies_changes() {
     wait_labels(s, &with_file(&["aux-one"]), Duration::from_secs(15));
     wait_metric(s, "divvy_aux_rules_source_up", 1.0, Duration::from_secs(5));
 
-    // A short outage (shorter than the session): serving goes on, and a
-    // change made once ZooKeeper is back applies.
+    short_outage(&mut zk, s);
+    long_outage(&mut zk, s);
+}
+
+/// A short outage (shorter than the session): serving goes on, and a
+/// change made once ZooKeeper is back applies.
+fn short_outage(zk: &mut ZooKeeper, s: &Server) {
     zk.kill();
     let killed = Instant::now();
     while killed.elapsed() < Duration::from_secs(1) {
@@ -674,8 +679,11 @@ fn zookeeper_down_keeps_the_last_good_rules_and_back_up_applies_changes() {
         assert!(Instant::now() < deadline, "change back to 3 not in force");
         std::thread::sleep(Duration::from_millis(10));
     }
+}
 
-    // A long outage: the session expires, and divvy reconnects with backoff.
+/// A long outage: the session expires, the last good rules stay, and
+/// divvy reconnects with backoff and watches the node again.
+fn long_outage(zk: &mut ZooKeeper, s: &Server) {
     zk.kill();
     let killed = Instant::now();
     // Keep checking until divvy has noticed that ZooKeeper is gone (its

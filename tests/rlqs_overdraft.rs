@@ -66,7 +66,7 @@ fn token_buckets(r: &RateLimitQuotaResponse) -> HashMap<String, TokenBucket> {
             continue;
         };
         for key in id.bucket.keys() {
-            out.insert(key.clone(), tb.clone());
+            out.insert(key.clone(), *tb);
         }
     }
     out

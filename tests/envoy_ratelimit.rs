@@ -2094,7 +2094,23 @@ fn envoy_with_their_route_actions_answers_as_their_integration_scripts() {
     run("quota", "/quota", &[], &[200, 200, 429]);
     // /test: (source_cluster: proxy), (destination_cluster: mock), 1/min.
     run("source/destination cluster", "/test", &[], &[200, 429]);
-    // /header: (foo: *), 2/min, with x-ratelimit-* headers (draft 03).
+    header_route_counts_down(port);
+    // No header, no descriptor: no limit.
+    run("no descriptor", "/header", &[], &[200, 200, 200]);
+
+    // replaces.sh, in order.
+    let steps = replaces_steps();
+    let got: Vec<u16> = steps.iter().map(|(p, h, _)| status(p, h)).collect();
+    let want: Vec<u16> = steps.iter().map(|(_, _, w)| *w).collect();
+    assert_eq!(got, want, "replaces.sh, step by step");
+
+    assert_script_stats(&service);
+}
+
+/// The /header route, (foo: *) 2 per minute through Envoy `port`: 200s
+/// with x-ratelimit-* headers (draft 03) counting down, then a 429 with
+/// its reset.
+fn header_route_counts_down(port: u16) {
     let (s, h, body) = get(port, "/header", &[("foo", "hdr")]).unwrap();
     assert_eq!((s, body.as_str()), (200, SERVICE_1), "{h:?}");
     assert_eq!(header(&h, "x-ratelimit-remaining"), Some("1"), "{h:?}");
@@ -2110,24 +2126,24 @@ fn envoy_with_their_route_actions_answers_as_their_integration_scripts() {
     assert_eq!(header(&h, "x-ratelimit-remaining"), Some("0"), "{h:?}");
     let reset: u64 = header(&h, "x-ratelimit-reset").unwrap().parse().unwrap();
     assert!((1..=60).contains(&reset), "{h:?}");
-    // No header, no descriptor: no limit.
-    run("no descriptor", "/header", &[], &[200, 200, 200]);
+}
 
-    // replaces.sh, in order.
-    let h4 = |foo: &'static str, bar: &'static str, dst: &'static str| {
+/// Their replaces.sh: each request and the status it must get, in order.
+fn replaces_steps() -> Vec<Step> {
+    let h4 = |foo_v: &'static str, bar_v: &'static str, dst: &'static str| {
         vec![
-            ("foo", foo),
-            ("bar", bar),
+            ("foo", foo_v),
+            ("bar", bar_v),
             ("source_cluster", "proxy"),
             ("destination_cluster", dst),
         ]
     };
-    let h5 = |foo: &'static str, bar: &'static str, dst: &'static str| {
-        let mut v = h4(foo, bar, dst);
+    let h5 = |foo_v: &'static str, bar_v: &'static str, dst: &'static str| {
+        let mut v = h4(foo_v, bar_v, dst);
         v.push(("category", "account"));
         v
     };
-    let steps: Vec<Step> = vec![
+    vec![
         (
             "/twoheader",
             vec![("foo", "bkthomps"), ("bar", "banned")],
@@ -2162,11 +2178,11 @@ fn envoy_with_their_route_actions_answers_as_their_integration_scripts() {
         ("/fourheader", h4("foo_3", "bar_3", "fake"), 200),
         ("/fourheader", h4("foo_3", "bar_3", "fake"), 429),
         ("/fiveheader", h5("my_foo", "bkthomps", "fake"), 429),
-    ];
-    let got: Vec<u16> = steps.iter().map(|(p, h, _)| status(p, h)).collect();
-    let want: Vec<u16> = steps.iter().map(|(_, _, w)| *w).collect();
-    assert_eq!(got, want, "replaces.sh, step by step");
+    ]
+}
 
+/// Envoy's requests of the scripts were counted under their stats keys.
+fn assert_script_stats(service: &Server) {
     // Envoy's requests were counted under their keys.
     let stats = service.metric_samples();
     let stat = |key: &str, s: &str| {

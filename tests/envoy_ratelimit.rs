@@ -419,10 +419,15 @@ async fn example_replaces_as_their_replaces_script() {
     let server = example();
     let mut rl = Rl::new(&server).await;
     leave_room(60, 15.0).await;
-    const M: Unit = Minute;
+    replaces_increases_the_limit(&mut rl).await;
+    replaces_leaves_the_original_limit(&mut rl).await;
+    one_limit_replaces_several(&mut rl).await;
+}
 
-    // replaces increases the limit: (foo, bar=banned) is banned (rpu 0)
-    // unless (proxy, override) replaces banned_limit.
+/// replaces increases the limit: (foo, bar=banned) is banned (rpu 0)
+/// unless (proxy, override) replaces banned_limit.
+async fn replaces_increases_the_limit(rl: &mut Rl) {
+    const M: Unit = Minute;
     rl.expect(
         "rl",
         two("bkthomps", "banned"),
@@ -453,9 +458,12 @@ async fn example_replaces_as_their_replaces_script() {
         &[NO_LIMIT, over(2, M, "")],
     )
     .await;
+}
 
-    // replaces does not touch the original limit: bkthomps (1/min) is
-    // dropped while (proxy, bkthomps) replaces it, and not charged.
+/// replaces does not touch the original limit: bkthomps (1/min) is
+/// dropped while (proxy, bkthomps) replaces it, and not charged.
+async fn replaces_leaves_the_original_limit(rl: &mut Rl) {
+    const M: Unit = Minute;
     for remaining in [1, 0] {
         rl.expect(
             "rl",
@@ -493,9 +501,12 @@ async fn example_replaces_as_their_replaces_script() {
         &[NO_LIMIT, over(2, M, "")],
     )
     .await;
+}
 
-    // One limit replaces several: category=account replaces bkthomps and
-    // fake_name.
+/// One limit replaces several: category=account replaces bkthomps and
+/// fake_name, whose counter is fresh afterwards.
+async fn one_limit_replaces_several(rl: &mut Rl) {
+    const M: Unit = Minute;
     for remaining in [3, 2, 1, 0] {
         rl.expect(
             "rl",

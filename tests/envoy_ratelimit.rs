@@ -734,6 +734,14 @@ async fn example_single_descriptors_shadow_unlimited_and_depth() {
     let server = example();
     let mut rl = Rl::new(&server).await;
     leave_room(60, 15.0).await;
+    foo_and_bar(&mut rl).await;
+    shadow_and_unlimited(&mut rl).await;
+    unspec_and_what_the_tree_lacks(&mut rl).await;
+    several_descriptors_hits_addend_and_per_second(&mut rl).await;
+}
+
+/// foo alone, foo with any bar, bar=banned and bar=bkthomps.
+async fn foo_and_bar(rl: &mut Rl) {
     const M: Unit = Minute;
     // foo alone: 2/min.
     rl.expect("rl", vec![d(&[("foo", "a")])], OK, &[ok(2, M, "", 1)])
@@ -766,6 +774,12 @@ async fn example_single_descriptors_shadow_unlimited_and_depth() {
         .await;
     rl.expect("rl", two("b", "bkthomps"), OK, &[ok(1, M, "bkthomps", 0)])
         .await;
+}
+
+/// baz=shady (shadow mode), baz=not-so-shady, and the unlimited bay and
+/// qux.
+async fn shadow_and_unlimited(rl: &mut Rl) {
+    const M: Unit = Minute;
     // baz=shady: shadow mode, counted but never over (their
     // trigger-shadow-mode-key.sh).
     let shady = || vec![d(&[("foo", "pelle"), ("baz", "shady")])];
@@ -792,6 +806,11 @@ async fn example_single_descriptors_shadow_unlimited_and_depth() {
         rl.expect("rl", vec![d(&[("qux", "anything")])], OK, &[UNLIMITED])
             .await;
     }
+}
+
+/// unspec (a counter per value), and descriptors the tree does not hold.
+async fn unspec_and_what_the_tree_lacks(rl: &mut Rl) {
+    const M: Unit = Minute;
     // unspec: 2/min per value (their
     // value-included-in-stats-key-when-unspecified.sh).
     let unspec = |v: &str| vec![d(&[("unspec", v)])];
@@ -820,6 +839,12 @@ async fn example_single_descriptors_shadow_unlimited_and_depth() {
     ] {
         rl.expect("rl", ds, OK, &[NO_LIMIT]).await;
     }
+}
+
+/// Several descriptors in one request, a request-level hits_addend, and
+/// baz's 1 per second.
+async fn several_descriptors_hits_addend_and_per_second(rl: &mut Rl) {
+    const M: Unit = Minute;
     // Several descriptors at once, each with its own answer.
     let resp = rl
         .expect(
@@ -850,11 +875,14 @@ async fn example_single_descriptors_shadow_unlimited_and_depth() {
     rl.expect_req(req, OVER, &[over(2, M, "")]).await;
     // baz (any other value): 1 per second.
     next_second().await;
-    let baz = || vec![d(&[("foo", "a"), ("baz", "other")])];
-    rl.expect("rl", baz(), OK, &[ok(1, Second, "", 0)]).await;
-    rl.expect("rl", baz(), OVER, &[over(1, Second, "")]).await;
+    let other_baz = || vec![d(&[("foo", "a"), ("baz", "other")])];
+    rl.expect("rl", other_baz(), OK, &[ok(1, Second, "", 0)])
+        .await;
+    rl.expect("rl", other_baz(), OVER, &[over(1, Second, "")])
+        .await;
     next_second().await;
-    rl.expect("rl", baz(), OK, &[ok(1, Second, "", 0)]).await;
+    rl.expect("rl", other_baz(), OK, &[ok(1, Second, "", 0)])
+        .await;
 }
 
 // ---------------------------------------------------------------------------

@@ -1928,43 +1928,7 @@ async fn reload_add_change_break_and_remove_a_file_under_load() {
     let server = Server::start(dir.path(), &[]);
     let mut rl = Rl::new(&server).await;
 
-    // Load: two clients, each asking rl (unlimited: the answer never
-    // changes) and the reloaded domain, continuously.
-    let stop = Arc::new(AtomicBool::new(false));
-    let calls = Arc::new(AtomicU64::new(0));
-    let failures = Arc::new(Mutex::new(Vec::<String>::new()));
-    let mut tasks = Vec::new();
-    for _ in 0..2 {
-        let mut client = server.client().await;
-        let (stop, calls, failures) = (stop.clone(), calls.clone(), failures.clone());
-        tasks.push(tokio::spawn(async move {
-            while !stop.load(Ordering::Relaxed) {
-                let req = common::request(
-                    "rl",
-                    vec![d(&[("qux", "load")]), d(&[("foo", "load"), ("bay", "x")])],
-                );
-                match client.should_rate_limit(req).await {
-                    Ok(r) => {
-                        let r = r.into_inner();
-                        let unlimited = r.statuses.len() == 2
-                            && r.statuses.iter().all(|s| {
-                                s.limit_remaining == u32::MAX && s.current_limit.is_none()
-                            });
-                        if !unlimited {
-                            failures.lock().unwrap().push(format!("rl answer {r:?}"));
-                        }
-                    }
-                    Err(e) => failures.lock().unwrap().push(format!("rl: {e}")),
-                }
-                let req = common::request("reload", vec![d(&[("k", "v")])]);
-                if let Err(e) = client.should_rate_limit(req).await {
-                    failures.lock().unwrap().push(format!("reload: {e}"));
-                }
-                calls.fetch_add(2, Ordering::Relaxed);
-                tokio::time::sleep(Duration::from_millis(2)).await;
-            }
-        }));
-    }
+    let load = Load::start(&server).await;
 
     let req = common::request("reload", vec![d(&[("k", "v")])]);
     // Not defined yet: no limit.
@@ -1994,10 +1958,113 @@ async fn reload_add_change_break_and_remove_a_file_under_load() {
         limit_is(s, OK, 1_000_000, "v2")
     })
     .await;
-    // A bad file: the reload fails, the set in force stays.
+    broken_file_keeps_the_set_in_force(dir.path(), &server, &mut rl, &req).await;
+    // Removed: no limit again.
+    std::fs::remove_file(dir.path().join("reload.yml")).unwrap();
+    poll(&mut rl, &req, "file removed", |s| matches(s, &NO_LIMIT)).await;
+    // A moment more of load on the final set.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    load.finish().await;
+    // The rules the server ended with: example.yaml alone.
+    let (status, body) = server.http("GET", "/rlconfig", "");
+    assert_eq!(status, 200);
+    assert!(
+        body.contains("rl.foo.bar: ") && !body.contains("reload.k"),
+        "{body}"
+    );
+}
+
+/// Two clients, each asking rl (unlimited: the answer never changes) and
+/// the reloaded domain, continuously, until [`Load::finish`].
+struct Load {
+    stop: Arc<AtomicBool>,
+    calls: Arc<AtomicU64>,
+    failures: Arc<Mutex<Vec<String>>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Load {
+    /// Starts the two clients on `server`.
+    async fn start(server: &Server) -> Load {
+        let stop = Arc::new(AtomicBool::new(false));
+        let calls = Arc::new(AtomicU64::new(0));
+        let failures = Arc::new(Mutex::new(Vec::<String>::new()));
+        let mut tasks = Vec::new();
+        for _ in 0..2 {
+            let mut client = server.client().await;
+            let (stop, calls, failures) = (stop.clone(), calls.clone(), failures.clone());
+            tasks.push(tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    let req = common::request(
+                        "rl",
+                        vec![d(&[("qux", "load")]), d(&[("foo", "load"), ("bay", "x")])],
+                    );
+                    match client.should_rate_limit(req).await {
+                        Ok(r) => {
+                            let r = r.into_inner();
+                            let unlimited = r.statuses.len() == 2
+                                && r.statuses.iter().all(|s| {
+                                    s.limit_remaining == u32::MAX && s.current_limit.is_none()
+                                });
+                            if !unlimited {
+                                failures.lock().unwrap().push(format!("rl answer {r:?}"));
+                            }
+                        }
+                        Err(e) => failures.lock().unwrap().push(format!("rl: {e}")),
+                    }
+                    let req = common::request("reload", vec![d(&[("k", "v")])]);
+                    if let Err(e) = client.should_rate_limit(req).await {
+                        failures.lock().unwrap().push(format!("reload: {e}"));
+                    }
+                    calls.fetch_add(2, Ordering::Relaxed);
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+            }));
+        }
+        Load {
+            stop,
+            calls,
+            failures,
+            tasks,
+        }
+    }
+
+    /// Stops the clients: every answer was as expected, and there were
+    /// more than 100 calls.
+    async fn finish(self) {
+        let Load {
+            stop,
+            calls,
+            failures,
+            tasks,
+        } = self;
+        stop.store(true, Ordering::Relaxed);
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let failures = failures.lock().unwrap();
+        let calls = calls.load(Ordering::Relaxed);
+        assert!(
+            failures.is_empty(),
+            "{} of {calls} calls failed: {:#?}",
+            failures.len(),
+            &failures[..failures.len().min(5)]
+        );
+        assert!(calls > 100, "only {calls} calls under load");
+    }
+}
+
+/// A bad file dropped into `dir`: the reload fails (logged, naming it) and
+/// the set in force stays (`req` still meets v2); the file is removed.
+async fn broken_file_keeps_the_set_in_force(
+    dir: &Path,
+    server: &Server,
+    rl: &mut Rl,
+    req: &RateLimitRequest,
+) {
     while server.log.try_recv().is_ok() {}
     put(
-        dir.path(),
+        dir,
         "broken.yaml",
         "domain: broken\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n",
     );
@@ -2018,32 +2085,7 @@ async fn reload_add_change_break_and_remove_a_file_under_load() {
     let r = rl.raw(req.clone()).await;
     let l = r.statuses[0].current_limit.as_ref().expect("v2 still");
     assert_eq!((l.name.as_str(), l.requests_per_unit), ("v2", 1_000_000));
-    std::fs::remove_file(dir.path().join("broken.yaml")).unwrap();
-    // Removed: no limit again.
-    std::fs::remove_file(dir.path().join("reload.yml")).unwrap();
-    poll(&mut rl, &req, "file removed", |s| matches(s, &NO_LIMIT)).await;
-    // A moment more of load on the final set.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    stop.store(true, Ordering::Relaxed);
-    for t in tasks {
-        t.await.unwrap();
-    }
-    let failures = failures.lock().unwrap();
-    let calls = calls.load(Ordering::Relaxed);
-    assert!(
-        failures.is_empty(),
-        "{} of {calls} calls failed: {:#?}",
-        failures.len(),
-        &failures[..failures.len().min(5)]
-    );
-    assert!(calls > 100, "only {calls} calls under load");
-    // The rules the server ended with: example.yaml alone.
-    let (status, body) = server.http("GET", "/rlconfig", "");
-    assert_eq!(status, 200);
-    assert!(
-        body.contains("rl.foo.bar: ") && !body.contains("reload.k"),
-        "{body}"
-    );
+    std::fs::remove_file(dir.join("broken.yaml")).unwrap();
 }
 
 // ---------------------------------------------------------------------------

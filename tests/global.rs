@@ -811,7 +811,16 @@ fn a_global_limit_is_held_across_three_regions_as_demand_shifts() {
     // 1. Accuracy over every 10 s window after the warm-up.
     run.check_windows(&mut checks, WARMUP, "accuracy");
 
-    // 2. The region below its fair share gets everything it asks.
+    below_fair_share_gets_all(&mut checks, &run, shift);
+    latency_off_the_round_trip(&mut checks, &baseline, &run);
+    replicas_account(&mut checks, &world, &run, &views);
+    drop(world);
+    checks.finish();
+}
+
+/// Check 2: the region below its fair share gets everything it asks:
+/// region 2 before the `shift`, region 0 after it (each once settled).
+fn below_fair_share_gets_all(checks: &mut Checks, run: &Run, shift: f64) {
     // As after the shift, two lease periods to settle after the start (the
     // regions' first renewals sort the shares out; see the per-second table).
     let settled = shift + 2.0 * lease_secs();
@@ -830,8 +839,11 @@ fn a_global_limit_is_held_across_three_regions_as_demand_shifts() {
             ),
         );
     }
+}
 
-    // 3. Decision latency (printed; only "not on the global round trip" is asserted).
+/// Check 3: decision latency, printed; only "not on the global round
+/// trip" (and no request errors) is asserted.
+fn latency_off_the_round_trip(checks: &mut Checks, baseline: &Run, run: &Run) {
     let (b50, b99, b999) = baseline.latency();
     let (g50, g99, g999) = run.latency();
     println!("\ndecision latency at the clients (line protocol, debug build, loopback):");
@@ -857,8 +869,17 @@ fn a_global_limit_is_held_across_three_regions_as_demand_shifts() {
             run.errors()
         ),
     );
+}
 
-    // The replicas' own account: admitted hits and the view of the leases.
+/// The replicas' own account: their admitted hits sum to the clients',
+/// and each one's `GET /global` (`views`, at 25 s) shows its region's
+/// lease and every region's grant.
+fn replicas_account(
+    checks: &mut Checks,
+    world: &World,
+    run: &Run,
+    views: &[(usize, u16, String, Option<f64>)],
+) {
     let admitted_metric: f64 = world
         .replicas()
         .map(|(_, s)| {
@@ -871,7 +892,7 @@ fn a_global_limit_is_held_across_three_regions_as_demand_shifts() {
         format!("divvy_global_admitted_total summed over the 6 replicas ({admitted_metric}) equals what the clients were allowed ({admitted_clients})"),
     );
     println!("\nGET /global and divvy_global_lease_rate at 25 s:");
-    for (r, status, body, lease_metric) in &views {
+    for (r, status, body, lease_metric) in views {
         println!(
             "  {} {status} lease_rate={lease_metric:?} {body}",
             REGIONS[*r]
@@ -901,8 +922,6 @@ fn a_global_limit_is_held_across_three_regions_as_demand_shifts() {
             ),
         );
     }
-    drop(world);
-    checks.finish();
 }
 
 #[test]
@@ -943,11 +962,25 @@ fn the_global_store_killed_for_15_s_means_conservative_quotas_then_the_floor_the
             run.errors()
         ),
     );
-    // Conservative quotas: half of each region's last lease (the leases sum
-    // to at most the limit) until the fallback time after that lease's
-    // expiry (at most `fallback_end_secs` after the kill), then the floor;
-    // the leases granted before the kill run at full rate until the first
-    // failed renewal (≤ 1.25 lease periods); plus one burst.
+    outage_quotas(&mut checks, &run, kill, back);
+    readiness_through_the_outage(&mut checks, &during, &after);
+    // Within one lease period (+ 1 s) of the return, accuracy is back.
+    run.check_windows(
+        &mut checks,
+        back + lease_secs() + 1.0,
+        "accuracy after the global store returns",
+    );
+    drop(world);
+    checks.finish();
+}
+
+/// Conservative quotas while the global store is gone (`kill` to `back`):
+/// half of each region's last lease (the leases sum
+/// to at most the limit) until the fallback time after that lease's
+/// expiry (at most `fallback_end_secs` after the kill), then the floor;
+/// the leases granted before the kill run at full rate until the first
+/// failed renewal (≤ 1.25 lease periods); plus one burst.
+fn outage_quotas(checks: &mut Checks, run: &Run, kill: f64, back: f64) {
     let outage = back - kill;
     let fallback_end = fallback_end_secs();
     let conservative = FALLBACK_SHARE * LIMIT * fallback_end + FLOOR * LIMIT * outage;
@@ -985,7 +1018,18 @@ fn the_global_store_killed_for_15_s_means_conservative_quotas_then_the_floor_the
             "from {floor_from:.1} s to {back:.0} s the three regions decide on their floors ({floors:.0}/s in all): {floor:.2}/s"
         ),
     );
-    for (r, status, body, fallback) in &during {
+}
+
+/// A replica's `/readyz` during the outage: (region, status, body,
+/// `divvy_global_fallback`).
+type Ready = (usize, u16, String, Option<f64>);
+/// The same after the outage, with its failed renewals.
+type ReadyAfter = (usize, u16, String, Option<f64>, Option<f64>);
+
+/// `/readyz`, `divvy_global_fallback` and the failed renewals of every
+/// replica `during` the outage and one lease period `after` it.
+fn readiness_through_the_outage(checks: &mut Checks, during: &[Ready], after: &[ReadyAfter]) {
+    for (r, status, body, fallback) in during {
         checks.check(
             *status == 200 && body.contains("conservative") && *fallback == Some(1.0),
             format!(
@@ -995,7 +1039,7 @@ fn the_global_store_killed_for_15_s_means_conservative_quotas_then_the_floor_the
             ),
         );
     }
-    for (r, status, body, fallback, failed) in &after {
+    for (r, status, body, fallback, failed) in after {
         println!(
             "  after: {} readyz {status} {:?} divvy_global_fallback {fallback:?} renewals failed {failed:?}",
             REGIONS[*r],
@@ -1017,14 +1061,6 @@ fn the_global_store_killed_for_15_s_means_conservative_quotas_then_the_floor_the
             format!("{name} counted its failed renewals: divvy_global_renewals_total{{result=\"failed\"}} {failed}"),
         );
     }
-    // Within one lease period (+ 1 s) of the return, accuracy is back.
-    run.check_windows(
-        &mut checks,
-        back + lease_secs() + 1.0,
-        "accuracy after the global store returns",
-    );
-    drop(world);
-    checks.finish();
 }
 
 #[test]

@@ -2353,6 +2353,29 @@ async fn healthcheck_rlconfig_and_stats() {
     let server = example();
     let (status, body) = server.http("GET", "/healthcheck", "");
     assert_eq!((status, body.trim()), (200, "OK"));
+    rlconfig_lists_the_example(&server);
+
+    let mut rl = Rl::new(&server).await;
+    leave_room(60, 15.0).await;
+    for _ in 0..2 {
+        rl.ask("rl", two("m", "bkthomps")).await;
+    }
+    for _ in 0..5 {
+        rl.ask("rl", vec![d(&[("foo", "m"), ("baz", "shady")])])
+            .await;
+    }
+    for _ in 0..3 {
+        rl.ask("rl", vec![d(&[("unspec", "unspecified_value")])])
+            .await;
+        rl.ask("rl", two("m", "x")).await;
+        rl.ask("rl", vec![d(&[("qux", "m")])]).await;
+    }
+    stats_count_by_key(&server);
+    near_limit_ratio_applies().await;
+}
+
+/// `GET /rlconfig` lists the example's limits as theirs does.
+fn rlconfig_lists_the_example(server: &Server) {
     let (status, body) = server.http("GET", "/rlconfig", "");
     assert_eq!(status, 200);
     for line in [
@@ -2376,22 +2399,11 @@ async fn healthcheck_rlconfig_and_stats() {
         17,
         "{body}"
     );
+}
 
-    let mut rl = Rl::new(&server).await;
-    leave_room(60, 15.0).await;
-    for _ in 0..2 {
-        rl.ask("rl", two("m", "bkthomps")).await;
-    }
-    for _ in 0..5 {
-        rl.ask("rl", vec![d(&[("foo", "m"), ("baz", "shady")])])
-            .await;
-    }
-    for _ in 0..3 {
-        rl.ask("rl", vec![d(&[("unspec", "unspecified_value")])])
-            .await;
-        rl.ask("rl", two("m", "x")).await;
-        rl.ask("rl", vec![d(&[("qux", "m")])]).await;
-    }
+/// The stats of the healthcheck test's requests, by key, as theirs counts
+/// them (unlimited limits and detailed_metric's bounded key not at all).
+fn stats_count_by_key(server: &Server) {
     let stats = server.metric_samples();
     let stat = |key: &str, s: &str| {
         stats
@@ -2435,8 +2447,10 @@ async fn healthcheck_rlconfig_and_stats() {
             .any(|k| k.contains("key=\"rl.qux") || k.contains("key=\"rl.unspec\"")),
         "{stats:#?}"
     );
+}
 
-    // NEAR_LIMIT_RATIO: 0.5 of 3 is 1, so the 2nd and 3rd hits are near.
+/// NEAR_LIMIT_RATIO: 0.5 of 3 is 1, so the 2nd and 3rd hits are near.
+async fn near_limit_ratio_applies() {
     let half = Server::start_env(&data("example"), &[], &[("NEAR_LIMIT_RATIO", "0.5")]);
     let mut rh = Rl::new(&half).await;
     for _ in 0..3 {

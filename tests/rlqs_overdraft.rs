@@ -18,7 +18,7 @@ mod common;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use common::{desc, request, Server};
+use common::{desc, Server};
 use envoy_types::pb::envoy::r#type::v3::rate_limit_strategy::Strategy;
 use envoy_types::pb::envoy::r#type::v3::TokenBucket;
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::BucketAction as Action;
@@ -32,19 +32,10 @@ use serde_json::Value;
 /// Two rules of 1,000 an hour per actor, one with overdraft, one without.
 const POLICY: &str = r#"
 overrides:
-  - domain: od
-    label: tokens
-    operation: {user: '*'}
-    actorField: user
-    creditLimit: 1000
-    resetSeconds: 1h
-    overdraft: true
-  - domain: od
-    label: plain
-    operation: {account: '*'}
-    actorField: account
-    creditLimit: 1000
-    resetSeconds: 1h
+  - {domain: od, label: tokens, operation: {user: '*'}, actorField: user,
+     creditLimit: 1000, resetSeconds: 1h, overdraft: true}
+  - {domain: od, label: plain, operation: {account: '*'}, actorField: account,
+     creditLimit: 1000, resetSeconds: 1h}
 default: {creditLimit: 1, resetSeconds: 60}
 "#;
 
@@ -126,14 +117,7 @@ fn sample(server: &Server, name: &str) -> f64 {
 async fn charge(server: &Server, n: u64) -> (i32, u32) {
     let mut d = desc(&[("user", "dave")]);
     d.hits_addend = Some(UInt64Value { value: n });
-    let mut client = server.client().await;
-    let r = client
-        .should_rate_limit(request("od", vec![d]))
-        .await
-        .expect("ShouldRateLimit")
-        .into_inner();
-    let s = r.statuses.first().expect("one status");
-    (s.code, s.limit_remaining)
+    common::one_status(server, "od", d).await
 }
 
 #[tokio::test]

@@ -282,6 +282,15 @@ pub async fn ask(
         .into_inner()
 }
 
+/// One ShouldRateLimit call of `server` in `domain` with descriptor `d`
+/// alone, on a fresh connection: its status's code and credits left.
+pub async fn one_status(server: &Server, domain: &str, d: RateLimitDescriptor) -> (i32, u32) {
+    let mut client = server.client().await;
+    let r = ask(&mut client, request(domain, vec![d])).await;
+    let s = r.statuses.first().expect("one status");
+    (s.code, s.limit_remaining)
+}
+
 /// `(allowed, credits, seconds to reset)` of a line-protocol `OK` answer.
 pub fn parse_ok(line: &str) -> (bool, u64, i64) {
     let t: Vec<&str> = line.trim_end().split(' ').collect();

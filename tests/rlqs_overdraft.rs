@@ -170,8 +170,9 @@ async fn rlqs_reports_past_what_is_left_take_no_debt_and_keep_the_whole_rate() {
     // ShouldRateLimit charges the untouched counter: 1,000 were left.
     assert_eq!(charge(&server, 300).await, (Code::Ok as i32, 700));
 
-    // A debt taken through ShouldRateLimit stays there: the next
-    // assignment is still the whole rate.
+    // A debt taken through ShouldRateLimit stays there: after a recompute
+    // (one a second; a changed assignment is pushed at once) and the
+    // renewal a report brings, the assignment is still the whole rate.
     assert_eq!(charge(&server, 2500).await, (Code::Ok as i32, 0));
     assert_eq!(counter(&server)["debt"], 1800);
     assert_eq!(sample(&server, past), 1800.0);

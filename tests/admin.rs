@@ -68,101 +68,110 @@ fn metrics_show_exact_counts_and_bounded_series() {
     assert_eq!(err.code(), tonic::Code::InvalidArgument);
 
     let s = samples(&server);
+    assert_hits_and_errors(&s);
+    assert_decisions_and_gauges(&s);
+    a_flood_of_actors_adds_no_series(&server, &s);
+}
+
+/// The hits by rule label and status, and the errors by code, of the
+/// metrics test's requests.
+fn assert_hits_and_errors(s: &BTreeMap<String, f64>) {
     assert_eq!(
-        value(
-            &s,
-            r#"divvy_hits_total{rule_label="lab",status="accepted"}"#
-        ),
+        value(s, r#"divvy_hits_total{rule_label="lab",status="accepted"}"#),
         2.0
     );
     assert_eq!(
-        value(
-            &s,
-            r#"divvy_hits_total{rule_label="lab",status="rejected"}"#
-        ),
+        value(s, r#"divvy_hits_total{rule_label="lab",status="rejected"}"#),
         1.0
     );
     assert_eq!(
         value(
-            &s,
+            s,
             r#"divvy_hits_total{rule_label="edge-lab",status="accepted"}"#
         ),
         1.0
     );
     assert_eq!(
         value(
-            &s,
+            s,
             r#"divvy_hits_total{rule_label="watch",status="canary-accepted"}"#
         ),
         1.0
     );
     assert_eq!(
         value(
-            &s,
+            s,
             r#"divvy_hits_total{rule_label="watch",status="canary-rejected"}"#
         ),
         1.0
     );
     // The canary's hits were decided by the default rule (no label), as was the nolabel rule's denial.
     assert_eq!(
-        value(&s, r#"divvy_hits_total{rule_label="",status="accepted"}"#),
+        value(s, r#"divvy_hits_total{rule_label="",status="accepted"}"#),
         2.0
     );
     assert_eq!(
-        value(&s, r#"divvy_hits_total{rule_label="",status="rejected"}"#),
+        value(s, r#"divvy_hits_total{rule_label="",status="rejected"}"#),
         1.0
     );
     assert_eq!(
         value(
-            &s,
+            s,
             r#"divvy_hits_total{rule_label="per-ip",status="accepted"}"#
         ),
         1.0
     );
     assert_eq!(
-        value(&s, r#"divvy_errors_total{code="unknown-command"}"#),
+        value(s, r#"divvy_errors_total{code="unknown-command"}"#),
         2.0
     );
-    assert_eq!(value(&s, r#"divvy_errors_total{code="unknown"}"#), 1.0);
+    assert_eq!(value(s, r#"divvy_errors_total{code="unknown"}"#), 1.0);
     assert_eq!(
-        value(&s, r#"divvy_errors_total{code="invalid-argument"}"#),
+        value(s, r#"divvy_errors_total{code="invalid-argument"}"#),
         1.0
     );
+}
+
+/// The decisions by code, domain and rule label, and the gauges, of the
+/// metrics test's requests.
+fn assert_decisions_and_gauges(s: &BTreeMap<String, f64>) {
     assert_eq!(
         value(
-            &s,
+            s,
             r#"divvy_decisions_total{code="ok",domain="",rule_label="lab"}"#
         ),
         2.0
     );
     assert_eq!(
         value(
-            &s,
+            s,
             r#"divvy_decisions_total{code="over_limit",domain="",rule_label="lab"}"#
         ),
         1.0
     );
     assert_eq!(
         value(
-            &s,
+            s,
             r#"divvy_decisions_total{code="ok",domain="edge*",rule_label="edge-lab"}"#
         ),
         1.0
     );
     // Seven HIT lines and one gRPC descriptor were decided.
-    assert_eq!(value(&s, "divvy_hit_duration_seconds_count"), 8.0);
-    assert_eq!(value(&s, "divvy_rules_generation"), 1.0);
-    assert_eq!(value(&s, "divvy_rules"), 6.0);
-    assert_eq!(value(&s, "divvy_store_ready"), 1.0);
-    assert_eq!(value(&s, "divvy_tcp_connections_total"), 0.0);
+    assert_eq!(value(s, "divvy_hit_duration_seconds_count"), 8.0);
+    assert_eq!(value(s, "divvy_rules_generation"), 1.0);
+    assert_eq!(value(s, "divvy_rules"), 6.0);
+    assert_eq!(value(s, "divvy_store_ready"), 1.0);
+    assert_eq!(value(s, "divvy_tcp_connections_total"), 0.0);
+}
 
-    // A flood of distinct actor values adds no series.
+/// A flood of distinct actor values adds no series to those of `s`.
+fn a_flood_of_actors_adds_no_series(server: &Server, s: &BTreeMap<String, f64>) {
     let before: Vec<String> = s.keys().cloned().collect();
     let flood: String = (0..2000)
         .map(|i| format!("HIT k=actor ip=10.0.{}.{}\n", i / 256, i % 256))
         .collect();
     server.line_exchange(flood.as_bytes());
-    let after = samples(&server);
+    let after = samples(server);
     let after_keys: Vec<String> = after.keys().cloned().collect();
     assert_eq!(before, after_keys);
     assert_eq!(

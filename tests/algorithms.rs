@@ -413,45 +413,70 @@ default: {creditLimit: 0}
 /// The exact answers of one algorithm (10 per hour) to a scripted sequence.
 async fn sequence(c: &mut Client, alg: &str) {
     clear_of_window_end(3600, 10).await;
-    let d = |who: &str| desc(&[("alg", alg), ("who", who)]);
-    // When a counter with `used` of its `limit` credits taken is full again.
-    let full_after = |used: f64, limit: f64| match alg {
+    charges_and_checks(c, alg).await;
+    refunds(c, alg).await;
+    one_counter_thrice_and_an_override(c, alg).await;
+}
+
+/// `who`'s descriptor for algorithm `alg`.
+fn alg_desc(alg: &str, who: &str) -> RateLimitDescriptor {
+    desc(&[("alg", alg), ("who", who)])
+}
+
+/// When a counter of `alg` with `used` of its `limit` credits taken is
+/// full again.
+fn full_after(alg: &str, used: f64, limit: f64) -> f64 {
+    match alg {
         // Refills `limit` per hour: 3600/limit seconds per credit.
         "token_bucket" => used * 3600.0 / limit,
         // The window opened at the first hit, moments ago.
         "window" => 3600.0,
         // The end of the epoch-aligned hour.
         _ => secs_to_window_end(3600),
-    };
-    let expect = |r: &RateLimitResponse, code: i32, remaining: u32, step: &str| {
-        let s = only(r);
-        assert_eq!(
-            (s.code, s.limit_remaining),
-            (code, remaining),
-            "{alg}: {step}: {r:?}"
-        );
-        s.clone()
-    };
+    }
+}
 
+/// Asserts `r`'s only status has `code` and `remaining` (at `step` of
+/// `alg`'s sequence); that status.
+fn expect(
+    alg: &str,
+    r: &RateLimitResponse,
+    code: i32,
+    remaining: u32,
+    step: &str,
+) -> DescriptorStatus {
+    let s = only(r);
+    assert_eq!(
+        (s.code, s.limit_remaining),
+        (code, remaining),
+        "{alg}: {step}: {r:?}"
+    );
+    s.clone()
+}
+
+/// Request and descriptor hits_addend, a denial that charges nothing, and
+/// checks (hits_addend 0), each with its reset.
+async fn charges_and_checks(c: &mut Client, alg: &str) {
+    let d = |who: &str| alg_desc(alg, who);
     // hits_addend 3 on the request, twice.
     let r = ask(c, req(vec![d("seq")], 3)).await;
-    let s = expect(&r, OK, 7, "request hits_addend 3");
+    let s = expect(alg, &r, OK, 7, "request hits_addend 3");
     let limit = s.current_limit.as_ref().expect("current_limit");
     assert_eq!(
         (limit.requests_per_unit, limit.unit),
         (10, Unit::Hour as i32)
     );
-    close(reset_secs(&s), full_after(3.0, 10.0), alg);
+    close(reset_secs(&s), full_after(alg, 3.0, 10.0), alg);
     let r = ask(c, req(vec![d("seq")], 3)).await;
-    let s = expect(&r, OK, 4, "request hits_addend 3 again");
-    close(reset_secs(&s), full_after(6.0, 10.0), alg);
+    let s = expect(alg, &r, OK, 4, "request hits_addend 3 again");
+    close(reset_secs(&s), full_after(alg, 6.0, 10.0), alg);
     // The descriptor's own hits_addend wins over the request's.
     let r = ask(c, req(vec![hits(d("seq"), 3)], 7)).await;
-    let s = expect(&r, OK, 1, "descriptor hits_addend 3 (request 7)");
-    close(reset_secs(&s), full_after(9.0, 10.0), alg);
+    let s = expect(alg, &r, OK, 1, "descriptor hits_addend 3 (request 7)");
+    close(reset_secs(&s), full_after(alg, 9.0, 10.0), alg);
     // 3 more do not fit in the 1 left: denied and not charged.
     let r = ask(c, req(vec![d("seq")], 3)).await;
-    let s = expect(&r, OVER, 1, "3 with 1 left");
+    let s = expect(alg, &r, OVER, 1, "3 with 1 left");
     let wait = match alg {
         // 9 of 10 used, 3 needed: 2 credits short, 360 s each.
         "token_bucket" => 720.0,
@@ -464,14 +489,14 @@ async fn sequence(c: &mut Client, alg: &str) {
     close(reset_secs(&s), wait, &format!("{alg}: denied"));
     // A check (descriptor hits_addend 0) consumes nothing.
     let r = ask(c, req(vec![hits(d("seq"), 0)], 0)).await;
-    let s = expect(&r, OK, 1, "check only");
-    close(reset_secs(&s), full_after(9.0, 10.0), alg);
+    let s = expect(alg, &r, OK, 1, "check only");
+    close(reset_secs(&s), full_after(alg, 9.0, 10.0), alg);
     let r = ask(c, req(vec![d("seq")], 0)).await;
-    let s = expect(&r, OK, 0, "the last credit");
-    close(reset_secs(&s), full_after(10.0, 10.0), alg);
+    let s = expect(alg, &r, OK, 0, "the last credit");
+    close(reset_secs(&s), full_after(alg, 10.0, 10.0), alg);
     // A check with nothing left is over the limit (it needs one credit).
     let r = ask(c, req(vec![hits(d("seq"), 0)], 0)).await;
-    let s = expect(&r, OVER, 0, "check only, empty");
+    let s = expect(alg, &r, OVER, 0, "check only, empty");
     let wait = match alg {
         "token_bucket" => 360.0,
         // 10 this hour must weigh at most 9 into the next: 1 ms in.
@@ -480,26 +505,42 @@ async fn sequence(c: &mut Client, alg: &str) {
         _ => secs_to_window_end(3600),
     };
     close(reset_secs(&s), wait, &format!("{alg}: check when empty"));
+}
 
+/// is_negative_hits gives credit back, never above the limit, and adds
+/// nothing to a fresh counter.
+async fn refunds(c: &mut Client, alg: &str) {
+    let d = |who: &str| alg_desc(alg, who);
     // is_negative_hits gives credit back, never above the limit.
     let r = ask(c, req(vec![refund(d("seq"), 4)], 0)).await;
-    expect(&r, OK, 4, "refund 4");
+    expect(alg, &r, OK, 4, "refund 4");
     let r = ask(c, req(vec![hits(d("seq"), 0)], 0)).await;
-    expect(&r, OK, 4, "check after the refund");
+    expect(alg, &r, OK, 4, "check after the refund");
     let r = ask(c, req(vec![refund(d("seq"), 100)], 0)).await;
-    expect(&r, OK, 10, "refund 100");
+    expect(alg, &r, OK, 10, "refund 100");
     let r = ask(c, req(vec![hits(d("seq"), 10)], 0)).await;
-    expect(&r, OK, 0, "10 after the refunds");
+    expect(alg, &r, OK, 0, "10 after the refunds");
     let r = ask(c, req(vec![d("seq")], 0)).await;
-    expect(&r, OVER, 0, "one more after the refunds");
+    expect(alg, &r, OVER, 0, "one more after the refunds");
     // A refund to a counter that never took anything adds nothing.
     let r = ask(c, req(vec![refund(d("fresh"), 5)], 0)).await;
-    expect(&r, OK, 10, "refund to a fresh counter");
+    expect(alg, &r, OK, 10, "refund to a fresh counter");
     let r = ask(c, req(vec![hits(d("fresh"), 10)], 0)).await;
-    expect(&r, OK, 0, "10 after a refund to a fresh counter");
+    expect(alg, &r, OK, 0, "10 after a refund to a fresh counter");
     let r = ask(c, req(vec![d("fresh")], 0)).await;
-    expect(&r, OVER, 0, "one more after a refund to a fresh counter");
+    expect(
+        alg,
+        &r,
+        OVER,
+        0,
+        "one more after a refund to a fresh counter",
+    );
+}
 
+/// One counter named three times in one request, and a limit override
+/// with a counter of its own.
+async fn one_counter_thrice_and_an_override(c: &mut Client, alg: &str) {
+    let d = |who: &str| alg_desc(alg, who);
     // One counter named three times in one request: each sees the charges
     // before it.
     let four = hits(d("multi"), 4);
@@ -514,7 +555,7 @@ async fn sequence(c: &mut Client, alg: &str) {
     // A limit override (2 per hour) has its own counter and applies.
     let o = per_hour_override(d("ovr"), 2);
     let r = ask(c, req(vec![o.clone()], 0)).await;
-    let s = expect(&r, OK, 1, "override 2/h, first");
+    let s = expect(alg, &r, OK, 1, "override 2/h, first");
     let limit = s.current_limit.as_ref().expect("current_limit");
     assert_eq!(
         (limit.requests_per_unit, limit.unit),
@@ -522,15 +563,21 @@ async fn sequence(c: &mut Client, alg: &str) {
     );
     close(
         reset_secs(&s),
-        full_after(1.0, 2.0),
+        full_after(alg, 1.0, 2.0),
         &format!("{alg}: override"),
     );
     let r = ask(c, req(vec![o.clone()], 0)).await;
-    expect(&r, OK, 0, "override 2/h, second");
+    expect(alg, &r, OK, 0, "override 2/h, second");
     let r = ask(c, req(vec![o], 0)).await;
-    expect(&r, OVER, 0, "override 2/h, third");
+    expect(alg, &r, OVER, 0, "override 2/h, third");
     let r = ask(c, req(vec![d("ovr")], 0)).await;
-    expect(&r, OK, 9, "the rule's own counter after the override's");
+    expect(
+        alg,
+        &r,
+        OK,
+        9,
+        "the rule's own counter after the override's",
+    );
 }
 
 async fn exact_sequences(backend: Backend) {

@@ -9,11 +9,10 @@
 
 mod common;
 
-use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::redis::{Cluster, Redis};
-use common::{binary, http_request, parse_ok, Server};
+use common::{http_request, parse_ok, wait_until, Server};
 use serde_json::Value;
 
 const ADMIN: &str = "counters-admin-secret";
@@ -58,20 +57,6 @@ fn counter(server: &Server, query: &str) -> Value {
     let list = v["counters"].as_array().expect("counters");
     assert_eq!(list.len(), 1, "{v}");
     list[0].clone()
-}
-
-/// Polls `f` every 20 ms until it holds or `limit` passes; the time it took.
-fn wait_until(limit: Duration, mut f: impl FnMut() -> bool) -> Option<Duration> {
-    let start = Instant::now();
-    loop {
-        if f() {
-            return Some(start.elapsed());
-        }
-        if start.elapsed() > limit {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 fn metric(server: &Server, sample: &str) -> f64 {
@@ -306,24 +291,9 @@ fn on_the_memory_store_a_reset_frees_the_actor_and_a_rule_without_actor_needs_no
     assert_eq!(hit(&open, "path=/shared"), (true, 0, 3600));
 }
 
+/// `divvy counters <args>` against `server`.
 fn cli(server: &Server, args: &[&str], token: Option<&str>) -> (bool, String, String) {
-    let mut command = Command::new(binary());
-    command
-        .arg("counters")
-        .args(args)
-        .args(["--server", &format!("http://{}", server.http)])
-        .env_remove("DIVVY_ADMIN_TOKEN")
-        .env_remove("DIVVY_ADMIN_READ_TOKEN")
-        .env_remove("DIVVY_ADMIN_URL");
-    if let Some(t) = token {
-        command.env("DIVVY_ADMIN_TOKEN", t);
-    }
-    let out = command.output().expect("run divvy counters");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    common::admin_client(server, "counters", "--server", args, token)
 }
 
 #[test]

@@ -34,6 +34,12 @@ overrides:
     creditLimit: 1000
     resetSeconds: 1h
     overdraft: true
+  - label: beta
+    operation: {path: /beta, ip: "*"}
+    actorField: ip
+    creditLimit: 2
+    resetSeconds: 1h
+    matchPolicy: shadow
 default: {creditLimit: 100, resetSeconds: 60}
 "#;
 
@@ -160,6 +166,14 @@ impl Browser {
         std::fs::write(dir.join(format!("{name}.png")), png).unwrap();
     }
 
+    /// Opens `url` in the page.
+    async fn open(&self, url: &str) {
+        self.client
+            .goto(url)
+            .await
+            .unwrap_or_else(|e| panic!("open {url}: {e}"));
+    }
+
     async fn fill(&self, id: &str, text: &str) {
         let e = self.client.find(Locator::Id(id)).await.expect(id);
         e.clear().await.unwrap();
@@ -195,18 +209,18 @@ async fn the_page_shows_rules_traffic_offenders_and_changes_knobs() {
     let server = Server::with_policy_args(POLICY, "yaml", &["--admin-token", ADMIN]);
     let b = browser().await;
     let base = format!("http://{}", server.http);
-    b.client.goto(&format!("{base}/ui")).await.unwrap();
+    b.open(&format!("{base}/ui")).await;
     b.until(
         Duration::from_secs(5),
         "overview",
         "return document.body.dataset.ready === '1';",
     )
     .await;
-    b.client.goto(&format!("{base}/ui#rules")).await.unwrap();
+    b.open(&format!("{base}/ui#rules")).await;
     b.until(
         Duration::from_secs(5),
         "the policy's rules",
-        "return document.querySelectorAll('#rules-table tbody tr[data-name]').length === 4;",
+        "return document.querySelectorAll('#rules-table tbody tr[data-name]').length === 5;",
     )
     .await;
     assert_eq!(
@@ -216,6 +230,7 @@ async fn the_page_shows_rules_traffic_offenders_and_changes_knobs() {
 
     offenders_show(&b, &server, &base).await;
     debts_show(&b, &server, &base).await;
+    shadow_shows(&b, &server, &base).await;
     knob_form(&b, &server, &base).await;
     more_views(&b, &base).await;
     // Chromium logs the refused change (a 401 answer) as a failed load: that
@@ -239,10 +254,7 @@ async fn offenders_show(b: &Browser, server: &Server, base: &str) {
         .until(Duration::from_secs(5), "denied/s on login", "const c = document.querySelector('#rules-table tr[data-name=\"login\"] td.denied'); return !!c && Number(c.textContent) > 0;")
         .await;
     println!("denied traffic shown after {seen:?}");
-    b.client
-        .goto(&format!("{base}/ui#rule/login"))
-        .await
-        .unwrap();
+    b.open(&format!("{base}/ui#rule/login")).await;
     b.until(Duration::from_secs(5), "the actor first among login's offenders", "const r = document.querySelector('#rule-offenders-1m tbody tr'); return !!r && r.dataset.actor === '6.6.6.6' && r.querySelector('.count').textContent === '25';")
         .await;
     b.screenshot("rule").await;
@@ -258,7 +270,7 @@ async fn offenders_show(b: &Browser, server: &Server, base: &str) {
             .await,
         json!(0)
     );
-    b.client.goto(&format!("{base}/ui#overview")).await.unwrap();
+    b.open(&format!("{base}/ui#overview")).await;
     b.until(Duration::from_secs(5), "overview offenders", "const r = document.querySelector('#ov-offenders tbody tr td.actor'); return !!r && r.textContent === '6.6.6.6';")
         .await;
     let p99 = b
@@ -278,23 +290,61 @@ async fn debts_show(b: &Browser, server: &Server, base: &str) {
         .should_rate_limit(request("llm", vec![d]))
         .await
         .expect("ShouldRateLimit");
-    b.client
-        .goto(&format!("{base}/ui#rule/tokens"))
-        .await
-        .unwrap();
+    b.open(&format!("{base}/ui#rule/tokens")).await;
     b.until(Duration::from_secs(5), "ann's debt on the rule page", "const s = document.getElementById('rule-debts'); const r = document.querySelector('#rule-debts-table tbody tr'); return !!s && !s.hidden && !!r && r.cells[0].textContent.includes('ann') && r.cells[1].textContent === '1500';")
         .await;
     b.screenshot("rule-debts").await;
+}
+
+/// A shadow rule (`matchPolicy: shadow`) of 2 an hour hit 5 times: every
+/// hit allowed; the rules table marks it with the shadow badge (and only
+/// it), and its page tells the 3 hits that would have been denied.
+async fn shadow_shows(b: &Browser, server: &Server, base: &str) {
+    let answers: Vec<bool> = (0..5)
+        .map(|_| parse_ok(&server.line_exchange(b"HIT path=/beta ip=7.7.7.7\n")).0)
+        .collect();
+    assert_eq!(answers, [true; 5], "a shadow rule denied a hit");
+    b.open(&format!("{base}/ui#rules")).await;
+    b.until(
+        Duration::from_secs(5),
+        "the shadow badge on beta",
+        "const s = document.querySelector('#rules-table tr[data-name=\"beta\"] td.limit span.shadow'); return !!s && s.textContent === 'shadow';",
+    )
+    .await;
+    let badged = b
+        .js("return [...document.querySelectorAll('#rules-table tbody tr[data-name]')].filter((r) => r.querySelector('span.shadow')).map((r) => r.dataset.name);")
+        .await;
+    assert_eq!(badged, json!(["beta"]));
+    b.open(&format!("{base}/ui#rule/beta")).await;
+    b.until(
+        Duration::from_secs(5),
+        "beta's would-be denials on its page",
+        "const t = document.getElementById('rule-limit').textContent; return document.getElementById('rule-name').textContent === 'beta' && t.includes('shadow: 3 hits would have been denied (none was)');",
+    )
+    .await;
+    b.screenshot("rule-shadow").await;
+    // A rule that is not shadow says nothing of it.
+    b.open(&format!("{base}/ui#rule/login")).await;
+    b.until(
+        Duration::from_secs(5),
+        "login's page",
+        "return document.getElementById('rule-name').textContent === 'login' && document.getElementById('rule-limit').textContent.startsWith('limit ');",
+    )
+    .await;
+    let text = b
+        .js("return document.getElementById('rule-limit').textContent;")
+        .await;
+    assert!(
+        !text.as_str().unwrap_or_default().contains("shadow"),
+        "{text}"
+    );
 }
 
 /// The knob form: a wrong token changes nothing, the admin token sets a
 /// knob the next HIT obeys, and removing it restores the limit.
 async fn knob_form(b: &Browser, server: &Server, base: &str) {
     // A wrong admin token: the error shows, nothing changes.
-    b.client
-        .goto(&format!("{base}/ui#knobs/login"))
-        .await
-        .unwrap();
+    b.open(&format!("{base}/ui#knobs/login")).await;
     b.fill("knob-credit", "50").await;
     b.fill("admin-token", "not-the-token").await;
     b.click("knob-set").await;
@@ -313,7 +363,7 @@ async fn knob_form(b: &Browser, server: &Server, base: &str) {
     b.click("knob-set").await;
     b.until(Duration::from_secs(5), "the knob set", "return document.getElementById('knob-status').textContent.startsWith('knob set on login');")
         .await;
-    b.client.goto(&format!("{base}/ui#rules")).await.unwrap();
+    b.open(&format!("{base}/ui#rules")).await;
     b.until(
         Duration::from_secs(3),
         "the new limit",
@@ -334,10 +384,7 @@ async fn knob_form(b: &Browser, server: &Server, base: &str) {
     b.screenshot("rules-with-knob").await;
 
     // Removing the knob restores the rule's own limit.
-    b.client
-        .goto(&format!("{base}/ui#knobs/login"))
-        .await
-        .unwrap();
+    b.open(&format!("{base}/ui#knobs/login")).await;
     b.until(
         Duration::from_secs(3),
         "the knob listed",
@@ -351,7 +398,7 @@ async fn knob_form(b: &Browser, server: &Server, base: &str) {
         "return document.getElementById('knob-status').textContent === 'knob on login removed';",
     )
     .await;
-    b.client.goto(&format!("{base}/ui#rules")).await.unwrap();
+    b.open(&format!("{base}/ui#rules")).await;
     b.until(
         Duration::from_secs(3),
         "the rule's own limit",
@@ -365,7 +412,7 @@ async fn knob_form(b: &Browser, server: &Server, base: &str) {
 async fn more_views(b: &Browser, base: &str) {
     // Global, RLQS and governors: this policy has none (the governors view
     // says so); a governor's state, as /governors gives it, is drawn over time.
-    b.client.goto(&format!("{base}/ui#more")).await.unwrap();
+    b.open(&format!("{base}/ui#more")).await;
     b.until(Duration::from_secs(5), "no governor", "return document.getElementById('more-governors').textContent === 'no governor in the policy';")
         .await;
     let state = |measurement: f64, breaker: bool| {
@@ -414,10 +461,7 @@ async fn with_a_read_token_the_api_refuses_and_the_page_asks_for_one() {
     assert!(page.contains("A token is needed"), "{page}");
 
     let b = browser().await;
-    b.client
-        .goto(&format!("http://{}/ui#rules", server.http))
-        .await
-        .unwrap();
+    b.open(&format!("http://{}/ui#rules", server.http)).await;
     b.until(Duration::from_secs(5), "the token prompt", "return document.body.dataset.ready === 'token' && !document.getElementById('token-prompt').hidden;")
         .await;
     assert_eq!(
@@ -436,7 +480,7 @@ async fn with_a_read_token_the_api_refuses_and_the_page_asks_for_one() {
     .await;
     b.fill("read-token", READ).await;
     b.click("read-token-save").await;
-    b.until(Duration::from_secs(5), "the rules, read with the token", "return document.querySelectorAll('#rules-table tbody tr[data-name]').length === 4 && document.getElementById('token-prompt').hidden;")
+    b.until(Duration::from_secs(5), "the rules, read with the token", "return document.querySelectorAll('#rules-table tbody tr[data-name]').length === 5 && document.getElementById('token-prompt').hidden;")
         .await;
     // The refused reads were the page's own 401/403s (logged by Chromium as
     // failed loads); no script error.
@@ -461,10 +505,7 @@ async fn ten_thousand_rules_stay_interactive() {
         .collect();
     server.line_exchange(hits.as_bytes());
     let b = browser().await;
-    b.client
-        .goto(&format!("http://{}/ui#rules", server.http))
-        .await
-        .unwrap();
+    b.open(&format!("http://{}/ui#rules", server.http)).await;
     b.until(
         Duration::from_secs(10),
         "the first page of rules",

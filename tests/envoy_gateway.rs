@@ -275,6 +275,28 @@ async fn envoy_gateway_cases_through_a_real_envoy() {
     let upstream = envoy::upstream("ok");
     let proxy = start_envoy(&certs, server.grpc.port(), upstream);
     let port = proxy.ports[0];
+    route_cases(port);
+    tls13_only(&proxy);
+
+    // The minimum without the maximum: Envoy's upstream default maximum is
+    // TLS 1.2, so Envoy has no version to offer and fails the handshake on
+    // its side (BoringSSL's NO_SUPPORTED_VERSIONS_ENABLED), before divvy
+    // sees a ClientHello; failure_mode_deny answers 500.
+    let min_only = example().replace(TLS13_MAX, "");
+    let broken = start_envoy_on(&min_only, &certs, server.grpc.port(), upstream);
+    assert_eq!(statuses(broken.ports[0], "/method", &[], 2).0, [500, 500]);
+    let stats = ssl_stats(&broken);
+    assert!(ssl_stat(&stats, "connection_error") >= 1, "{stats:?}");
+    assert_eq!(ssl_stat(&stats, "handshake"), 0, "{stats:?}");
+    drop(broken);
+
+    over_limit_names(&prometheus);
+}
+
+/// Envoy Gateway's cases through Envoy `port`: header, inverted header,
+/// CIDR, method, path, query parameter, a shared limit, a cost and shadow
+/// mode.
+fn route_cases(port: u16) {
     let limited3 = (vec![200, 200, 200, 429], Some("3, 3;w=3600".to_owned()));
 
     // Headers: every match limits; a partial match is not limited.
@@ -313,13 +335,16 @@ async fn envoy_gateway_cases_through_a_real_envoy() {
     // A cost of 2 against a limit of 4; shadow mode never denies.
     assert_eq!(statuses(port, "/cost", &[], 3).0, [200, 200, 429]);
     assert_eq!(statuses(port, "/shadow", &[], 3).0, [200, 200, 200]);
+}
 
-    // Every handshake with divvy was TLS 1.3: the example allows no other.
+/// Every handshake of `proxy` with divvy was TLS 1.3: the example allows
+/// no other.
+fn tls13_only(proxy: &envoy::Envoy) {
     assert!(
         example().contains(&format!("{TLS13_MIN}{TLS13_MAX}")),
         "the example's tls_params are not TLS 1.3 only"
     );
-    let stats = ssl_stats(&proxy);
+    let stats = ssl_stats(proxy);
     assert!(ssl_stat(&stats, "handshake") >= 1, "{stats:?}");
     assert_eq!(
         ssl_stat(&stats, "versions.TLSv1.3"),
@@ -327,20 +352,11 @@ async fn envoy_gateway_cases_through_a_real_envoy() {
         "{stats:?}"
     );
     assert_eq!(ssl_stat(&stats, "connection_error"), 0, "{stats:?}");
+}
 
-    // The minimum without the maximum: Envoy's upstream default maximum is
-    // TLS 1.2, so Envoy has no version to offer and fails the handshake on
-    // its side (BoringSSL's NO_SUPPORTED_VERSIONS_ENABLED), before divvy
-    // sees a ClientHello; failure_mode_deny answers 500.
-    let min_only = example().replace(TLS13_MAX, "");
-    let broken = start_envoy_on(&min_only, &certs, server.grpc.port(), upstream);
-    assert_eq!(statuses(broken.ports[0], "/method", &[], 2).0, [500, 500]);
-    let stats = ssl_stats(&broken);
-    assert!(ssl_stat(&stats, "connection_error") >= 1, "{stats:?}");
-    assert_eq!(ssl_stat(&stats, "handshake"), 0, "{stats:?}");
-    drop(broken);
-
-    // envoyproxy/ratelimit's names, as Envoy Gateway's tests query them.
+/// envoyproxy/ratelimit's names on `prometheus`, as Envoy Gateway's tests
+/// query them.
+fn over_limit_names(prometheus: &str) {
     let (status, text) = http_request(prometheus.parse().unwrap(), "GET", "/metrics", "", None);
     assert_eq!(status, 200);
     for key2 in [

@@ -419,10 +419,15 @@ async fn example_replaces_as_their_replaces_script() {
     let server = example();
     let mut rl = Rl::new(&server).await;
     leave_room(60, 15.0).await;
-    const M: Unit = Minute;
+    replaces_increases_the_limit(&mut rl).await;
+    replaces_leaves_the_original_limit(&mut rl).await;
+    one_limit_replaces_several(&mut rl).await;
+}
 
-    // replaces increases the limit: (foo, bar=banned) is banned (rpu 0)
-    // unless (proxy, override) replaces banned_limit.
+/// replaces increases the limit: (foo, bar=banned) is banned (rpu 0)
+/// unless (proxy, override) replaces banned_limit.
+async fn replaces_increases_the_limit(rl: &mut Rl) {
+    const M: Unit = Minute;
     rl.expect(
         "rl",
         two("bkthomps", "banned"),
@@ -453,9 +458,12 @@ async fn example_replaces_as_their_replaces_script() {
         &[NO_LIMIT, over(2, M, "")],
     )
     .await;
+}
 
-    // replaces does not touch the original limit: bkthomps (1/min) is
-    // dropped while (proxy, bkthomps) replaces it, and not charged.
+/// replaces does not touch the original limit: bkthomps (1/min) is
+/// dropped while (proxy, bkthomps) replaces it, and not charged.
+async fn replaces_leaves_the_original_limit(rl: &mut Rl) {
+    const M: Unit = Minute;
     for remaining in [1, 0] {
         rl.expect(
             "rl",
@@ -493,9 +501,12 @@ async fn example_replaces_as_their_replaces_script() {
         &[NO_LIMIT, over(2, M, "")],
     )
     .await;
+}
 
-    // One limit replaces several: category=account replaces bkthomps and
-    // fake_name.
+/// One limit replaces several: category=account replaces bkthomps and
+/// fake_name, whose counter is fresh afterwards.
+async fn one_limit_replaces_several(rl: &mut Rl) {
+    const M: Unit = Minute;
     for remaining in [3, 2, 1, 0] {
         rl.expect(
             "rl",
@@ -723,6 +734,14 @@ async fn example_single_descriptors_shadow_unlimited_and_depth() {
     let server = example();
     let mut rl = Rl::new(&server).await;
     leave_room(60, 15.0).await;
+    foo_and_bar(&mut rl).await;
+    shadow_and_unlimited(&mut rl).await;
+    unspec_and_what_the_tree_lacks(&mut rl).await;
+    several_descriptors_hits_addend_and_per_second(&mut rl).await;
+}
+
+/// foo alone, foo with any bar, bar=banned and bar=bkthomps.
+async fn foo_and_bar(rl: &mut Rl) {
     const M: Unit = Minute;
     // foo alone: 2/min.
     rl.expect("rl", vec![d(&[("foo", "a")])], OK, &[ok(2, M, "", 1)])
@@ -755,6 +774,12 @@ async fn example_single_descriptors_shadow_unlimited_and_depth() {
         .await;
     rl.expect("rl", two("b", "bkthomps"), OK, &[ok(1, M, "bkthomps", 0)])
         .await;
+}
+
+/// baz=shady (shadow mode), baz=not-so-shady, and the unlimited bay and
+/// qux.
+async fn shadow_and_unlimited(rl: &mut Rl) {
+    const M: Unit = Minute;
     // baz=shady: shadow mode, counted but never over (their
     // trigger-shadow-mode-key.sh).
     let shady = || vec![d(&[("foo", "pelle"), ("baz", "shady")])];
@@ -781,6 +806,11 @@ async fn example_single_descriptors_shadow_unlimited_and_depth() {
         rl.expect("rl", vec![d(&[("qux", "anything")])], OK, &[UNLIMITED])
             .await;
     }
+}
+
+/// unspec (a counter per value), and descriptors the tree does not hold.
+async fn unspec_and_what_the_tree_lacks(rl: &mut Rl) {
+    const M: Unit = Minute;
     // unspec: 2/min per value (their
     // value-included-in-stats-key-when-unspecified.sh).
     let unspec = |v: &str| vec![d(&[("unspec", v)])];
@@ -809,6 +839,12 @@ async fn example_single_descriptors_shadow_unlimited_and_depth() {
     ] {
         rl.expect("rl", ds, OK, &[NO_LIMIT]).await;
     }
+}
+
+/// Several descriptors in one request, a request-level hits_addend, and
+/// baz's 1 per second.
+async fn several_descriptors_hits_addend_and_per_second(rl: &mut Rl) {
+    const M: Unit = Minute;
     // Several descriptors at once, each with its own answer.
     let resp = rl
         .expect(
@@ -839,11 +875,14 @@ async fn example_single_descriptors_shadow_unlimited_and_depth() {
     rl.expect_req(req, OVER, &[over(2, M, "")]).await;
     // baz (any other value): 1 per second.
     next_second().await;
-    let baz = || vec![d(&[("foo", "a"), ("baz", "other")])];
-    rl.expect("rl", baz(), OK, &[ok(1, Second, "", 0)]).await;
-    rl.expect("rl", baz(), OVER, &[over(1, Second, "")]).await;
+    let other_baz = || vec![d(&[("foo", "a"), ("baz", "other")])];
+    rl.expect("rl", other_baz(), OK, &[ok(1, Second, "", 0)])
+        .await;
+    rl.expect("rl", other_baz(), OVER, &[over(1, Second, "")])
+        .await;
     next_second().await;
-    rl.expect("rl", baz(), OK, &[ok(1, Second, "", 0)]).await;
+    rl.expect("rl", other_baz(), OK, &[ok(1, Second, "", 0)])
+        .await;
 }
 
 // ---------------------------------------------------------------------------
@@ -1889,43 +1928,7 @@ async fn reload_add_change_break_and_remove_a_file_under_load() {
     let server = Server::start(dir.path(), &[]);
     let mut rl = Rl::new(&server).await;
 
-    // Load: two clients, each asking rl (unlimited: the answer never
-    // changes) and the reloaded domain, continuously.
-    let stop = Arc::new(AtomicBool::new(false));
-    let calls = Arc::new(AtomicU64::new(0));
-    let failures = Arc::new(Mutex::new(Vec::<String>::new()));
-    let mut tasks = Vec::new();
-    for _ in 0..2 {
-        let mut client = server.client().await;
-        let (stop, calls, failures) = (stop.clone(), calls.clone(), failures.clone());
-        tasks.push(tokio::spawn(async move {
-            while !stop.load(Ordering::Relaxed) {
-                let req = common::request(
-                    "rl",
-                    vec![d(&[("qux", "load")]), d(&[("foo", "load"), ("bay", "x")])],
-                );
-                match client.should_rate_limit(req).await {
-                    Ok(r) => {
-                        let r = r.into_inner();
-                        let unlimited = r.statuses.len() == 2
-                            && r.statuses.iter().all(|s| {
-                                s.limit_remaining == u32::MAX && s.current_limit.is_none()
-                            });
-                        if !unlimited {
-                            failures.lock().unwrap().push(format!("rl answer {r:?}"));
-                        }
-                    }
-                    Err(e) => failures.lock().unwrap().push(format!("rl: {e}")),
-                }
-                let req = common::request("reload", vec![d(&[("k", "v")])]);
-                if let Err(e) = client.should_rate_limit(req).await {
-                    failures.lock().unwrap().push(format!("reload: {e}"));
-                }
-                calls.fetch_add(2, Ordering::Relaxed);
-                tokio::time::sleep(Duration::from_millis(2)).await;
-            }
-        }));
-    }
+    let load = Load::start(&server).await;
 
     let req = common::request("reload", vec![d(&[("k", "v")])]);
     // Not defined yet: no limit.
@@ -1955,10 +1958,113 @@ async fn reload_add_change_break_and_remove_a_file_under_load() {
         limit_is(s, OK, 1_000_000, "v2")
     })
     .await;
-    // A bad file: the reload fails, the set in force stays.
+    broken_file_keeps_the_set_in_force(dir.path(), &server, &mut rl, &req).await;
+    // Removed: no limit again.
+    std::fs::remove_file(dir.path().join("reload.yml")).unwrap();
+    poll(&mut rl, &req, "file removed", |s| matches(s, &NO_LIMIT)).await;
+    // A moment more of load on the final set.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    load.finish().await;
+    // The rules the server ended with: example.yaml alone.
+    let (status, body) = server.http("GET", "/rlconfig", "");
+    assert_eq!(status, 200);
+    assert!(
+        body.contains("rl.foo.bar: ") && !body.contains("reload.k"),
+        "{body}"
+    );
+}
+
+/// Two clients, each asking rl (unlimited: the answer never changes) and
+/// the reloaded domain, continuously, until [`Load::finish`].
+struct Load {
+    stop: Arc<AtomicBool>,
+    calls: Arc<AtomicU64>,
+    failures: Arc<Mutex<Vec<String>>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Load {
+    /// Starts the two clients on `server`.
+    async fn start(server: &Server) -> Load {
+        let stop = Arc::new(AtomicBool::new(false));
+        let calls = Arc::new(AtomicU64::new(0));
+        let failures = Arc::new(Mutex::new(Vec::<String>::new()));
+        let mut tasks = Vec::new();
+        for _ in 0..2 {
+            let mut client = server.client().await;
+            let (stop, calls, failures) = (stop.clone(), calls.clone(), failures.clone());
+            tasks.push(tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    let req = common::request(
+                        "rl",
+                        vec![d(&[("qux", "load")]), d(&[("foo", "load"), ("bay", "x")])],
+                    );
+                    match client.should_rate_limit(req).await {
+                        Ok(r) => {
+                            let r = r.into_inner();
+                            let unlimited = r.statuses.len() == 2
+                                && r.statuses.iter().all(|s| {
+                                    s.limit_remaining == u32::MAX && s.current_limit.is_none()
+                                });
+                            if !unlimited {
+                                failures.lock().unwrap().push(format!("rl answer {r:?}"));
+                            }
+                        }
+                        Err(e) => failures.lock().unwrap().push(format!("rl: {e}")),
+                    }
+                    let req = common::request("reload", vec![d(&[("k", "v")])]);
+                    if let Err(e) = client.should_rate_limit(req).await {
+                        failures.lock().unwrap().push(format!("reload: {e}"));
+                    }
+                    calls.fetch_add(2, Ordering::Relaxed);
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+            }));
+        }
+        Load {
+            stop,
+            calls,
+            failures,
+            tasks,
+        }
+    }
+
+    /// Stops the clients: every answer was as expected, and there were
+    /// more than 100 calls.
+    async fn finish(self) {
+        let Load {
+            stop,
+            calls,
+            failures,
+            tasks,
+        } = self;
+        stop.store(true, Ordering::Relaxed);
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let failures = failures.lock().unwrap();
+        let calls = calls.load(Ordering::Relaxed);
+        assert!(
+            failures.is_empty(),
+            "{} of {calls} calls failed: {:#?}",
+            failures.len(),
+            &failures[..failures.len().min(5)]
+        );
+        assert!(calls > 100, "only {calls} calls under load");
+    }
+}
+
+/// A bad file dropped into `dir`: the reload fails (logged, naming it) and
+/// the set in force stays (`req` still meets v2); the file is removed.
+async fn broken_file_keeps_the_set_in_force(
+    dir: &Path,
+    server: &Server,
+    rl: &mut Rl,
+    req: &RateLimitRequest,
+) {
     while server.log.try_recv().is_ok() {}
     put(
-        dir.path(),
+        dir,
         "broken.yaml",
         "domain: broken\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n",
     );
@@ -1979,32 +2085,7 @@ async fn reload_add_change_break_and_remove_a_file_under_load() {
     let r = rl.raw(req.clone()).await;
     let l = r.statuses[0].current_limit.as_ref().expect("v2 still");
     assert_eq!((l.name.as_str(), l.requests_per_unit), ("v2", 1_000_000));
-    std::fs::remove_file(dir.path().join("broken.yaml")).unwrap();
-    // Removed: no limit again.
-    std::fs::remove_file(dir.path().join("reload.yml")).unwrap();
-    poll(&mut rl, &req, "file removed", |s| matches(s, &NO_LIMIT)).await;
-    // A moment more of load on the final set.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    stop.store(true, Ordering::Relaxed);
-    for t in tasks {
-        t.await.unwrap();
-    }
-    let failures = failures.lock().unwrap();
-    let calls = calls.load(Ordering::Relaxed);
-    assert!(
-        failures.is_empty(),
-        "{} of {calls} calls failed: {:#?}",
-        failures.len(),
-        &failures[..failures.len().min(5)]
-    );
-    assert!(calls > 100, "only {calls} calls under load");
-    // The rules the server ended with: example.yaml alone.
-    let (status, body) = server.http("GET", "/rlconfig", "");
-    assert_eq!(status, 200);
-    assert!(
-        body.contains("rl.foo.bar: ") && !body.contains("reload.k"),
-        "{body}"
-    );
+    std::fs::remove_file(dir.join("broken.yaml")).unwrap();
 }
 
 // ---------------------------------------------------------------------------
@@ -2094,7 +2175,23 @@ fn envoy_with_their_route_actions_answers_as_their_integration_scripts() {
     run("quota", "/quota", &[], &[200, 200, 429]);
     // /test: (source_cluster: proxy), (destination_cluster: mock), 1/min.
     run("source/destination cluster", "/test", &[], &[200, 429]);
-    // /header: (foo: *), 2/min, with x-ratelimit-* headers (draft 03).
+    header_route_counts_down(port);
+    // No header, no descriptor: no limit.
+    run("no descriptor", "/header", &[], &[200, 200, 200]);
+
+    // replaces.sh, in order.
+    let steps = replaces_steps();
+    let got: Vec<u16> = steps.iter().map(|(p, h, _)| status(p, h)).collect();
+    let want: Vec<u16> = steps.iter().map(|(_, _, w)| *w).collect();
+    assert_eq!(got, want, "replaces.sh, step by step");
+
+    assert_script_stats(&service);
+}
+
+/// The /header route, (foo: *) 2 per minute through Envoy `port`: 200s
+/// with x-ratelimit-* headers (draft 03) counting down, then a 429 with
+/// its reset.
+fn header_route_counts_down(port: u16) {
     let (s, h, body) = get(port, "/header", &[("foo", "hdr")]).unwrap();
     assert_eq!((s, body.as_str()), (200, SERVICE_1), "{h:?}");
     assert_eq!(header(&h, "x-ratelimit-remaining"), Some("1"), "{h:?}");
@@ -2110,24 +2207,24 @@ fn envoy_with_their_route_actions_answers_as_their_integration_scripts() {
     assert_eq!(header(&h, "x-ratelimit-remaining"), Some("0"), "{h:?}");
     let reset: u64 = header(&h, "x-ratelimit-reset").unwrap().parse().unwrap();
     assert!((1..=60).contains(&reset), "{h:?}");
-    // No header, no descriptor: no limit.
-    run("no descriptor", "/header", &[], &[200, 200, 200]);
+}
 
-    // replaces.sh, in order.
-    let h4 = |foo: &'static str, bar: &'static str, dst: &'static str| {
+/// Their replaces.sh: each request and the status it must get, in order.
+fn replaces_steps() -> Vec<Step> {
+    let h4 = |foo_v: &'static str, bar_v: &'static str, dst: &'static str| {
         vec![
-            ("foo", foo),
-            ("bar", bar),
+            ("foo", foo_v),
+            ("bar", bar_v),
             ("source_cluster", "proxy"),
             ("destination_cluster", dst),
         ]
     };
-    let h5 = |foo: &'static str, bar: &'static str, dst: &'static str| {
-        let mut v = h4(foo, bar, dst);
+    let h5 = |foo_v: &'static str, bar_v: &'static str, dst: &'static str| {
+        let mut v = h4(foo_v, bar_v, dst);
         v.push(("category", "account"));
         v
     };
-    let steps: Vec<Step> = vec![
+    vec![
         (
             "/twoheader",
             vec![("foo", "bkthomps"), ("bar", "banned")],
@@ -2162,11 +2259,11 @@ fn envoy_with_their_route_actions_answers_as_their_integration_scripts() {
         ("/fourheader", h4("foo_3", "bar_3", "fake"), 200),
         ("/fourheader", h4("foo_3", "bar_3", "fake"), 429),
         ("/fiveheader", h5("my_foo", "bkthomps", "fake"), 429),
-    ];
-    let got: Vec<u16> = steps.iter().map(|(p, h, _)| status(p, h)).collect();
-    let want: Vec<u16> = steps.iter().map(|(_, _, w)| *w).collect();
-    assert_eq!(got, want, "replaces.sh, step by step");
+    ]
+}
 
+/// Envoy's requests of the scripts were counted under their stats keys.
+fn assert_script_stats(service: &Server) {
     // Envoy's requests were counted under their keys.
     let stats = service.metric_samples();
     let stat = |key: &str, s: &str| {
@@ -2256,6 +2353,29 @@ async fn healthcheck_rlconfig_and_stats() {
     let server = example();
     let (status, body) = server.http("GET", "/healthcheck", "");
     assert_eq!((status, body.trim()), (200, "OK"));
+    rlconfig_lists_the_example(&server);
+
+    let mut rl = Rl::new(&server).await;
+    leave_room(60, 15.0).await;
+    for _ in 0..2 {
+        rl.ask("rl", two("m", "bkthomps")).await;
+    }
+    for _ in 0..5 {
+        rl.ask("rl", vec![d(&[("foo", "m"), ("baz", "shady")])])
+            .await;
+    }
+    for _ in 0..3 {
+        rl.ask("rl", vec![d(&[("unspec", "unspecified_value")])])
+            .await;
+        rl.ask("rl", two("m", "x")).await;
+        rl.ask("rl", vec![d(&[("qux", "m")])]).await;
+    }
+    stats_count_by_key(&server);
+    near_limit_ratio_applies().await;
+}
+
+/// `GET /rlconfig` lists the example's limits as theirs does.
+fn rlconfig_lists_the_example(server: &Server) {
     let (status, body) = server.http("GET", "/rlconfig", "");
     assert_eq!(status, 200);
     for line in [
@@ -2279,22 +2399,11 @@ async fn healthcheck_rlconfig_and_stats() {
         17,
         "{body}"
     );
+}
 
-    let mut rl = Rl::new(&server).await;
-    leave_room(60, 15.0).await;
-    for _ in 0..2 {
-        rl.ask("rl", two("m", "bkthomps")).await;
-    }
-    for _ in 0..5 {
-        rl.ask("rl", vec![d(&[("foo", "m"), ("baz", "shady")])])
-            .await;
-    }
-    for _ in 0..3 {
-        rl.ask("rl", vec![d(&[("unspec", "unspecified_value")])])
-            .await;
-        rl.ask("rl", two("m", "x")).await;
-        rl.ask("rl", vec![d(&[("qux", "m")])]).await;
-    }
+/// The stats of the healthcheck test's requests, by key, as theirs counts
+/// them (unlimited limits and detailed_metric's bounded key not at all).
+fn stats_count_by_key(server: &Server) {
     let stats = server.metric_samples();
     let stat = |key: &str, s: &str| {
         stats
@@ -2338,8 +2447,10 @@ async fn healthcheck_rlconfig_and_stats() {
             .any(|k| k.contains("key=\"rl.qux") || k.contains("key=\"rl.unspec\"")),
         "{stats:#?}"
     );
+}
 
-    // NEAR_LIMIT_RATIO: 0.5 of 3 is 1, so the 2nd and 3rd hits are near.
+/// NEAR_LIMIT_RATIO: 0.5 of 3 is 1, so the 2nd and 3rd hits are near.
+async fn near_limit_ratio_applies() {
     let half = Server::start_env(&data("example"), &[], &[("NEAR_LIMIT_RATIO", "0.5")]);
     let mut rh = Rl::new(&half).await;
     for _ in 0..3 {

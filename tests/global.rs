@@ -811,7 +811,16 @@ fn a_global_limit_is_held_across_three_regions_as_demand_shifts() {
     // 1. Accuracy over every 10 s window after the warm-up.
     run.check_windows(&mut checks, WARMUP, "accuracy");
 
-    // 2. The region below its fair share gets everything it asks.
+    below_fair_share_gets_all(&mut checks, &run, shift);
+    latency_off_the_round_trip(&mut checks, &baseline, &run);
+    replicas_account(&mut checks, &world, &run, &views);
+    drop(world);
+    checks.finish();
+}
+
+/// Check 2: the region below its fair share gets everything it asks:
+/// region 2 before the `shift`, region 0 after it (each once settled).
+fn below_fair_share_gets_all(checks: &mut Checks, run: &Run, shift: f64) {
     // As after the shift, two lease periods to settle after the start (the
     // regions' first renewals sort the shares out; see the per-second table).
     let settled = shift + 2.0 * lease_secs();
@@ -830,8 +839,11 @@ fn a_global_limit_is_held_across_three_regions_as_demand_shifts() {
             ),
         );
     }
+}
 
-    // 3. Decision latency (printed; only "not on the global round trip" is asserted).
+/// Check 3: decision latency, printed; only "not on the global round
+/// trip" (and no request errors) is asserted.
+fn latency_off_the_round_trip(checks: &mut Checks, baseline: &Run, run: &Run) {
     let (b50, b99, b999) = baseline.latency();
     let (g50, g99, g999) = run.latency();
     println!("\ndecision latency at the clients (line protocol, debug build, loopback):");
@@ -857,8 +869,17 @@ fn a_global_limit_is_held_across_three_regions_as_demand_shifts() {
             run.errors()
         ),
     );
+}
 
-    // The replicas' own account: admitted hits and the view of the leases.
+/// The replicas' own account: their admitted hits sum to the clients',
+/// and each one's `GET /global` (`views`, at 25 s) shows its region's
+/// lease and every region's grant.
+fn replicas_account(
+    checks: &mut Checks,
+    world: &World,
+    run: &Run,
+    views: &[(usize, u16, String, Option<f64>)],
+) {
     let admitted_metric: f64 = world
         .replicas()
         .map(|(_, s)| {
@@ -871,7 +892,7 @@ fn a_global_limit_is_held_across_three_regions_as_demand_shifts() {
         format!("divvy_global_admitted_total summed over the 6 replicas ({admitted_metric}) equals what the clients were allowed ({admitted_clients})"),
     );
     println!("\nGET /global and divvy_global_lease_rate at 25 s:");
-    for (r, status, body, lease_metric) in &views {
+    for (r, status, body, lease_metric) in views {
         println!(
             "  {} {status} lease_rate={lease_metric:?} {body}",
             REGIONS[*r]
@@ -901,8 +922,6 @@ fn a_global_limit_is_held_across_three_regions_as_demand_shifts() {
             ),
         );
     }
-    drop(world);
-    checks.finish();
 }
 
 #[test]
@@ -943,11 +962,25 @@ fn the_global_store_killed_for_15_s_means_conservative_quotas_then_the_floor_the
             run.errors()
         ),
     );
-    // Conservative quotas: half of each region's last lease (the leases sum
-    // to at most the limit) until the fallback time after that lease's
-    // expiry (at most `fallback_end_secs` after the kill), then the floor;
-    // the leases granted before the kill run at full rate until the first
-    // failed renewal (≤ 1.25 lease periods); plus one burst.
+    outage_quotas(&mut checks, &run, kill, back);
+    readiness_through_the_outage(&mut checks, &during, &after);
+    // Within one lease period (+ 1 s) of the return, accuracy is back.
+    run.check_windows(
+        &mut checks,
+        back + lease_secs() + 1.0,
+        "accuracy after the global store returns",
+    );
+    drop(world);
+    checks.finish();
+}
+
+/// Conservative quotas while the global store is gone (`kill` to `back`):
+/// half of each region's last lease (the leases sum
+/// to at most the limit) until the fallback time after that lease's
+/// expiry (at most `fallback_end_secs` after the kill), then the floor;
+/// the leases granted before the kill run at full rate until the first
+/// failed renewal (≤ 1.25 lease periods); plus one burst.
+fn outage_quotas(checks: &mut Checks, run: &Run, kill: f64, back: f64) {
     let outage = back - kill;
     let fallback_end = fallback_end_secs();
     let conservative = FALLBACK_SHARE * LIMIT * fallback_end + FLOOR * LIMIT * outage;
@@ -985,7 +1018,18 @@ fn the_global_store_killed_for_15_s_means_conservative_quotas_then_the_floor_the
             "from {floor_from:.1} s to {back:.0} s the three regions decide on their floors ({floors:.0}/s in all): {floor:.2}/s"
         ),
     );
-    for (r, status, body, fallback) in &during {
+}
+
+/// A replica's `/readyz` during the outage: (region, status, body,
+/// `divvy_global_fallback`).
+type Ready = (usize, u16, String, Option<f64>);
+/// The same after the outage, with its failed renewals.
+type ReadyAfter = (usize, u16, String, Option<f64>, Option<f64>);
+
+/// `/readyz`, `divvy_global_fallback` and the failed renewals of every
+/// replica `during` the outage and one lease period `after` it.
+fn readiness_through_the_outage(checks: &mut Checks, during: &[Ready], after: &[ReadyAfter]) {
+    for (r, status, body, fallback) in during {
         checks.check(
             *status == 200 && body.contains("conservative") && *fallback == Some(1.0),
             format!(
@@ -995,7 +1039,7 @@ fn the_global_store_killed_for_15_s_means_conservative_quotas_then_the_floor_the
             ),
         );
     }
-    for (r, status, body, fallback, failed) in &after {
+    for (r, status, body, fallback, failed) in after {
         println!(
             "  after: {} readyz {status} {:?} divvy_global_fallback {fallback:?} renewals failed {failed:?}",
             REGIONS[*r],
@@ -1017,14 +1061,6 @@ fn the_global_store_killed_for_15_s_means_conservative_quotas_then_the_floor_the
             format!("{name} counted its failed renewals: divvy_global_renewals_total{{result=\"failed\"}} {failed}"),
         );
     }
-    // Within one lease period (+ 1 s) of the return, accuracy is back.
-    run.check_windows(
-        &mut checks,
-        back + lease_secs() + 1.0,
-        "accuracy after the global store returns",
-    );
-    drop(world);
-    checks.finish();
 }
 
 #[test]
@@ -1180,12 +1216,35 @@ fn a_region_cut_off_from_the_global_store_does_not_lift_the_sum_above_the_limit(
         run.errors() == 0,
         format!("no request errors: {}", run.errors()),
     );
-    // 5 s windows in 0.5 s steps from `from`, within the run.
-    let starts = |from: f64| {
-        (0..)
-            .map(move |i| from + 0.5 * f64::from(i))
-            .take_while(|t| t + 5.0 <= secs + 1e-9)
-    };
+    windows_through_the_cut(&mut checks, &run, (cut, heal, secs));
+    floor_and_the_rest(&mut checks, &run, cut, heal);
+    checks.check(
+        r1.0 == "floor" && r2.0 == "lease" && r2.1 >= 0.45 * LIMIT,
+        format!("GET /global late in the cut: r1 {r1:?} on the floor, r2 {r2:?} on a lease of about half the limit"),
+    );
+    checks.check(
+        ready.contains("conservative"),
+        format!(
+            "r1's /readyz says it decides on conservative quotas: {:?}",
+            ready.trim()
+        ),
+    );
+    drop(world);
+    checks.finish();
+}
+
+/// 5 s windows in 0.5 s steps from `from`, within a run of `secs`.
+fn window_starts(from: f64, secs: f64) -> impl Iterator<Item = f64> {
+    (0..)
+        .map(move |i| from + 0.5 * f64::from(i))
+        .take_while(move |t| t + 5.0 <= secs + 1e-9)
+}
+
+/// During the cut (`cut` to `heal`, in a run of `secs`) no 5 s window
+/// admits over the limit (+2 %); within 10 s of the return every window
+/// admits the limit ± 2 %, r1 with its share.
+fn windows_through_the_cut(checks: &mut Checks, run: &Run, (cut, heal, secs): (f64, f64, f64)) {
+    let starts = |from: f64| window_starts(from, secs);
     let highest = |from: f64, to: f64| {
         starts(from)
             .take_while(|t| t + 5.0 <= to + 1e-9)
@@ -1216,8 +1275,12 @@ fn a_region_cut_off_from_the_global_store_does_not_lift_the_sum_above_the_limit(
             back.map_or("never".to_owned(), |t| format!("{:.1} s after", t - heal))
         ),
     );
-    // r1 on the floor once its fallback is over (≤ the fallback end after
-    // its last renewal, itself ≤ the cut), the others with the rest.
+}
+
+/// r1 on the floor once its fallback is over (≤ the fallback end after
+/// its last renewal, itself ≤ the `cut`), the others with the rest, until
+/// `heal`.
+fn floor_and_the_rest(checks: &mut Checks, run: &Run, cut: f64, heal: f64) {
     let floor_from = cut + fallback_end_secs() + 0.5;
     let r1_floor = run.admitted(Some(0), floor_from, heal) as f64 / (heal - floor_from);
     let others = (run.admitted(Some(1), floor_from, heal) + run.admitted(Some(2), floor_from, heal))
@@ -1234,19 +1297,6 @@ fn a_region_cut_off_from_the_global_store_does_not_lift_the_sum_above_the_limit(
         (0.97 * LIMIT..=1.01 * LIMIT).contains(&others),
         format!("r2 + r3 hold the rest (the reserve of r1 is released): {others:.1}/s from {floor_from:.1} s"),
     );
-    checks.check(
-        r1.0 == "floor" && r2.0 == "lease" && r2.1 >= 0.45 * LIMIT,
-        format!("GET /global late in the cut: r1 {r1:?} on the floor, r2 {r2:?} on a lease of about half the limit"),
-    );
-    checks.check(
-        ready.contains("conservative"),
-        format!(
-            "r1's /readyz says it decides on conservative quotas: {:?}",
-            ready.trim()
-        ),
-    );
-    drop(world);
-    checks.finish();
 }
 
 /// A global limit of 300/s divided among each region's users (`fairShare: user`).

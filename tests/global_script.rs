@@ -10,6 +10,7 @@ use common::redis::Redis;
 use divvy::global::RENEW_SCRIPT;
 use divvy::quota::{renew_weighted, Ask, Fallback, Record, Sharing, Terms};
 use proptest::prelude::Rng;
+use proptest::test_runner::TestRng;
 
 #[test]
 fn the_script_grants_what_the_arithmetic_says() {
@@ -18,28 +19,8 @@ fn the_script_grants_what_the_arithmetic_says() {
     let mut rng = common::seeded_rng(42);
     for case in 0..40 {
         let key = format!("divvy:global:{{g}}:case{case}");
-        let rate = 50.0 + (rng.next_u64() % 500) as f64;
-        let regions = 2 + (rng.next_u64() % 5) as usize;
-        // Half the cases without a fallback reserve (as RLQS sharing asks).
-        let fallback = match case % 2 {
-            0 => Fallback {
-                share: 0.5,
-                hold_ms: 1000 + rng.next_u64() % 3000,
-            },
-            _ => Fallback {
-                share: 0.0,
-                hold_ms: 0,
-            },
-        };
-        let terms = Terms {
-            sharing: Sharing {
-                rate,
-                floor: 0.01,
-                headroom: 0.1,
-            },
-            life_ms: 3000,
-            fallback,
-        };
+        let (terms, regions) = case_terms(case, &mut rng);
+        let (rate, fallback) = (terms.sharing.rate, terms.fallback);
         // The store as the arithmetic sees it, in the hash's order.
         let mut records: Vec<(String, Record)> = Vec::new();
         // Each region's last grant received, and when it was asked for: a
@@ -61,23 +42,15 @@ fn the_script_grants_what_the_arithmetic_says() {
             // How many users the region stands for (a fairShare limit's;
             // 0: it claims as one).
             let weight = rng.next_u64() % 7;
-            let out = redis.cli(&[
-                "EVALSHA",
+            let out = script_renew(
+                &redis,
                 &sha,
-                "1",
                 &key,
                 &region,
-                &terms.life_ms.to_string(),
-                "0.01",
-                "0.1",
-                &now.to_string(),
-                &fallback.share.to_string(),
-                &fallback.hold_ms.to_string(),
-                &rate.to_string(),
-                &demand.to_string(),
-                &base.to_string(),
-                &weight.to_string(),
-            ]);
+                &terms,
+                now,
+                (demand, base, weight),
+            );
             let lines: Vec<&str> = out.lines().map(str::trim).collect();
             let number = |i: usize| -> f64 {
                 lines
@@ -111,29 +84,7 @@ fn the_script_grants_what_the_arithmetic_says() {
                 (got - want.grant).abs() < 1e-3,
                 "case {case}: region {region} demand {demand} got {got} want {want:?}"
             );
-            // The store as the script wrote it (six decimals), for the next renewal.
-            let stored = redis.cli(&["HGET", &key, &region]);
-            let fields: Vec<f64> = stored
-                .split_whitespace()
-                .filter_map(|x| x.parse().ok())
-                .collect();
-            let Some((_, mine)) = records.iter_mut().find(|(h, _)| *h == region) else {
-                panic!("case {case}: no record of {region}");
-            };
-            assert!(
-                fields.len() == 6
-                    && (fields[3] - mine.reserve).abs() < 1e-3
-                    && (fields[5] - mine.weight).abs() < 1e-3,
-                "case {case}: record {stored:?} vs {mine:?}"
-            );
-            mine.demand = fields[0];
-            mine.grant = fields[1];
-            mine.reserve = fields[3];
-            let held: f64 = records.iter().filter_map(|(_, r)| r.held(now)).sum();
-            assert!(
-                held <= rate + 1e-3,
-                "case {case}: live grants and reserves {held} above the rate {rate}"
-            );
+            check_record(&redis, &key, &region, &mut records, case, now, rate);
             // What the view shows is what the others and this region hold.
             let view: f64 = lines
                 .get(2)
@@ -147,6 +98,103 @@ fn the_script_grants_what_the_arithmetic_says() {
             assert!(view <= rate + 1e-3, "case {case}: view {:?}", lines.get(2));
         }
     }
+}
+
+/// Case `case`'s terms (a random rate; half the cases without a fallback
+/// reserve, as RLQS sharing asks) and its number of regions.
+fn case_terms(case: usize, rng: &mut TestRng) -> (Terms, usize) {
+    let rate = 50.0 + (rng.next_u64() % 500) as f64;
+    let regions = 2 + (rng.next_u64() % 5) as usize;
+    // Half the cases without a fallback reserve (as RLQS sharing asks).
+    let fallback = match case % 2 {
+        0 => Fallback {
+            share: 0.5,
+            hold_ms: 1000 + rng.next_u64() % 3000,
+        },
+        _ => Fallback {
+            share: 0.0,
+            hold_ms: 0,
+        },
+    };
+    let terms = Terms {
+        sharing: Sharing {
+            rate,
+            floor: 0.01,
+            headroom: 0.1,
+        },
+        life_ms: 3000,
+        fallback,
+    };
+    (terms, regions)
+}
+
+/// One renewal by the script: `region` asks `key` for (demand, base,
+/// weight) at `now`; its answer as redis-cli prints it.
+fn script_renew(
+    redis: &Redis,
+    sha: &str,
+    key: &str,
+    region: &str,
+    terms: &Terms,
+    now: u64,
+    (demand, base, weight): (f64, f64, u64),
+) -> String {
+    let fallback = terms.fallback;
+    let rate = terms.sharing.rate;
+    redis.cli(&[
+        "EVALSHA",
+        sha,
+        "1",
+        key,
+        region,
+        &terms.life_ms.to_string(),
+        "0.01",
+        "0.1",
+        &now.to_string(),
+        &fallback.share.to_string(),
+        &fallback.hold_ms.to_string(),
+        &rate.to_string(),
+        &demand.to_string(),
+        &base.to_string(),
+        &weight.to_string(),
+    ])
+}
+
+/// The record the script wrote for `region` (six decimals) matches the
+/// arithmetic's, which takes its figures for the next renewal; the live
+/// grants and reserves stay within `rate`.
+fn check_record(
+    redis: &Redis,
+    key: &str,
+    region: &str,
+    records: &mut [(String, Record)],
+    case: usize,
+    now: u64,
+    rate: f64,
+) {
+    // The store as the script wrote it (six decimals), for the next renewal.
+    let stored = redis.cli(&["HGET", key, region]);
+    let fields: Vec<f64> = stored
+        .split_whitespace()
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    let Some((_, mine)) = records.iter_mut().find(|(h, _)| *h == region) else {
+        panic!("case {case}: no record of {region}");
+    };
+    assert!(
+        fields.len() == 6
+            && (fields[3] - mine.reserve).abs() < 1e-3
+            && (fields[5] - mine.weight).abs() < 1e-3,
+        "case {case}: record {stored:?} vs {mine:?}"
+    );
+    mine.demand = fields[0];
+    mine.grant = fields[1];
+    mine.reserve = fields[3];
+    let held: f64 = records.iter().filter_map(|(_, r)| r.held(now)).sum();
+    assert!(
+        held <= rate + 1e-3,
+        "case {case}: live grants and reserves {held} above the rate {rate}"
+    );
 }
 
 #[test]

@@ -18,6 +18,7 @@ use divvy::quota::{demand_moved, renew, Fallback, Record, Sharing, Terms};
 use divvy::store::algorithm::{step, Params, State};
 use divvy::store::Algorithm;
 use proptest::prelude::RngExt;
+use proptest::test_runner::TestRng;
 
 const REGIONS: usize = 12;
 const RATE: f64 = 1000.0; // credits per second, worldwide
@@ -49,12 +50,11 @@ struct Region {
     short: bool,
 }
 
-#[test]
-fn twelve_regions_one_hour_of_skewed_bursty_demand() {
-    let mut rng = common::seeded_rng(0x9E37_79B9_7F4A_7C15);
-    let harmonic: f64 = (1..=REGIONS).map(|r| 1.0 / r as f64).sum();
-    let mut regions: Vec<Region> = (0..REGIONS)
-        .map(|r| Region {
+impl Region {
+    /// Region `r` of the Zipf ranking, with its lease at the floor.
+    fn new(r: usize) -> Region {
+        let harmonic: f64 = (1..=REGIONS).map(|r| 1.0 / r as f64).sum();
+        Region {
             weight: (1.0 / (r + 1) as f64) / harmonic,
             phase: 1.0,
             next_phase_ms: 0,
@@ -68,8 +68,108 @@ fn twelve_regions_one_hour_of_skewed_bursty_demand() {
             reported: 0.0,
             renewals: 0,
             short: false,
-        })
-        .collect();
+        }
+    }
+
+    /// Millisecond `ms` (time `now`): the next phase when due, a lease
+    /// answer that arrived, and this millisecond's offered credits decided
+    /// by the region's bucket, counted in `windows`.
+    fn offer(&mut self, rng: &mut TestRng, ms: u64, now: u64, windows: &mut [(u64, u64)]) {
+        if ms >= self.next_phase_ms {
+            // Bursty: quiet, normal or bursting phases of 5–60 s.
+            let u = rng.random::<f64>();
+            self.phase = if u < 0.3 {
+                0.1
+            } else if u < 0.8 {
+                1.0
+            } else {
+                4.0
+            };
+            self.next_phase_ms = ms + 5_000 + (rng.random::<f64>() * 55_000.0) as u64;
+        }
+        if let Some((at, lease)) = self.pending {
+            if now >= at {
+                self.lease = lease;
+                self.pending = None;
+            }
+        }
+        // Offered: 1.5× the global rate in all, skewed by weight and phase.
+        let per_ms = 1.5 * RATE * self.weight * self.phase / 1000.0;
+        let mut n = per_ms.floor() as u64;
+        if rng.random::<f64>() < per_ms.fract() {
+            n += 1;
+        }
+        let (rate, burst) = self.lease;
+        // The region's bucket as the service counts a lease.
+        let b = lease_bucket(rate, burst, BURST, 1);
+        let p = Params {
+            limit: b.limit,
+            window_ms: b.window_ms,
+            burst: b.burst,
+            cost: 1,
+            refund: false,
+        };
+        for _ in 0..n {
+            let v = step(Algorithm::TokenBucket, self.bucket, now, &p);
+            if let Some(next) = v.next {
+                self.bucket = Some(next);
+            }
+            let w = &mut windows[(ms / 10_000) as usize];
+            w.1 += 1;
+            if v.allowed {
+                w.0 += 1;
+            }
+        }
+        self.asked_since_step += n;
+    }
+
+    /// A quarter-period step of region `r` at `ms` (time `now`): its
+    /// demand over the last half period, and a renewal against `store`
+    /// when one is due or the demand moved.
+    fn step(
+        &mut self,
+        r: usize,
+        ms: u64,
+        now: u64,
+        store: &mut Vec<(String, Record)>,
+        terms: &Terms,
+    ) {
+        let quarter = PERIOD_MS / 4;
+        let sharing = terms.sharing;
+        self.recent
+            .push_back(std::mem::take(&mut self.asked_since_step));
+        while self.recent.len() > 2 {
+            self.recent.pop_front();
+        }
+        let demand = self.recent.iter().sum::<u64>() as f64
+            / (self.recent.len() as f64 * quarter as f64 / 1000.0);
+        let every = if self.renewals < 4 || self.short {
+            quarter
+        } else {
+            PERIOD_MS
+        };
+        let due = self.last_renewal_ms.is_none_or(|t| ms - t >= every);
+        let window_secs = self.recent.len() as f64 * quarter as f64 / 1000.0;
+        if !due && !demand_moved(self.reported, demand, sharing.floor * RATE, window_secs) {
+            return;
+        }
+        self.last_renewal_ms = Some(ms);
+        self.reported = demand;
+        // The lease in force is what it would fall back from.
+        let base = self.lease.0;
+        let answer = renew(store, &format!("r{r}"), demand, base, terms, now);
+        let g = answer.grant;
+        let b = ((BURST as f64 * g / RATE).floor() as u64).max(1);
+        self.pending = Some((now + RTT_MS, (g, b)));
+        self.renewals += 1;
+        self.short = g < 0.9 * answer.target;
+    }
+}
+
+#[test]
+fn twelve_regions_one_hour_of_skewed_bursty_demand() {
+    let mut rng = common::seeded_rng(0x9E37_79B9_7F4A_7C15);
+    let mut regions: Vec<Region> = (0..REGIONS).map(Region::new).collect();
     let sharing = Sharing {
         rate: RATE,
         floor: 0.01,
@@ -91,52 +191,7 @@ fn twelve_regions_one_hour_of_skewed_bursty_demand() {
     for ms in 0..HOUR_MS {
         let now = t0 + ms;
         for reg in regions.iter_mut() {
-            if ms >= reg.next_phase_ms {
-                // Bursty: quiet, normal or bursting phases of 5–60 s.
-                let u = rng.random::<f64>();
-                reg.phase = if u < 0.3 {
-                    0.1
-                } else if u < 0.8 {
-                    1.0
-                } else {
-                    4.0
-                };
-                reg.next_phase_ms = ms + 5_000 + (rng.random::<f64>() * 55_000.0) as u64;
-            }
-            if let Some((at, lease)) = reg.pending {
-                if now >= at {
-                    reg.lease = lease;
-                    reg.pending = None;
-                }
-            }
-            // Offered: 1.5× the global rate in all, skewed by weight and phase.
-            let per_ms = 1.5 * RATE * reg.weight * reg.phase / 1000.0;
-            let mut n = per_ms.floor() as u64;
-            if rng.random::<f64>() < per_ms.fract() {
-                n += 1;
-            }
-            let (rate, burst) = reg.lease;
-            // The region's bucket as the service counts a lease.
-            let b = lease_bucket(rate, burst, BURST, 1);
-            let p = Params {
-                limit: b.limit,
-                window_ms: b.window_ms,
-                burst: b.burst,
-                cost: 1,
-                refund: false,
-            };
-            for _ in 0..n {
-                let v = step(Algorithm::TokenBucket, reg.bucket, now, &p);
-                if let Some(next) = v.next {
-                    reg.bucket = Some(next);
-                }
-                let w = &mut windows[(ms / 10_000) as usize];
-                w.1 += 1;
-                if v.allowed {
-                    w.0 += 1;
-                }
-            }
-            reg.asked_since_step += n;
+            reg.offer(&mut rng, ms, now, &mut windows);
         }
         // Every quarter period (staggered) a region steps, as the service
         // does: demand over the last half period; it renews when its last
@@ -149,35 +204,16 @@ fn twelve_regions_one_hour_of_skewed_bursty_demand() {
             if ms < reg.offset_ms || !(ms - reg.offset_ms).is_multiple_of(quarter) {
                 continue;
             }
-            reg.recent
-                .push_back(std::mem::take(&mut reg.asked_since_step));
-            while reg.recent.len() > 2 {
-                reg.recent.pop_front();
-            }
-            let demand = reg.recent.iter().sum::<u64>() as f64
-                / (reg.recent.len() as f64 * quarter as f64 / 1000.0);
-            let every = if reg.renewals < 4 || reg.short {
-                quarter
-            } else {
-                PERIOD_MS
-            };
-            let due = reg.last_renewal_ms.is_none_or(|t| ms - t >= every);
-            let window_secs = reg.recent.len() as f64 * quarter as f64 / 1000.0;
-            if !due && !demand_moved(reg.reported, demand, sharing.floor * RATE, window_secs) {
-                continue;
-            }
-            reg.last_renewal_ms = Some(ms);
-            reg.reported = demand;
-            // The lease in force is what it would fall back from.
-            let base = reg.lease.0;
-            let answer = renew(&mut store, &format!("r{r}"), demand, base, &terms, now);
-            let g = answer.grant;
-            let b = ((BURST as f64 * g / RATE).floor() as u64).max(1);
-            reg.pending = Some((now + RTT_MS, (g, b)));
-            reg.renewals += 1;
-            reg.short = g < 0.9 * answer.target;
+            reg.step(r, ms, now, &mut store, &terms);
         }
     }
+    report(&windows, &regions);
+}
+
+/// Prints over- and under-admission per 10 s window (`windows`:
+/// admitted, asked) and the renewals, and asserts the bounds
+/// docs/global.md quotes.
+fn report(windows: &[(u64, u64)], regions: &[Region]) {
     // Skip the first window (leases start at the floor).
     let bound = RATE * 10.0 + BURST as f64;
     let mut over: Vec<f64> = Vec::new();

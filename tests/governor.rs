@@ -457,8 +457,16 @@ fn settles_breaks_and_survives_prometheus_outage() {
     plant.start_worker(vec![server.line]);
     let t0 = Instant::now();
 
-    // a) From 10/s to the setpoint, and staying there.
-    let took = wait_settled("a: start", &plant, http, t0);
+    settles_at_the_setpoint(&plant, http, t0);
+    breaks_at_quadruple_cost(&plant, http, every);
+    survives_a_prometheus_outage(&plant, &mut prom, http, every, t0);
+    drop(server);
+}
+
+/// a) From 10/s to the setpoint, and staying there; the governor holds the
+/// lease and sets the rule's knob.
+fn settles_at_the_setpoint(plant: &Plant, http: SocketAddr, t0: Instant) {
+    let took = wait_settled("a: start", plant, http, t0);
     let mut samples = Vec::new();
     for _ in 0..20 {
         std::thread::sleep(SAMPLE);
@@ -506,9 +514,11 @@ fn settles_breaks_and_survives_prometheus_outage() {
         Some(format!("governor@{replica}").as_str()),
         "{k}"
     );
+}
 
-    // b) Quadruple cost: the breaker opens within 2 intervals, then the load
-    // settles again at a quarter of the rate.
+/// b) Quadruple cost: the breaker opens within 2 intervals, then the load
+/// settles again at a quarter of the rate.
+fn breaks_at_quadruple_cost(plant: &Plant, http: SocketAddr, every: Duration) {
     plant.set_cost(4);
     let changed = Instant::now();
     println!("[b] cost 4: load now {:.2}", plant.load());
@@ -535,7 +545,7 @@ fn settles_breaks_and_survives_prometheus_outage() {
         opened.unwrap().as_secs_f64(),
         zero.unwrap().as_secs_f64()
     );
-    let took = wait_settled("b: cost 4", &plant, http, changed);
+    let took = wait_settled("b: cost 4", plant, http, changed);
     let rate = plant.rate();
     println!(
         "[b] settled again after {:.1} s at {rate} hits/s",
@@ -546,9 +556,17 @@ fn settles_breaks_and_survives_prometheus_outage() {
         "at cost 4 the rate should be near 25/s, is {rate}"
     );
     assert_eq!(gauge(http, "divvy_governor_breaker_open"), Some(0.0));
+}
 
-    // c) Prometheus goes away right after a step: the knob holds for two
-    // steps, then falls to min; back with Prometheus.
+/// c) Prometheus goes away right after a step: the knob holds for two
+/// steps, then falls to min; back with Prometheus.
+fn survives_a_prometheus_outage(
+    plant: &Plant,
+    prom: &mut Prometheus,
+    http: SocketAddr,
+    every: Duration,
+    t0: Instant,
+) {
     wait_for_step(http, every);
     let before = knob(http).expect("a knob");
     prom.kill();
@@ -604,20 +622,20 @@ fn settles_breaks_and_survives_prometheus_outage() {
     assert!(errors >= 3.0, "queries_total with result=error: {errors}");
 
     prom.launch();
-    wait_for_sample(&mut prom);
+    wait_for_sample(prom);
     let back = Instant::now();
     // Not asserted, shown: until its first scrape after the restart,
     // Prometheus answers with the last sample from before the kill (its
     // 5 min lookback), stamped with the evaluation time.
     println!(
         "[c] right after the restart Prometheus serves a plant_load sample {:?} s old",
-        query(&prom, "max(time()-timestamp(plant_load))")
+        query(prom, "max(time()-timestamp(plant_load))")
     );
     println!(
         "[c] Prometheus back on the same port after {:.1} s",
         (back - killed).as_secs_f64()
     );
-    let took = wait_settled("c: Prometheus back", &plant, http, back);
+    let took = wait_settled("c: Prometheus back", plant, http, back);
     println!(
         "[c] settled again {:.1} s after Prometheus came back, {} hits/s; total {:.1} s",
         took.as_secs_f64(),
@@ -626,7 +644,6 @@ fn settles_breaks_and_survives_prometheus_outage() {
     );
     let (g, _) = governor(http);
     assert!(g["lastError"].is_null(), "{g}");
-    drop(server);
 }
 
 #[test]
@@ -646,29 +663,7 @@ fn two_replicas_one_governor_and_takeover() {
 
     // Exactly one governs.
     let t0 = Instant::now();
-    let holder = loop {
-        let leader: Vec<Option<f64>> = addrs
-            .iter()
-            .map(|h| gauge(*h, "divvy_governor_leader"))
-            .collect();
-        let roles: Vec<Value> = addrs
-            .iter()
-            .map(|h| governor(*h).0["role"].clone())
-            .collect();
-        if let (Some(i), [Some(x), Some(y)]) = (
-            roles.iter().position(|r| r == "governing"),
-            leader.as_slice(),
-        ) {
-            if roles[1 - i] == "idle" && x + y == 1.0 && leader[i] == Some(1.0) {
-                break i;
-            }
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "no single governor within 10 s: leader metrics {leader:?}, roles {roles:?}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let holder = single_governor(&addrs, t0);
     let survivor = 1 - holder;
     println!(
         "one governor after {:.1} s: replica #{holder} (pid {}) governs, #{survivor} (pid {}) idle",
@@ -676,53 +671,11 @@ fn two_replicas_one_governor_and_takeover() {
         pids[holder],
         pids[survivor]
     );
-    let (gh, holder_name) = governor(addrs[holder]);
-    let (gs, survivor_name) = governor(addrs[survivor]);
-    assert_ne!(holder_name, survivor_name);
-    assert!(
-        holder_name.ends_with(&format!(":{}", pids[holder])),
-        "{holder_name}"
-    );
-    assert_eq!(
-        gh["leaseHolder"].as_str(),
-        Some(holder_name.as_str()),
-        "{gh}"
-    );
-    assert_eq!(gs["role"], "idle", "{gs}");
-    assert_eq!(
-        gs["leaseHolder"].as_str(),
-        Some(holder_name.as_str()),
-        "{gs}"
-    );
-    assert_eq!(
-        redis.cli(&["GET", &format!("divvy:governor:{RULE}")]),
-        holder_name
-    );
-    // The lease lives two intervals.
-    let pttl: i64 = redis
-        .cli(&["PTTL", &format!("divvy:governor:{RULE}")])
-        .parse()
-        .expect("PTTL");
-    assert!(
-        pttl > 0 && pttl <= 2 * every.as_millis() as i64,
-        "lease PTTL {pttl} ms"
-    );
+    let survivor_name = assert_one_lease(&redis, &addrs, &pids, holder, every);
 
     // The survivor's knob, every 200 ms, from now on.
     let watching = Arc::new(AtomicBool::new(true));
-    let seen = Arc::new(Mutex::new(Vec::<(u128, u64)>::new()));
-    let watcher = {
-        let (watching, seen, http) = (Arc::clone(&watching), Arc::clone(&seen), addrs[survivor]);
-        let start = Instant::now();
-        std::thread::spawn(move || {
-            while watching.load(Ordering::SeqCst) {
-                if let Some(k) = knob(http) {
-                    lock(&seen).push((start.elapsed().as_millis(), k));
-                }
-                std::thread::sleep(Duration::from_millis(200));
-            }
-        })
-    };
+    let (seen, watcher) = watch_knob(addrs[survivor], Arc::clone(&watching));
 
     // Let the holder govern a few intervals, then kill it.
     std::thread::sleep(every * 4);
@@ -734,17 +687,7 @@ fn two_replicas_one_governor_and_takeover() {
     assert_eq!(gauge(addrs[survivor], "divvy_governor_leader"), Some(0.0));
     drop(servers[holder].take());
     let killed = Instant::now();
-    let took = loop {
-        let (g, _) = governor(addrs[survivor]);
-        if g["role"] == "governing" {
-            break killed.elapsed();
-        }
-        assert!(
-            killed.elapsed() < every * 3 + Duration::from_millis(300),
-            "the survivor did not take over within 3 intervals: {g}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let took = wait_takeover(addrs[survivor], killed, every);
     println!(
         "holder killed; survivor governing after {:.2} s (bound {:.1} s)",
         took.as_secs_f64(),
@@ -789,6 +732,118 @@ fn two_replicas_one_governor_and_takeover() {
         "a knob creditLimit outside [{MIN}, {MAX}]: {seen:?}"
     );
     assert_eq!(g["breakerOpen"], false, "{g}");
+}
+
+/// Waits up to 10 s (from `t0`) until exactly one of the replicas at
+/// `addrs` governs and the other is idle, as their metrics and
+/// `/governors` say; the one governing.
+fn single_governor(addrs: &[SocketAddr], t0: Instant) -> usize {
+    loop {
+        let leader: Vec<Option<f64>> = addrs
+            .iter()
+            .map(|h| gauge(*h, "divvy_governor_leader"))
+            .collect();
+        let roles: Vec<Value> = addrs
+            .iter()
+            .map(|h| governor(*h).0["role"].clone())
+            .collect();
+        if let (Some(i), [Some(x), Some(y)]) = (
+            roles.iter().position(|r| r == "governing"),
+            leader.as_slice(),
+        ) {
+            if roles[1 - i] == "idle" && x + y == 1.0 && leader[i] == Some(1.0) {
+                break i;
+            }
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "no single governor within 10 s: leader metrics {leader:?}, roles {roles:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Both replicas name replica `holder` (of `addrs`, pids `pids`) as the
+/// lease holder, as Redis does, and the lease lives two intervals; the
+/// other replica's name.
+fn assert_one_lease(
+    redis: &Redis,
+    addrs: &[SocketAddr],
+    pids: &[u32],
+    holder: usize,
+    every: Duration,
+) -> String {
+    let survivor = 1 - holder;
+    let (gh, holder_name) = governor(addrs[holder]);
+    let (gs, survivor_name) = governor(addrs[survivor]);
+    assert_ne!(holder_name, survivor_name);
+    assert!(
+        holder_name.ends_with(&format!(":{}", pids[holder])),
+        "{holder_name}"
+    );
+    assert_eq!(
+        gh["leaseHolder"].as_str(),
+        Some(holder_name.as_str()),
+        "{gh}"
+    );
+    assert_eq!(gs["role"], "idle", "{gs}");
+    assert_eq!(
+        gs["leaseHolder"].as_str(),
+        Some(holder_name.as_str()),
+        "{gs}"
+    );
+    assert_eq!(
+        redis.cli(&["GET", &format!("divvy:governor:{RULE}")]),
+        holder_name
+    );
+    // The lease lives two intervals.
+    let pttl: i64 = redis
+        .cli(&["PTTL", &format!("divvy:governor:{RULE}")])
+        .parse()
+        .expect("PTTL");
+    assert!(
+        pttl > 0 && pttl <= 2 * every.as_millis() as i64,
+        "lease PTTL {pttl} ms"
+    );
+    survivor_name
+}
+
+/// Knob polls: (ms since the start, creditLimit).
+type KnobPolls = Arc<Mutex<Vec<(u128, u64)>>>;
+
+/// The knob of the replica at `http`, every 200 ms while `watching`:
+/// (ms since the start, creditLimit) and the polling thread.
+fn watch_knob(http: SocketAddr, watching: Arc<AtomicBool>) -> (KnobPolls, JoinHandle<()>) {
+    let seen = Arc::new(Mutex::new(Vec::<(u128, u64)>::new()));
+    let watcher = {
+        let seen = Arc::clone(&seen);
+        let start = Instant::now();
+        std::thread::spawn(move || {
+            while watching.load(Ordering::SeqCst) {
+                if let Some(k) = knob(http) {
+                    lock(&seen).push((start.elapsed().as_millis(), k));
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        })
+    };
+    (seen, watcher)
+}
+
+/// Waits until the replica at `http` governs, at most 3 intervals after
+/// the holder was `killed`; how long it took.
+fn wait_takeover(http: SocketAddr, killed: Instant, every: Duration) -> Duration {
+    loop {
+        let (g, _) = governor(http);
+        if g["role"] == "governing" {
+            break killed.elapsed();
+        }
+        assert!(
+            killed.elapsed() < every * 3 + Duration::from_millis(300),
+            "the survivor did not take over within 3 intervals: {g}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 #[test]

@@ -9,11 +9,10 @@ use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::redis::Redis;
-use common::{parse_ok, Server};
+use common::{parse_ok, wait_until, Server};
 use serde_json::Value;
 
 const TOKEN: &str = "kn0b-T0ken-7f3a9c";
@@ -193,20 +192,6 @@ fn clear_of_hour_boundary() {
     let into_hour = now.as_secs() % 3600;
     if into_hour >= 3590 {
         std::thread::sleep(Duration::from_secs(3600 - into_hour + 1));
-    }
-}
-
-/// Polls `f` every 20 ms until it holds or `limit` passes; the time it took.
-fn wait_until(limit: Duration, mut f: impl FnMut() -> bool) -> Option<Duration> {
-    let start = Instant::now();
-    loop {
-        if f() {
-            return Some(start.elapsed());
-        }
-        if start.elapsed() > limit {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -898,22 +883,9 @@ fn knobs_survive_a_reload_and_a_vanished_label_is_listed_inactive() {
 
 // -------------------------------------------------------------- 7. the CLI
 
+/// `divvy knob <args>` against `server`.
 fn cli(server: &Server, args: &[&str], token: Option<&str>) -> (bool, String, String) {
-    let mut cmd = Command::new(common::binary());
-    cmd.arg("knob")
-        .args(args)
-        .args(["--admin-url", &format!("http://{}", server.http)])
-        .env_remove("DIVVY_ADMIN_TOKEN")
-        .env_remove("DIVVY_ADMIN_URL");
-    if let Some(t) = token {
-        cmd.env("DIVVY_ADMIN_TOKEN", t);
-    }
-    let out = cmd.output().expect("run divvy knob");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    common::admin_client(server, "knob", "--admin-url", args, token)
 }
 
 #[test]
@@ -987,50 +959,8 @@ fn config_explain_and_metrics_show_the_knobs() {
     put_ok(&server, "multi-short", r#"{"creditLimit": 1}"#);
     put_ok(&server, "bucket", r#"{"burst": 9}"#);
 
-    let config = get_json(&server, "/config");
-    let rule = |label: &str| -> Value {
-        config["rules"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|r| r["label"] == label)
-            .cloned()
-            .unwrap_or_else(|| panic!("no rule {label} in /config"))
-    };
-    let win = &rule("win")["limits"][0];
-    assert_eq!(win["creditLimit"], 10, "{win}");
-    assert_eq!(win["resetSeconds"], 3600, "{win}");
-    assert_eq!(win["effective"]["creditLimit"], 20, "{win}");
-    assert_eq!(win["effective"]["resetSeconds"], 30, "{win}");
-    assert_eq!(win["knob"]["set"]["creditLimit"], 20, "{win}");
-    assert_eq!(win["knob"]["set"]["resetSeconds"], 30, "{win}");
-    let multi = rule("multi");
-    assert_eq!(multi["limits"][0]["effective"]["creditLimit"], 1, "{multi}");
-    assert_eq!(multi["limits"][0]["knob"]["set"]["creditLimit"], 1);
-    assert!(multi["limits"][1]["knob"].is_null(), "{multi}");
-    assert_eq!(multi["limits"][1]["effective"]["creditLimit"], 100);
-    let bucket = &rule("bucket")["limits"][0];
-    assert_eq!(bucket["effective"]["burst"], 9, "{bucket}");
-    assert_eq!(bucket["effective"]["creditLimit"], 5, "{bucket}");
-    let other = &rule("other")["limits"][0];
-    assert!(other["knob"].is_null(), "{other}");
-    assert_eq!(other["effective"]["creditLimit"], 3, "{other}");
-
-    let explain = get_json(&server, "/explain?k=win&who=e");
-    let d = &explain["decider"];
-    assert_eq!(d["label"], "win");
-    assert_eq!(d["creditLimit"], 20, "{d}");
-    assert_eq!(d["resetSeconds"], 30, "{d}");
-    assert_eq!(d["limits"][0]["knob"]["set"]["creditLimit"], 20, "{d}");
-    assert_eq!(d["counter"]["remaining"], 20, "{d}");
-    let explain = get_json(&server, "/explain?k=multi");
-    let d = &explain["decider"];
-    assert_eq!(d["limits"][0]["creditLimit"], 1, "{d}");
-    assert_eq!(d["limits"][0]["knob"]["set"]["creditLimit"], 1, "{d}");
-    assert!(d["limits"][1]["knob"].is_null(), "{d}");
-    let explain = get_json(&server, "/explain?k=other");
-    assert!(explain["decider"]["limits"][0]["knob"].is_null());
-    assert_eq!(explain["decider"]["creditLimit"], 3);
+    config_shows_the_knobs(&server);
+    explain_shows_the_knobs(&server);
 
     // Explaining consumed nothing; the knob decides.
     assert_eq!(hit(&server, "k=win who=e"), (true, 19, 30));
@@ -1068,4 +998,56 @@ fn config_explain_and_metrics_show_the_knobs() {
     assert_eq!(win["effective"]["creditLimit"], 10, "{win}");
     let explain = get_json(&server, "/explain?k=win&who=f");
     assert_eq!(explain["decider"]["creditLimit"], 10);
+}
+
+/// `/config` shows each limit's own numbers, its knob and the effective
+/// limit (knobs on win, multi's first limit and bucket's burst).
+fn config_shows_the_knobs(server: &Server) {
+    let config = get_json(server, "/config");
+    let rule = |label: &str| -> Value {
+        config["rules"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["label"] == label)
+            .cloned()
+            .unwrap_or_else(|| panic!("no rule {label} in /config"))
+    };
+    let win = &rule("win")["limits"][0];
+    assert_eq!(win["creditLimit"], 10, "{win}");
+    assert_eq!(win["resetSeconds"], 3600, "{win}");
+    assert_eq!(win["effective"]["creditLimit"], 20, "{win}");
+    assert_eq!(win["effective"]["resetSeconds"], 30, "{win}");
+    assert_eq!(win["knob"]["set"]["creditLimit"], 20, "{win}");
+    assert_eq!(win["knob"]["set"]["resetSeconds"], 30, "{win}");
+    let multi = rule("multi");
+    assert_eq!(multi["limits"][0]["effective"]["creditLimit"], 1, "{multi}");
+    assert_eq!(multi["limits"][0]["knob"]["set"]["creditLimit"], 1);
+    assert!(multi["limits"][1]["knob"].is_null(), "{multi}");
+    assert_eq!(multi["limits"][1]["effective"]["creditLimit"], 100);
+    let bucket = &rule("bucket")["limits"][0];
+    assert_eq!(bucket["effective"]["burst"], 9, "{bucket}");
+    assert_eq!(bucket["effective"]["creditLimit"], 5, "{bucket}");
+    let other = &rule("other")["limits"][0];
+    assert!(other["knob"].is_null(), "{other}");
+    assert_eq!(other["effective"]["creditLimit"], 3, "{other}");
+}
+
+/// `/explain` shows the effective limits and the knobs that set them.
+fn explain_shows_the_knobs(server: &Server) {
+    let explain = get_json(server, "/explain?k=win&who=e");
+    let d = &explain["decider"];
+    assert_eq!(d["label"], "win");
+    assert_eq!(d["creditLimit"], 20, "{d}");
+    assert_eq!(d["resetSeconds"], 30, "{d}");
+    assert_eq!(d["limits"][0]["knob"]["set"]["creditLimit"], 20, "{d}");
+    assert_eq!(d["counter"]["remaining"], 20, "{d}");
+    let explain = get_json(server, "/explain?k=multi");
+    let d = &explain["decider"];
+    assert_eq!(d["limits"][0]["creditLimit"], 1, "{d}");
+    assert_eq!(d["limits"][0]["knob"]["set"]["creditLimit"], 1, "{d}");
+    assert!(d["limits"][1]["knob"].is_null(), "{d}");
+    let explain = get_json(server, "/explain?k=other");
+    assert!(explain["decider"]["limits"][0]["knob"].is_null());
+    assert_eq!(explain["decider"]["creditLimit"], 3);
 }

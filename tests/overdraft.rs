@@ -10,10 +10,9 @@
 mod common;
 
 use common::redis::{Cluster, Redis};
-use common::{desc, request, Server};
+use common::{desc, Server};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
-use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use envoy_types::pb::google::protobuf::UInt64Value;
 use std::time::Instant;
 
@@ -73,14 +72,7 @@ const OVER: i32 = Code::OverLimit as i32;
 
 /// One descriptor's answer: its code and the credits left.
 async fn send(server: &Server, d: RateLimitDescriptor) -> (i32, u32) {
-    let mut client = server.client().await;
-    let r: RateLimitResponse = client
-        .should_rate_limit(request("od", vec![d]))
-        .await
-        .expect("ShouldRateLimit")
-        .into_inner();
-    let s = r.statuses.first().expect("one status");
-    (s.code, s.limit_remaining)
+    common::one_status(server, "od", d).await
 }
 
 /// The debt `GET /explain` shows on the counter of `key=value`.

@@ -6,6 +6,8 @@
 mod common;
 
 use std::net::SocketAddr;
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::xds::ControlPlane;
@@ -42,31 +44,7 @@ async fn started_as_ratelimit_with_envoy_gateways_environment() {
     let dir = tempfile::tempdir().unwrap();
     let xds_port = free_port();
     let prometheus = format!("127.0.0.1:{}", free_port());
-    let mut command = common::as_ratelimit(dir.path());
-    command.envs([
-        ("RUNTIME_ROOT", "/data"),
-        ("RUNTIME_SUBDIRECTORY", "ratelimit"),
-        ("RUNTIME_IGNOREDOTFILES", "true"),
-        ("RUNTIME_WATCH_ROOT", "false"),
-        ("LOG_LEVEL", "info"),
-        ("USE_STATSD", "false"),
-        ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
-        (
-            "CONFIG_GRPC_XDS_SERVER_URL",
-            &format!("127.0.0.1:{xds_port}"),
-        ),
-        ("CONFIG_GRPC_XDS_NODE_ID", "envoy-ratelimit"),
-        ("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "200ms"),
-        ("XDS_CLIENT_BACKOFF_MAX_INTERVAL", "400ms"),
-        ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
-        ("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", "true"),
-        ("USE_PROMETHEUS", "true"),
-        ("PROMETHEUS_ADDR", &prometheus),
-        ("GRPC_HOST", "127.0.0.1"),
-        ("GRPC_PORT", "0"),
-        ("HOST", "127.0.0.1"),
-        ("PORT", "0"),
-    ]);
+    let command = gateway_command(dir.path(), xds_port, &prometheus);
     let server = Server::spawn(command);
     let mut client = server.client().await;
     let domain = "default/eg/http";
@@ -123,7 +101,45 @@ async fn started_as_ratelimit_with_envoy_gateways_environment() {
     assert_eq!(server.http("GET", "/healthcheck", "").0, 200);
     assert_eq!(server.http("GET", "/readyz", "").0, 200);
 
-    // envoyproxy/ratelimit's metric names on PROMETHEUS_ADDR.
+    prometheus_names(&prometheus, domain);
+}
+
+/// The binary as envoyproxy/ratelimit, with the environment Envoy Gateway
+/// gives it: rules over xDS (SotW) from `xds_port`, Prometheus metrics on
+/// `prometheus`, healthy once a configuration is loaded.
+fn gateway_command(dir: &Path, xds_port: u16, prometheus: &str) -> Command {
+    let mut command = common::as_ratelimit(dir);
+    command.envs([
+        ("RUNTIME_ROOT", "/data"),
+        ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+        ("RUNTIME_IGNOREDOTFILES", "true"),
+        ("RUNTIME_WATCH_ROOT", "false"),
+        ("LOG_LEVEL", "info"),
+        ("USE_STATSD", "false"),
+        ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+        (
+            "CONFIG_GRPC_XDS_SERVER_URL",
+            &format!("127.0.0.1:{xds_port}"),
+        ),
+        ("CONFIG_GRPC_XDS_NODE_ID", "envoy-ratelimit"),
+        ("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "200ms"),
+        ("XDS_CLIENT_BACKOFF_MAX_INTERVAL", "400ms"),
+        ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
+        ("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", "true"),
+        ("USE_PROMETHEUS", "true"),
+        ("PROMETHEUS_ADDR", prometheus),
+        ("GRPC_HOST", "127.0.0.1"),
+        ("GRPC_PORT", "0"),
+        ("HOST", "127.0.0.1"),
+        ("PORT", "0"),
+    ]);
+    command
+}
+
+/// envoyproxy/ratelimit's metric names on PROMETHEUS_ADDR (`prometheus`)
+/// after the three calls in `domain` and the one refused before any
+/// configuration.
+fn prometheus_names(prometheus: &str, domain: &str) {
     let (status, text) = http_request(prometheus.parse().unwrap(), "GET", "/metrics", "", None);
     assert_eq!(status, 200);
     let key1 = "default/ratelimit-all-ips/rule/0/match/0_default/ratelimit-all-ips/rule/0/match/0";

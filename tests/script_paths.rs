@@ -373,93 +373,119 @@ async fn run_case(client: &Client, scripts: &Scripts, case: &Case) -> Result<(),
     let mut now = T0;
     for (advance, ops) in &case.calls {
         now += advance;
-        let (mut answers, mut pasts) = (Vec::new(), Vec::new());
-        for (prefix, general) in [("lean", false), ("general", true)] {
-            let (keys, args) = call_args(case, ops, prefix, now, general, case.hinted);
-            // A group (one rule's limits) takes the general path on both
-            // sides: only calls of lone counters take the lean one.
-            let grouped = ops.iter().any(|op| op.flags % 2 == 1);
-            let script = if general || grouped {
-                &scripts.general
-            } else {
-                &scripts.lean
-            };
-            let got: Vec<i64> = client
-                .eval(script.as_str(), keys, args)
-                .await
-                .map_err(|e| format!("{prefix} call: {e}"))?;
-            // The general side's extra request answers last; then two
-            // values per op charged past what was left (an overdraft's).
-            let want = ops.len() * 2 + if general { 4 } else { 0 };
-            if got.len() < want || !(got.len() - want).is_multiple_of(2) {
-                return Err(format!(
-                    "{prefix} call: {} values, not {want} and pairs",
-                    got.len()
-                ));
-            }
-            let mut past: Vec<(i64, i64)> =
-                got[want..].chunks_exact(2).map(|p| (p[0], p[1])).collect();
-            past.sort_unstable();
-            pasts.push(past);
-            answers.push(got[..ops.len() * 2].to_vec());
-        }
+        let (answers, pasts) = call_both(client, scripts, case, ops, now).await?;
         if pasts[0] != pasts[1] {
             return Err(format!(
                 "at {now}: credits charged past what was left, lean path {:?}, general path {:?}",
                 pasts[0], pasts[1]
             ));
         }
-        for (n, (l, g)) in answers[0]
-            .chunks_exact(2)
-            .zip(answers[1].chunks_exact(2))
-            .enumerate()
-        {
-            // Allowed and remaining exactly; the reset too, but divvy's
-            // window reads it from a TTL on Redis's clock.
-            let slack = if case.counters[ops[n].counter].algorithm == 0 {
-                TTL_SLACK_MS
-            } else {
-                0
-            };
-            // (Two values each: the credits left if allowed, else -1 minus
-            // them; the ms to reset.)
-            if l[0] != g[0] || (l[1] - g[1]).abs() > slack {
-                return Err(format!(
-                    "at {now}, op {n} ({:?}): lean path answered {l:?}, general path {g:?}",
-                    ops[n]
-                ));
-            }
-        }
-        let state = |prefix: &'static str| {
-            let keys: Vec<String> = (0..COUNTERS).map(|i| key(prefix, case, i)).collect();
-            async move {
-                client
-                    .eval::<Vec<String>, _, _, _>(STATE, keys, Vec::<String>::new())
-                    .await
-                    .map_err(|e| e.to_string())
-            }
+        compare_answers(case, ops, now, &answers)?;
+        compare_state(client, case, now).await?;
+    }
+    Ok(())
+}
+
+/// One call of `ops` at `now` on each side (lean, general): each side's
+/// answers (two values per op) and its credits charged past what was left.
+async fn call_both(
+    client: &Client,
+    scripts: &Scripts,
+    case: &Case,
+    ops: &[Op],
+    now: i64,
+) -> Result<(Vec<Vec<i64>>, Vec<Vec<(i64, i64)>>), String> {
+    let (mut answers, mut pasts) = (Vec::new(), Vec::new());
+    for (prefix, general) in [("lean", false), ("general", true)] {
+        let (keys, args) = call_args(case, ops, prefix, now, general, case.hinted);
+        // A group (one rule's limits) takes the general path on both
+        // sides: only calls of lone counters take the lean one.
+        let grouped = ops.iter().any(|op| op.flags % 2 == 1);
+        let script = if general || grouped {
+            &scripts.general
+        } else {
+            &scripts.lean
         };
-        let (lean, general) = (state("lean").await?, state("general").await?);
-        if lean.len() != COUNTERS * 2 || general.len() != COUNTERS * 2 {
-            return Err(format!("state: {lean:?} / {general:?}"));
+        let got: Vec<i64> = client
+            .eval(script.as_str(), keys, args)
+            .await
+            .map_err(|e| format!("{prefix} call: {e}"))?;
+        // The general side's extra request answers last; then two
+        // values per op charged past what was left (an overdraft's).
+        let want = ops.len() * 2 + if general { 4 } else { 0 };
+        if got.len() < want || !(got.len() - want).is_multiple_of(2) {
+            return Err(format!(
+                "{prefix} call: {} values, not {want} and pairs",
+                got.len()
+            ));
         }
-        for (i, (l, g)) in lean
-            .chunks_exact(2)
-            .zip(general.chunks_exact(2))
-            .enumerate()
-        {
-            let (lt, gt): (i64, i64) = (
-                l[1].parse().map_err(|_| format!("PTTL {}", l[1]))?,
-                g[1].parse().map_err(|_| format!("PTTL {}", g[1]))?,
-            );
-            // An expiry on both or neither, the same but for the time between
-            // the two copies' calls.
-            if l[0] != g[0] || (lt < 0) != (gt < 0) || (lt - gt).abs() > TTL_SLACK_MS {
-                return Err(format!(
-                    "at {now}, counter {i} ({:?}): lean path left `{}` PTTL {lt}, general path `{}` PTTL {gt}",
-                    case.counters[i], l[0], g[0]
-                ));
-            }
+        let mut past: Vec<(i64, i64)> = got[want..].chunks_exact(2).map(|p| (p[0], p[1])).collect();
+        past.sort_unstable();
+        pasts.push(past);
+        answers.push(got[..ops.len() * 2].to_vec());
+    }
+    Ok((answers, pasts))
+}
+
+/// The lean side's answers to `ops` at `now` are the general side's:
+/// allowed and remaining exactly, the reset within the TTL slack.
+fn compare_answers(case: &Case, ops: &[Op], now: i64, answers: &[Vec<i64>]) -> Result<(), String> {
+    for (n, (l, g)) in answers[0]
+        .chunks_exact(2)
+        .zip(answers[1].chunks_exact(2))
+        .enumerate()
+    {
+        // Allowed and remaining exactly; the reset too, but divvy's
+        // window reads it from a TTL on Redis's clock.
+        let slack = if case.counters[ops[n].counter].algorithm == 0 {
+            TTL_SLACK_MS
+        } else {
+            0
+        };
+        // (Two values each: the credits left if allowed, else -1 minus
+        // them; the ms to reset.)
+        if l[0] != g[0] || (l[1] - g[1]).abs() > slack {
+            return Err(format!(
+                "at {now}, op {n} ({:?}): lean path answered {l:?}, general path {g:?}",
+                ops[n]
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Both sides' counters after the call at `now` hold the same and expire
+/// alike.
+async fn compare_state(client: &Client, case: &Case, now: i64) -> Result<(), String> {
+    let state = |prefix: &'static str| {
+        let keys: Vec<String> = (0..COUNTERS).map(|i| key(prefix, case, i)).collect();
+        async move {
+            client
+                .eval::<Vec<String>, _, _, _>(STATE, keys, Vec::<String>::new())
+                .await
+                .map_err(|e| e.to_string())
+        }
+    };
+    let (lean, general) = (state("lean").await?, state("general").await?);
+    if lean.len() != COUNTERS * 2 || general.len() != COUNTERS * 2 {
+        return Err(format!("state: {lean:?} / {general:?}"));
+    }
+    for (i, (l, g)) in lean
+        .chunks_exact(2)
+        .zip(general.chunks_exact(2))
+        .enumerate()
+    {
+        let (lt, gt): (i64, i64) = (
+            l[1].parse().map_err(|_| format!("PTTL {}", l[1]))?,
+            g[1].parse().map_err(|_| format!("PTTL {}", g[1]))?,
+        );
+        // An expiry on both or neither, the same but for the time between
+        // the two copies' calls.
+        if l[0] != g[0] || (lt < 0) != (gt < 0) || (lt - gt).abs() > TTL_SLACK_MS {
+            return Err(format!(
+                "at {now}, counter {i} ({:?}): lean path left `{}` PTTL {lt}, general path `{}` PTTL {gt}",
+                case.counters[i], l[0], g[0]
+            ));
         }
     }
     Ok(())

@@ -174,100 +174,6 @@ fn wait_for(spans: &Spans, what: &str, done: impl Fn(&[Got]) -> bool) -> Vec<Got
     }
 }
 
-/// Envoy with its OpenTelemetry tracer (every request sampled, flushed
-/// every 200 ms) exporting to the receiver's port (placeholder 4317), a
-/// rate-limit filter asking divvy (8081) about `generic_key=traced` in
-/// domain `edge`, then the upstream (8088). Listener 10000, admin 9901.
-const ENVOY: &str = r#"
-layered_runtime:
-  layers:
-  - name: static
-    static_layer:
-      tracing.opentelemetry.flush_interval_ms: 200
-      tracing.opentelemetry.min_flush_spans: 1
-static_resources:
-  listeners:
-  - name: ingress
-    address: { socket_address: { address: 127.0.0.1, port_value: 10000 } }
-    filter_chains:
-    - filters:
-      - name: envoy.filters.network.http_connection_manager
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: ingress
-          generate_request_id: true
-          tracing:
-            random_sampling: { value: 100 }
-            provider:
-              name: envoy.tracers.opentelemetry
-              typed_config:
-                "@type": type.googleapis.com/envoy.config.trace.v3.OpenTelemetryConfig
-                service_name: envoy
-                grpc_service:
-                  envoy_grpc: { cluster_name: otlp }
-                  timeout: 1s
-          route_config:
-            name: app
-            virtual_hosts:
-            - name: app
-              domains: ["*"]
-              routes:
-              - match: { prefix: "/" }
-                route:
-                  cluster: upstream
-                  rate_limits:
-                  - actions:
-                    - generic_key: { descriptor_key: generic_key, descriptor_value: traced }
-          http_filters:
-          - name: envoy.filters.http.ratelimit
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
-              domain: edge
-              timeout: 2s
-              failure_mode_deny: true
-              rate_limit_service:
-                transport_api_version: V3
-                grpc_service: { envoy_grpc: { cluster_name: divvy } }
-          - name: envoy.filters.http.router
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
-  clusters:
-  - name: upstream
-    type: STATIC
-    connect_timeout: 1s
-    load_assignment:
-      cluster_name: upstream
-      endpoints:
-      - lb_endpoints:
-        - endpoint: { address: { socket_address: { address: 127.0.0.1, port_value: 8088 } } }
-  - name: divvy
-    type: STATIC
-    connect_timeout: 1s
-    typed_extension_protocol_options:
-      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
-        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-        explicit_http_config: { http2_protocol_options: {} }
-    load_assignment:
-      cluster_name: divvy
-      endpoints:
-      - lb_endpoints:
-        - endpoint: { address: { socket_address: { address: 127.0.0.1, port_value: 8081 } } }
-  - name: otlp
-    type: STATIC
-    connect_timeout: 1s
-    typed_extension_protocol_options:
-      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
-        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-        explicit_http_config: { http2_protocol_options: {} }
-    load_assignment:
-      cluster_name: otlp
-      endpoints:
-      - lb_endpoints:
-        - endpoint: { address: { socket_address: { address: 127.0.0.1, port_value: 4317 } } }
-admin:
-  address: { socket_address: { address: 127.0.0.1, port_value: 9901 } }
-"#;
-
 const POLICY: &str = "overrides:
   - label: traced-rule
     domain: edge
@@ -319,20 +225,13 @@ fn divvy_spans_join_envoys_trace_and_drops_are_counted_when_the_receiver_is_down
         ],
     );
     let upstream = envoy::upstream("hello\n");
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("envoy.yaml");
-    std::fs::write(&config, ENVOY).unwrap();
-    let proxy = envoy::start(
-        &config,
-        9901,
-        &[10000],
-        &[
-            (8081, service.grpc.port()),
-            (8088, upstream),
-            (4317, receiver.port),
-        ],
-        &[],
-    );
+    // Envoy traces every request to the receiver and asks divvy about
+    // `generic_key=traced` in domain `edge` before the upstream.
+    let proxy = envoy::Bootstrap::new("edge", "traced", "2s")
+        .listener("ingress", "divvy")
+        .divvy("divvy", None)
+        .tracing(receiver.port)
+        .start(service.grpc.port(), upstream);
     let (status, _, body) = envoy::get(proxy.ports[0], "/hello", &[]).expect("an answer");
     assert_eq!((status, body.as_str()), (200, "hello\n"));
 
@@ -347,6 +246,17 @@ fn divvy_spans_join_envoys_trace_and_drops_are_counted_when_the_receiver_is_down
                 .any(|g| g.service == "envoy" && g.span_id == c.parent)
         }) && s.iter().any(|g| g.name == "EVALSHA")
     });
+    assert_joined(&spans);
+
+    receiver.stop(&rt);
+    assert_drops_counted(&service, proxy.ports[0]);
+    drop(redis);
+}
+
+/// divvy's ShouldRateLimit span sits under Envoy's rate-limit call span
+/// (itself under Envoy's request span), with the call's attributes, its
+/// decision span as a child, and the Redis call's span under that.
+fn assert_joined(spans: &[Got]) {
     let call = spans
         .iter()
         .find(|g| g.service == "divvy" && g.name.ends_with("ShouldRateLimit"))
@@ -394,18 +304,19 @@ fn divvy_spans_join_envoys_trace_and_drops_are_counted_when_the_receiver_is_down
     );
     assert!(store.attributes.contains_key("divvy.batch.requests"));
     assert!(store.attributes.contains_key("db.redis.slot"));
+}
 
-    // The receiver goes away: requests are still decided and answered, and
-    // divvy counts the spans it could not export.
-    receiver.stop(&rt);
-    let before = dropped(&service);
+/// With the receiver gone: requests through Envoy port `port` are still
+/// decided and answered, and divvy counts the spans it could not export.
+fn assert_drops_counted(service: &Server, port: u16) {
+    let before = dropped(service);
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         for _ in 0..10 {
-            let (status, _, _) = envoy::get(proxy.ports[0], "/hello", &[]).expect("an answer");
+            let (status, _, _) = envoy::get(port, "/hello", &[]).expect("an answer");
             assert_eq!(status, 200, "decisions go on without the receiver");
         }
-        if dropped(&service) > before {
+        if dropped(service) > before {
             break;
         }
         assert!(
@@ -414,7 +325,6 @@ fn divvy_spans_join_envoys_trace_and_drops_are_counted_when_the_receiver_is_down
         );
         std::thread::sleep(Duration::from_millis(200));
     }
-    drop(redis);
 }
 
 /// An OTLP/HTTP receiver (`POST /v1/traces`, protobuf bodies) on a free

@@ -8,25 +8,18 @@
 //! removes them, and the service keeps serving the last good set while
 //! ZooKeeper is down and picks changes up again once it is back.
 //!
-//! Two tests fail on purpose, on bugs found here (see their comments):
-//! `refusals_name_aux_rules_as_aux_rules` (refusal messages call the node's
-//! rules `rule #i` of the policy file, not `aux rule #i` as
-//! `with_aux_rules` documents) and
-//! `refused_node_data_applies_once_the_file_fits_it` (node data refused
-//! because it clashed with the file is never tried again after the file is
-//! fixed, so a running replica and a fresh one serve different rules).
+//! The ZooKeeper launcher is tests/common/zookeeper.rs (the soak uses it
+//! too).
 
 mod common;
 
-use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::zookeeper::{block, ZooKeeper};
 use common::{ask, desc, parse_ok, request, Server};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use serde_json::Value;
-use zookeeper_client as zk;
 
 /// The node divvy reads by default.
 const NODE: &str = "/ratelimiter/rules";
@@ -53,178 +46,6 @@ overrides:
 default: {label: file-default, creditLimit: 1000, resetSeconds: 0}
 ";
 const FILE_LABELS: [&str; 3] = ["file-a", "file-b", "file-default"];
-
-// ---------------------------------------------------------------- ZooKeeper
-
-/// A ZooKeeper server process on 127.0.0.1; killed on drop.
-struct ZooKeeper {
-    child: Option<Child>,
-    port: u16,
-    dir: tempfile::TempDir,
-}
-
-impl ZooKeeper {
-    /// Starts one on a free port.
-    fn start() -> ZooKeeper {
-        let mut z = ZooKeeper::configure(common::stable_port());
-        z.launch();
-        z
-    }
-
-    /// Writes the config for `port` without starting the server.
-    fn configure(port: u16) -> ZooKeeper {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let data = dir.path().join("data");
-        std::fs::create_dir(&data).expect("data dir");
-        std::fs::write(
-            dir.path().join("zoo.cfg"),
-            format!(
-                "tickTime=2000\ndataDir={}\nclientPort={port}\nclientPortAddress=127.0.0.1\n\
-                 admin.enableServer=false\n",
-                data.display()
-            ),
-        )
-        .expect("zoo.cfg");
-        ZooKeeper {
-            child: None,
-            port,
-            dir,
-        }
-    }
-
-    fn log_path(&self) -> PathBuf {
-        self.dir.path().join("zookeeper.log")
-    }
-
-    /// Starts the server (again, on the same port and data dir) and waits
-    /// until it answers.
-    fn launch(&mut self) {
-        assert!(self.child.is_none(), "ZooKeeper already running");
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.log_path())
-            .expect("zookeeper log");
-        let child = Command::new("java")
-            .args([
-                "-Xmx256m",
-                "-XX:+UseSerialGC",
-                "-XX:TieredStopAtLevel=1",
-                "-cp",
-                "/etc/zookeeper/conf:/usr/share/java/zookeeper.jar:/usr/share/java/slf4j-simple.jar",
-                "org.apache.zookeeper.server.ZooKeeperServerMain",
-            ])
-            .arg(self.dir.path().join("zoo.cfg"))
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("log"))
-            .stderr(log)
-            .spawn()
-            .expect("java must be installed, with Debian's zookeeper package");
-        self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let up = block(async {
-                let client = connect(&self.hosts()).await.ok()?;
-                client.check_stat("/").await.ok()
-            });
-            if up.is_some() {
-                return;
-            }
-            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().unwrap()) {
-                panic!(
-                    "ZooKeeper exited ({status}):\n{}",
-                    std::fs::read_to_string(self.log_path()).unwrap_or_default()
-                );
-            }
-            assert!(
-                Instant::now() < deadline,
-                "ZooKeeper on port {} did not answer within 30 s:\n{}",
-                self.port,
-                std::fs::read_to_string(self.log_path()).unwrap_or_default()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    /// Kills the server (SIGKILL) and waits for it; the data dir stays.
-    fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    /// `127.0.0.1:port`.
-    fn hosts(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
-    }
-
-    /// Writes `data` to `path`, creating it (and its parents) if missing;
-    /// returns the instant just before the write was sent.
-    fn set(&self, path: &str, data: &str) -> Instant {
-        block(async {
-            let client = connect(&self.hosts()).await.expect("connect to ZooKeeper");
-            let sent = Instant::now();
-            match client.set_data(path, data.as_bytes(), None).await {
-                Ok(_) => return sent,
-                Err(zk::Error::NoNode) => {}
-                Err(e) => panic!("set {path}: {e}"),
-            }
-            let options = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
-            let parent = &path[..path.rfind('/').unwrap()];
-            if !parent.is_empty() {
-                client.mkdir(parent, &options).await.expect("mkdir");
-            }
-            let sent = Instant::now();
-            client
-                .create(path, data.as_bytes(), &options)
-                .await
-                .unwrap_or_else(|e| panic!("create {path}: {e}"));
-            sent
-        })
-    }
-
-    /// Deletes `path`; returns the instant just before the delete was sent.
-    fn delete(&self, path: &str) -> Instant {
-        block(async {
-            let client = connect(&self.hosts()).await.expect("connect to ZooKeeper");
-            let sent = Instant::now();
-            client
-                .delete(path, None)
-                .await
-                .unwrap_or_else(|e| panic!("delete {path}: {e}"));
-            sent
-        })
-    }
-}
-
-impl Drop for ZooKeeper {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-/// Runs `f` on a fresh single-threaded runtime (the client's session task
-/// runs on it while `f` runs and ends with it).
-fn block<F: Future>(f: F) -> F::Output {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime")
-        .block_on(f)
-}
-
-async fn connect(hosts: &str) -> Result<zk::Client, String> {
-    let connect = zk::Client::connector()
-        .with_session_timeout(Duration::from_secs(10))
-        .with_fail_eagerly()
-        .connect(hosts);
-    match tokio::time::timeout(Duration::from_secs(5), connect).await {
-        Ok(Ok(c)) => Ok(c),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(_) => Err("timeout".to_owned()),
-    }
-}
 
 // ---------------------------------------------------------------- divvy
 
@@ -455,6 +276,14 @@ fn aux_rules_apply_ahead_of_the_file_in_node_order() {
     );
     assert_eq!(config[5]["default"], true);
 
+    first_in_node_order_decides(s);
+    swapped_order_decides(&zk, s);
+    readme_example_denies_in_any_domain(&zk, s);
+}
+
+/// The first set: aux-user counts for u1 ahead of file-a, the file decides
+/// the rest, and of two matching aux rules the first in the node decides.
+fn first_in_node_order_decides(s: &Server) {
     // The aux rule decides for the requests it matches, with its own counter.
     let (allowed, credits, seconds) = hit(s, "k=a user=u1");
     assert!(
@@ -484,7 +313,11 @@ fn aux_rules_apply_ahead_of_the_file_in_node_order() {
     assert_eq!(metric(s, "divvy_aux_rules_source_up"), 1.0);
     assert_eq!(metric(s, "divvy_aux_rules_refused_total"), 0.0);
     assert_eq!(ready(s), 200);
+}
 
+/// The same rules in the other order: the other one decides, and a rule
+/// dropped from the node leaves the file's rule deciding again.
+fn swapped_order_decides(zk: &ZooKeeper, s: &Server) {
     // The same rules in the other order: now the other one decides.
     let swapped = r#"[
         {"label": "aux-second", "operation": {"k": "b", "v": "1"}, "creditLimit": 8, "resetSeconds": 0},
@@ -501,7 +334,11 @@ fn aux_rules_apply_ahead_of_the_file_in_node_order() {
     // aux-user is gone: file-a decides for u1 again.
     assert_eq!(marker(s, "k=a user=u1"), 10);
     assert_eq!(metric(s, "divvy_aux_rules"), 2.0);
+}
 
+/// The README's always-deny example: it denies acme's export over the
+/// line protocol and Envoy requests of any domain.
+fn readme_example_denies_in_any_domain(zk: &ZooKeeper, s: &Server) {
     // The README's example: an always-deny rule without resetSeconds.
     zk.set(
         NODE,
@@ -544,7 +381,26 @@ fn invalid_data_keeps_the_previous_aux_rules() {
     wait_labels(s, &good, Duration::from_secs(15));
     assert_eq!(marker(s, "k=a user=u1"), 5);
 
-    let bad: [(&str, String, &str); 8] = [
+    let bad = invalid_sets();
+    for (i, (what, data, reason)) in bad.iter().enumerate() {
+        zk.set(NODE, data);
+        assert_refused(s, what, reason, i + 1, &good);
+    }
+
+    // A valid set after the refusals applies, and is not counted as refused.
+    zk.set(NODE, &aux(&[("aux-new", &[("k", "a"), ("user", "u2")], 6)]));
+    wait_labels(s, &with_file(&["aux-new"]), CHANGE_BOUND + MARGIN);
+    assert_eq!(marker(s, "k=a user=u2"), 6);
+    assert_eq!(marker(s, "k=a user=u1"), 10);
+    assert_eq!(metric(s, "divvy_aux_rules_refused_total"), bad.len() as f64);
+    assert_eq!(metric(s, "divvy_aux_rules"), 1.0);
+    assert_eq!(ready(s), 200);
+}
+
+/// Node data divvy must refuse: (what it is, the data, what the refusal
+/// says).
+fn invalid_sets() -> [(&'static str, String, &'static str); 8] {
+    [
         ("not JSON", "this is not JSON".to_owned(), "not a JSON array"),
         (
             "a JSON object, not an array",
@@ -585,53 +441,47 @@ fn invalid_data_keeps_the_previous_aux_rules() {
             r#"[{"label": "aux-everything", "creditLimit": 1, "resetSeconds": 0}]"#.to_owned(),
             "non-empty operation",
         ),
-    ];
-    for (i, (what, data, reason)) in bad.iter().enumerate() {
-        zk.set(NODE, data);
-        let line = wait_log(s, REFUSED, Duration::from_secs(5));
-        println!("{what}: {line}");
-        assert!(
-            line.contains("ERROR"),
-            "{what}: the refusal is logged at error level: {line}"
-        );
-        assert!(
-            line.contains(reason),
-            "{what}: the refusal says {reason:?}: {line}"
-        );
-        wait_metric(
-            s,
-            "divvy_aux_rules_refused_total",
-            (i + 1) as f64,
-            Duration::from_secs(2),
-        );
-        assert_eq!(labels(s), good, "{what}: the previous aux rules stay");
-        assert_eq!(
-            marker(s, "k=a user=u1"),
-            5,
-            "{what}: aux-good still decides"
-        );
-        assert_eq!(marker(s, "k=a"), 10, "{what}");
-        assert_eq!(
-            marker(s, "k=cc"),
-            1000,
-            "{what}: nothing of the refused set applies"
-        );
-        assert_eq!(
-            marker(s, "k=d"),
-            1000,
-            "{what}: nothing of the refused set applies"
-        );
-        assert_eq!(metric(s, "divvy_aux_rules"), 1.0, "{what}");
-    }
+    ]
+}
 
-    // A valid set after the refusals applies, and is not counted as refused.
-    zk.set(NODE, &aux(&[("aux-new", &[("k", "a"), ("user", "u2")], 6)]));
-    wait_labels(s, &with_file(&["aux-new"]), CHANGE_BOUND + MARGIN);
-    assert_eq!(marker(s, "k=a user=u2"), 6);
-    assert_eq!(marker(s, "k=a user=u1"), 10);
-    assert_eq!(metric(s, "divvy_aux_rules_refused_total"), bad.len() as f64);
-    assert_eq!(metric(s, "divvy_aux_rules"), 1.0);
-    assert_eq!(ready(s), 200);
+/// The `refused`-th refusal, of `what`: logged at error level with
+/// `reason`, counted, and the previous aux rules (`good`, aux-good
+/// deciding for u1) still in force.
+fn assert_refused(s: &Server, what: &str, reason: &str, refused: usize, good: &[String]) {
+    let line = wait_log(s, REFUSED, Duration::from_secs(5));
+    println!("{what}: {line}");
+    assert!(
+        line.contains("ERROR"),
+        "{what}: the refusal is logged at error level: {line}"
+    );
+    assert!(
+        line.contains(reason),
+        "{what}: the refusal says {reason:?}: {line}"
+    );
+    wait_metric(
+        s,
+        "divvy_aux_rules_refused_total",
+        refused as f64,
+        Duration::from_secs(2),
+    );
+    assert_eq!(labels(s), good, "{what}: the previous aux rules stay");
+    assert_eq!(
+        marker(s, "k=a user=u1"),
+        5,
+        "{what}: aux-good still decides"
+    );
+    assert_eq!(marker(s, "k=a"), 10, "{what}");
+    assert_eq!(
+        marker(s, "k=cc"),
+        1000,
+        "{what}: nothing of the refused set applies"
+    );
+    assert_eq!(
+        marker(s, "k=d"),
+        1000,
+        "{what}: nothing of the refused set applies"
+    );
+    assert_eq!(metric(s, "divvy_aux_rules"), 1.0, "{what}");
 }
 
 /// A change of the node is in force within 2 s (the node named by
@@ -794,8 +644,13 @@ fn zookeeper_down_keeps_the_last_good_rules_and_back_up_applies_changes() {
     wait_labels(s, &with_file(&["aux-one"]), Duration::from_secs(15));
     wait_metric(s, "divvy_aux_rules_source_up", 1.0, Duration::from_secs(5));
 
-    // A short outage (shorter than the session): serving goes on, and a
-    // change made once ZooKeeper is back applies.
+    short_outage(&mut zk, s);
+    long_outage(&mut zk, s);
+}
+
+/// A short outage (shorter than the session): serving goes on, and a
+/// change made once ZooKeeper is back applies.
+fn short_outage(zk: &mut ZooKeeper, s: &Server) {
     zk.kill();
     let killed = Instant::now();
     while killed.elapsed() < Duration::from_secs(1) {
@@ -824,8 +679,11 @@ fn zookeeper_down_keeps_the_last_good_rules_and_back_up_applies_changes() {
         assert!(Instant::now() < deadline, "change back to 3 not in force");
         std::thread::sleep(Duration::from_millis(10));
     }
+}
 
-    // A long outage: the session expires, and divvy reconnects with backoff.
+/// A long outage: the session expires, the last good rules stay, and
+/// divvy reconnects with backoff and watches the node again.
+fn long_outage(zk: &mut ZooKeeper, s: &Server) {
     zk.kill();
     let killed = Instant::now();
     // Keep checking until divvy has noticed that ZooKeeper is gone (its

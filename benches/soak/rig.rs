@@ -14,11 +14,11 @@ use crate::common::envoy::{self, Bootstrap, Envoy, UpstreamTls};
 use crate::common::fault_proxy::FaultProxy;
 use crate::common::prometheus::Prometheus;
 use crate::common::redis::Redis;
+use crate::common::zookeeper::ZooKeeper;
 use crate::common::{stable_port, Server};
 use crate::now;
 use crate::tls::Tls;
 use crate::xds::Plane;
-use crate::zookeeper::ZooKeeper;
 
 /// The admin token the replicas take knob changes with.
 pub const TOKEN: &str = "soak-admin-token";
@@ -123,7 +123,7 @@ impl Rig {
             xds: Plane::start(),
             prometheus,
             tls: Tls::generate(),
-            zk: ZooKeeper::start(),
+            zk: crate::zookeeper::start(),
             redis,
             proxy,
             replicas: Vec::new(),

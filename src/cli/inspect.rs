@@ -171,6 +171,27 @@ fn fair_text(l: &config::LimitSpec, op: &Operation) -> String {
 fn rules_table(policy: &Policy) -> String {
     const SHOWN: usize = 40;
     let rules = &policy.rules;
+    let mut out = rules_summary(policy);
+    let mut rows: Vec<[String; 7]> = vec![[
+        "#".into(),
+        "label".into(),
+        "policy".into(),
+        "domain".into(),
+        "limit".into(),
+        "actor".into(),
+        "operation".into(),
+    ]];
+    rows.extend(rules.iter().take(SHOWN).map(rule_row));
+    out.push_str(&aligned(&rows));
+    if rules.len() > SHOWN {
+        out.push_str(&format!("  ... and {} more rules\n", rules.len() - SHOWN));
+    }
+    out
+}
+
+/// The table's first line: the source and its rules by match policy.
+fn rules_summary(policy: &Policy) -> String {
+    let rules = &policy.rules;
     let canaries = rules
         .iter()
         .filter(|r| r.match_policy == config::MatchPolicy::Canary)
@@ -184,59 +205,57 @@ fn rules_table(policy: &Policy) -> String {
         0 => String::new(),
         n => format!(", {n} shadow"),
     };
-    let mut out = format!(
+    format!(
         "{}: OK, {} rules ({} stop, {} canary{shadow_text}, 1 default)\n",
         policy.source,
         rules.len(),
         rules.len().saturating_sub(canaries + shadows + 1),
         canaries
-    );
-    let mut rows: Vec<[String; 7]> = vec![[
-        "#".into(),
-        "label".into(),
-        "policy".into(),
-        "domain".into(),
-        "limit".into(),
-        "actor".into(),
-        "operation".into(),
-    ]];
-    for r in rules.iter().take(SHOWN) {
-        let limit = r
-            .limits
-            .iter()
-            .map(|l| match &l.fair_share {
-                Some(f) => format!("{}, fair by {}", l.describe(), f.by),
-                None => l.describe(),
-            })
-            .collect::<Vec<_>>()
-            .join(" + ");
-        let actors: Vec<&str> = r
-            .limits
-            .iter()
-            .map(|l| l.actor_field.as_deref().unwrap_or("-"))
-            .collect();
-        let op = if r.is_default {
-            "(default)".to_owned()
-        } else {
-            r.operation_text()
-        };
-        rows.push([
-            r.position.to_string(),
-            r.label.clone().unwrap_or_else(|| "-".into()),
-            r.match_policy.as_str().into(),
-            r.domain.clone().unwrap_or_else(|| "*".into()),
-            limit,
-            actors.join(" + "),
-            op,
-        ]);
-    }
+    )
+}
+
+/// One rule's row of the table.
+fn rule_row(r: &config::RuleSpec) -> [String; 7] {
+    let limit = r
+        .limits
+        .iter()
+        .map(|l| match &l.fair_share {
+            Some(f) => format!("{}, fair by {}", l.describe(), f.by),
+            None => l.describe(),
+        })
+        .collect::<Vec<_>>()
+        .join(" + ");
+    let actors: Vec<&str> = r
+        .limits
+        .iter()
+        .map(|l| l.actor_field.as_deref().unwrap_or("-"))
+        .collect();
+    let op = if r.is_default {
+        "(default)".to_owned()
+    } else {
+        r.operation_text()
+    };
+    [
+        r.position.to_string(),
+        r.label.clone().unwrap_or_else(|| "-".into()),
+        r.match_policy.as_str().into(),
+        r.domain.clone().unwrap_or_else(|| "*".into()),
+        limit,
+        actors.join(" + "),
+        op,
+    ]
+}
+
+/// `rows` as lines, each column padded to its widest cell.
+fn aligned(rows: &[[String; 7]]) -> String {
     let mut widths = [0usize; 7];
-    for row in &rows {
+    for row in rows {
         for (w, cell) in widths.iter_mut().zip(row) {
             *w = (*w).max(cell.chars().count());
         }
     }
-    for row in &rows {
+    let mut out = String::new();
+    for row in rows {
         let line: Vec<String> = row
             .iter()
             .zip(widths)
@@ -244,9 +263,6 @@ fn rules_table(policy: &Policy) -> String {
             .collect();
         out.push_str(line.join("  ").trim_end());
         out.push('\n');
-    }
-    if rules.len() > SHOWN {
-        out.push_str(&format!("  ... and {} more rules\n", rules.len() - SHOWN));
     }
     out
 }

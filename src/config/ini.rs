@@ -29,37 +29,13 @@ pub fn parse(text: &str) -> Result<RawConfig, (usize, String)> {
             continue;
         }
         if let Some(rest) = line.strip_prefix('[') {
-            let name = rest
-                .strip_suffix(']')
-                .ok_or_else(|| {
-                    (
-                        line_no,
-                        format!("section header `{line}` has no closing `]`"),
-                    )
-                })?
-                .trim();
-            if let Some(first) = seen_sections.insert(name.to_owned(), line_no) {
-                return Err((
-                    line_no,
-                    format!("section [{name}] appears twice (first on line {first})"),
-                ));
-            }
-            finish(&mut config, current.take());
-            if config.default.is_some() {
-                return Err((
-                    line_no,
-                    "the [default] section must be the last section".to_owned(),
-                ));
-            }
-            if name == "default" {
-                current = Some((RawRule::default(), true, line_no));
-            } else {
-                let rule = RawRule {
-                    operation: parse_operation(name).map_err(|e| (line_no, e))?,
-                    ..RawRule::default()
-                };
-                current = Some((rule, false, line_no));
-            }
+            let section = (line, rest, line_no);
+            current = Some(open_section(
+                &mut config,
+                current.take(),
+                &mut seen_sections,
+                section,
+            )?);
             continue;
         }
         let Some((key, value)) = line.split_once('=') else {
@@ -81,37 +57,80 @@ pub fn parse(text: &str) -> Result<RawConfig, (usize, String)> {
             set_limit_field(rule, rest, value).map_err(|e| (line_no, e))?;
             continue;
         }
-        let slot = match key {
-            "creditLimit" => set_scalar(&mut rule.credit_limit, value),
-            "resetSeconds" => set_scalar(&mut rule.reset_seconds, value),
-            "actorField" => set_text(&mut rule.actor_field, value),
-            "matchPolicy" => set_text(&mut rule.match_policy, value),
-            "label" => set_text(&mut rule.label, value),
-            "comment" => set_text(&mut rule.comment, value),
-            "domain" => set_text(&mut rule.domain, value),
-            "algorithm" => set_text(&mut rule.algorithm, value),
-            "burst" => set_scalar(&mut rule.burst, value),
-            "scope" => set_text(&mut rule.scope, value),
-            "fairShare" => set_fair_share(&mut rule.fair_share, value),
-            "deniedBody" => set_text(&mut rule.denied_body, value),
-            "overdraft" => set_bool(&mut rule.overdraft, value),
-            other => {
-                return Err((
-                    line_no,
-                    format!(
-                        "unknown field `{other}`; expected one of creditLimit, resetSeconds, \
-                         actorField, matchPolicy, label, comment, domain, algorithm, burst, scope, \
-                         fairShare, deniedBody, overdraft, limits.<n>.<field>"
-                    ),
-                ))
-            }
-        };
+        let slot = set_rule_field(rule, key, value).map_err(|e| (line_no, e))?;
         if !slot {
             return Err((line_no, format!("`{key}` is set twice in this section")));
         }
     }
     finish(&mut config, current.take());
     Ok(config)
+}
+
+/// A section header, `line` (`rest` after its `[`, on line `line_no`):
+/// finishes the section being filled and returns the one it opens (its
+/// rule, whether it is `[default]`, its line).
+fn open_section(
+    config: &mut RawConfig,
+    current: Option<(RawRule, bool, usize)>,
+    seen_sections: &mut BTreeMap<String, usize>,
+    (line, rest, line_no): (&str, &str, usize),
+) -> Result<(RawRule, bool, usize), (usize, String)> {
+    let name = rest
+        .strip_suffix(']')
+        .ok_or_else(|| {
+            (
+                line_no,
+                format!("section header `{line}` has no closing `]`"),
+            )
+        })?
+        .trim();
+    if let Some(first) = seen_sections.insert(name.to_owned(), line_no) {
+        return Err((
+            line_no,
+            format!("section [{name}] appears twice (first on line {first})"),
+        ));
+    }
+    finish(config, current);
+    if config.default.is_some() {
+        return Err((
+            line_no,
+            "the [default] section must be the last section".to_owned(),
+        ));
+    }
+    if name == "default" {
+        return Ok((RawRule::default(), true, line_no));
+    }
+    let rule = RawRule {
+        operation: parse_operation(name).map_err(|e| (line_no, e))?,
+        ..RawRule::default()
+    };
+    Ok((rule, false, line_no))
+}
+
+/// `key = value` on a rule's own field: whether it was unset before.
+fn set_rule_field(rule: &mut RawRule, key: &str, value: String) -> Result<bool, String> {
+    Ok(match key {
+        "creditLimit" => set_scalar(&mut rule.credit_limit, value),
+        "resetSeconds" => set_scalar(&mut rule.reset_seconds, value),
+        "actorField" => set_text(&mut rule.actor_field, value),
+        "matchPolicy" => set_text(&mut rule.match_policy, value),
+        "label" => set_text(&mut rule.label, value),
+        "comment" => set_text(&mut rule.comment, value),
+        "domain" => set_text(&mut rule.domain, value),
+        "algorithm" => set_text(&mut rule.algorithm, value),
+        "burst" => set_scalar(&mut rule.burst, value),
+        "scope" => set_text(&mut rule.scope, value),
+        "fairShare" => set_fair_share(&mut rule.fair_share, value),
+        "deniedBody" => set_text(&mut rule.denied_body, value),
+        "overdraft" => set_bool(&mut rule.overdraft, value),
+        other => {
+            return Err(format!(
+                "unknown field `{other}`; expected one of creditLimit, resetSeconds, \
+                 actorField, matchPolicy, label, comment, domain, algorithm, burst, scope, \
+                 fairShare, deniedBody, overdraft, limits.<n>.<field>"
+            ))
+        }
+    })
 }
 
 /// `limits.<n>.<field> = value`: `rest` is `<n>.<field>`.

@@ -102,6 +102,30 @@ pub fn parse_redis_url(
         Some((u, r)) => (Some(u), r),
         None => (None, rest),
     };
+    let (username, password) = credentials(userinfo, password_env)?;
+    let (hosts, path) = match rest.split_once('/') {
+        Some((h, p)) => (h, Some(p)),
+        None => (rest, None),
+    };
+    let default_port = if kind == "sentinel" { 26379 } else { 6379 };
+    let servers = hosts
+        .split(',')
+        .map(|h| parse_host_port(h, default_port))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(RedisTarget {
+        topology: topology(kind, servers, path)?,
+        username,
+        password,
+        tls,
+    })
+}
+
+/// The user name and password of a URL's `userinfo` (percent-decoded);
+/// `password_env` when the URL has no password.
+fn credentials(
+    userinfo: Option<&str>,
+    password_env: Option<String>,
+) -> Result<(Option<String>, Option<String>), RedisUrlError> {
     let (mut username, mut password) = (None, None);
     if let Some(info) = userinfo {
         let (u, p) = match info.split_once(':') {
@@ -119,16 +143,17 @@ pub fn parse_redis_url(
     if password.is_none() {
         password = password_env.filter(|p| !p.is_empty());
     }
-    let (hosts, path) = match rest.split_once('/') {
-        Some((h, p)) => (h, Some(p)),
-        None => (rest, None),
-    };
-    let default_port = if kind == "sentinel" { 26379 } else { 6379 };
-    let servers = hosts
-        .split(',')
-        .map(|h| parse_host_port(h, default_port))
-        .collect::<Result<Vec<_>, _>>()?;
-    let topology = match kind {
+    Ok((username, password))
+}
+
+/// The servers of a URL of `kind` (single, cluster, sentinel) and its
+/// path: a single server's database, a sentinel's master name.
+fn topology(
+    kind: &str,
+    servers: Vec<HostPort>,
+    path: Option<&str>,
+) -> Result<Topology, RedisUrlError> {
+    Ok(match kind {
         "single" => {
             let [server] = <[HostPort; 1]>::try_from(servers)
                 .map_err(|_| invalid("a single-server URL names exactly one host"))?;
@@ -155,12 +180,6 @@ pub fn parse_redis_url(
                 master: percent_decode(master)?,
             }
         }
-    };
-    Ok(RedisTarget {
-        topology,
-        username,
-        password,
-        tls,
     })
 }
 

@@ -257,6 +257,8 @@ pub struct Bootstrap {
     listeners: Vec<(String, String)>,
     /// (name, transport socket yaml)
     clusters: Vec<(String, String)>,
+    /// The OTLP/gRPC receiver's port when Envoy traces ([`Bootstrap::tracing`]).
+    otlp: Option<u16>,
 }
 
 /// A divvy cluster's TLS: Envoy's certificate and key, the CA it trusts
@@ -281,6 +283,41 @@ const UPSTREAM_PORT: u16 = 8088;
 const ADMIN_PORT: u16 = 9901;
 const FIRST_LISTENER: u16 = 10000;
 
+/// A connection manager's tracing block for [`Bootstrap::tracing`]: every
+/// request sampled, exported to the `otlp` cluster.
+const TRACING: &str = r#"
+          generate_request_id: true
+          tracing:
+            random_sampling: { value: 100 }
+            provider:
+              name: envoy.tracers.opentelemetry
+              typed_config:
+                "@type": type.googleapis.com/envoy.config.trace.v3.OpenTelemetryConfig
+                service_name: envoy
+                grpc_service:
+                  envoy_grpc: { cluster_name: otlp }
+                  timeout: 1s"#;
+
+/// A static cluster named `name` of one HTTP/2 endpoint on loopback
+/// `port`, with transport socket `socket` (YAML, empty for plaintext).
+fn h2_cluster(name: &str, socket: &str, port: u16) -> String {
+    format!(
+        r#"
+  - name: {name}
+    type: STATIC
+    connect_timeout: 1s
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config: {{ http2_protocol_options: {{}} }}{socket}
+    load_assignment:
+      cluster_name: {name}
+      endpoints:
+      - lb_endpoints:
+        - endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {port} }} }} }}"#
+    )
+}
+
 impl Bootstrap {
     /// Requests asking domain `domain` about `generic_key`, Envoy waiting
     /// `timeout` (an Envoy duration such as `0.25s`) for each answer.
@@ -292,7 +329,16 @@ impl Bootstrap {
             timeout: timeout.to_owned(),
             listeners: Vec::new(),
             clusters: Vec::new(),
+            otlp: None,
         }
+    }
+
+    /// Envoy's OpenTelemetry tracer on every listener: every request
+    /// sampled, spans flushed every 200 ms (one span is enough) to an
+    /// OTLP/gRPC receiver on `port` through a cluster named `otlp`.
+    pub fn tracing(mut self, port: u16) -> Bootstrap {
+        self.otlp = Some(port);
+        self
     }
 
     /// Descriptors of one entry per request header instead of the
@@ -350,32 +396,77 @@ impl Bootstrap {
 
     /// The bootstrap's YAML, its ports the placeholders.
     pub fn yaml(&self) -> String {
-        let Bootstrap {
-            domain,
-            generic_key,
-            timeout,
-            ..
-        } = self;
-        let actions = if self.headers.is_empty() {
-            format!(
+        let mut yaml = String::new();
+        if self.otlp.is_some() {
+            yaml += "layered_runtime:
+  layers:
+  - name: static
+    static_layer:
+      tracing.opentelemetry.flush_interval_ms: 200
+      tracing.opentelemetry.min_flush_spans: 1
+";
+        }
+        yaml += "static_resources:\n  listeners:";
+        for ((name, cluster), port) in self.listeners.iter().zip(FIRST_LISTENER..) {
+            yaml += &self.listener_yaml(name, cluster, port);
+        }
+        yaml += &format!(
+            r#"
+  clusters:
+  - name: upstream
+    type: STATIC
+    connect_timeout: 1s
+    load_assignment:
+      cluster_name: upstream
+      endpoints:
+      - lb_endpoints:
+        - endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {UPSTREAM_PORT} }} }} }}"#
+        );
+        for (name, socket) in &self.clusters {
+            yaml += &h2_cluster(name, socket, DIVVY_PORT);
+        }
+        if let Some(port) = self.otlp {
+            yaml += &h2_cluster("otlp", "", port);
+        }
+        yaml += &format!(
+            "
+admin:
+  address: {{ socket_address: {{ address: 127.0.0.1, port_value: {ADMIN_PORT} }} }}
+"
+        );
+        yaml
+    }
+
+    /// The rate-limit actions of every route: the `generic_key`, or one
+    /// `request_headers` action per descriptor header.
+    fn actions_yaml(&self) -> String {
+        if self.headers.is_empty() {
+            let generic_key = &self.generic_key;
+            return format!(
                 "
                     - generic_key: {{ descriptor_key: generic_key, descriptor_value: {generic_key} }}"
-            )
-        } else {
-            self.headers
-                .iter()
-                .map(|(header, key)| {
-                    format!(
-                        "
+            );
+        }
+        self.headers
+            .iter()
+            .map(|(header, key)| {
+                format!(
+                    "
                     - request_headers: {{ header_name: {header}, descriptor_key: {key} }}"
-                    )
-                })
-                .collect()
-        };
-        let mut yaml = "static_resources:\n  listeners:".to_owned();
-        for ((name, cluster), port) in self.listeners.iter().zip(FIRST_LISTENER..) {
-            yaml += &format!(
-                r#"
+                )
+            })
+            .collect()
+    }
+
+    /// Listener `name` on `port`, asking the divvy cluster `cluster`.
+    fn listener_yaml(&self, name: &str, cluster: &str, port: u16) -> String {
+        let Bootstrap {
+            domain, timeout, ..
+        } = self;
+        let actions = self.actions_yaml();
+        let tracing = if self.otlp.is_some() { TRACING } else { "" };
+        format!(
+            r#"
   - name: {name}
     address: {{ socket_address: {{ address: 127.0.0.1, port_value: {port} }} }}
     filter_chains:
@@ -383,7 +474,7 @@ impl Bootstrap {
       - name: envoy.filters.network.http_connection_manager
         typed_config:
           "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: {name}
+          stat_prefix: {name}{tracing}
           route_config:
             name: app
             virtual_hosts:
@@ -408,44 +499,7 @@ impl Bootstrap {
           - name: envoy.filters.http.router
             typed_config:
               "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"#
-            );
-        }
-        yaml += &format!(
-            r#"
-  clusters:
-  - name: upstream
-    type: STATIC
-    connect_timeout: 1s
-    load_assignment:
-      cluster_name: upstream
-      endpoints:
-      - lb_endpoints:
-        - endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {UPSTREAM_PORT} }} }} }}"#
-        );
-        for (name, socket) in &self.clusters {
-            yaml += &format!(
-                r#"
-  - name: {name}
-    type: STATIC
-    connect_timeout: 1s
-    typed_extension_protocol_options:
-      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
-        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-        explicit_http_config: {{ http2_protocol_options: {{}} }}{socket}
-    load_assignment:
-      cluster_name: {name}
-      endpoints:
-      - lb_endpoints:
-        - endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {DIVVY_PORT} }} }} }}"#
-            );
-        }
-        yaml += &format!(
-            "
-admin:
-  address: {{ socket_address: {{ address: 127.0.0.1, port_value: {ADMIN_PORT} }} }}
-"
-        );
-        yaml
+        )
     }
 
     /// Starts Envoy on this bootstrap ([`start`]) with divvy's gRPC port

@@ -13,6 +13,7 @@ pub mod prometheus;
 pub mod redis;
 pub mod rlqs;
 pub mod xds;
+pub mod zookeeper;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -20,7 +21,7 @@ use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
@@ -53,6 +54,52 @@ pub const RATELIMIT_ON_LOOPBACK: [(&str, &str); 6] = [
 /// Path of the binary under test.
 pub fn binary() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_divvy"))
+}
+
+/// Runs `divvy <command> <args>` as an admin client of `server` (its admin
+/// URL given by `url_flag`, which `knob` and `counters` name differently),
+/// with `token` as `DIVVY_ADMIN_TOKEN` and no other admin variable from
+/// the test's environment; returns whether it succeeded, its stdout and its
+/// stderr (where refusals such as a wrong token's 403 show).
+pub fn admin_client(
+    server: &Server,
+    command: &str,
+    url_flag: &str,
+    args: &[&str],
+    token: Option<&str>,
+) -> (bool, String, String) {
+    let mut cmd = Command::new(binary());
+    cmd.arg(command)
+        .args(args)
+        .args([url_flag, &format!("http://{}", server.http)])
+        .env_remove("DIVVY_ADMIN_TOKEN")
+        .env_remove("DIVVY_ADMIN_READ_TOKEN")
+        .env_remove("DIVVY_ADMIN_URL");
+    if let Some(t) = token {
+        cmd.env("DIVVY_ADMIN_TOKEN", t);
+    }
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("run divvy {command}: {e}"));
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Polls `f` every 20 ms until it holds or `limit` passes; the time it took.
+pub fn wait_until(limit: Duration, mut f: impl FnMut() -> bool) -> Option<Duration> {
+    let start = Instant::now();
+    loop {
+        if f() {
+            return Some(start.elapsed());
+        }
+        if start.elapsed() > limit {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// A running `divvy serve`; killed on drop.
@@ -233,6 +280,15 @@ pub async fn ask(
         .await
         .expect("ShouldRateLimit")
         .into_inner()
+}
+
+/// One ShouldRateLimit call of `server` in `domain` with descriptor `d`
+/// alone, on a fresh connection: its status's code and credits left.
+pub async fn one_status(server: &Server, domain: &str, d: RateLimitDescriptor) -> (i32, u32) {
+    let mut client = server.client().await;
+    let r = ask(&mut client, request(domain, vec![d])).await;
+    let s = r.statuses.first().expect("one status");
+    (s.code, s.limit_remaining)
 }
 
 /// `(allowed, credits, seconds to reset)` of a line-protocol `OK` answer.

@@ -232,7 +232,6 @@ async fn explain(State(s): State<AdminState>, RawQuery(query): RawQuery) -> Resp
     let op = Operation::from_pairs(pairs);
     let rules = s.limiter.rules();
     let plan = rules.plan(domain.as_deref(), &op);
-    let store = s.limiter.store();
     let mut describe = Vec::new();
     for (i, role) in plan
         .canaries
@@ -241,56 +240,11 @@ async fn explain(State(s): State<AdminState>, RawQuery(query): RawQuery) -> Resp
         .chain(std::iter::once((plan.decider, "decider")))
     {
         let rule = rules.rule(i);
-        let spec = &rule.spec;
-        let mut limits = Vec::with_capacity(spec.limits.len());
-        for (i, own) in spec.limits.iter().enumerate() {
-            let knob = knob_for(s.limiter.knobs(), spec, i);
-            let effective = knob.as_ref().map_or_else(|| own.clone(), |k| k.apply(own));
-            let limit = &effective;
-            let mut v = limit_json(limit);
-            v["knob"] = knob.map_or(Value::Null, |k| knob_json(&k));
-            let fair_value = limit
-                .fair_share
-                .as_ref()
-                .map(|f| op.get(&f.by).unwrap_or(""));
-            let (kind, op) = match (limit.credit_limit, limit.reset_seconds) {
-                (0, _) => ("always deny", None),
-                (_, 0) => ("always allow", None),
-                _ => ("counted", Some(counter_op(rule, &op, own, limit))),
-            };
-            v["kind"] = json!(kind);
-            v["counterKey"] = json!(op.as_ref().map(|o| o.key.clone()));
-            if let (Some(f), Some(value), Some(o)) = (&limit.fair_share, fair_value, &op) {
-                v["fairShare"] = fair_json(&s, f, limit, &o.key, value);
-            }
-            v["counter"] = match &op {
-                None => Value::Null,
-                Some(o) => counter_json(store.as_ref(), o, limit).await,
-            };
-            limits.push(v);
+        let mut limits = Vec::with_capacity(rule.spec.limits.len());
+        for (i, own) in rule.spec.limits.iter().enumerate() {
+            limits.push(limit_explained(&s, rule, &op, i, own).await);
         }
-        let first = limits.first().cloned().unwrap_or(Value::Null);
-        // What the next hit would meet (a shadow rule still never denies it).
-        let would_deny = limits
-            .iter()
-            .any(|v| v["kind"] == "always deny" || v["counter"]["remaining"] == json!(0));
-        describe.push(json!({
-            "role": role,
-            "matchPolicy": spec.match_policy.as_str(),
-            "shadow": rule.is_shadow(),
-            "wouldDeny": would_deny,
-            "rule": spec.to_string(),
-            "position": spec.position,
-            "label": spec.label,
-            "comment": spec.comment,
-            "kind": first["kind"],
-            "creditLimit": first["creditLimit"],
-            "resetSeconds": first["resetSeconds"],
-            "algorithm": first["algorithm"],
-            "counterKey": first["counterKey"],
-            "counter": first["counter"],
-            "limits": limits,
-        }));
+        describe.push(rule_explained(rule, role, limits));
     }
     let decider = describe.pop().unwrap_or(Value::Null);
     Json(json!({
@@ -300,6 +254,71 @@ async fn explain(State(s): State<AdminState>, RawQuery(query): RawQuery) -> Resp
         "canaries": describe,
     }))
     .into_response()
+}
+
+/// Limit `i` (`own`, as written) of `rule` for request `op`: knobs
+/// applied, its kind, its counter key and what the store holds of it, and
+/// a fairShare limit's share.
+async fn limit_explained(
+    s: &AdminState,
+    rule: &crate::rules::Rule,
+    op: &Operation,
+    i: usize,
+    own: &crate::config::LimitSpec,
+) -> Value {
+    let spec = &rule.spec;
+    let knob = knob_for(s.limiter.knobs(), spec, i);
+    let effective = knob.as_ref().map_or_else(|| own.clone(), |k| k.apply(own));
+    let limit = &effective;
+    let mut v = limit_json(limit);
+    v["knob"] = knob.map_or(Value::Null, |k| knob_json(&k));
+    let fair_value = limit
+        .fair_share
+        .as_ref()
+        .map(|f| op.get(&f.by).unwrap_or(""));
+    let (kind, op) = match (limit.credit_limit, limit.reset_seconds) {
+        (0, _) => ("always deny", None),
+        (_, 0) => ("always allow", None),
+        _ => ("counted", Some(counter_op(rule, op, own, limit))),
+    };
+    v["kind"] = json!(kind);
+    v["counterKey"] = json!(op.as_ref().map(|o| o.key.clone()));
+    if let (Some(f), Some(value), Some(o)) = (&limit.fair_share, fair_value, &op) {
+        v["fairShare"] = fair_json(s, f, limit, &o.key, value);
+    }
+    v["counter"] = match &op {
+        None => Value::Null,
+        Some(o) => counter_json(s.limiter.store().as_ref(), o, limit).await,
+    };
+    v
+}
+
+/// A rule of the plan, as `role` (decider or canary), with its `limits`
+/// explained: its first limit's figures repeated at the top.
+fn rule_explained(rule: &crate::rules::Rule, role: &str, limits: Vec<Value>) -> Value {
+    let spec = &rule.spec;
+    let first = limits.first().cloned().unwrap_or(Value::Null);
+    // What the next hit would meet (a shadow rule still never denies it).
+    let would_deny = limits
+        .iter()
+        .any(|v| v["kind"] == "always deny" || v["counter"]["remaining"] == json!(0));
+    json!({
+        "role": role,
+        "matchPolicy": spec.match_policy.as_str(),
+        "shadow": rule.is_shadow(),
+        "wouldDeny": would_deny,
+        "rule": spec.to_string(),
+        "position": spec.position,
+        "label": spec.label,
+        "comment": spec.comment,
+        "kind": first["kind"],
+        "creditLimit": first["creditLimit"],
+        "resetSeconds": first["resetSeconds"],
+        "algorithm": first["algorithm"],
+        "counterKey": first["counterKey"],
+        "counter": first["counter"],
+        "limits": limits,
+    })
 }
 
 /// What the store holds of `op`'s counter (a check: nothing is charged);

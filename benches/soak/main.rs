@@ -27,6 +27,7 @@ mod checks;
 mod dump;
 mod faults;
 mod governor;
+mod grpc_load;
 mod health;
 mod hostile;
 mod load;
@@ -115,16 +116,18 @@ fn main() -> ExitCode {
     );
     let mut rng = common::seeded_rng(opts.seed);
     let mut rig = rig::Rig::start(divvy);
+    let domain = rig.xds.source();
     for replica in &rig.replicas {
         let http = replica.http();
         let ready = faults::wait_until(60.0, || {
             rig::metric(http, "divvy_store_breaker_state") == Some(0.0)
                 && rig::metric(http, "divvy_aux_rules") == Some(1.0)
+                && rig::get(http, "/config").is_some_and(|(_, body)| body.contains(&domain))
         });
         let index = replica.index;
         assert!(
             ready.is_some(),
-            "replica {index} did not reach Redis and ZooKeeper within 60 s"
+            "replica {index} did not reach Redis, ZooKeeper and the xDS control plane within 60 s"
         );
     }
     let seconds = opts.minutes * 60.0;
@@ -134,17 +137,21 @@ fn main() -> ExitCode {
     let start = now();
     START.set(start).expect("started once");
     let (records, load) = load::start([rig.envoy_port(0), rig.envoy_port(1)], seconds);
+    let (calls, grpc) =
+        grpc_load::start([rig.grpc(0), rig.grpc(1)], rig.tls.ca_pem.clone(), seconds);
     let stream = rlqs::start(rig.grpc(1), rig.tls.ca_pem.clone());
     // A quiet start: the report's first seconds show the steady state.
     std::thread::sleep(Duration::from_secs(5));
     let events = faults::run(&mut rig, &mut rng, start + seconds);
     let skipped = load.join().expect("load");
+    grpc.join().expect("gRPC load");
     let mut findings = checks::Findings::default();
     stream.finish(start + 2.0, now(), &mut findings);
     stop.store(true, Ordering::Relaxed);
     let samples = sampler.join().expect("sampler");
     let end = now();
     let records = std::mem::take(&mut *records.lock().unwrap());
+    let calls = std::mem::take(&mut *calls.lock().unwrap());
     let log = rig.log.lock().unwrap().clone();
     if let Ok(dir) = std::env::var("SOAK_DUMP") {
         if let Err(e) = dump::write(&dir, &records, &events, &log) {
@@ -158,6 +165,7 @@ fn main() -> ExitCode {
     checks::statuses(&records, &events, tolerated, &mut findings);
     let policy = sampler::policy_active(&samples);
     checks::admissions(&records, &events, &policy, &mut findings);
+    grpc_load::check(&calls, &events, &policy, &mut findings);
     findings.report += "faults (time, what, recovery):\n";
     checks::recoveries(&events, &mut findings);
     health::resources(&samples, start, end, &mut findings);

@@ -3,7 +3,8 @@
 //! panic), so a soak that passes is not a soak whose checks cannot fail.
 
 use crate::checks::{self, Findings};
-use crate::faults::Event;
+use crate::faults::{Event, Kind};
+use crate::grpc_load::{self, Answer, Call};
 use crate::load::{Record, Status};
 
 /// `n` requests of rule 0, actor 0, in epoch second 1000, all `status`.
@@ -25,8 +26,63 @@ fn second(n: usize, status: Status) -> Vec<Record> {
         .collect()
 }
 
+/// `n` calls of actor 0 to `replica` in epoch second 1000, all `answer`.
+fn calls(n: usize, replica: usize, answer: Answer) -> Vec<Call> {
+    (0..n)
+        .map(|i| {
+            let sent = 1000.0 + i as f64 / (n as f64 + 1.0);
+            Call {
+                actor: 0,
+                replica,
+                sent,
+                done: sent + 0.001,
+                answer: answer.clone(),
+            }
+        })
+        .collect()
+}
+
+/// Panics unless the gRPC load's check catches an actor over the xDS
+/// domain's limit and an undecided call with no replica killed, and
+/// excuses one to replica 0 while it was down.
+fn grpc() {
+    let none: Vec<Event> = Vec::new();
+    let limit = crate::xds::LIMIT as usize;
+    let mut clean = Findings::default();
+    grpc_load::check(&calls(limit, 1, Answer::Ok), &none, &[], &mut clean);
+    assert!(
+        clean.violations.is_empty(),
+        "a clean gRPC trace fails: {:?}",
+        clean.violations
+    );
+    let mut over = Findings::default();
+    grpc_load::check(&calls(limit + 1, 1, Answer::Ok), &none, &[], &mut over);
+    assert!(
+        !over.violations.is_empty(),
+        "{} OKs of a limit of {limit} pass",
+        limit + 1
+    );
+    let error = Answer::Error("Unavailable: connection refused".into());
+    let mut failed = Findings::default();
+    grpc_load::check(&calls(1, 1, error.clone()), &none, &[], &mut failed);
+    assert!(
+        !failed.violations.is_empty(),
+        "an undecided call with no replica killed passes"
+    );
+    let mut kill = Event::new("replica 0 killed", Kind::ReplicaKill, 999.5, 10.0);
+    kill.recovered = Some(999.8);
+    let mut excused = Findings::default();
+    grpc_load::check(&calls(1, 0, error), &[kill], &[], &mut excused);
+    assert!(
+        excused.violations.is_empty(),
+        "a call to replica 0 while it was down is not excused: {:?}",
+        excused.violations
+    );
+}
+
 /// Panics unless every made-up fault is caught and a clean trace passes.
 pub fn run() {
+    grpc();
     let none: Vec<Event> = Vec::new();
     let mut clean = Findings::default();
     checks::admissions(&second(10, Status::Allowed), &none, &[], &mut clean);

@@ -141,8 +141,12 @@ pub fn factor(k: f64, events: &[Event], policy: &[(f64, f64)]) -> u64 {
 }
 
 /// The most an actor may be admitted on `rule` in epoch second `k`: the
-/// rule's own bound times [`factor`].
+/// rule's own bound times [`factor`] (the global limit: its own
+/// arithmetic).
 fn bound(rule: usize, k: f64, events: &[Event], policy: &[(f64, f64)]) -> u64 {
+    if RULES[rule].0 == crate::global_limit::RULE {
+        return crate::global_limit::bound(k, events, policy);
+    }
     let mut base = RULES[rule].2;
     if rule == 0 && knob_covers(k, events) {
         base = KNOB_LIMIT;

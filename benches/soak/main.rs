@@ -26,6 +26,7 @@ mod common;
 mod checks;
 mod dump;
 mod faults;
+mod global_limit;
 mod governor;
 mod grpc_load;
 mod health;
@@ -166,6 +167,7 @@ fn main() -> ExitCode {
     let policy = sampler::policy_active(&samples);
     checks::admissions(&records, &events, &policy, &mut findings);
     grpc_load::check(&calls, &events, &policy, &mut findings);
+    global_limit::leases(&rig, &mut findings);
     findings.report += "faults (time, what, recovery):\n";
     checks::recoveries(&events, &mut findings);
     health::resources(&samples, start, end, &mut findings);

@@ -80,9 +80,56 @@ fn grpc() {
     );
 }
 
+/// Whether `n` admissions of an actor of the global limit in epoch second
+/// 1000 pass the check, with `events`.
+fn global_passes(n: usize, events: &[Event]) -> bool {
+    let rule = crate::rig::RULES
+        .iter()
+        .position(|r| r.0 == crate::global_limit::RULE)
+        .expect("the global rule is in the load");
+    let trace: Vec<Record> = second(n, Status::Allowed)
+        .into_iter()
+        .map(|r| Record { rule, ..r })
+        .collect();
+    let mut found = Findings::default();
+    checks::admissions(&trace, events, &[], &mut found);
+    found.violations.is_empty()
+}
+
+/// Panics unless the global limit's bound follows docs/global.md: burst +
+/// rate with Redis up; inside a Redis stop, only the replicas' local
+/// shares of the fallback share, then of the floor.
+fn global() {
+    let stop = |injected: f64, healed: f64| {
+        let mut e = Event::new("redis SIGSTOP", Kind::RedisStop, injected, 1.0);
+        e.healed = healed;
+        e.recovered = Some(healed + 0.1);
+        vec![e]
+    };
+    let limit = crate::rig::LIMIT as usize;
+    assert!(global_passes(2 * limit, &[]), "burst + rate fails");
+    assert!(
+        !global_passes(2 * limit + 1, &[]),
+        "burst + rate + 1 passes"
+    );
+    // 3.5 s into a stop: the last lease has lapsed, the fallback share
+    // (a half) of it is in force; each replica's local half of that.
+    let fallback = stop(996.5, 1002.0);
+    assert!(global_passes(12, &fallback), "the fallback share fails");
+    assert!(
+        !global_passes(13, &fallback),
+        "past the fallback share passes"
+    );
+    // 10 s into a stop: the floor, a credit of burst and of rate each.
+    let floor = stop(990.0, 1010.0);
+    assert!(global_passes(4, &floor), "the floor fails");
+    assert!(!global_passes(5, &floor), "past the floor passes");
+}
+
 /// Panics unless every made-up fault is caught and a clean trace passes.
 pub fn run() {
     grpc();
+    global();
     let none: Vec<Event> = Vec::new();
     let mut clean = Findings::default();
     checks::admissions(&second(10, Status::Allowed), &none, &[], &mut clean);

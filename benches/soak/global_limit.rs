@@ -59,6 +59,19 @@ pub fn args(url: &str) -> Vec<String> {
     .collect()
 }
 
+/// How long after a Redis fault's `injected` stamp the fault is surely in
+/// force: the stamp is taken before the signal's own `kill` process is
+/// spawned, which takes a while on a loaded machine.
+const SLACK: f64 = 0.5;
+
+/// Whether epoch second `k` lies wholly inside an outage of Redis (and so
+/// of the global store): stopped or killed, and not yet back.
+fn inside(e: &Event, k: f64) -> bool {
+    matches!(e.kind, Kind::RedisStop | Kind::RedisKill)
+        && k >= e.injected + SLACK
+        && k + 1.0 <= e.healed
+}
+
 /// A lease's life: 1.5 periods from when the renewal that granted it was
 /// sent (docs/global.md, "Leases").
 fn lease_life() -> f64 {
@@ -68,19 +81,17 @@ fn lease_life() -> f64 {
 /// The share of the whole limit the region may decide on in epoch second
 /// `k`, at most: the whole while a lease can be in force; inside an
 /// outage of the global store (Redis stopped or killed: the same server)
-/// past the life of the last lease granted before it, the fallback share
+/// (from [`SLACK`] after its stamp) past the life of the last lease
+/// granted before it, the fallback share
 /// of it, and past the fallback time too, the floor (docs/global.md,
 /// "What a region does"). Leases return within a renewal of the store
 /// answering, so a second that reaches the healing counts as whole.
 fn quota_share(k: f64, events: &[Event]) -> f64 {
-    let outage = events.iter().find(|e| {
-        matches!(e.kind, Kind::RedisStop | Kind::RedisKill)
-            && k >= e.injected
-            && k + 1.0 <= e.healed
-    });
+    let outage = events.iter().find(|e| inside(e, k));
+    let from = |e: &Event| e.injected + SLACK + lease_life();
     match outage {
-        Some(e) if k >= e.injected + lease_life() + FALLBACK_MS as f64 / 1000.0 => FLOOR,
-        Some(e) if k >= e.injected + lease_life() => FALLBACK_SHARE,
+        Some(e) if k >= from(e) + FALLBACK_MS as f64 / 1000.0 => FLOOR,
+        Some(e) if k >= from(e) => FALLBACK_SHARE,
         _ => 1.0,
     }
 }
@@ -100,11 +111,7 @@ pub fn bound(k: f64, events: &[Event], policy: &[(f64, f64)]) -> u64 {
     let overlaps = |from: f64, to: f64| from < k + 1.0 && to > k;
     let redis_fault =
         |e: &&Event| matches!(e.kind, Kind::RedisStop | Kind::RedisKill | Kind::RedisSlow);
-    let inside = events.iter().any(|e| {
-        matches!(e.kind, Kind::RedisStop | Kind::RedisKill)
-            && k >= e.injected
-            && k + 1.0 <= e.healed
-    });
+    let inside = events.iter().any(|e| inside(e, k));
     let killed = events
         .iter()
         .any(|e| e.kind == Kind::RedisKill && overlaps(e.injected, e.over()));

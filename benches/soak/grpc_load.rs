@@ -84,10 +84,10 @@ pub fn start(
                 for (replica, addr) in grpc.iter().enumerate() {
                     // Schedules spread evenly over each 1/RATE s.
                     let offset = tasks.len() as f64 / (users as f64 * RATE);
-                    let channel = channel(*addr, &ca);
+                    let target = (*addr, ca.clone());
                     let calls = shared.clone();
                     tasks.push(tokio::spawn(user(
-                        channel, actor, replica, offset, seconds, calls,
+                        target, actor, replica, offset, seconds, calls,
                     )));
                 }
             }
@@ -113,10 +113,13 @@ fn channel(addr: SocketAddr, ca: &str) -> Option<Channel> {
     Some(endpoint.connect_lazy())
 }
 
-/// One actor's calls to one replica, every 1/[`RATE`] s from `offset` for
-/// `seconds` (a tick missed while a call was out is skipped).
+/// One actor's calls to one replica (`target`: its address and the CA to
+/// trust), every 1/[`RATE`] s from `offset` for `seconds` (a tick missed
+/// while a call was out is skipped). After an undecided call the channel
+/// is built afresh, so that a restarted replica is reached again whatever
+/// the old connection's state.
 async fn user(
-    channel: Option<Channel>,
+    target: (SocketAddr, String),
     actor: usize,
     replica: usize,
     offset: f64,
@@ -130,7 +133,8 @@ async fn user(
         Duration::from_secs_f64(1.0 / RATE),
     );
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    let mut client = channel.map(RateLimitServiceClient::new);
+    let connect = || channel(target.0, &target.1).map(RateLimitServiceClient::new);
+    let mut client = connect();
     let value = format!("a{actor}");
     while ticks.tick().await < end {
         let sent = now();
@@ -139,6 +143,9 @@ async fn user(
             None => Answer::Error("no channel (bad address or TLS settings)".into()),
         };
         let done = now();
+        if matches!(answer, Answer::Error(_)) {
+            client = connect();
+        }
         calls.lock().unwrap().push(Call {
             actor,
             replica,

@@ -1,9 +1,11 @@
 //! The soak: real processes on loopback (a redis-server behind a fault
 //! proxy, two divvy replicas on it, a real Envoy in front of each with
 //! Envoy's defaults: a 20 ms timeout and `failure_mode_deny: true`), a
-//! steady load through both Envoys, and faults on a random schedule from a
-//! printed seed. It asserts, and prints as a report at the end: every
-//! request decided (no 5xx but in a replica kill's first second), no limit
+//! steady load through both Envoys (a global limit among its rules), a
+//! gRPC load in the xDS domain straight to both replicas, and faults on a
+//! random schedule from a printed seed. It asserts, and prints as a report
+//! at the end: every request decided (no 5xx but in a replica kill's first
+//! second; every gRPC call but to replica 0 while it is down), no limit
 //! over-admitted beyond the failure policy's allowance, each fault's
 //! recovery within its bound, resources flat, no panic and no ERROR line a
 //! fault does not explain. It exits 1 when any of that fails.

@@ -7,11 +7,13 @@
 //! actor and epoch second follows docs/global.md and the README's "When
 //! Redis fails", not a flat factor.
 
+use std::collections::BTreeMap;
 use std::fmt::Write;
 
 use crate::checks::Findings;
 use crate::faults::{Event, Kind};
-use crate::rig::{self, Rig, LIMIT};
+use crate::load::{Record, Status};
+use crate::rig::{self, Rig, LIMIT, RULES};
 
 /// The rule's name (a value of the load's `rule` header).
 pub const RULE: &str = "global";
@@ -195,4 +197,37 @@ pub fn leases(rig: &Rig, out: &mut Findings) {
             ));
         }
     }
+}
+
+/// The report's line on the seconds wholly inside a Redis outage (the
+/// global store gone too): how many actor-seconds, and the fullest of them
+/// against its bound (the over-admission itself is `checks::admissions`'s).
+pub fn outages(records: &[Record], events: &[Event], policy: &[(f64, f64)], out: &mut Findings) {
+    let Some(rule) = RULES.iter().position(|r| r.0 == RULE) else {
+        return;
+    };
+    let mut counts: BTreeMap<(usize, i64), u64> = BTreeMap::new();
+    for r in records.iter().filter(|r| r.rule == rule) {
+        let k = r.sent.floor();
+        if events.iter().any(|e| inside(e, k)) {
+            let admitted = u64::from(r.status == Status::Allowed && k == r.done.floor());
+            *counts.entry((r.actor, k as i64)).or_insert(0) += admitted;
+        }
+    }
+    let mut worst = (0u64, 1u64, 1.0f64);
+    for ((_, k), n) in &counts {
+        let k = *k as f64;
+        let b = bound(k, events, policy);
+        if n * worst.1 > worst.0 * b || worst.0 == 0 {
+            worst = (*n, b, quota_share(k, events));
+        }
+    }
+    let _ = writeln!(
+        out.report,
+        "  {RULE} inside Redis outages (the global store gone too): {} actor-seconds, fullest {} of {} allowed (quota share {})",
+        counts.len(),
+        worst.0,
+        worst.1,
+        worst.2
+    );
 }

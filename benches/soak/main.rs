@@ -168,6 +168,7 @@ fn main() -> ExitCode {
     checks::statuses(&records, &events, tolerated, &mut findings);
     let policy = sampler::policy_active(&samples);
     checks::admissions(&records, &events, &policy, &mut findings);
+    global_limit::outages(&records, &events, &policy, &mut findings);
     grpc_load::check(&calls, &events, &policy, &mut findings);
     global_limit::leases(&rig, &mut findings);
     findings.report += "faults (time, what, recovery):\n";

@@ -169,7 +169,7 @@ fn main() -> ExitCode {
     let policy = sampler::policy_active(&samples);
     checks::admissions(&records, &events, &policy, &mut findings);
     global_limit::outages(&records, &events, &policy, &mut findings);
-    grpc_load::check(&calls, &events, &policy, &mut findings);
+    grpc_load::check(&calls, &events, &policy, tolerated, &mut findings);
     global_limit::leases(&rig, &mut findings);
     findings.report += "faults (time, what, recovery):\n";
     checks::recoveries(&events, &mut findings);

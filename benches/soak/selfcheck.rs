@@ -49,14 +49,14 @@ fn grpc() {
     let none: Vec<Event> = Vec::new();
     let limit = crate::xds::LIMIT as usize;
     let mut clean = Findings::default();
-    grpc_load::check(&calls(limit, 1, Answer::Ok), &none, &[], &mut clean);
+    grpc_load::check(&calls(limit, 1, Answer::Ok), &none, &[], 0, &mut clean);
     assert!(
         clean.violations.is_empty(),
         "a clean gRPC trace fails: {:?}",
         clean.violations
     );
     let mut over = Findings::default();
-    grpc_load::check(&calls(limit + 1, 1, Answer::Ok), &none, &[], &mut over);
+    grpc_load::check(&calls(limit + 1, 1, Answer::Ok), &none, &[], 0, &mut over);
     assert!(
         !over.violations.is_empty(),
         "{} OKs of a limit of {limit} pass",
@@ -64,7 +64,7 @@ fn grpc() {
     );
     let error = Answer::Error("Unavailable: connection refused".into());
     let mut failed = Findings::default();
-    grpc_load::check(&calls(1, 1, error.clone()), &none, &[], &mut failed);
+    grpc_load::check(&calls(1, 1, error.clone()), &none, &[], 0, &mut failed);
     assert!(
         !failed.violations.is_empty(),
         "an undecided call with no replica killed passes"
@@ -72,7 +72,7 @@ fn grpc() {
     let mut kill = Event::new("replica 0 killed", Kind::ReplicaKill, 999.5, 10.0);
     kill.recovered = Some(999.8);
     let mut excused = Findings::default();
-    grpc_load::check(&calls(1, 0, error), &[kill], &[], &mut excused);
+    grpc_load::check(&calls(1, 0, error), &[kill], &[], 0, &mut excused);
     assert!(
         excused.violations.is_empty(),
         "a call to replica 0 while it was down is not excused: {:?}",

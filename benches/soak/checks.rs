@@ -21,7 +21,7 @@ pub struct Findings {
 /// A 5xx is expected only this long after a replica is killed (requests
 /// in flight to it, and Envoy's connections to it until its health check
 /// fails).
-const KILL_GRACE: f64 = 1.0;
+pub const KILL_GRACE: f64 = 1.0;
 
 /// Counts each status; a 5xx outside a kill's first second, or anything
 /// that is not a decision, is a violation, except up to `tolerated` 5xx
@@ -122,27 +122,36 @@ fn redis_factor(kind: Kind) -> u64 {
     }
 }
 
-/// The most an actor may be admitted on `rule` in epoch second `k`: the
-/// rule's own bound, times [`redis_factor`] while a Redis fault lasts, and
-/// twice it wherever the failure policy decided anything (Redis slower
-/// than Envoy's deadline on a busy machine opens the breaker too).
-fn bound(rule: usize, k: f64, events: &[Event], policy: &[(f64, f64)]) -> u64 {
+/// How many times its own bound a limit may admit in epoch second `k`:
+/// [`redis_factor`] while a Redis fault lasts, and twice it wherever the
+/// failure policy decided anything (Redis slower than Envoy's deadline on
+/// a busy machine opens the breaker too).
+pub fn factor(k: f64, events: &[Event], policy: &[(f64, f64)]) -> u64 {
     let overlaps = |from: f64, to: f64| from < k + 1.0 && to > k;
     let by_policy = if policy.iter().any(|(a, b)| overlaps(*a, *b)) {
         2
     } else {
         1
     };
-    let factor = events
+    events
         .iter()
         .filter(|e| overlaps(e.injected, e.over()))
         .map(|e| redis_factor(e.kind))
-        .fold(by_policy, u64::max);
+        .fold(by_policy, u64::max)
+}
+
+/// The most an actor may be admitted on `rule` in epoch second `k`: the
+/// rule's own bound times [`factor`] (the global limit: its own
+/// arithmetic).
+fn bound(rule: usize, k: f64, events: &[Event], policy: &[(f64, f64)]) -> u64 {
+    if RULES[rule].0 == crate::global_limit::RULE {
+        return crate::global_limit::bound(k, events, policy);
+    }
     let mut base = RULES[rule].2;
     if rule == 0 && knob_covers(k, events) {
         base = KNOB_LIMIT;
     }
-    base * factor
+    base * factor(k, events, policy)
 }
 
 /// Whether epoch second `k` lies wholly between a knob being seen on

@@ -1,9 +1,11 @@
 //! The soak: real processes on loopback (a redis-server behind a fault
 //! proxy, two divvy replicas on it, a real Envoy in front of each with
 //! Envoy's defaults: a 20 ms timeout and `failure_mode_deny: true`), a
-//! steady load through both Envoys, and faults on a random schedule from a
-//! printed seed. It asserts, and prints as a report at the end: every
-//! request decided (no 5xx but in a replica kill's first second), no limit
+//! steady load through both Envoys (a global limit among its rules), a
+//! gRPC load in the xDS domain straight to both replicas, and faults on a
+//! random schedule from a printed seed. It asserts, and prints as a report
+//! at the end: every request decided (no 5xx but in a replica kill's first
+//! second; every gRPC call but to replica 0 while it is down), no limit
 //! over-admitted beyond the failure policy's allowance, each fault's
 //! recovery within its bound, resources flat, no panic and no ERROR line a
 //! fault does not explain. It exits 1 when any of that fails.
@@ -26,7 +28,9 @@ mod common;
 mod checks;
 mod dump;
 mod faults;
+mod global_limit;
 mod governor;
+mod grpc_load;
 mod health;
 mod hostile;
 mod load;
@@ -115,16 +119,18 @@ fn main() -> ExitCode {
     );
     let mut rng = common::seeded_rng(opts.seed);
     let mut rig = rig::Rig::start(divvy);
+    let domain = rig.xds.source();
     for replica in &rig.replicas {
         let http = replica.http();
         let ready = faults::wait_until(60.0, || {
             rig::metric(http, "divvy_store_breaker_state") == Some(0.0)
                 && rig::metric(http, "divvy_aux_rules") == Some(1.0)
+                && rig::get(http, "/config").is_some_and(|(_, body)| body.contains(&domain))
         });
         let index = replica.index;
         assert!(
             ready.is_some(),
-            "replica {index} did not reach Redis and ZooKeeper within 60 s"
+            "replica {index} did not reach Redis, ZooKeeper and the xDS control plane within 60 s"
         );
     }
     let seconds = opts.minutes * 60.0;
@@ -134,17 +140,21 @@ fn main() -> ExitCode {
     let start = now();
     START.set(start).expect("started once");
     let (records, load) = load::start([rig.envoy_port(0), rig.envoy_port(1)], seconds);
+    let (calls, grpc) =
+        grpc_load::start([rig.grpc(0), rig.grpc(1)], rig.tls.ca_pem.clone(), seconds);
     let stream = rlqs::start(rig.grpc(1), rig.tls.ca_pem.clone());
     // A quiet start: the report's first seconds show the steady state.
     std::thread::sleep(Duration::from_secs(5));
     let events = faults::run(&mut rig, &mut rng, start + seconds);
     let skipped = load.join().expect("load");
+    grpc.join().expect("gRPC load");
     let mut findings = checks::Findings::default();
     stream.finish(start + 2.0, now(), &mut findings);
     stop.store(true, Ordering::Relaxed);
     let samples = sampler.join().expect("sampler");
     let end = now();
     let records = std::mem::take(&mut *records.lock().unwrap());
+    let calls = std::mem::take(&mut *calls.lock().unwrap());
     let log = rig.log.lock().unwrap().clone();
     if let Ok(dir) = std::env::var("SOAK_DUMP") {
         if let Err(e) = dump::write(&dir, &records, &events, &log) {
@@ -158,6 +168,9 @@ fn main() -> ExitCode {
     checks::statuses(&records, &events, tolerated, &mut findings);
     let policy = sampler::policy_active(&samples);
     checks::admissions(&records, &events, &policy, &mut findings);
+    global_limit::outages(&records, &events, &policy, &mut findings);
+    grpc_load::check(&calls, &events, &policy, tolerated, &mut findings);
+    global_limit::leases(&rig, &mut findings);
     findings.report += "faults (time, what, recovery):\n";
     checks::recoveries(&events, &mut findings);
     health::resources(&samples, start, end, &mut findings);

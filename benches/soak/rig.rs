@@ -1,4 +1,5 @@
-//! The processes of the soak: one redis-server behind a fault proxy, a
+//! The processes of the soak: one redis-server behind a fault proxy (the
+//! replicas' counters and their global store), a
 //! ZooKeeper with aux rules, a Prometheus a governor reads, an xDS control
 //! plane, two
 //! divvy replicas on it (each on fixed ports, so a replica killed comes
@@ -25,11 +26,17 @@ pub const TOKEN: &str = "soak-admin-token";
 
 /// The rules the load runs on: (descriptor value, algorithm, most
 /// admissions an actor may get in one epoch second while Redis decides).
-pub const RULES: [(&str, &str, u64); 3] = [
+pub const RULES: [(&str, &str, u64); 4] = [
     ("fixed", "fixed", LIMIT),
     ("sliding", "sliding", LIMIT),
     // A token bucket admits at most burst + rate · T in any T seconds.
     ("bucket", "token_bucket", 2 * LIMIT),
+    // `scope: global`: its bound is `global_limit::bound`'s.
+    (
+        crate::global_limit::RULE,
+        "token_bucket, scope global",
+        2 * LIMIT,
+    ),
 ];
 
 /// Each rule's `creditLimit` per second (and the bucket's burst).
@@ -40,11 +47,12 @@ pub const LIMIT: u64 = 10;
 /// governor reading `prometheus`.
 pub fn policy(version: u32, prometheus: &str) -> String {
     let mut yaml = format!("# soak policy, version {version}\noverrides:\n");
-    for (name, algorithm, _) in RULES {
+    for (name, algorithm, _) in RULES.iter().filter(|r| r.0 != crate::global_limit::RULE) {
         yaml += &format!(
             "  - operation: {{rule: {name}, actor: \"*\"}}\n    actorField: actor\n    algorithm: {algorithm}\n    creditLimit: {LIMIT}\n    resetSeconds: 1\n    label: {name}\n"
         );
     }
+    yaml += &crate::global_limit::policy_part();
     yaml += "  - operation: {rule: hostile, actor: \"*\"}\n    actorField: actor\n    algorithm: fixed\n    creditLimit: 5\n    resetSeconds: 1\n    label: hostile\n";
     let (rule, governor) = crate::governor::policy_part(prometheus);
     yaml + &rule
@@ -165,6 +173,7 @@ impl Rig {
             .args(["--http-addr", &format!("127.0.0.1:{http}")])
             .args(["--redis-url", &self.proxy.url()])
             .args(["--admin-token", TOKEN])
+            .args(crate::global_limit::args(&self.proxy.url()))
             .arg("--grpc-tls-cert")
             .arg(&self.tls.cert)
             .arg("--grpc-tls-key")

@@ -13,8 +13,18 @@ use crate::faults::{wait_until, Event, Kind};
 use crate::now;
 use crate::rig::{self, Rig};
 
-/// The domain the control plane serves (no request of the load is in it).
-const DOMAIN: &str = "soak-xds";
+/// The domain the control plane serves; the soak's gRPC load
+/// (`grpc_load.rs`) asks it.
+pub const DOMAIN: &str = "soak-xds";
+
+/// The key-only descriptor of every version: one counter per value (per
+/// actor of the gRPC load), [`LIMIT`] calls per epoch second.
+pub const KEY: &str = "soak_actor";
+
+/// The key's `requests_per_unit` (per second): below what the gRPC load
+/// asks of each actor, so that some calls are OVER_LIMIT; no other limit
+/// of the soak is 7, so an answer carrying it was decided by this domain.
+pub const LIMIT: u32 = 7;
 
 /// The control plane, on a fixed port so that it comes back where the
 /// replicas look for it, on a runtime of its own.
@@ -27,8 +37,19 @@ pub struct Plane {
     pub version: u32,
 }
 
-/// Version `version` of the domain: one descriptor named after it.
+/// Version `version` of the domain: one descriptor named after it (so a
+/// new version is seen to replace the old), and the same [`KEY`] in each
+/// (so the load's counters outlive every version change).
 fn snapshot(version: u32) -> Snapshot {
+    let per_actor = RateLimitDescriptor {
+        key: KEY.to_owned(),
+        rate_limit: Some(RateLimitPolicy {
+            unit: RateLimitUnit::Second as i32,
+            requests_per_unit: LIMIT,
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
     let descriptor = RateLimitDescriptor {
         key: "generic_key".to_owned(),
         value: format!("route-{version}"),
@@ -42,7 +63,7 @@ fn snapshot(version: u32) -> Snapshot {
     let config = RateLimitConfig {
         name: DOMAIN.to_owned(),
         domain: DOMAIN.to_owned(),
-        descriptors: vec![descriptor],
+        descriptors: vec![descriptor, per_actor],
     };
     (format!("v{version}"), vec![config])
 }

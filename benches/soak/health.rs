@@ -15,10 +15,10 @@ const GROWTH: f64 = 0.10;
 /// less at the moment of a sample is no leak.
 const FD_SLACK: f64 = 3.0;
 
-/// Threads allowed beyond [`GROWTH`]: tokio's blocking pool starts a
-/// thread for file reads (the policy, the certificates) and keeps it 10 s
-/// after its last use, so a replica of 6 threads reads 6 or 7 (the hour's
-/// run: 6 to 7 at minute 40, 7 to its end).
+/// Threads allowed beyond [`GROWTH`]: tokio's blocking pool (file reads,
+/// name lookups) starts threads on demand and keeps each 10 s past its
+/// last use, so a replica of 6 threads reads 6 or 7 (the hour's run: 6 to
+/// 7 at minute 40, 7 to its end).
 const THREAD_SLACK: f64 = 2.0;
 
 /// A resource: its name, how to read it from a sample, the absolute

@@ -190,7 +190,11 @@ fn a_reset_on_one_replica_frees_the_actor_on_every_replica_within_a_second() {
 }
 
 /// Alice full again (used up on A), denied on both, both caches holding it.
+/// For a second after a reset every poll drops its key's cached denial
+/// again (HITs in flight may bring one back), so this waits that out first.
 fn exhaust_on_both_again(a: &Server, b: &Server) {
+    let repeat = Duration::from_millis(divvy::counters::resets::REPEAT_MS);
+    std::thread::sleep(repeat + 2 * divvy::counters::resets::POLL_EVERY);
     while hit(a, "path=/api/x user=alice").0 {}
     assert!(!hit(b, "path=/api/x user=alice").0);
     for s in [a, b] {

@@ -56,9 +56,6 @@ pub fn resources(samples: &[Sample], from: f64, to: f64, out: &mut Findings) {
             .filter(|s| (s.at - mark).abs() <= 5.0)
             .collect();
         let end: Vec<&Sample> = mine.iter().rev().take(10).copied().collect();
-        let mean = |set: &[&Sample], f: fn(&Sample) -> f64| {
-            set.iter().map(|s| f(s)).sum::<f64>() / set.len().max(1) as f64
-        };
         let measures: [Measure; 3] = [
             ("RSS MiB", |s| s.rss as f64 / 1048576.0, 0.0),
             ("open fds", |s| s.fds as f64, FD_SLACK),
@@ -118,6 +115,11 @@ pub fn logs(log: &[LogLine], events: &[Event], out: &mut Findings) {
     );
 }
 
+/// The mean of `f` over `set` (0 for none).
+fn mean(set: &[&Sample], f: fn(&Sample) -> f64) -> f64 {
+    set.iter().map(|s| f(s)).sum::<f64>() / set.len().max(1) as f64
+}
+
 /// Each replica's RSS, descriptors and threads every ten minutes (the
 /// mean of the samples within five seconds of each mark), for the
 /// hour's table in docs/reliability.md.
@@ -135,15 +137,13 @@ pub fn timeline(samples: &[Sample], from: f64, to: f64, out: &mut Findings) {
                 .iter()
                 .filter(|s| s.replica == replica && (s.at - mark).abs() <= 5.0)
                 .collect();
-            let n = near.len().max(1) as f64;
-            let mean = |f: fn(&Sample) -> f64| near.iter().map(|s| f(s)).sum::<f64>() / n;
             let _ = write!(
                 line,
                 "  replica {replica} (pid {}) {:.1} / {:.1} / {:.1}",
                 near.first().map_or(0, |s| s.pid),
-                mean(|s| s.rss as f64 / 1048576.0),
-                mean(|s| s.fds as f64),
-                mean(|s| s.threads as f64)
+                mean(&near, |s| s.rss as f64 / 1048576.0),
+                mean(&near, |s| s.fds as f64),
+                mean(&near, |s| s.threads as f64)
             );
         }
         let _ = writeln!(out.report, "{line}");

@@ -14,6 +14,15 @@ pub trait Clock: Send + Sync + 'static {
     fn now_coarse(&self) -> Duration {
         self.now()
     }
+
+    /// Milliseconds since the epoch at `instant`, a monotonic instant
+    /// already read: a decision reads the clock once and derives every time
+    /// it needs from that. A clock not driven by the monotonic clock
+    /// (tests, replay) answers [`Clock::now`].
+    fn ms_at(&self, instant: Instant) -> u64 {
+        let _ = instant;
+        u64::try_from(self.now().as_millis()).unwrap_or(u64::MAX)
+    }
 }
 
 /// A monotonic instant from the kernel's coarse clock: a few milliseconds'
@@ -39,16 +48,22 @@ impl CoarseInstant {
 #[derive(Debug)]
 pub struct SystemClock {
     at_start: Duration,
+    /// `at_start` in whole milliseconds, and the nanoseconds past them.
+    at_start_ms: u64,
+    at_start_sub_ms_ns: u32,
     start: Instant,
     coarse_start: CoarseInstant,
 }
 
 impl Default for SystemClock {
     fn default() -> Self {
+        let at_start = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
         SystemClock {
-            at_start: SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .unwrap_or_default(),
+            at_start,
+            at_start_ms: u64::try_from(at_start.as_millis()).unwrap_or(u64::MAX),
+            at_start_sub_ms_ns: at_start.subsec_nanos() % 1_000_000,
             start: Instant::now(),
             coarse_start: CoarseInstant::now(),
         }
@@ -62,6 +77,16 @@ impl Clock for SystemClock {
 
     fn now_coarse(&self) -> Duration {
         self.at_start + self.coarse_start.elapsed()
+    }
+
+    fn ms_at(&self, instant: Instant) -> u64 {
+        // `(at_start + since).as_millis()` in u64 arithmetic (`as_millis`
+        // is u128's): the sub-millisecond nanoseconds of both carry over.
+        let since = instant.saturating_duration_since(self.start);
+        let nanos = self.at_start_sub_ms_ns + since.subsec_nanos();
+        self.at_start_ms
+            .saturating_add(since.as_secs().saturating_mul(1000))
+            .saturating_add(u64::from(nanos / 1_000_000))
     }
 }
 
@@ -138,5 +163,35 @@ mod tests {
         let waited = started.elapsed();
         assert!(waited >= Duration::from_millis(15), "{waited:?}");
         assert!(waited < Duration::from_secs(5), "{waited:?}");
+    }
+
+    #[test]
+    fn milliseconds_at_an_instant_read_are_the_clocks_own() {
+        let clock = SystemClock::default();
+        for step in [
+            0u64,
+            1,
+            999_999,
+            1_000_000,
+            1_500_000_123,
+            86_400_000_000_007,
+        ] {
+            let instant = clock.start + Duration::from_nanos(step);
+            let exact = clock.at_start + Duration::from_nanos(step);
+            assert_eq!(
+                u128::from(clock.ms_at(instant)),
+                exact.as_millis(),
+                "{step} ns after start"
+            );
+        }
+        // An instant before the clock's start reads as its start.
+        let early = clock.start.checked_sub(Duration::from_millis(5));
+        if let Some(early) = early {
+            assert_eq!(u128::from(clock.ms_at(early)), clock.at_start.as_millis());
+        }
+        // A clock that is not the monotonic one answers its own now.
+        let manual = ManualClock::default();
+        manual.advance(Duration::from_millis(1234));
+        assert_eq!(manual.ms_at(Instant::now()), 1234);
     }
 }

@@ -214,3 +214,37 @@ async fn a_domain_the_policy_directory_defines_is_refused_over_xds() {
         "the file's limit of 1"
     );
 }
+
+/// `serve --xds-server`: a replica is unready (`/readyz` 503 with the
+/// reason, gRPC health NOT_SERVING through `/healthcheck`'s verdict) until
+/// the control plane's first configuration is installed, since until then
+/// its xDS domains would be answered by the policy file's rules; then ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_is_unready_until_the_first_xds_configuration_is_installed() {
+    let port = common::free_port();
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let server = Server::with_policy_args(
+        POLICY,
+        "yaml",
+        &["--xds-server", &addr.to_string(), "--xds-node-id", "n1"],
+    );
+    // No control plane yet: the replica serves but is not ready.
+    let (status, body) = server.http("GET", "/readyz", "");
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("xDS control plane"), "{body}");
+    let (status, _) = server.http("GET", "/healthcheck", "");
+    assert_eq!(status, 500, "/healthcheck follows readiness");
+
+    let _plane =
+        ControlPlane::start(addr, ("v1".to_owned(), vec![gateway("eg", &[("r", 2)])])).await;
+    until_metric(&server, ACCEPTED, 1.0).await;
+    let ready = common::wait_until(Duration::from_secs(5), || {
+        server.http("GET", "/readyz", "").0 == 200
+    });
+    assert!(
+        ready.is_some(),
+        "ready once the first configuration is in force"
+    );
+    let mut client = server.client().await;
+    assert_eq!(codes(&mut client, "r", 3).await, [OK, OK, OVER]);
+}

@@ -255,6 +255,7 @@ fn start_sources(
     }
     if let Some(options) = s.xds.clone() {
         info!(server = %options.server, node = %options.node_id, "envoyproxy/ratelimit domains over xDS");
+        limiter.set_xds_pending(s.ready_awaits_xds);
         xds::spawn(options, sources);
     }
     reloader.clone().spawn(s.watch);

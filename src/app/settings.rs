@@ -99,6 +99,10 @@ pub struct Settings {
     pub healthy_needs_config: bool,
     /// Serve nothing until the xDS control plane's first configuration.
     pub wait_for_xds: bool,
+    /// Unready until the xDS control plane's first configuration is
+    /// installed (`serve --xds`; ratelimit mode's health follows
+    /// envoyproxy/ratelimit's instead).
+    pub ready_awaits_xds: bool,
     /// Between a shutdown signal (unready) and closing the listeners.
     pub shutdown_delay: Duration,
     /// Path of the Prometheus metrics (also served at /metrics).
@@ -184,6 +188,7 @@ impl Default for Settings {
             grpc_reflection: false,
             healthy_needs_config: false,
             wait_for_xds: false,
+            ready_awaits_xds: false,
             shutdown_delay: Duration::ZERO,
             metrics_path: "/metrics".into(),
             tokens: Tokens::default(),

@@ -52,6 +52,8 @@ pub struct Limiter {
     envoy: Arc<EnvoySettings>,
     telemetry: Telemetry,
     debtors: debtors::Debtors,
+    /// Set while the xDS control plane's first configuration is awaited.
+    xds_pending: std::sync::atomic::AtomicBool,
 }
 
 impl Limiter {
@@ -88,6 +90,7 @@ impl Limiter {
             envoy: Arc::new(EnvoySettings::default()),
             telemetry,
             debtors: debtors::Debtors::default(),
+            xds_pending: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -136,6 +139,19 @@ impl Limiter {
     /// envoyproxy/ratelimit's settings.
     pub fn envoy(&self) -> &Arc<EnvoySettings> {
         &self.envoy
+    }
+
+    /// Marks the xDS control plane's first configuration as awaited (or,
+    /// `false`, as installed): until then the xDS domains are missing, and
+    /// readiness says so.
+    pub fn set_xds_pending(&self, pending: bool) {
+        self.xds_pending
+            .store(pending, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Whether the xDS control plane's first configuration is still awaited.
+    pub fn xds_pending(&self) -> bool {
+        self.xds_pending.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// The rule set in force.
@@ -194,6 +210,8 @@ impl Limiter {
     }
 
     /// The pipeline every engine runs: plan, one store call, finish, record.
+    /// The clock is read twice: once at the start (the store's "now" and
+    /// the start of both timings) and once when the store answers.
     async fn run<'r, E: Engine<'r>>(
         &self,
         rules: &RuleSet,
@@ -208,18 +226,18 @@ impl Limiter {
         let (states, decided_at) = if ops.is_empty() {
             (Vec::new(), None)
         } else {
-            let (states, answered) = self.apply(&ops, charge, request.deadline).await?;
+            let (states, answered) = self.apply(&ops, charge, request.deadline, started).await?;
             (states, Some(answered))
         };
         let mut tallies = reuse::take(&TALLIES);
         let verdict = engine.finish(plan, &mut ops, &states, &mut tallies);
         let decided_at = decided_at.unwrap_or_else(Instant::now);
-        let decided = decided_at.duration_since(started);
+        let decided = decided_at.saturating_duration_since(started);
         record::record(
             &self.telemetry,
             rules,
             &tallies,
-            decided,
+            (decided, decided_at),
             request.items.len(),
         );
         crate::store::keep_states(states);
@@ -228,18 +246,18 @@ impl Limiter {
         Ok(verdict)
     }
 
-    /// The one store call of a request, timed; one state per op, and when
-    /// the store answered (one clock read serves the store's time and the
-    /// decision's).
+    /// The one store call of a request begun at `started`, timed from then
+    /// (the plan before it is a fraction of a microsecond); one state per
+    /// op, and when the store answered.
     async fn apply(
         &self,
         ops: &[CounterOp],
         charge: Charge,
         deadline: Option<tokio::time::Instant>,
+        started: Instant,
     ) -> Result<(Vec<CounterState>, Instant), StoreError> {
-        let store_started = Instant::now();
         // The memory store answers at once: no boxed future per call.
-        let applied = match self.store.apply_ready(ops, charge) {
+        let applied = match self.store.apply_ready(ops, charge, started) {
             Some(applied) => applied,
             None => self.store.apply_by(ops, charge, deadline).await,
         };
@@ -247,7 +265,7 @@ impl Limiter {
         let store = &self.telemetry.metrics.store;
         store
             .duration
-            .observe(answered.duration_since(store_started).as_secs_f64());
+            .observe(answered.saturating_duration_since(started).as_secs_f64());
         let states = applied.inspect_err(|_| store.errors.inc())?;
         Ok((crate::store::answered_all(states, ops.len())?, answered))
     }

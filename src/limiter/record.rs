@@ -51,17 +51,17 @@ pub(super) struct TreeTally {
 }
 
 /// Counts every tally, then the request's time to decide (`decided`, for
-/// `descriptors` hits: each is one hit, timed as its request).
+/// `descriptors` hits: each is one hit, timed as its request), stamped
+/// with the second of `at` (the decision's own clock read).
 pub(super) fn record(
     telemetry: &Telemetry,
     rules: &RuleSet,
     tallies: &[Tally],
-    decided: Duration,
+    (decided, at): (Duration, std::time::Instant),
     descriptors: usize,
 ) {
     let (m, board) = (&*telemetry.metrics, &*telemetry.recorder);
-    // One clock read for the request.
-    let now = board.now();
+    let now = board.second_at(at);
     for tally in tallies {
         match tally {
             Tally::Rule {

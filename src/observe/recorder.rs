@@ -89,6 +89,12 @@ impl Recorder {
         self.clock.now_coarse().as_secs()
     }
 
+    /// The second since the epoch at `instant`, a monotonic instant already
+    /// read (a decision's own clock read serves its history too).
+    pub fn second_at(&self, instant: std::time::Instant) -> u64 {
+        self.clock.ms_at(instant) / 1000
+    }
+
     /// The stats of the rule named `name`: the ones it had if a rule of
     /// that name is in force (a reload keeps its history), else new ones.
     pub fn rule(&self, name: &str) -> Arc<RuleStats> {

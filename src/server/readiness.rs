@@ -5,7 +5,9 @@
 //! policy still decides every request, and taking every replica out of the
 //! Service at once (they all share the store) would turn those answers into
 //! connection errors. Unready means it cannot answer at all: shutting down,
-//! or (in `ratelimit` mode) no configuration loaded yet.
+//! (in `ratelimit` mode) no configuration loaded yet, or (with `--xds`) the
+//! control plane's first configuration not yet installed, so its domains
+//! would be answered without their limits.
 
 use crate::limiter::Limiter;
 
@@ -45,6 +47,11 @@ impl Readiness {
         }
         if self.needs_config && limiter.rules().source().is_empty() {
             return Verdict::NotReady("no rate-limit configuration loaded".into());
+        }
+        if limiter.xds_pending() {
+            return Verdict::NotReady(
+                "waiting for the first configuration from the xDS control plane".into(),
+            );
         }
         let store = limiter.store();
         if !store.ready() {

@@ -125,6 +125,7 @@ impl RuleSources {
         let combined = combine(&state.aux, &state.file, &domains, true)?;
         let n = domains.len();
         self.limiter.install(RuleSet::new(combined));
+        self.limiter.set_xds_pending(false);
         state.xds = domains;
         state.xds_loaded = true;
         Ok(n)

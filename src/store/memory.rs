@@ -178,6 +178,11 @@ impl MemoryStore {
         u64::try_from(self.clock.now().as_millis()).unwrap_or(u64::MAX)
     }
 
+    /// Epoch milliseconds on this store's clock at `at`, already read.
+    fn ms_at(&self, at: std::time::Instant) -> u64 {
+        self.clock.ms_at(at)
+    }
+
     /// A key's [`Id`].
     fn id_of(&self, key: &str) -> Id {
         use siphasher::sip128::Hasher128;
@@ -261,7 +266,12 @@ impl MemoryStore {
 
     /// Applies the ops of one request atomically (see [`algorithm::apply_request`]).
     pub fn apply_now(&self, ops: &[CounterOp], charge: Charge) -> Vec<CounterState> {
-        let now = self.now_ms();
+        self.apply_at(ops, charge, self.now_ms())
+    }
+
+    /// [`apply_now`](Self::apply_now) at `now` (epoch milliseconds on this
+    /// store's clock).
+    fn apply_at(&self, ops: &[CounterOp], charge: Charge, now: u64) -> Vec<CounterState> {
         if let [op] = ops {
             let id = [self.id_of(&op.key)];
             let mut guard = lock(&self.shards[self.shard_of(id[0])]);
@@ -402,8 +412,9 @@ impl Store for MemoryStore {
         &self,
         ops: &[CounterOp],
         charge: Charge,
+        at: std::time::Instant,
     ) -> Option<Result<Vec<CounterState>, StoreError>> {
-        Some(Ok(self.apply_now(ops, charge)))
+        Some(Ok(self.apply_at(ops, charge, self.ms_at(at))))
     }
 
     fn peek<'a>(

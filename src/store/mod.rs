@@ -217,8 +217,9 @@ pub trait Store: Send + Sync + 'static {
         &self,
         ops: &[CounterOp],
         charge: Charge,
+        at: std::time::Instant,
     ) -> Option<Result<Vec<CounterState>, StoreError>> {
-        let _ = (ops, charge);
+        let _ = (ops, charge, at);
         None
     }
 

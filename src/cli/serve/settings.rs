@@ -71,6 +71,7 @@ pub(super) fn settings(args: &ServeArgs) -> anyhow::Result<Settings> {
         grpc_reflection: args.grpc_reflection,
         healthy_needs_config: mode.is_some_and(|m| m.healthy_needs_config),
         wait_for_xds: mode.is_some_and(|m| !m.force_start),
+        ready_awaits_xds: mode.is_none(),
         shutdown_delay: Duration::from_secs(args.shutdown_delay_seconds),
         metrics_path: args.metrics_path.clone(),
         tokens: admin_tokens(args)?,

@@ -24,7 +24,7 @@ pub use request::{Caller, Descriptor, Entries, Hit, Items, LimitOverride, Reques
 pub use plan::{counter_op, knob_for};
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 
@@ -223,7 +223,7 @@ impl Limiter {
         let (plan, charge) = engine.plan(request, &mut ops);
         // The store's answer ends the decision's time too (what follows is
         // bookkeeping); without a store call, the time is read at the end.
-        let (states, decided_at) = if ops.is_empty() {
+        let (states, decided) = if ops.is_empty() {
             (Vec::new(), None)
         } else {
             let (states, answered) = self.apply(&ops, charge, request.deadline, started).await?;
@@ -231,13 +231,15 @@ impl Limiter {
         };
         let mut tallies = reuse::take(&TALLIES);
         let verdict = engine.finish(plan, &mut ops, &states, &mut tallies);
-        let decided_at = decided_at.unwrap_or_else(Instant::now);
-        let decided = decided_at.saturating_duration_since(started);
+        let decided = decided.unwrap_or_else(|| {
+            let at = Instant::now();
+            (at, at.saturating_duration_since(started))
+        });
         record::record(
             &self.telemetry,
             rules,
             &tallies,
-            (decided, decided_at),
+            decided,
             request.items.len(),
         );
         crate::store::keep_states(states);
@@ -248,26 +250,25 @@ impl Limiter {
 
     /// The one store call of a request begun at `started`, timed from then
     /// (the plan before it is a fraction of a microsecond); one state per
-    /// op, and when the store answered.
+    /// op, and when the store answered with the time since `started`.
     async fn apply(
         &self,
         ops: &[CounterOp],
         charge: Charge,
         deadline: Option<tokio::time::Instant>,
         started: Instant,
-    ) -> Result<(Vec<CounterState>, Instant), StoreError> {
+    ) -> Result<(Vec<CounterState>, (Instant, Duration)), StoreError> {
         // The memory store answers at once: no boxed future per call.
         let applied = match self.store.apply_ready(ops, charge, started) {
             Some(applied) => applied,
             None => self.store.apply_by(ops, charge, deadline).await,
         };
         let answered = Instant::now();
+        let took = answered.saturating_duration_since(started);
         let store = &self.telemetry.metrics.store;
-        store
-            .duration
-            .observe(answered.saturating_duration_since(started).as_secs_f64());
+        store.duration.observe(took.as_secs_f64());
         let states = applied.inspect_err(|_| store.errors.inc())?;
-        Ok((crate::store::answered_all(states, ops.len())?, answered))
+        Ok((crate::store::answered_all(states, ops.len())?, (answered, took)))
     }
 }
 

@@ -57,7 +57,7 @@ pub(super) fn record(
     telemetry: &Telemetry,
     rules: &RuleSet,
     tallies: &[Tally],
-    (decided, at): (Duration, std::time::Instant),
+    (at, decided): (std::time::Instant, Duration),
     descriptors: usize,
 ) {
     let (m, board) = (&*telemetry.metrics, &*telemetry.recorder);

@@ -268,7 +268,10 @@ impl Limiter {
         let store = &self.telemetry.metrics.store;
         store.duration.observe(took.as_secs_f64());
         let states = applied.inspect_err(|_| store.errors.inc())?;
-        Ok((crate::store::answered_all(states, ops.len())?, (answered, took)))
+        Ok((
+            crate::store::answered_all(states, ops.len())?,
+            (answered, took),
+        ))
     }
 }
 

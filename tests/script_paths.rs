@@ -341,6 +341,24 @@ fn call_args(
     (keys, args)
 }
 
+/// Calls a counter script and reads its answer (a MessagePack array, as
+/// divvy reads it) as integers.
+async fn eval_ints<K, V>(
+    client: &Client,
+    script: &str,
+    keys: K,
+    args: V,
+) -> Result<Vec<i64>, fred::error::Error>
+where
+    K: Into<fred::types::MultipleKeys> + Send,
+    V: TryInto<fred::types::MultipleValues> + Send,
+    V::Error: Into<fred::error::Error> + Send,
+{
+    let raw: fred::bytes::Bytes = client.eval(script, keys, args).await?;
+    divvy::store::redis::answer_integers(&raw)
+        .map_err(|e| fred::error::Error::new(fred::error::ErrorKind::Parse, e.to_string()))
+}
+
 /// A client of `server`, connected.
 async fn connect(server: &common::redis::Redis) -> Client {
     let client = Builder::from_config(FredConfig::from_url(&server.url()).expect("url"))
@@ -406,8 +424,7 @@ async fn call_both(
         } else {
             &scripts.lean
         };
-        let got: Vec<i64> = client
-            .eval(script.as_str(), keys, args)
+        let got = eval_ints(client, script.as_str(), keys, args)
             .await
             .map_err(|e| format!("{prefix} call: {e}"))?;
         // The general side's extra request answers last; then two
@@ -572,7 +589,7 @@ async fn only_counters_charged_on_their_own_take_the_lean_path() {
         for (n, (what, ops, group, lean)) in calls.iter().enumerate() {
             let prefix = format!("c{n}:{hinted}");
             let (keys, args) = call_args(&case, ops, &prefix, T0, *group, hinted);
-            let got: Result<Vec<i64>, _> = client.eval(planted.as_str(), keys, args).await;
+            let got = eval_ints(&client, planted.as_str(), keys, args).await;
             match got {
                 Ok(answers) => {
                     assert!(
@@ -622,7 +639,7 @@ async fn a_window_value_beyond_exact_integers_is_no_counter() {
                 general,
                 hinted,
             );
-            let got: Vec<i64> = client.eval(SCRIPT, keys, args).await.expect("call");
+            let got = eval_ints(&client, SCRIPT, keys, args).await.expect("call");
             // Allowed, 2 of 3 credits left, the window's whole length.
             assert_eq!(got[..2], [2, 60_000], "{start}, {prefix} path");
             let state: Vec<String> = client
@@ -693,7 +710,7 @@ async fn a_token_bucket_value_beyond_exact_integers_is_no_counter() {
                     .expect("setup");
                 let (keys, args) =
                     call_args(&case, std::slice::from_ref(&op), &at, T0, general, hinted);
-                let got: Vec<i64> = client.eval(SCRIPT, keys, args).await.expect("call");
+                let got = eval_ints(&client, SCRIPT, keys, args).await.expect("call");
                 let state: Vec<String> = client
                     .eval(STATE, vec![k], Vec::<String>::new())
                     .await
@@ -788,8 +805,7 @@ async fn malformed_runs_of_keys_are_an_error_and_write_nothing() {
     ];
     for hints in ["0", "3"] {
         for runs in malformed {
-            let got: Result<Vec<i64>, _> =
-                client.eval(SCRIPT, keys.clone(), call(hints, runs)).await;
+            let got = eval_ints(&client, SCRIPT, keys.clone(), call(hints, runs)).await;
             let err = got.expect_err(&format!("runs {runs:?}, hints {hints}"));
             assert!(
                 err.details().contains("malformed runs"),
@@ -799,10 +815,14 @@ async fn malformed_runs_of_keys_are_an_error_and_write_nothing() {
             assert_eq!(n, 0, "runs {runs:?}, hints {hints}: a key was written");
         }
         // The same call well formed: both keys charged.
-        let got: Vec<i64> = client
-            .eval(SCRIPT, keys.clone(), call(hints, &["4294967428", "1"]))
-            .await
-            .expect("a well-formed call");
+        let got = eval_ints(
+            &client,
+            SCRIPT,
+            keys.clone(),
+            call(hints, &["4294967428", "1"]),
+        )
+        .await
+        .expect("a well-formed call");
         assert_eq!(got, [4, 60_000, 4, 60_000], "hints {hints}");
         let n: i64 = client.exists(keys.clone()).await.expect("exists");
         assert_eq!(n, 2, "hints {hints}");
@@ -810,14 +830,14 @@ async fn malformed_runs_of_keys_are_an_error_and_write_nothing() {
         // A cost beyond every limit (a request's addend is any u64, sent as
         // at most i64::MAX) is well formed: denied, nothing written, and
         // the call's other requests answered.
-        let got: Vec<i64> = client
-            .eval(
-                SCRIPT,
-                keys.clone(),
-                call(hints, &["132", "9223372036854775807", "132", "1"]),
-            )
-            .await
-            .expect("a call with a huge cost");
+        let got = eval_ints(
+            &client,
+            SCRIPT,
+            keys.clone(),
+            call(hints, &["132", "9223372036854775807", "132", "1"]),
+        )
+        .await
+        .expect("a call with a huge cost");
         assert_eq!(got, [-6, 60_000, 4, 60_000], "hints {hints}");
         let n: i64 = client.exists(keys.clone()).await.expect("exists");
         assert_eq!(n, 1, "hints {hints}: only the second key is charged");

@@ -27,9 +27,10 @@
 --   32 give `cost` credits back instead of taking them (a refund, even of 0);
 --   64 (with 32) the refund undoes a charge this store just made, which
 --      another Cluster slot's denial voided (see window.lua).
--- Returns 2 values per key: the credits left r (never negative) if allowed,
--- else -1 - r; and the ms to reset. Then 2 values per op charged past what
--- was left (an overdraft): its index in KEYS and those credits.
+-- Returns, as one MessagePack array: 2 values per key, the credits left r
+-- (never negative) if allowed, else -1 - r, and the ms to reset; then 2
+-- per op charged past what was left (an overdraft): its index in KEYS and
+-- those credits.
 local floor, min, max = math.floor, math.min, math.max
 local rcall, rpcall = redis.call, redis.pcall
 local now = tonumber(ARGV[1])

@@ -44,7 +44,8 @@ pub(super) fn counter_state(credits: i64, reset_ms: i64) -> CounterState {
     }
 }
 
-/// The counter script's answer for `count` counters: 2 values per counter
+/// The counter script's answer for `count` counters (its integers, read by
+/// [`super::answer::integers`]): 2 values per counter
 /// ([`counter_state`]), then 2 per op charged past what was left (its
 /// 1-based index and those credits).
 pub(super) fn parse_answer(raw: &[i64], count: usize) -> Result<Vec<CounterState>, StoreError> {

@@ -33,11 +33,13 @@ use super::{Algorithm, Charge, CounterOp, CounterState, Store, StoreError, Store
 /// The counter script (see [`super::algorithm::SCRIPT`]).
 pub const SCRIPT: &str = super::algorithm::SCRIPT;
 
+mod answer;
 mod cluster;
 mod connect;
 mod script;
 mod trace;
 
+pub use answer::integers as answer_integers;
 use cluster::*;
 use connect::*;
 use script::*;
@@ -324,13 +326,14 @@ impl Core {
         undo: bool,
     ) -> Result<Vec<CounterState>, StoreError> {
         let count: usize = parts.iter().map(|(ops, _)| ops.len()).sum();
-        let raw: Vec<i64> = evalsha_or_load(&self.client, &self.sha, SCRIPT, "counter", || {
-            let (keys, args) = script_args(parts, count, undo, self.now());
-            (keys, decimal_args(&args))
-        })
-        .await
-        .map_err(|e| store_error(&e))?;
-        parse_answer(&raw, count)
+        let raw: fred::bytes::Bytes =
+            evalsha_or_load(&self.client, &self.sha, SCRIPT, "counter", || {
+                let (keys, args) = script_args(parts, count, undo, self.now());
+                (keys, decimal_args(&args))
+            })
+            .await
+            .map_err(|e| store_error(&e))?;
+        parse_answer(&answer::integers(&raw)?, count)
     }
 
     /// The time sent to the script: the injected clock's, or -1 (the

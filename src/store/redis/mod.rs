@@ -329,7 +329,7 @@ impl Core {
         let raw: fred::bytes::Bytes =
             evalsha_or_load(&self.client, &self.sha, SCRIPT, "counter", || {
                 let (keys, args) = script_args(parts, count, undo, self.now());
-                (keys, decimal_args(&args))
+                (key_bytes(&keys), decimal_args(&args))
             })
             .await
             .map_err(|e| store_error(&e))?;

@@ -88,6 +88,23 @@ pub(super) fn decimal_args(args: &[i64]) -> Vec<Value> {
         .collect()
 }
 
+/// The script's KEYS split off one buffer: fred copies a `&str` key into an
+/// allocation of its own, and a call holds up to hundreds of keys
+/// (docs/performance.md, "The counter script's answer").
+pub(super) fn key_bytes(keys: &[&str]) -> Vec<fred::types::Key> {
+    // One key: its own allocation is the cheaper (measured).
+    if let [one] = keys {
+        return vec![fred::types::Key::from(*one)];
+    }
+    let mut text = bytes::BytesMut::with_capacity(keys.iter().map(|k| k.len()).sum());
+    keys.iter()
+        .map(|k| {
+            text.extend_from_slice(k.as_bytes());
+            fred::types::Key::from(text.split().freeze())
+        })
+        .collect()
+}
+
 /// Adds a counter of shape and flags `x` (shape * 128 + flags) and `cost` to
 /// the script's runs (`[head, cost]`, see `script_args`): to the last run
 /// when it is alike and not full, else as a run of its own.

@@ -19,6 +19,17 @@ fn a_request_beyond_the_most_counters_is_refused() {
 }
 
 #[test]
+fn keys_are_split_off_one_buffer_byte_for_byte() {
+    let keys = ["divvy:a", "", "divvy-rl:\u{e9}:x", "{slot}k"];
+    let got = key_bytes(&keys);
+    let got: Vec<&[u8]> = got.iter().map(|k| k.as_bytes()).collect();
+    let want: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
+    assert_eq!(got, want);
+    assert!(key_bytes(&[]).is_empty());
+    assert_eq!(key_bytes(&["one"])[0].as_bytes(), b"one");
+}
+
+#[test]
 fn decimal_args_are_each_number_as_text() {
     let args = decimal_args(&[0, -1, 7, i64::MAX, i64::MIN, 1_700_000_000_123]);
     let text: Vec<&[u8]> = args

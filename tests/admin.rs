@@ -352,24 +352,8 @@ fn ready_requires_store_follows_the_store_and_the_metrics_path_is_configurable()
 
 /// The grpc.health.v1 status of `service` (1 SERVING, 2 NOT_SERVING).
 fn grpc_health(server: &Server, service: &str) -> i32 {
-    use tonic_health::pb::health_client::HealthClient;
-    use tonic_health::pb::HealthCheckRequest;
     let rt = tokio::runtime::Runtime::new().unwrap();
-    rt.block_on(async {
-        let channel = tonic::transport::Channel::from_shared(format!("http://{}", server.grpc))
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
-        HealthClient::new(channel)
-            .check(HealthCheckRequest {
-                service: service.to_owned(),
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .status
-    })
+    rt.block_on(server.grpc_health(service))
 }
 
 /// Redis killed under traffic: every replica would leave the Service at

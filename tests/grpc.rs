@@ -353,24 +353,10 @@ async fn invalid_arguments() {
 
 #[tokio::test]
 async fn health_service_reports_serving() {
-    use tonic_health::pb::health_client::HealthClient;
-    use tonic_health::pb::HealthCheckRequest;
     let server = Server::with_policy(POLICY, "yaml");
-    let channel = tonic::transport::Channel::from_shared(format!("http://{}", server.grpc))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut health = HealthClient::new(channel);
     for service in ["", "envoy.service.ratelimit.v3.RateLimitService"] {
-        let r = health
-            .check(HealthCheckRequest {
-                service: service.to_owned(),
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        assert_eq!(r.status, 1, "service {service:?} is SERVING");
+        let status = server.grpc_health(service).await;
+        assert_eq!(status, 1, "service {service:?} is SERVING");
     }
 }
 

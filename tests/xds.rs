@@ -70,6 +70,8 @@ async fn until_metric(server: &Server, name: &str, at_least: f64) -> Duration {
 const ACCEPTED: &str = "divvy_xds_updates_total{result=\"accepted\"}";
 const REJECTED: &str = "divvy_xds_updates_total{result=\"rejected\"}";
 const OK: i32 = Code::Ok as i32;
+/// The rate-limit service's name in grpc.health.v1.
+const RLS: &str = "envoy.service.ratelimit.v3.RateLimitService";
 const OVER: i32 = Code::OverLimit as i32;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -216,7 +218,7 @@ async fn a_domain_the_policy_directory_defines_is_refused_over_xds() {
 }
 
 /// `serve --xds-server`: a replica is unready (`/readyz` 503 with the
-/// reason, gRPC health NOT_SERVING through `/healthcheck`'s verdict) until
+/// reason, `/healthcheck` 500, gRPC health NOT_SERVING) until
 /// the control plane's first configuration is installed, since until then
 /// its xDS domains would be answered by the policy file's rules; then ready.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -234,6 +236,7 @@ async fn a_replica_is_unready_until_the_first_xds_configuration_is_installed() {
     assert!(body.contains("xDS control plane"), "{body}");
     let (status, _) = server.http("GET", "/healthcheck", "");
     assert_eq!(status, 500, "/healthcheck follows readiness");
+    assert_eq!(server.grpc_health(RLS).await, 2, "NOT_SERVING");
 
     let _plane =
         ControlPlane::start(addr, ("v1".to_owned(), vec![gateway("eg", &[("r", 2)])])).await;
@@ -245,6 +248,16 @@ async fn a_replica_is_unready_until_the_first_xds_configuration_is_installed() {
         ready.is_some(),
         "ready once the first configuration is in force"
     );
+    // The gRPC health follows within its 250 ms poll.
+    let mut serving = false;
+    for _ in 0..40 {
+        if server.grpc_health(RLS).await == 1 {
+            serving = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(serving, "the gRPC health says SERVING once ready");
     let mut client = server.client().await;
     assert_eq!(codes(&mut client, "r", 3).await, [OK, OK, OVER]);
 }

@@ -178,11 +178,6 @@ impl MemoryStore {
         u64::try_from(self.clock.now().as_millis()).unwrap_or(u64::MAX)
     }
 
-    /// Epoch milliseconds on this store's clock at `at`, already read.
-    fn ms_at(&self, at: std::time::Instant) -> u64 {
-        self.clock.ms_at(at)
-    }
-
     /// A key's [`Id`].
     fn id_of(&self, key: &str) -> Id {
         use siphasher::sip128::Hasher128;
@@ -414,7 +409,7 @@ impl Store for MemoryStore {
         charge: Charge,
         at: std::time::Instant,
     ) -> Option<Result<Vec<CounterState>, StoreError>> {
-        Some(Ok(self.apply_at(ops, charge, self.ms_at(at))))
+        Some(Ok(self.apply_at(ops, charge, self.clock.ms_at(at))))
     }
 
     fn peek<'a>(

@@ -247,6 +247,26 @@ impl Server {
             .await
             .expect("connect")
     }
+
+    /// The grpc.health.v1 status of `service` on the gRPC port (1 SERVING,
+    /// 2 NOT_SERVING).
+    pub async fn grpc_health(&self, service: &str) -> i32 {
+        use tonic_health::pb::health_client::HealthClient;
+        use tonic_health::pb::HealthCheckRequest;
+        let channel = Channel::from_shared(format!("http://{}", self.grpc))
+            .expect("address")
+            .connect()
+            .await
+            .expect("connect");
+        HealthClient::new(channel)
+            .check(HealthCheckRequest {
+                service: service.to_owned(),
+            })
+            .await
+            .expect("health check")
+            .into_inner()
+            .status
+    }
 }
 
 impl Drop for Server {

@@ -220,7 +220,8 @@ async fn a_domain_the_policy_directory_defines_is_refused_over_xds() {
 /// `serve --xds-server`: a replica is unready (`/readyz` 503 with the
 /// reason, `/healthcheck` 500, gRPC health NOT_SERVING) until
 /// the control plane's first configuration is installed, since until then
-/// its xDS domains would be answered by the policy file's rules; then ready.
+/// its xDS domains would be answered by the policy file's rules; then ready,
+/// and still ready once the control plane is gone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_is_unready_until_the_first_xds_configuration_is_installed() {
     let port = common::free_port();
@@ -238,7 +239,7 @@ async fn a_replica_is_unready_until_the_first_xds_configuration_is_installed() {
     assert_eq!(status, 500, "/healthcheck follows readiness");
     assert_eq!(server.grpc_health(RLS).await, 2, "NOT_SERVING");
 
-    let _plane =
+    let plane =
         ControlPlane::start(addr, ("v1".to_owned(), vec![gateway("eg", &[("r", 2)])])).await;
     until_metric(&server, ACCEPTED, 1.0).await;
     let ready = common::wait_until(Duration::from_secs(5), || {
@@ -260,4 +261,17 @@ async fn a_replica_is_unready_until_the_first_xds_configuration_is_installed() {
     assert!(serving, "the gRPC health says SERVING once ready");
     let mut client = server.client().await;
     assert_eq!(codes(&mut client, "r", 3).await, [OK, OK, OVER]);
+
+    // The control plane goes away: the configuration in force stays, and
+    // so does readiness (only the first configuration is awaited).
+    plane.kill();
+    until_stream_down(&server).await;
+    let (status, body) = server.http("GET", "/readyz", "");
+    assert_eq!(status, 200, "still ready without the control plane: {body}");
+    assert_eq!(server.grpc_health(RLS).await, 1, "still SERVING");
+    assert_eq!(
+        codes(&mut client, "r", 1).await,
+        [OVER],
+        "its limits still hold"
+    );
 }

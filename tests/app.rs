@@ -71,3 +71,69 @@ async fn the_service_runs_in_process_and_answers_both_protocols() {
         "the line listener is closed"
     );
 }
+
+/// A plain HTTP/1.1 GET of `path`: the body.
+async fn get(addr: SocketAddr, path: &str) -> String {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let request = format!("GET {path} HTTP/1.1\r\nHost: divvy\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.expect("send");
+    let mut answer = String::new();
+    tokio::io::AsyncReadExt::read_to_string(&mut stream, &mut answer)
+        .await
+        .expect("answer");
+    answer
+}
+
+/// The value of the sample `series` (name and labels, as exposed) in a
+/// Prometheus exposition, 0 when absent.
+fn sample(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// No registry is global: two services in one process each count (and
+/// serve on `/metrics`) their own decisions only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_services_in_one_process_keep_their_own_metrics() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("policy.yaml");
+    std::fs::write(
+        &path,
+        "overrides:\n  - label: mine\n    operation: {k: v}\n    creditLimit: 9\n    resetSeconds: 60\ndefault: {creditLimit: 100, resetSeconds: 60}\n",
+    )
+    .expect("policy");
+    let loopback = SocketAddr::from(([127, 0, 0, 1], 0));
+    let mut apps = Vec::new();
+    for _ in 0..2 {
+        let settings = Settings {
+            config: Some(path.clone()),
+            grpc_addr: loopback,
+            line_addr: loopback,
+            http_addr: loopback,
+            ..Settings::default()
+        };
+        apps.push(App::build(settings).await.expect("the service builds"));
+    }
+    let (mut stops, mut addrs) = (Vec::new(), Vec::new());
+    for app in apps {
+        addrs.push((app.line_addr(), app.http_addr()));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        stops.push(stop);
+        tokio::spawn(app.serve(async move {
+            let _ = stopped.await;
+        }));
+    }
+    for _ in 0..3 {
+        assert!(hit(addrs[0].0, "HIT k=v\n").await.starts_with("OK true "));
+    }
+    assert!(hit(addrs[1].0, "HIT k=v\n").await.starts_with("OK true "));
+    let accepted = "divvy_hits_total{rule_label=\"mine\",status=\"accepted\"}";
+    let first = get(addrs[0].1, "/metrics").await;
+    let second = get(addrs[1].1, "/metrics").await;
+    assert_eq!(sample(&first, accepted), 3.0, "{first}");
+    assert_eq!(sample(&second, accepted), 1.0, "{second}");
+    for stop in stops {
+        let _ = stop.send(());
+    }
+}

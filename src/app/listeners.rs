@@ -11,6 +11,7 @@ use tracing::info;
 
 use super::{AppError, Settings};
 use crate::limiter::Limiter;
+use crate::observe::metrics::Metrics;
 use crate::server::admin::{serve_http, serve_https, AdminState};
 use crate::server::connections::ConnectionAge;
 use crate::server::line::{serve_line, ConnLimits};
@@ -69,8 +70,9 @@ async fn listen(what: &'static str, addr: SocketAddr) -> Result<TcpListener, App
 
 impl Listeners {
     /// Binds gRPC, the line protocol and HTTP, and loads their TLS files (a
-    /// bad file stops the start with its name).
-    pub async fn bind(s: &Settings) -> Result<Listeners, AppError> {
+    /// bad file stops the start with its name; their reloads are shown in
+    /// `metrics`).
+    pub async fn bind(s: &Settings, metrics: &Arc<Metrics>) -> Result<Listeners, AppError> {
         let grpc = listen("grpc", s.grpc_addr).await?;
         let line = listen("line protocol", s.line_addr).await?;
         let http = listen("http", s.http_addr).await?;
@@ -82,8 +84,8 @@ impl Listeners {
             grpc,
             line,
             http,
-            grpc_tls: start_tls(s.grpc_tls.clone(), Port::Grpc)?,
-            http_tls: start_tls(s.http_tls.clone(), Port::Http)?,
+            grpc_tls: start_tls(s.grpc_tls.clone(), Port::Grpc, metrics)?,
+            http_tls: start_tls(s.http_tls.clone(), Port::Http, metrics)?,
         })
     }
 
@@ -135,12 +137,16 @@ async fn stopped(mut rx: watch::Receiver<bool>) {
 }
 
 /// A port's TLS, started (its files watched) when files are given.
-fn start_tls(files: Option<TlsFiles>, port: Port) -> Result<Option<ServerTls>, AppError> {
+fn start_tls(
+    files: Option<TlsFiles>,
+    port: Port,
+    metrics: &Arc<Metrics>,
+) -> Result<Option<ServerTls>, AppError> {
     let Some(files) = files else {
         return Ok(None);
     };
     let mtls = files.client_ca.is_some();
-    let tls = ServerTls::start(files, port).map_err(|source| AppError::Tls {
+    let tls = ServerTls::start(files, port, metrics.clone()).map_err(|source| AppError::Tls {
         port: port.label(),
         source,
     })?;

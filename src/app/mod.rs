@@ -112,7 +112,7 @@ impl App {
                 .map_err(|e| AppError::Setting(e.to_string()))?;
             info!(file = %path.display(), max_bytes = settings.record_max_bytes, "recording requests");
         }
-        let listeners = Listeners::bind(&settings).await?;
+        let listeners = Listeners::bind(&settings, &limiter.telemetry().metrics).await?;
         if let Some((addr, path)) = &settings.ratelimit_prometheus {
             let mapper = match &settings.ratelimit_mapper {
                 Some(text) => Some(
@@ -121,9 +121,14 @@ impl App {
                 ),
                 None => None,
             };
-            crate::server::admin::spawn_ratelimit_metrics(addr, path, mapper)
-                .await
-                .map_err(|e| AppError::Setting(e.to_string()))?;
+            crate::server::admin::spawn_ratelimit_metrics(
+                addr,
+                path,
+                mapper,
+                limiter.telemetry().metrics.clone(),
+            )
+            .await
+            .map_err(|e| AppError::Setting(e.to_string()))?;
         }
         if let Some(statsd) = settings.statsd.clone() {
             info!(host = %statsd.host, port = statsd.port, tcp = statsd.tcp, "sending statsd metrics");
@@ -207,7 +212,7 @@ async fn build_limiter(
 ) -> Result<(Arc<Limiter>, Coordination), AppError> {
     // The store and the decisions are recorded to what `/metrics` and the
     // dashboard serve.
-    let telemetry = crate::observe::telemetry::Telemetry::process();
+    let telemetry = crate::observe::telemetry::Telemetry::system();
     let budget = stores::memory_budget(s, policy.rules.len(), &telemetry.metrics);
     let mut parts = stores::build_store(s, budget.max_counters, &telemetry.metrics).await?;
     if let Some(rx) = parts.refunds.take() {
@@ -340,7 +345,8 @@ fn rlqs_hub(s: &Settings, limiter: &Arc<Limiter>, coord: Coordination) -> crate:
     if !coord.is_shared() {
         return hub;
     }
-    let replicas = Arc::new(Replicas::new(coord, s.replica.clone()));
+    let metrics = limiter.telemetry().metrics.clone();
+    let replicas = Arc::new(Replicas::new(coord, s.replica.clone(), metrics));
     info!(holder = %replicas.holder(), "RLQS limits shared with the other replicas through Redis");
     hub.with_replicas(replicas)
 }

@@ -199,6 +199,7 @@ pub(super) async fn with_global(
         },
         global_coord.clone(),
         regional,
+        limiter.telemetry().metrics.clone(),
     ));
     global.weigh_by(limiter.fair().clone());
     global.spawn();

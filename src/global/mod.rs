@@ -37,7 +37,7 @@ use serde_json::{json, Value};
 use crate::clock::now_ms;
 use crate::config::LimitSpec;
 use crate::coord::Coordination;
-use crate::observe::metrics::metrics;
+use crate::observe::metrics::Metrics;
 
 /// The renewal script (kept with the coordination handle that runs it).
 pub use crate::coord::RENEW_SCRIPT;
@@ -142,6 +142,8 @@ pub struct Global {
     wake: tokio::sync::Notify,
     /// The fair shares whose active users weigh the region's claim.
     fair: std::sync::OnceLock<Arc<crate::fair::FairShares>>,
+    /// Where leases, demand, renewals and fallback are shown.
+    metrics: Arc<Metrics>,
 }
 
 fn gauge_value(x: f64) -> f64 {
@@ -170,11 +172,13 @@ impl Global {
     }
 
     /// Global limits through `store` (the global store); `regional` is the
-    /// region's Redis when replicas share one (else each holds its own lease).
+    /// region's Redis when replicas share one (else each holds its own lease);
+    /// `metrics`: the registry its leases and renewals are shown in.
     pub fn new(
         options: GlobalOptions,
         store: Coordination,
         regional: Option<Coordination>,
+        metrics: Arc<Metrics>,
     ) -> Global {
         let replica = options.replica.clone();
         let holder = if regional.is_some() {
@@ -197,6 +201,7 @@ impl Global {
             reported: Mutex::new(HashMap::new()),
             wake: tokio::sync::Notify::new(),
             fair: std::sync::OnceLock::new(),
+            metrics,
             options,
         }
     }
@@ -281,7 +286,7 @@ impl Global {
                     last_renewal = Some(Instant::now());
                     renewals = renewals.saturating_add(1);
                 }
-                metrics()
+                g.metrics
                     .global
                     .alive
                     .set(i64::try_from(now_ms() / 1000).unwrap_or(0));

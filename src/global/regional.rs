@@ -15,7 +15,6 @@ use std::time::Duration;
 use super::{gauge_value, Demands, Global, GlobalSpec, Lease, Specs};
 use crate::clock::now_ms;
 use crate::coord::{CoordError, Coordination};
-use crate::observe::metrics::metrics;
 
 /// A spec as the regional store holds it.
 fn encode_spec(spec: &GlobalSpec) -> String {
@@ -200,12 +199,12 @@ impl Global {
             );
         }
         self.fallback.store(fallback, Ordering::Release);
-        metrics().global.fallback.set(i64::from(fallback));
+        self.metrics.global.fallback.set(i64::from(fallback));
         {
             let counters = self.counters.lock().unwrap_or_else(|e| e.into_inner());
             for (k, l) in &leases {
                 if let Some(c) = counters.get(k) {
-                    metrics()
+                    self.metrics
                         .global
                         .lease
                         .with_label_values(&[&c.label])
@@ -235,7 +234,13 @@ mod tests {
             headroom: 0.05,
             replica: name.to_owned(),
         };
-        Global::new(options, Coordination::in_process(), Some(regional.clone()))
+        let metrics = Arc::new(crate::observe::metrics::Metrics::new());
+        Global::new(
+            options,
+            Coordination::in_process(),
+            Some(regional.clone()),
+            metrics,
+        )
     }
 
     #[tokio::test]

@@ -11,7 +11,6 @@ use std::time::Duration;
 use super::{gauge_value, Demands, Global, GlobalSpec, Lease, Specs};
 use crate::clock::now_ms;
 use crate::coord::{CoordError, ShareAsk, ShareRenewal};
-use crate::observe::metrics::metrics;
 use crate::quota::Fallback;
 
 /// Why a renewal gave no leases: the region falls back to conservative quotas.
@@ -186,7 +185,7 @@ impl Global {
             leases.insert(k.clone(), lease);
             views.insert(k.clone(), grant.view.clone());
             let demand = demands.get(k).copied().unwrap_or(0.0);
-            let m = metrics();
+            let m = &self.metrics;
             m.global
                 .lease
                 .with_label_values(&[&spec.label])
@@ -204,8 +203,12 @@ impl Global {
         if self.fallback.swap(false, Ordering::AcqRel) {
             tracing::info!("global store answers again; leases in force");
         }
-        metrics().global.fallback.set(0);
-        metrics().global.renewals.with_label_values(&["ok"]).inc();
+        self.metrics.global.fallback.set(0);
+        self.metrics
+            .global
+            .renewals
+            .with_label_values(&["ok"])
+            .inc();
         *self.last_good.lock().unwrap_or_else(|e| e.into_inner()) = leases.clone();
         self.view.store(Arc::new(views.clone()));
         if let Some(regional) = &self.regional {
@@ -220,7 +223,7 @@ impl Global {
     /// expiry, then on the floor (at once, before the first lease), until a
     /// renewal succeeds.
     async fn fall_back(&self, sent: &[(&String, &GlobalSpec)], why: &RenewError) {
-        metrics()
+        self.metrics
             .global
             .renewals
             .with_label_values(&["failed"])
@@ -228,7 +231,7 @@ impl Global {
         if !self.fallback.swap(true, Ordering::AcqRel) {
             tracing::warn!("global store failed ({why}); deciding on conservative quotas");
         }
-        metrics().global.fallback.set(1);
+        self.metrics.global.fallback.set(1);
         let fallback = self.fallback();
         let last = self
             .last_good

@@ -24,7 +24,7 @@ use crate::coord::Coordination;
 use crate::knobs::body::target;
 use crate::knobs::Knob;
 use crate::limiter::Limiter;
-use crate::observe::metrics::metrics;
+use crate::observe::metrics::Metrics;
 
 /// What `/governors` shows for one governor.
 #[derive(Debug, Clone, Serialize, Default)]
@@ -107,6 +107,11 @@ impl Governors {
         }
     }
 
+    /// The registry the governors record to (the limiter's).
+    fn metrics(&self) -> &Metrics {
+        &self.limiter.telemetry().metrics
+    }
+
     /// This replica's name (the lease holder's name).
     pub fn replica(&self) -> &str {
         self.limiter.knobs().replica()
@@ -154,7 +159,7 @@ impl Governors {
                     tokio::spawn(async move { lease.release().await });
                 }
                 lock(&self.states).remove(&label);
-                forget_metrics(&label);
+                forget_metrics(self.metrics(), &label);
                 tracing::info!(rule = %label, "governor stopped (policy changed); its last knob stays in force");
             }
         }
@@ -238,7 +243,7 @@ impl Governors {
                 continue;
             }
             let reading = source.read(&spec.query, timeout, stale_after).await;
-            metrics()
+            self.metrics()
                 .governor
                 .queries
                 .with_label_values(&[
@@ -252,7 +257,7 @@ impl Governors {
                 tracing::warn!(rule = %label, missing = step.missing, "governor has no measurement: {e}");
             }
             self.apply(&label, &step).await;
-            publish(&label, &reading, &step);
+            publish(self.metrics(), &label, &reading, &step);
             self.record_step(&spec, &url, &reading, &step);
         }
     }
@@ -261,7 +266,7 @@ impl Governors {
     /// Prometheus; `None` (the governor stopped, and why) when the URL is unusable.
     fn open_source(&self, spec: &GovernorSpec, url: &str) -> Option<Prometheus> {
         let label = spec.rule.as_str();
-        let m = metrics();
+        let m = self.metrics();
         m.governor
             .setpoint
             .with_label_values(&[label])
@@ -292,7 +297,7 @@ impl Governors {
         controller: &mut Option<Controller>,
     ) -> bool {
         let label = spec.rule.as_str();
-        let leader = &metrics().governor.leader;
+        let leader = &self.metrics().governor.leader;
         let (holder, error) = match lease.hold(spec.every * 2).await {
             Ok(Holding::Mine) => {
                 leader.with_label_values(&[label]).set(1.0);
@@ -374,7 +379,7 @@ impl Governors {
         };
         match knobs.set(label, knob).await {
             Ok(_) => {
-                metrics()
+                self.metrics()
                     .knob_changes
                     .with_label_values(&["governor"])
                     .inc();
@@ -394,8 +399,7 @@ impl Governors {
 
 /// The step's gauges: the measurement (when there was one), the output
 /// and the breaker.
-fn publish(label: &str, reading: &Result<f64, ReadError>, step: &Step) {
-    let m = metrics();
+fn publish(m: &Metrics, label: &str, reading: &Result<f64, ReadError>, step: &Step) {
     if let Ok(v) = reading {
         m.governor.measurement.with_label_values(&[label]).set(*v);
     }
@@ -409,8 +413,7 @@ fn publish(label: &str, reading: &Result<f64, ReadError>, step: &Step) {
         .set(if step.breaker_open { 1.0 } else { 0.0 });
 }
 
-fn forget_metrics(label: &str) {
-    let m = metrics();
+fn forget_metrics(m: &Metrics, label: &str) {
     for g in [
         &m.governor.measurement,
         &m.governor.output,

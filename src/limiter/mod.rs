@@ -59,15 +59,15 @@ pub struct Limiter {
 impl Limiter {
     /// A limiter over `rules` and `store`, with knobs of its own.
     pub fn new(rules: RuleSet, store: Arc<dyn Store>) -> Limiter {
-        let telemetry = Telemetry::process();
+        let telemetry = Telemetry::system();
         let knobs = Arc::new(Knobs::local(telemetry.metrics.clone()));
         Limiter::build(rules, store, knobs, telemetry)
     }
 
     /// A limiter over `rules` and `store` that applies `knobs`, recording
-    /// to the process's metrics and dashboard.
+    /// to metrics and a dashboard of its own.
     pub fn with_knobs(rules: RuleSet, store: Arc<dyn Store>, knobs: Arc<Knobs>) -> Limiter {
-        Limiter::build(rules, store, knobs, Telemetry::process())
+        Limiter::build(rules, store, knobs, Telemetry::system())
     }
 
     /// A limiter over `rules` and `store` that applies `knobs` and records

@@ -11,7 +11,7 @@ use std::fmt::Write;
 use prometheus::core::Collector;
 use prometheus::proto::MetricFamily;
 
-use super::metrics::metrics;
+use super::metrics::Metrics;
 use super::statsd_mapper::{EventKind, Mapper};
 
 /// The gRPC method envoyproxy/ratelimit's call stats name.
@@ -19,17 +19,17 @@ const METHOD: &str = "ShouldRateLimit";
 
 /// The exposition under `PROMETHEUS_MAPPER_YAML`'s mappings when one is
 /// given, else under envoyproxy/ratelimit's default mapping.
-pub fn render_with(mapper: Option<&Mapper>) -> String {
+pub fn render_with(metrics: &Metrics, mapper: Option<&Mapper>) -> String {
     match mapper {
-        Some(m) => mapped(m),
-        None => render(),
+        Some(m) => mapped(metrics, m),
+        None => render(metrics),
     }
 }
 
 /// The exposition in Prometheus' text format, as envoyproxy/ratelimit's
 /// default mapping names its stats.
-pub fn render() -> String {
-    let families = metrics().gather();
+pub fn render(metrics: &Metrics) -> String {
+    let families = metrics.gather();
     let label_sum = |family: &str, label: &str, value: &str| -> f64 {
         samples(&families, family, label)
             .into_iter()
@@ -38,7 +38,7 @@ pub fn render() -> String {
             .sum()
     };
     let mut out = String::new();
-    descriptor_stats(&mut out);
+    descriptor_stats(metrics, &mut out);
     counter(
         &mut out,
         "ratelimit_service_config_load_success",
@@ -68,7 +68,7 @@ pub fn render() -> String {
             "ratelimit_service_should_rate_limit_error{{err_type=\"{err_type}\"}} {n}"
         );
     }
-    let calls = call_times();
+    let calls = call_times(metrics);
     counter_with(
         &mut out,
         "ratelimit_service_total_requests",
@@ -94,9 +94,9 @@ struct Times {
 
 /// The time divvy took to decide each request (`divvy_hit_duration_seconds`),
 /// which envoyproxy/ratelimit reports as its calls' response time.
-fn call_times() -> Times {
+fn call_times(metrics: &Metrics) -> Times {
     let mut t = Times::default();
-    for family in metrics().hit_duration.collect() {
+    for family in metrics.hit_duration.collect() {
         for m in family.get_metric() {
             let h = m.get_histogram();
             t.sum += h.get_sample_sum();
@@ -149,10 +149,10 @@ fn histogram_with(out: &mut String, name: &str, labels: &[(&str, &str)], t: &Tim
 }
 
 /// envoyproxy/ratelimit's stats under their statsd names, each with its value.
-fn events() -> Vec<(String, EventKind, f64)> {
-    let families = metrics().gather();
+fn events(metrics: &Metrics) -> Vec<(String, EventKind, f64)> {
+    let families = metrics.gather();
     let mut out = Vec::new();
-    for (key, stat, value) in envoy_stats() {
+    for (key, stat, value) in envoy_stats(metrics) {
         let name = format!("ratelimit.service.rate_limit.{key}.{stat}");
         out.push((name, EventKind::Counter, value));
     }
@@ -182,16 +182,16 @@ fn events() -> Vec<(String, EventKind, f64)> {
         out.push((format!("ratelimit.service.{stat}"), EventKind::Counter, n));
     }
     let calls = format!("ratelimit_server.{METHOD}.total_requests");
-    out.push((calls, EventKind::Counter, call_times().count));
+    out.push((calls, EventKind::Counter, call_times(metrics).count));
     out
 }
 
 /// The exposition under `mapper`: counters of one name and labels summed,
 /// the response time a histogram; a name the mapper drops is left out.
-fn mapped(mapper: &Mapper) -> String {
+fn mapped(metrics: &Metrics, mapper: &Mapper) -> String {
     type Series = BTreeMap<Vec<(String, String)>, f64>;
     let mut counters: BTreeMap<String, (Option<String>, Series)> = BTreeMap::new();
-    for (name, kind, value) in events() {
+    for (name, kind, value) in events(metrics) {
         let Some(m) = mapper.map(&name, kind) else {
             continue;
         };
@@ -222,7 +222,7 @@ fn mapped(mapper: &Mapper) -> String {
                 .iter()
                 .map(|(k, v)| (k.as_str(), v.as_str()))
                 .collect();
-            histogram_with(&mut out, &m.name, &pairs, &call_times());
+            histogram_with(&mut out, &m.name, &pairs, &call_times(metrics));
         }
     }
     out
@@ -233,9 +233,9 @@ type Sample = (Vec<(String, String)>, f64);
 
 /// `divvy_ratelimit_stats_total{key, stat}` with `key` split into domain,
 /// key1 and key2 (the mapping's first three dot-separated parts).
-fn descriptor_stats(out: &mut String) {
+fn descriptor_stats(metrics: &Metrics, out: &mut String) {
     let mut by_stat: BTreeMap<String, Vec<Sample>> = BTreeMap::new();
-    for (key, stat, value) in envoy_stats() {
+    for (key, stat, value) in envoy_stats(metrics) {
         let parts: Vec<&str> = key.splitn(4, '.').collect();
         let mut labels = vec![("domain".to_owned(), parts[0].to_owned())];
         for (name, part) in ["key1", "key2"].iter().zip(parts.iter().skip(1)) {
@@ -258,9 +258,9 @@ fn descriptor_stats(out: &mut String) {
 
 /// `divvy_ratelimit_stats_total`'s samples: the sanitised stats key, the
 /// stat, the count.
-fn envoy_stats() -> Vec<(String, String, f64)> {
+fn envoy_stats(metrics: &Metrics) -> Vec<(String, String, f64)> {
     let mut out = Vec::new();
-    for family in metrics().envoy_stats.collect() {
+    for family in metrics.envoy_stats.collect() {
         for m in family.get_metric() {
             let label = |name: &str| {
                 m.get_label()
@@ -366,7 +366,7 @@ mod tests {
 
     #[test]
     fn keys_split_into_domain_key1_and_key2() {
-        let m = metrics();
+        let m = Metrics::new();
         for (key, stat) in [
             (
                 "rn-eg.generic_key_route-a.remote_address_10.0.0.1",
@@ -376,7 +376,7 @@ mod tests {
         ] {
             m.envoy_stats.with_label_values(&[key, stat]).inc_by(2);
         }
-        let text = render();
+        let text = render(&m);
         assert!(
             text.contains("ratelimit_service_rate_limit_over_limit{domain=\"rn-eg\",key1=\"generic_key_route-a\",key2=\"remote_address_10_0_0_1\"} 2"),
             "{text}"

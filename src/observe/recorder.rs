@@ -13,11 +13,11 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, LazyLock, Mutex, RwLock, Weak};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use super::history::{RuleHistory, Second, SECONDS};
 use super::offenders::{Offender, Offenders};
-use crate::clock::{Clock, SystemClock};
+use crate::clock::Clock;
 
 /// Most envoyproxy/ratelimit limits (stats keys) given a history; later
 /// ones are not recorded (the same bound as their Prometheus counters).
@@ -58,19 +58,6 @@ pub struct Recorder {
     /// envoyproxy/ratelimit limits by stats key, kept (bounded).
     envoy: RwLock<HashMap<Arc<str>, Arc<RuleStats>>>,
     offenders: Mutex<Offenders>,
-}
-
-/// The process's recorder, on the system clock.
-pub fn recorder() -> &'static Recorder {
-    &RECORDER
-}
-
-static RECORDER: LazyLock<Arc<Recorder>> =
-    LazyLock::new(|| Arc::new(Recorder::new(Arc::new(SystemClock::default()))));
-
-/// The process's recorder, shared.
-pub fn process_recorder() -> Arc<Recorder> {
-    RECORDER.clone()
 }
 
 impl Recorder {

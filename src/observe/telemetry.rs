@@ -17,16 +17,15 @@ pub struct Telemetry {
 }
 
 impl Telemetry {
-    /// The process's own: what `/metrics` and the dashboard serve.
-    pub fn process() -> Telemetry {
-        Telemetry {
-            metrics: super::metrics::process_metrics(),
-            recorder: super::recorder::process_recorder(),
-        }
+    /// A registry and recorder of their own, on the system clock: a
+    /// service's, which its `/metrics` and dashboard serve (no registry is
+    /// global: two in one process count apart).
+    pub fn system() -> Telemetry {
+        Telemetry::detached(Arc::new(crate::clock::SystemClock::default()))
     }
 
     /// A registry and recorder of their own, on `clock` (tests, replays:
-    /// nothing they count reaches the process's metrics).
+    /// nothing they count reaches a service's metrics).
     pub fn detached(clock: Arc<dyn Clock>) -> Telemetry {
         Telemetry {
             metrics: Arc::new(Metrics::new()),

@@ -55,6 +55,16 @@ pub fn parse_flag(text: &str) -> Result<Duration, String> {
         .ok_or_else(|| format!("`{text}` is not a duration such as 0, 500ms, 30s, 5m or 24h"))
 }
 
+/// When connections are asked to go away, and where those that were are
+/// counted.
+#[derive(Clone)]
+pub(crate) struct Aging {
+    /// Each connection's age (`None`: served until it closes).
+    pub age: Option<ConnectionAge>,
+    /// `divvy_grpc_connections_aged_total`.
+    pub aged: prometheus::IntCounter,
+}
+
 /// A fresh random number for one connection's jitter.
 fn random() -> u64 {
     getrandom::u64().unwrap_or_else(|_| {
@@ -116,12 +126,13 @@ impl<B> GrpcBody for B where B: HttpBody<Data = bytes::Bytes, Error: Into<StdErr
 /// Serves `router` on every connection of `incoming` (accept errors are
 /// skipped: the stream reports them) until `shutdown` completes, then stops
 /// accepting (the listener is dropped), sends GOAWAY on every connection
-/// and returns once they have closed. With `age`, each connection is also
-/// sent GOAWAY at its own jittered age and closed its grace later.
+/// and returns once they have closed. With an age in `aging`, each
+/// connection is also sent GOAWAY at its own jittered age and closed its
+/// grace later.
 pub(crate) async fn serve<L, I, IO, ResBody>(
     router: Router<L>,
     incoming: I,
-    age: Option<ConnectionAge>,
+    aging: Aging,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), tonic::transport::Error>
 where
@@ -140,7 +151,7 @@ where
                 () = &mut shutdown => break,
                 next = incoming.next() => match next {
                     Some(Ok(io)) => {
-                        connections.spawn(serve_one(router.clone(), io, age, stop_rx.clone()));
+                        connections.spawn(serve_one(router.clone(), io, aging.clone(), stop_rx.clone()));
                     }
                     Some(Err(_)) => continue,
                     None => break,
@@ -173,7 +184,7 @@ fn report(done: Result<Result<(), tonic::transport::Error>, JoinError>) {
 async fn serve_one<L, IO, ResBody>(
     router: Router<L>,
     io: IO,
-    age: Option<ConnectionAge>,
+    Aging { age, aged }: Aging,
     mut stop: watch::Receiver<bool>,
 ) -> Result<(), tonic::transport::Error>
 where
@@ -193,9 +204,7 @@ where
             return future::pending().await;
         };
         tokio::time::sleep(age).await;
-        crate::observe::metrics::metrics()
-            .grpc_connections_aged
-            .inc();
+        aged.inc();
         tracing::debug!(?peer, ?age, ?grace, "gRPC connection aged: GOAWAY sent");
     };
     let signal = async move {

@@ -109,12 +109,14 @@ pub async fn serve_grpc(
         needs_config: answers.envoy.error_without_config,
     };
     let health_service = spawn_health(limiter.clone(), readiness).await;
-    let shed = &limiter.telemetry().metrics.store.shed;
+    let metrics = limiter.telemetry().metrics.clone();
+    let shed = &metrics.store.shed;
     let shed = arrival::ShedCounters {
         queue: shed.with_label_values(&["queue"]),
         deadline: shed.with_label_values(&["deadline"]),
     };
     let arrival = arrival::ArrivalLayer::new(limits.deadline_margin, limits.failure_policy, shed);
+    let too_large = metrics.rejected.with_label_values(&["request_too_large"]);
     let style = rls::ResponseStyle {
         headers: answers.headers,
         denied_body: answers.denied_body,
@@ -140,21 +142,26 @@ pub async fn serve_grpc(
         .http2_keepalive_timeout(Some(limits.keepalive_timeout))
         // Outermost: the arrival is stamped before anything else runs.
         .layer(arrival)
-        .layer(tower::util::MapResponseLayer::new(count_too_large))
+        .layer(tower::util::MapResponseLayer::new(move |r| {
+            count_too_large(r, &too_large)
+        }))
         .add_service(health_service)
         .add_service(service)
         .add_service(rlqs::service(rlqs, limits.max_request_bytes))
         .add_optional_service(reflect_v1)
         .add_optional_service(reflect_v1alpha);
-    let age = limits.connection_age;
+    let aging = connections::Aging {
+        age: limits.connection_age,
+        aged: metrics.grpc_connections_aged.clone(),
+    };
     match tls {
         None => {
             let incoming = plain_incoming(listener, limits.idle);
-            connections::serve(router, incoming, age, shutdown).await
+            connections::serve(router, incoming, aging, shutdown).await
         }
         Some(tls) => {
             let incoming = tls::incoming(listener, tls, limits.idle);
-            connections::serve(router, incoming, age, shutdown).await
+            connections::serve(router, incoming, aging, shutdown).await
         }
     }
 }
@@ -232,14 +239,14 @@ fn plain_incoming(
 /// Counts requests tonic refused as larger than the limit
 /// (`divvy_rejected_total{reason="request_too_large"}`): they never reach
 /// the service, and answer `OUT_OF_RANGE` in a trailers-only response.
-fn count_too_large<B>(response: ::http::Response<B>) -> ::http::Response<B> {
+fn count_too_large<B>(
+    response: ::http::Response<B>,
+    too_large: &prometheus::IntCounter,
+) -> ::http::Response<B> {
     // A name made once: a `&str` lookup parses the name on every response.
     static GRPC_STATUS: ::http::HeaderName = ::http::HeaderName::from_static("grpc-status");
     if response.headers().get(&GRPC_STATUS).map(|v| v.as_bytes()) == Some(b"11") {
-        crate::observe::metrics::metrics()
-            .rejected
-            .with_label_values(&["request_too_large"])
-            .inc();
+        too_large.inc();
     }
     response
 }

@@ -5,7 +5,6 @@
 //! request values, so the number of series stays bounded whatever clients
 //! send. Rules without a label are counted under `rule_label=""`.
 
-use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use prometheus::{Encoder, Histogram, IntCounter, IntCounterVec, IntGauge, Registry, TextEncoder};
@@ -402,17 +401,4 @@ impl HitStatus {
             HitStatus::Shadow => "shadow_mode",
         }
     }
-}
-
-static METRICS: LazyLock<Arc<Metrics>> = LazyLock::new(|| Arc::new(Metrics::new()));
-
-/// The process's metrics (what records is handed them where it can be:
-/// [`crate::observe::telemetry::Telemetry`]).
-pub fn metrics() -> &'static Metrics {
-    &METRICS
-}
-
-/// The process's metrics, shared.
-pub fn process_metrics() -> Arc<Metrics> {
-    METRICS.clone()
 }

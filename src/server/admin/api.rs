@@ -18,7 +18,7 @@ use serde_json::{json, Value};
 use super::state::AdminState;
 use crate::limiter::knob_for;
 use crate::observe::history::{RuleHistory, Second, SECONDS};
-use crate::observe::metrics::metrics;
+use crate::observe::metrics::Metrics;
 use crate::rules::Rule;
 
 /// Seconds over which `allowedPerSecond` and `deniedPerSecond` are averaged.
@@ -107,9 +107,9 @@ fn history_json(h: &RuleHistory, now: u64, points: usize) -> Value {
 
 /// The p99 of `divvy_hit_duration_seconds` since start, in seconds
 /// (interpolated within its bucket; `None` before the first decision).
-fn p99_seconds() -> Option<f64> {
+fn p99_seconds(metrics: &Metrics) -> Option<f64> {
     use prometheus::core::Metric as _;
-    let metric = metrics().hit_duration.metric();
+    let metric = metrics.hit_duration.metric();
     let h = metric.get_histogram();
     let total = h.get_sample_count();
     if total == 0 {
@@ -175,7 +175,7 @@ pub async fn overview(State(s): State<AdminState>) -> Json<Value> {
             "rules": rules.rules().len(),
             "domains": rules.envoy_domains().iter().map(|t| t.domain().to_owned()).collect::<Vec<_>>(),
         },
-        "p99DecisionSeconds": p99_seconds(),
+        "p99DecisionSeconds": p99_seconds(&s.limiter.telemetry().metrics),
         "configured": {
             "global": s.limiter.global().is_some(),
             "governors": !rules.governors().is_empty(),

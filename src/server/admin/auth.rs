@@ -21,7 +21,7 @@ use serde_json::json;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use crate::observe::metrics::metrics;
+use crate::observe::metrics::Metrics;
 
 /// Paths answered without a token even when a read token is set (the
 /// metrics path is added by [`Gate::new`]).
@@ -86,8 +86,8 @@ fn same(given: &str, token: &str) -> bool {
 }
 
 /// Counts one refusal by reason (one of [`crate::observe::metrics::AUTH_FAILURE_REASONS`]).
-pub fn count_failure(reason: &str) {
-    metrics()
+pub fn count_failure(metrics: &Metrics, reason: &str) {
+    metrics
         .admin_auth_failures
         .with_label_values(&[reason])
         .inc();
@@ -98,14 +98,17 @@ pub fn count_failure(reason: &str) {
 pub struct Gate {
     tokens: Tokens,
     metrics_path: Arc<str>,
+    metrics: Arc<Metrics>,
 }
 
 impl Gate {
-    /// A gate for `tokens` that leaves [`OPEN_PATHS`] and `metrics_path` open.
-    pub fn new(tokens: Tokens, metrics_path: &str) -> Gate {
+    /// A gate for `tokens` that leaves [`OPEN_PATHS`] and `metrics_path`
+    /// open, counting refusals in `metrics`.
+    pub fn new(tokens: Tokens, metrics_path: &str, metrics: Arc<Metrics>) -> Gate {
         Gate {
             tokens,
             metrics_path: Arc::from(metrics_path),
+            metrics,
         }
     }
 
@@ -132,7 +135,7 @@ pub async fn gate(State(gate): State<Gate>, request: Request, next: Next) -> Res
         Caller::Missing => "missing",
         Caller::Wrong => "wrong",
     };
-    count_failure(reason);
+    count_failure(&gate.metrics, reason);
     let from = request
         .extensions()
         .get::<ConnectInfo<SocketAddr>>()
@@ -196,7 +199,8 @@ mod tests {
 
     #[test]
     fn only_the_listed_paths_and_the_metrics_path_are_open() {
-        let gate = Gate::new(Tokens::default(), "/prom");
+        let metrics = Arc::new(Metrics::new());
+        let gate = Gate::new(Tokens::default(), "/prom", metrics);
         for open in [
             "/healthz",
             "/readyz",

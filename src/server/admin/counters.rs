@@ -134,7 +134,7 @@ fn authorize(s: &AdminState, headers: &HeaderMap) -> Option<Response> {
         Caller::Missing => (StatusCode::UNAUTHORIZED, "missing"),
         Caller::Wrong => (StatusCode::UNAUTHORIZED, "wrong"),
     };
-    count_failure(reason);
+    count_failure(&s.limiter.telemetry().metrics, reason);
     let mut refused = error(
         code,
         "a counter reset needs `Authorization: Bearer <token>` with the server's admin token"

@@ -67,7 +67,7 @@ fn authorize(state: &AdminState, headers: &HeaderMap) -> Option<Response> {
             "a knob change needs `Authorization: Bearer <token>` with the server's admin token",
         ),
     };
-    count_failure(reason);
+    count_failure(&state.limiter.telemetry().metrics, reason);
     Some(refuse(
         &state.limiter.telemetry().metrics,
         code,

@@ -33,6 +33,7 @@ pub async fn spawn_ratelimit_metrics(
     addr: &str,
     path: &str,
     mapper: Option<crate::observe::statsd_mapper::Mapper>,
+    metrics: std::sync::Arc<crate::observe::metrics::Metrics>,
 ) -> std::io::Result<()> {
     let mapper = std::sync::Arc::new(mapper);
     let listener = tokio::net::TcpListener::bind(addr).await?;
@@ -43,7 +44,7 @@ pub async fn spawn_ratelimit_metrics(
     let app = axum::Router::new().route(
         path,
         axum::routing::get(move || async move {
-            crate::observe::ratelimit_names::render_with(mapper.as_ref().as_ref())
+            crate::observe::ratelimit_names::render_with(&metrics, mapper.as_ref().as_ref())
         }),
     );
     tokio::spawn(async move {

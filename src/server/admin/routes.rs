@@ -17,7 +17,6 @@ use super::auth;
 use super::render::{knob_json, limit_json};
 use super::state::AdminState;
 use crate::limiter::{counter_op, knob_for};
-use crate::observe::metrics::metrics;
 use crate::rules::Operation;
 use crate::server::json::{format_response, parse_request};
 use crate::server::readiness::{Readiness, Verdict};
@@ -64,7 +63,11 @@ pub fn router(state: AdminState, metrics_path: &str) -> Router {
         router = router.route(metrics_path, get(prometheus));
     }
     let protect = state.tokens.read.is_some();
-    let gate = auth::Gate::new(state.tokens.clone(), metrics_path);
+    let gate = auth::Gate::new(
+        state.tokens.clone(),
+        metrics_path,
+        state.limiter.telemetry().metrics.clone(),
+    );
     let router = router.with_state(state);
     // Without a read token the layer would pass everything: leave it out.
     if protect {
@@ -379,7 +382,7 @@ async fn json_check(State(s): State<AdminState>, headers: HeaderMap, body: Bytes
         )
     });
     let bad = |message: String| {
-        metrics().error("invalid-argument");
+        s.limiter.telemetry().metrics.error("invalid-argument");
         (StatusCode::BAD_REQUEST, Json(json!({"error": message}))).into_response()
     };
     let request = match parse_request(&body) {

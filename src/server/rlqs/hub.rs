@@ -24,7 +24,7 @@ use super::replicas::{Ask, Replicas};
 use super::{RlqsError, RlqsSettings, MAX_BUCKET_ID_BYTES, MAX_BUCKET_ID_ENTRIES};
 use crate::clock::Clock;
 use crate::limiter::{BucketLimit, Limiter};
-use crate::observe::metrics::metrics;
+use crate::observe::metrics::Metrics;
 
 /// A bucket id: its pairs sorted by key (Envoy's order does not matter).
 pub type BucketKey = Vec<(String, String)>;
@@ -109,6 +109,11 @@ impl Hub {
         }
     }
 
+    /// The registry RLQS records to (the limiter's).
+    pub fn metrics(&self) -> &Metrics {
+        &self.limiter.telemetry().metrics
+    }
+
     /// The same hub, sharing each limit with the other replicas.
     pub fn with_replicas(mut self, replicas: Arc<Replicas>) -> Hub {
         self.replicas = Some(replicas);
@@ -178,7 +183,7 @@ impl Hub {
                 tx,
             },
         );
-        gauges(&s);
+        gauges(&s, self.metrics());
         id
     }
 
@@ -186,7 +191,7 @@ impl Hub {
     pub fn close(&self, id: u64) {
         let mut s = self.lock();
         s.streams.remove(&id);
-        gauges(&s);
+        gauges(&s, self.metrics());
     }
 
     /// Ends every stream (shutdown): their senders are dropped.
@@ -198,7 +203,7 @@ impl Hub {
                 .try_send(Err(tonic::Status::unavailable("divvy is shutting down")));
         }
         s.streams.clear();
-        gauges(&s);
+        gauges(&s, self.metrics());
     }
 
     /// Takes one reports message of stream `id`: counts it, answers the
@@ -215,6 +220,7 @@ impl Hub {
             reports,
             now,
             self.settings.max_buckets_per_stream,
+            self.metrics(),
         )?;
         let mut renew = Vec::new();
         if let Some(stream) = s.streams.get_mut(&id) {
@@ -226,7 +232,7 @@ impl Hub {
                 if b.limit.is_none() {
                     b.limit = Some(self.limiter.bucket_limit(&domain, &entries(key)));
                 }
-                count_reported(b);
+                count_reported(b, self.metrics());
                 if let Some((a, _)) = b.sent {
                     if !renew.iter().any(|(k, _)| k == key) {
                         renew.push((key.clone(), Some(a)));
@@ -309,7 +315,7 @@ impl Hub {
                 }
             }
         }
-        gauges(s);
+        gauges(s, self.metrics());
         changes
     }
 
@@ -335,7 +341,11 @@ impl Hub {
             if stream.tx.try_send(Ok(response)).is_ok() {
                 for (_, a) in &actions {
                     let kind = a.map_or("abandon", |a| a.kind());
-                    metrics().rlqs.assignments.with_label_values(&[kind]).inc();
+                    self.metrics()
+                        .rlqs
+                        .assignments
+                        .with_label_values(&[kind])
+                        .inc();
                 }
             } else {
                 for (key, _) in &actions {
@@ -416,6 +426,7 @@ fn take_reports(
     reports: RateLimitQuotaUsageReports,
     now: Duration,
     max_buckets: usize,
+    m: &Metrics,
 ) -> Result<Vec<BucketKey>, RlqsError> {
     let stream = s.streams.get_mut(&id).ok_or(RlqsError::Closed)?;
     if stream.domain.is_none() {
@@ -426,7 +437,7 @@ fn take_reports(
     }
     let mut reported = Vec::with_capacity(reports.bucket_quota_usages.len());
     for usage in reports.bucket_quota_usages {
-        let key = bucket_key(usage.bucket_id.map(|b| b.bucket).unwrap_or_default())?;
+        let key = bucket_key(usage.bucket_id.map(|b| b.bucket).unwrap_or_default(), m)?;
         let elapsed = usage
             .time_elapsed
             .map(|d| d.seconds as f64 + f64::from(d.nanos) / 1e9)
@@ -436,8 +447,7 @@ fn take_reports(
             .saturating_add(usage.num_requests_denied);
         let fresh = !stream.buckets.contains_key(&key);
         if fresh && stream.buckets.len() >= max_buckets {
-            metrics()
-                .rejected
+            m.rejected
                 .with_label_values(&["rlqs_too_many_buckets"])
                 .inc();
             continue;
@@ -467,14 +477,13 @@ fn take_reports(
 }
 
 /// A bucket id's pairs, sorted, within the bounds.
-fn bucket_key(pairs: HashMap<String, String>) -> Result<BucketKey, RlqsError> {
+fn bucket_key(pairs: HashMap<String, String>, m: &Metrics) -> Result<BucketKey, RlqsError> {
     if pairs.is_empty() {
         return Err(RlqsError::EmptyBucketId);
     }
     let bytes: usize = pairs.iter().map(|(k, v)| k.len() + v.len()).sum();
     if pairs.len() > MAX_BUCKET_ID_ENTRIES || bytes > MAX_BUCKET_ID_BYTES {
-        metrics()
-            .rejected
+        m.rejected
             .with_label_values(&["rlqs_bucket_id_too_large"])
             .inc();
         return Err(RlqsError::BucketIdTooLarge {
@@ -488,17 +497,17 @@ fn bucket_key(pairs: HashMap<String, String>) -> Result<BucketKey, RlqsError> {
 }
 
 /// Counts what Envoy reported for `b` under its deciding rule.
-fn count_reported(b: &mut Bucket) {
+fn count_reported(b: &mut Bucket, m: &Metrics) {
     let (allowed, denied) = std::mem::take(&mut b.pending);
     let rule = b.limit.as_ref().map_or("", |l| l.rule());
     let rule = if rule.is_empty() { "none" } else { rule };
-    let m = &metrics().rlqs.reported;
+    let m = &m.rlqs.reported;
     m.with_label_values(&[rule, "allowed"]).inc_by(allowed);
     m.with_label_values(&[rule, "denied"]).inc_by(denied);
 }
 
-fn gauges(s: &Streams) {
-    let m = &metrics().rlqs;
+fn gauges(s: &Streams, m: &Metrics) {
+    let m = &m.rlqs;
     m.streams.set(s.streams.len() as i64);
     m.buckets
         .set(s.streams.values().map(|st| st.buckets.len()).sum::<usize>() as i64);

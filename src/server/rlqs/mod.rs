@@ -32,8 +32,6 @@ use tonic::{Request, Response, Status, Streaming};
 pub use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaServiceServer;
 pub use hub::Hub;
 
-use crate::observe::metrics::metrics;
-
 /// Most entries in one bucket id.
 pub const MAX_BUCKET_ID_ENTRIES: usize = 32;
 /// Most bytes (keys and values) in one bucket id.
@@ -141,7 +139,12 @@ impl RateLimitQuotaService for RlqsService {
                 };
                 let Ok(Some(reports)) = message else { break };
                 if let Err(e) = registered.hub.report(registered.id, reports) {
-                    metrics().errors.with_label_values(&["rlqs"]).inc();
+                    registered
+                        .hub
+                        .metrics()
+                        .errors
+                        .with_label_values(&["rlqs"])
+                        .inc();
                     let _ = tx.send(Err(e.into())).await;
                     break;
                 }
@@ -194,7 +197,7 @@ pub fn spawn(hub: Arc<Hub>, shutdown: impl Future<Output = ()> + Send + 'static)
                 seen = now_seen;
                 last = tokio::time::Instant::now();
                 hub.tick();
-                metrics()
+                hub.metrics()
                     .rlqs
                     .allocated
                     .set(crate::clock::now_ms() as i64 / 1000);

@@ -10,13 +10,13 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::assign::{FLOOR, HEADROOM};
 use crate::coord::{Coordination, ShareAsk, ShareRenewal};
 use crate::global::parse_grants;
-use crate::observe::metrics::metrics;
+use crate::observe::metrics::Metrics;
 
 /// How often a replica renews its shares (sooner when a new limit appears).
 pub const PERIOD: Duration = Duration::from_millis(500);
@@ -45,18 +45,21 @@ pub struct Replicas {
     /// Counter → every live holder's share (`holder=grant ...`), for `GET /rlqs`.
     views: Mutex<HashMap<String, String>>,
     failing: AtomicBool,
+    /// Where renewals are counted.
+    metrics: Arc<Metrics>,
 }
 
 impl Replicas {
     /// Sharing through `coord` (the counters' Redis), as `holder` (this
-    /// process, `host:pid`).
-    pub fn new(coord: Coordination, holder: String) -> Replicas {
+    /// process, `host:pid`), its renewals counted in `metrics`.
+    pub fn new(coord: Coordination, holder: String, metrics: Arc<Metrics>) -> Replicas {
         Replicas {
             coord,
             holder,
             grants: Mutex::new(HashMap::new()),
             views: Mutex::new(HashMap::new()),
             failing: AtomicBool::new(false),
+            metrics,
         }
     }
 
@@ -125,7 +128,7 @@ impl Replicas {
                 "failed"
             }
         };
-        metrics()
+        self.metrics
             .rlqs
             .replica_renewals
             .with_label_values(&[result])

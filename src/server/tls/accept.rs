@@ -20,7 +20,6 @@ use tonic::transport::server::{Connected, TcpConnectInfo};
 use tracing::{debug, warn};
 
 use super::{ServerTls, HANDSHAKE_TIMEOUT, MAX_HANDSHAKES};
-use crate::observe::metrics::metrics;
 use crate::server::idle::IdleStream;
 
 /// A connection that completed its handshake, and its peer's address.
@@ -39,6 +38,7 @@ where
     let (tx, rx) = mpsc::channel(QUEUE);
     let handshakes = Arc::new(Semaphore::new(MAX_HANDSHAKES));
     let label = tls.port().label();
+    let metrics = tls.metrics.clone();
     tokio::spawn(async move {
         loop {
             let accepted = tokio::select! {
@@ -55,7 +55,7 @@ where
                 }
             };
             let Ok(permit) = handshakes.clone().try_acquire_owned() else {
-                metrics().tls.handshake_failed(label, "limit");
+                metrics.tls.handshake_failed(label, "limit");
                 continue;
             };
             // Small frames must not wait for Nagle's algorithm.
@@ -63,6 +63,7 @@ where
             let acceptor = TlsAcceptor::from(tls.config());
             let io = wrap(stream);
             let tx = tx.clone();
+            let metrics = metrics.clone();
             tokio::spawn(async move {
                 let done = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(io)).await;
                 drop(permit);
@@ -72,9 +73,9 @@ where
                     }
                     Ok(Err(e)) => {
                         debug!(port = label, %peer, "TLS handshake failed: {e}");
-                        metrics().tls.handshake_failed(label, "error");
+                        metrics.tls.handshake_failed(label, "error");
                     }
-                    Err(_) => metrics().tls.handshake_failed(label, "timeout"),
+                    Err(_) => metrics.tls.handshake_failed(label, "timeout"),
                 }
             });
         }

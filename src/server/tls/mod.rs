@@ -24,6 +24,8 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use rustls::ServerConfig;
 
+use crate::observe::metrics::Metrics;
+
 pub use accept::{incoming, TlsConn, TlsListener};
 pub use load::{load, Loaded};
 pub use verify::SanVerifier;
@@ -123,15 +125,22 @@ pub enum TlsError {
 pub struct ServerTls {
     current: Arc<ArcSwap<ServerConfig>>,
     port: Port,
+    metrics: Arc<Metrics>,
 }
 
 impl ServerTls {
     /// Loads `files` for `port` and starts watching them (changed files are
     /// in force within two [`POLL`]s); an error names the file at fault. The watch task ends once every copy of the result is dropped.
     /// Must be called within a tokio runtime.
-    pub fn start(files: TlsFiles, port: Port) -> Result<ServerTls, TlsError> {
+    /// Its reloads, refusals, handshake failures and the certificate's
+    /// expiry are shown in `metrics`.
+    pub fn start(
+        files: TlsFiles,
+        port: Port,
+        metrics: Arc<Metrics>,
+    ) -> Result<ServerTls, TlsError> {
         let loaded = load(&files, port)?;
-        let m = &crate::observe::metrics::metrics().tls;
+        let m = &metrics.tls;
         m.set_expiry(port.label(), loaded.not_after);
         // Exported from the start, so a first refusal shows as a rise.
         m.reload_errors.with_label_values(&[port.label()]);
@@ -142,14 +151,10 @@ impl ServerTls {
         let tls = ServerTls {
             current: Arc::new(ArcSwap::new(loaded.config)),
             port,
+            metrics: metrics.clone(),
         };
-        watch::spawn(
-            Arc::downgrade(&tls.current),
-            files,
-            port,
-            loaded.fingerprint,
-            loaded.not_after,
-        );
+        let state = watch::State::new(files, port, loaded.fingerprint, loaded.not_after, metrics);
+        watch::spawn(Arc::downgrade(&tls.current), state);
         Ok(tls)
     }
 

@@ -112,7 +112,15 @@ fn the_watcher_swaps_settled_changes_and_keeps_the_pair_on_a_broken_one() {
     let f = files(dir.path(), &cert, &key);
     let first = load(&f, Port::Grpc).unwrap();
     let current = ArcSwap::new(first.config.clone());
-    let mut state = State::new(f.clone(), Port::Grpc, first.fingerprint, first.not_after);
+    let metrics = Arc::new(crate::observe::metrics::Metrics::new());
+    let state = State::new(
+        f.clone(),
+        Port::Grpc,
+        first.fingerprint,
+        first.not_after,
+        metrics.clone(),
+    );
+    let mut state = state;
     let in_force = || Arc::as_ptr(&current.load_full());
     let before = in_force();
     state.poll(&current);
@@ -125,13 +133,7 @@ fn the_watcher_swaps_settled_changes_and_keeps_the_pair_on_a_broken_one() {
     state.poll(&current);
     assert_ne!(in_force(), before, "seen twice: swapped");
 
-    let errors = || {
-        crate::observe::metrics::metrics()
-            .tls
-            .reload_errors
-            .with_label_values(&["grpc"])
-            .get()
-    };
+    let errors = || metrics.tls.reload_errors.with_label_values(&["grpc"]).get();
     let (errors_before, swapped) = (errors(), in_force());
     files(dir.path(), "garbage", &key2);
     state.poll(&current);

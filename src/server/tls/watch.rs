@@ -7,7 +7,7 @@
 //! seen on two polls in a row, so a certificate and key written one after
 //! the other are not taken half-way.
 
-use std::sync::Weak;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwap;
@@ -16,7 +16,7 @@ use tracing::{info, warn};
 
 use super::load::{fingerprint, load};
 use super::{Port, TlsFiles};
-use crate::observe::metrics::metrics;
+use crate::observe::metrics::Metrics;
 
 /// How often the files are read.
 pub const POLL: Duration = Duration::from_secs(2);
@@ -33,18 +33,18 @@ pub(super) struct State {
     not_after: i64,
     /// The files could not be read on the last poll (warned and counted once).
     unreadable: bool,
+    /// Where reloads, refusals and the certificate's expiry are shown.
+    metrics: Arc<Metrics>,
 }
 
 /// Polls `files` every [`POLL`] and swaps a new configuration into
 /// `current`; ends once `current` is dropped (the server it feeds is gone).
-pub fn spawn(
+/// `state`: the files, and what is in force.
+pub(super) fn spawn(
     current: Weak<ArcSwap<ServerConfig>>,
-    files: TlsFiles,
-    port: Port,
-    settled: u64,
-    not_after: i64,
+    mut state: State,
 ) -> tokio::task::JoinHandle<()> {
-    let mut state = State::new(files, port, settled, not_after);
+    let port = state.port;
     tokio::spawn(async move {
         loop {
             tokio::time::sleep(POLL).await;
@@ -65,7 +65,7 @@ pub fn spawn(
                     return;
                 }
             };
-            let m = &metrics().tls;
+            let m = &state.metrics.tls;
             m.set_expiry(port.label(), state.not_after);
             m.checked
                 .with_label_values(&[port.label()])
@@ -76,8 +76,14 @@ pub fn spawn(
 
 impl State {
     /// The state after loading contents `settled` with a certificate
-    /// valid until `not_after`.
-    pub(super) fn new(files: TlsFiles, port: Port, settled: u64, not_after: i64) -> State {
+    /// valid until `not_after`, shown in `metrics`.
+    pub(super) fn new(
+        files: TlsFiles,
+        port: Port,
+        settled: u64,
+        not_after: i64,
+        metrics: Arc<Metrics>,
+    ) -> State {
         State {
             files,
             port,
@@ -85,6 +91,7 @@ impl State {
             pending: None,
             not_after,
             unreadable: false,
+            metrics,
         }
     }
 
@@ -95,7 +102,7 @@ impl State {
             Ok(seen) => seen,
             Err(e) => {
                 if !self.unreadable {
-                    metrics()
+                    self.metrics
                         .tls
                         .reload_errors
                         .with_label_values(&[label])
@@ -121,7 +128,7 @@ impl State {
         }
         self.pending = None;
         self.settled = seen;
-        let m = &metrics().tls;
+        let m = &self.metrics.tls;
         match load(&self.files, self.port) {
             Ok(loaded) => {
                 current.store(loaded.config);

@@ -72,10 +72,22 @@ async fn the_service_runs_in_process_and_answers_both_protocols() {
     );
 }
 
-/// A plain HTTP/1.1 GET of `path`: the body.
+/// A plain HTTP/1.1 GET of `path`: the answer.
 async fn get(addr: SocketAddr, path: &str) -> String {
+    exchange(addr, &format!("GET {path} HTTP/1.1\r\n")).await
+}
+
+/// One HTTP/1.1 request (`head`: its request line, and any headers and
+/// body after a blank line) on a fresh connection: the whole answer.
+async fn exchange(addr: SocketAddr, head: &str) -> String {
     let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    let request = format!("GET {path} HTTP/1.1\r\nHost: divvy\r\nConnection: close\r\n\r\n");
+    let request = match head.split_once("\r\n\r\n") {
+        Some((start, body)) => format!(
+            "{start}\r\nHost: divvy\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        ),
+        None => format!("{head}Host: divvy\r\nConnection: close\r\n\r\n"),
+    };
     stream.write_all(request.as_bytes()).await.expect("send");
     let mut answer = String::new();
     tokio::io::AsyncReadExt::read_to_string(&mut stream, &mut answer)
@@ -128,11 +140,22 @@ async fn two_services_in_one_process_keep_their_own_metrics() {
         assert!(hit(addrs[0].0, "HIT k=v\n").await.starts_with("OK true "));
     }
     assert!(hit(addrs[1].0, "HIT k=v\n").await.starts_with("OK true "));
+    // The admin API's own counting (a malformed `POST /json`) goes to its
+    // service's registry too.
+    let refused = exchange(
+        addrs[0].1,
+        "POST /json HTTP/1.1\r\nContent-Type: application/json\r\n\r\n[",
+    )
+    .await;
+    assert!(refused.starts_with("HTTP/1.1 400"), "{refused}");
+    let invalid = "divvy_errors_total{code=\"invalid-argument\"}";
     let accepted = "divvy_hits_total{rule_label=\"mine\",status=\"accepted\"}";
     let first = get(addrs[0].1, "/metrics").await;
     let second = get(addrs[1].1, "/metrics").await;
     assert_eq!(sample(&first, accepted), 3.0, "{first}");
     assert_eq!(sample(&second, accepted), 1.0, "{second}");
+    assert_eq!(sample(&first, invalid), 1.0, "{first}");
+    assert_eq!(sample(&second, invalid), 0.0, "{second}");
     for stop in stops {
         let _ = stop.send(());
     }

@@ -82,8 +82,8 @@ pub(super) fn memory_budget(s: &Settings, rules: usize, metrics: &Metrics) -> Me
 }
 
 /// The memory store, or Redis behind its failure policy (with the knobs
-/// shared through it); the stores record to `metrics` (the process's: what
-/// `/metrics` serves).
+/// shared through it); the stores record to `metrics` (the service's: what
+/// its `/metrics` serves).
 pub(super) async fn build_store(
     s: &Settings,
     max_counters: usize,

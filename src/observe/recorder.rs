@@ -1,7 +1,7 @@
 //! The dashboard's memory: every rule's decisions per second and the top
 //! offenders, kept for 15 minutes and lost at a restart.
 //!
-//! One process-wide [`Recorder`] ([`recorder`]). A compiled divvy rule
+//! One [`Recorder`] per service (its [`crate::observe::telemetry::Telemetry`]). A compiled divvy rule
 //! holds its [`RuleStats`] (looked up by name when the rule is compiled, so
 //! a reload that keeps a rule keeps its history); an envoyproxy/ratelimit
 //! limit is looked up by its stats key. The limiter records the deciding

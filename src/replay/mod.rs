@@ -1,6 +1,6 @@
 //! `divvy replay`: recorded traffic decided again, in process, by one
 //! policy or by two side by side, on a simulated clock set to each
-//! request's recorded time (the memory store, nothing reaches the process's
+//! request's recorded time (the memory store, nothing reaches a service's
 //! metrics). What it reports is [`report::Report`]: per rule, what each
 //! policy allowed and denied, and the first requests whose decision changed.
 

@@ -54,8 +54,8 @@ impl RuleSources {
         }
     }
 
-    /// Where the sources record (the limiter's registry: the process's
-    /// in production).
+    /// Where the sources record (the limiter's registry: the service's, which
+    /// its `/metrics` serves).
     pub fn telemetry(&self) -> &Telemetry {
         self.limiter.telemetry()
     }

@@ -23,6 +23,7 @@ pub use request::{Caller, Descriptor, Entries, Hit, Items, LimitOverride, Reques
 
 pub use plan::{counter_op, knob_for};
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -53,7 +54,7 @@ pub struct Limiter {
     telemetry: Telemetry,
     debtors: debtors::Debtors,
     /// Set while the xDS control plane's first configuration is awaited.
-    xds_pending: std::sync::atomic::AtomicBool,
+    xds_pending: AtomicBool,
 }
 
 impl Limiter {
@@ -90,7 +91,7 @@ impl Limiter {
             envoy: Arc::new(EnvoySettings::default()),
             telemetry,
             debtors: debtors::Debtors::default(),
-            xds_pending: std::sync::atomic::AtomicBool::new(false),
+            xds_pending: AtomicBool::new(false),
         }
     }
 
@@ -145,13 +146,12 @@ impl Limiter {
     /// `false`, as installed): until then the xDS domains are missing, and
     /// readiness says so.
     pub fn set_xds_pending(&self, pending: bool) {
-        self.xds_pending
-            .store(pending, std::sync::atomic::Ordering::Release);
+        self.xds_pending.store(pending, Ordering::Release);
     }
 
     /// Whether the xDS control plane's first configuration is still awaited.
     pub fn xds_pending(&self) -> bool {
-        self.xds_pending.load(std::sync::atomic::Ordering::Acquire)
+        self.xds_pending.load(Ordering::Acquire)
     }
 
     /// The rule set in force.

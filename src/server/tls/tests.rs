@@ -113,14 +113,13 @@ fn the_watcher_swaps_settled_changes_and_keeps_the_pair_on_a_broken_one() {
     let first = load(&f, Port::Grpc).unwrap();
     let current = ArcSwap::new(first.config.clone());
     let metrics = Arc::new(crate::observe::metrics::Metrics::new());
-    let state = State::new(
+    let mut state = State::new(
         f.clone(),
         Port::Grpc,
         first.fingerprint,
         first.not_after,
         metrics.clone(),
     );
-    let mut state = state;
     let in_force = || Arc::as_ptr(&current.load_full());
     let before = in_force();
     state.poll(&current);

@@ -2,83 +2,68 @@
 //! (`packed` in lone.lua), read here. Redis's `cmsgpack` writes each
 //! number in its shortest form, and a number with a fraction as a double,
 //! which is truncated as Redis truncates a Lua number in an integer reply.
+//! The `rmp` crate reads the markers and their data.
 
 use crate::store::StoreError;
 
+use rmp::decode::{read_marker, RmpRead};
+use rmp::Marker;
+
 /// The integers of the counter script's answer, in order.
 pub fn integers(raw: &[u8]) -> Result<Vec<i64>, StoreError> {
-    let mut r = Reader { raw, at: 0 };
-    let n = r.array_len()?;
+    let mut rd = raw;
+    let malformed = |rd: &[u8]| {
+        StoreError::Refused(format!(
+            "redis: the counter script's answer is not a MessagePack array of numbers (at byte {} of {})",
+            raw.len() - rd.len(),
+            raw.len()
+        ))
+    };
+    let n = array_len(&mut rd).ok_or_else(|| malformed(rd))?;
     // Every element is at least one byte: a count beyond the bytes left is
     // malformed, and never sizes an allocation.
-    if n > raw.len() {
-        return Err(r.malformed());
+    if n > rd.len() {
+        return Err(malformed(rd));
     }
     let mut out = Vec::with_capacity(n);
     for _ in 0..n {
-        out.push(r.integer()?);
+        out.push(integer(&mut rd).ok_or_else(|| malformed(rd))?);
     }
-    if r.at != raw.len() {
-        return Err(r.malformed());
+    if !rd.is_empty() {
+        return Err(malformed(rd));
     }
     Ok(out)
 }
 
-struct Reader<'a> {
-    raw: &'a [u8],
-    at: usize,
+/// An array's length (an empty Lua table may be written as an empty map).
+fn array_len(rd: &mut &[u8]) -> Option<usize> {
+    Some(match read_marker(rd).ok()? {
+        Marker::FixArray(n) => usize::from(n),
+        Marker::FixMap(0) => 0,
+        Marker::Array16 => usize::from(rd.read_data_u16().ok()?),
+        Marker::Array32 => usize::try_from(rd.read_data_u32().ok()?).ok()?,
+        _ => return None,
+    })
 }
 
-impl Reader<'_> {
-    fn malformed(&self) -> StoreError {
-        StoreError::Refused(format!(
-            "redis: the counter script's answer is not a MessagePack array of numbers (at byte {} of {})",
-            self.at,
-            self.raw.len()
-        ))
-    }
-
-    fn take<const N: usize>(&mut self) -> Result<[u8; N], StoreError> {
-        let bytes = self
-            .raw
-            .get(self.at..self.at + N)
-            .and_then(|b| <[u8; N]>::try_from(b).ok())
-            .ok_or_else(|| self.malformed())?;
-        self.at += N;
-        Ok(bytes)
-    }
-
-    fn array_len(&mut self) -> Result<usize, StoreError> {
-        let [tag] = self.take::<1>()?;
-        Ok(match tag {
-            0x90..=0x9f => usize::from(tag & 0x0f),
-            // An empty Lua table may be written as an empty map.
-            0x80 => 0,
-            0xdc => usize::from(u16::from_be_bytes(self.take()?)),
-            0xdd => usize::try_from(u32::from_be_bytes(self.take()?)).unwrap_or(usize::MAX),
-            _ => return Err(self.malformed()),
-        })
-    }
-
-    fn integer(&mut self) -> Result<i64, StoreError> {
-        let [tag] = self.take::<1>()?;
-        Ok(match tag {
-            0x00..=0x7f => i64::from(tag),
-            0xe0..=0xff => i64::from(tag as i8),
-            0xcc => i64::from(u8::from_be_bytes(self.take()?)),
-            0xcd => i64::from(u16::from_be_bytes(self.take()?)),
-            0xce => i64::from(u32::from_be_bytes(self.take()?)),
-            0xcf => i64::try_from(u64::from_be_bytes(self.take()?)).unwrap_or(i64::MAX),
-            0xd0 => i64::from(i8::from_be_bytes(self.take()?)),
-            0xd1 => i64::from(i16::from_be_bytes(self.take()?)),
-            0xd2 => i64::from(i32::from_be_bytes(self.take()?)),
-            0xd3 => i64::from_be_bytes(self.take()?),
-            // `as` saturates, as Redis's cast of a Lua number does in range.
-            0xca => f32::from_be_bytes(self.take()?) as i64,
-            0xcb => f64::from_be_bytes(self.take()?) as i64,
-            _ => return Err(self.malformed()),
-        })
-    }
+/// One number: an integer of any width, or a double truncated (`as`
+/// saturates, as Redis's cast of a Lua number does in range).
+fn integer(rd: &mut &[u8]) -> Option<i64> {
+    Some(match read_marker(rd).ok()? {
+        Marker::FixPos(n) => i64::from(n),
+        Marker::FixNeg(n) => i64::from(n),
+        Marker::U8 => i64::from(rd.read_data_u8().ok()?),
+        Marker::U16 => i64::from(rd.read_data_u16().ok()?),
+        Marker::U32 => i64::from(rd.read_data_u32().ok()?),
+        Marker::U64 => i64::try_from(rd.read_data_u64().ok()?).unwrap_or(i64::MAX),
+        Marker::I8 => i64::from(rd.read_data_i8().ok()?),
+        Marker::I16 => i64::from(rd.read_data_i16().ok()?),
+        Marker::I32 => i64::from(rd.read_data_i32().ok()?),
+        Marker::I64 => rd.read_data_i64().ok()?,
+        Marker::F32 => rd.read_data_f32().ok()? as i64,
+        Marker::F64 => rd.read_data_f64().ok()? as i64,
+        _ => return None,
+    })
 }
 
 #[cfg(test)]

@@ -150,6 +150,13 @@ fi
 # written once and never read again.
 export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 
+# A clean build of every test, the release binary and the soak needs about
+# 3.5 GB in target/; say so up front rather than fail at a link.
+avail_kb=$(df -Pk . | awk 'NR == 2 { print $4 }')
+if [ "${avail_kb:-0}" -lt 4000000 ]; then
+  log "warning: $((avail_kb / 1024)) MB free here; a clean run needs about 3,500 MB in target/"
+fi
+
 log "cargo fmt --check"
 cargo fmt --all -- --check
 

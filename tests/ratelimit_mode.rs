@@ -12,10 +12,13 @@ use std::time::{Duration, Instant};
 
 use common::xds::ControlPlane;
 use common::{desc, free_port, http_request, request, Server};
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor as RateLimitDescriptorV3;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::ratelimit::config::ratelimit::v3::{
     RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,
 };
+use tonic::transport::Channel;
 
 fn gateway_config() -> RateLimitConfig {
     RateLimitConfig {
@@ -287,4 +290,124 @@ async fn prometheus_mapper_yaml_renames_the_series() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("PROMETHEUS_MAPPER_YAML="), "{stderr}");
     assert!(stderr.contains("unknown field"), "{stderr}");
+}
+
+/// A policy directory for `RUNTIME_ROOT`: domain `api`, `user` at 1 an hour.
+fn one_an_hour(dir: &Path) -> std::path::PathBuf {
+    let root = dir.join("data");
+    let config = root.join("ratelimit/config");
+    std::fs::create_dir_all(&config).unwrap();
+    std::fs::write(
+        config.join("api.yaml"),
+        "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 1}\n",
+    )
+    .unwrap();
+    root
+}
+
+/// `ratelimit` mode on the policy under `root` with `envs` added; `dir`
+/// holds the binary's link (one per process).
+fn ratelimit_with(dir: &Path, root: &Path, envs: &[(&str, &str)]) -> Server {
+    std::fs::create_dir_all(dir).unwrap();
+    let mut command = common::as_ratelimit(dir);
+    command
+        .envs(common::RATELIMIT_ON_LOOPBACK)
+        .envs([
+            ("RUNTIME_ROOT", root.to_str().unwrap()),
+            ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+        ])
+        .envs(envs.iter().copied());
+    Server::spawn(command)
+}
+
+/// The overall code and each descriptor's code for `descriptors` in `api`.
+async fn codes(
+    client: &mut RateLimitServiceClient<Channel>,
+    descriptors: Vec<RateLimitDescriptorV3>,
+) -> (Code, Vec<i32>) {
+    let r = client
+        .should_rate_limit(request("api", descriptors))
+        .await
+        .expect("answer")
+        .into_inner();
+    let each = r.statuses.iter().map(|s| s.code).collect();
+    (Code::try_from(r.overall_code).unwrap(), each)
+}
+
+/// `QUOTA_MODE`: every descriptor is a quota descriptor, so a request is
+/// over only when all of its descriptors are, and one without a limit
+/// counts as within its quota (envoyproxy/ratelimit's `service/ratelimit.go`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quota_mode_is_over_only_when_every_descriptor_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = one_an_hour(dir.path());
+    let (ok, over) = (Code::Ok as i32, Code::OverLimit as i32);
+    for (quota_mode, with_no_limit) in [("true", Code::Ok), ("false", Code::OverLimit)] {
+        let link = dir.path().join(format!("quota-mode-{quota_mode}"));
+        let server = ratelimit_with(&link, &root, &[("QUOTA_MODE", quota_mode)]);
+        let mut client = server.client().await;
+        let ann_bob = || vec![desc(&[("user", "ann")]), desc(&[("user", "bob")])];
+        assert_eq!(
+            codes(&mut client, ann_bob()).await,
+            (Code::Ok, vec![ok, ok])
+        );
+        assert_eq!(
+            codes(&mut client, ann_bob()).await,
+            (Code::OverLimit, vec![over, over]),
+            "QUOTA_MODE={quota_mode}: both over"
+        );
+        let ann_other = vec![desc(&[("user", "ann")]), desc(&[("other", "x")])];
+        assert_eq!(
+            codes(&mut client, ann_other).await,
+            (with_no_limit, vec![over, ok]),
+            "QUOTA_MODE={quota_mode}: one over, one without a limit"
+        );
+    }
+}
+
+/// One call for `user=ann` in `api`: the overall code and what remains.
+async fn ann(server: &Server) -> (Code, u32) {
+    let mut client = server.client().await;
+    let r = client
+        .should_rate_limit(request("api", vec![desc(&[("user", "ann")])]))
+        .await
+        .expect("answer")
+        .into_inner();
+    (
+        Code::try_from(r.overall_code).unwrap(),
+        r.statuses[0].limit_remaining,
+    )
+}
+
+/// `CACHE_KEY_PREFIX` starts every counter key: deployments on one Redis
+/// with different prefixes count apart, with the same prefix together.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cache_key_prefix_keeps_deployments_apart_on_one_redis() {
+    let redis = common::redis::Redis::start();
+    let dir = tempfile::tempdir().unwrap();
+    let root = one_an_hour(dir.path());
+    let address = format!("127.0.0.1:{}", redis.port);
+    let start = |name: &str, prefix: &str| {
+        let env = [
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", address.as_str()),
+            ("CACHE_KEY_PREFIX", prefix),
+        ];
+        ratelimit_with(&dir.path().join(name), &root, &env)
+    };
+    let team_a = start("a", "team-a:");
+    assert_eq!(ann(&team_a).await, (Code::Ok, 0));
+    let keys = redis.cli(&["KEYS", "*"]);
+    assert!(
+        keys.lines().any(|k| k.starts_with("team-a:divvy-rl:api")),
+        "no key with the prefix in {keys:?}"
+    );
+    let team_b = start("b", "team-b:");
+    assert_eq!(ann(&team_b).await, (Code::Ok, 0), "team-b counts apart");
+    let team_a_again = start("a-again", "team-a:");
+    assert_eq!(
+        ann(&team_a_again).await,
+        (Code::OverLimit, 0),
+        "the same prefix shares the counter"
+    );
 }

@@ -31,6 +31,9 @@ use crate::store::{Algorithm, Charge, CounterOp, CounterState};
 pub struct EnvoySettings {
     /// `SHADOW_MODE`: statuses kept, the overall code always OK.
     pub shadow_mode: bool,
+    /// `QUOTA_MODE`: every descriptor is a quota descriptor (the request is
+    /// over only when all of them are), as `quota_mode` makes one.
+    pub quota_mode: bool,
     /// `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`: nothing is charged when
     /// any descriptor is over its limit.
     pub all_or_nothing: bool,
@@ -43,6 +46,9 @@ pub struct EnvoySettings {
     /// `RESPONSE_DYNAMIC_METADATA`: the response carries the request and
     /// the metadata of the descriptors that passed.
     pub dynamic_metadata: bool,
+    /// `CACHE_KEY_PREFIX`: put in front of every counter key, so deployments
+    /// sharing one Redis count apart.
+    pub cache_key_prefix: String,
     /// Before any configuration is loaded, ShouldRateLimit is an error
     /// ("no rate limit configuration loaded"), as in envoyproxy/ratelimit;
     /// otherwise every descriptor gets "no limit".
@@ -72,6 +78,7 @@ impl EnvoySettings {
         let or = |name: &str, default: &str| set(name).unwrap_or_else(|| default.to_owned());
         EnvoySettings {
             shadow_mode: flag("SHADOW_MODE"),
+            quota_mode: flag("QUOTA_MODE"),
             all_or_nothing: flag("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT"),
             near_limit_ratio: set("NEAR_LIMIT_RATIO")
                 .and_then(|v| v.trim().parse::<f64>().ok())
@@ -85,6 +92,7 @@ impl EnvoySettings {
                 ]
             }),
             dynamic_metadata: flag("RESPONSE_DYNAMIC_METADATA"),
+            cache_key_prefix: set("CACHE_KEY_PREFIX").unwrap_or_default(),
             error_without_config: false,
         }
     }
@@ -121,7 +129,8 @@ pub struct EnvoyStatus {
 }
 
 impl EnvoyStatus {
-    fn no_limit() -> EnvoyStatus {
+    /// A descriptor no limit applies to: OK, with nothing else.
+    pub(crate) fn no_limit() -> EnvoyStatus {
         EnvoyStatus {
             over: false,
             current: None,
@@ -158,12 +167,14 @@ pub(super) struct Planned {
     path: Vec<(String, String)>,
 }
 
-/// The counter of a descriptor: the domain, each entry's key and value
-/// (bounded as in divvy's keys) with its length in front, so no choice of
-/// keys and values can spell another descriptor's counter, and the unit.
-fn counter_key(domain: &str, path: &[(String, String)], unit: EnvoyUnit) -> String {
+/// The counter of a descriptor: `prefix` (`CACHE_KEY_PREFIX`), the domain,
+/// each entry's key and value (bounded as in divvy's keys) with its length
+/// in front, so no choice of keys and values can spell another descriptor's
+/// counter, and the unit.
+fn counter_key(prefix: &str, domain: &str, path: &[(String, String)], unit: EnvoyUnit) -> String {
     use std::fmt::Write as _;
-    let mut key = String::with_capacity(16 + domain.len() + path.len() * 24);
+    let mut key = String::with_capacity(16 + prefix.len() + domain.len() + path.len() * 24);
+    key.push_str(prefix);
     key.push_str("divvy-rl:");
     key.push_str(domain);
     let mut part = String::new();
@@ -278,7 +289,7 @@ fn slot(
     let limit = u64::from(f.current.requests_per_unit) + u64::from(!settings.all_or_nothing);
     let op = (limit > 0).then(|| {
         let mut op = CounterOp::new(
-            counter_key(domain, &f.path, f.current.unit),
+            counter_key(&settings.cache_key_prefix, domain, &f.path, f.current.unit),
             Algorithm::Fixed,
             limit,
             Duration::from_secs(f.current.unit.seconds()),

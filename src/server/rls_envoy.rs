@@ -79,8 +79,11 @@ pub fn response(
         if s.unlimited {
             continue;
         }
+        // Under QUOTA_MODE a descriptor without a limit counts as a quota
+        // descriptor within its quota, as in envoyproxy/ratelimit.
+        let quota = s.quota || settings.quota_mode;
         if s.over {
-            if s.quota {
+            if quota {
                 quota_failed += 1;
             } else {
                 failed += 1;
@@ -89,7 +92,7 @@ pub fn response(
         } else {
             passed.push(i);
         }
-        if s.quota {
+        if quota {
             quota_total += 1;
         }
     }
@@ -371,5 +374,32 @@ mod tests {
         );
         let r = response(&request, &statuses, &settings, DeniedBody::None);
         assert!(r.raw_body.is_empty() && r.response_headers_to_add.is_empty());
+    }
+
+    /// QUOTA_MODE: over only when every counted descriptor is over; a
+    /// descriptor without a limit counts as within its quota.
+    #[test]
+    fn quota_mode_is_over_only_when_every_descriptor_is() {
+        let request = RateLimitRequest {
+            domain: "d".to_owned(),
+            descriptors: vec![descriptor(&["a"]), descriptor(&["b"])],
+            hits_addend: 0,
+        };
+        let code = |statuses: &[EnvoyStatus], quota_mode: bool| {
+            let settings = EnvoySettings {
+                quota_mode,
+                ..EnvoySettings::default()
+            };
+            response(&request, statuses, &settings, DeniedBody::None).overall_code
+        };
+        let (ok, over_limit) = (Code::Ok as i32, Code::OverLimit as i32);
+        let one_over = [over("", true), over("", false)];
+        assert_eq!(code(&one_over, false), over_limit);
+        assert_eq!(code(&one_over, true), ok);
+        let both_over = [over("", true), over("", true)];
+        assert_eq!(code(&both_over, true), over_limit);
+        let with_no_limit = [over("", true), EnvoyStatus::no_limit()];
+        assert_eq!(code(&with_no_limit, false), over_limit);
+        assert_eq!(code(&with_no_limit, true), ok);
     }
 }

@@ -599,3 +599,32 @@ fn sentinel_failover_is_followed() {
         .cli(&["INFO", "replication"])
         .contains("role:master"));
 }
+
+/// Sentinel nodes with a password of their own and a master with another:
+/// the URL's `sentinelPassword` reaches the Sentinel and its user password
+/// the master. Without `sentinelPassword` the master's password is offered
+/// to the Sentinel, which refuses it: the store is failing.
+#[test]
+fn a_sentinel_with_a_password_of_its_own() {
+    let master = Redis::start_with_password("master-pw");
+    let sentinel = Redis::sentinel_with_password(master.port, "mm", "master-pw", "sentinel+pw");
+    let url = format!(
+        "redis+sentinel://:master-pw@127.0.0.1:{}/mm?sentinelPassword=sentinel%2Bpw",
+        sentinel.port
+    );
+    let server = serve(Some(&url), &["--on-store-failure", "deny"]);
+    let mut c = Conn::open(&server);
+    assert_eq!(c.hit("HIT k=ten who=s"), "OK true 9 3600");
+    assert_eq!(master.cli(&["GET", "divvy:k=ten who=*:s:10:3600"]), "9");
+    let without = format!("redis+sentinel://:master-pw@127.0.0.1:{}/mm", sentinel.port);
+    let server = serve(
+        Some(&without),
+        &["--on-store-failure", "deny", "--redis-timeout-ms", "200"],
+    );
+    // Time enough to connect, were the credentials right (the first
+    // server answered from Redis at once).
+    std::thread::sleep(Duration::from_secs(1));
+    let mut c = Conn::open(&server);
+    assert!(!parse(&c.hit("HIT k=ten who=s")).0, "denied: no store");
+    assert_eq!(master.cli(&["GET", "divvy:k=ten who=*:s:10:3600"]), "9");
+}

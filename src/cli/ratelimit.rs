@@ -455,7 +455,8 @@ fn redis_args(env: &Env, args: &mut Vec<String>) -> Result<(), Unsupported> {
                     "Sentinel needs master,host:port[,host:port...]",
                 )
             })?;
-            format!("redis{s}+sentinel://{auth}{hosts}/{master}")
+            let query = sentinel_auth_query(env);
+            format!("redis{s}+sentinel://{auth}{hosts}/{master}{query}")
         }
         other => {
             return Err(unsupported(
@@ -491,11 +492,31 @@ pub const OVER_LIMIT_ENTRY_BYTES: u64 = 64;
 
 /// `user:pass` or a password alone, percent-encoded for a URL.
 fn percent_user_pass(auth: &str) -> String {
-    let enc = |s: &str| form_urlencoded::byte_serialize(s.as_bytes()).collect::<String>();
     match auth.split_once(':') {
-        Some((user, pass)) => format!("{}:{}", enc(user), enc(pass)),
-        None => format!(":{}", enc(auth)),
+        Some((user, pass)) => format!("{}:{}", encode(user), encode(pass)),
+        None => format!(":{}", encode(auth)),
     }
+}
+
+/// `REDIS_SENTINEL_AUTH` (`password` or `username:password`, the Sentinel
+/// nodes' own) as a Sentinel URL's query; empty when unset.
+fn sentinel_auth_query(env: &Env) -> String {
+    let Some(auth) = env.get("REDIS_SENTINEL_AUTH").filter(|v| !v.is_empty()) else {
+        return String::new();
+    };
+    match auth.split_once(':') {
+        Some((user, pass)) => format!(
+            "?sentinelUsername={}&sentinelPassword={}",
+            encode(user),
+            encode(pass)
+        ),
+        None => format!("?sentinelPassword={}", encode(auth)),
+    }
+}
+
+/// `text` percent-encoded for a URL: every byte but letters and digits.
+fn encode(text: &str) -> String {
+    percent_encoding::utf8_percent_encode(text, percent_encoding::NON_ALPHANUMERIC).to_string()
 }
 
 fn statsd_args(env: &Env, args: &mut Vec<String>) -> Result<(), Unsupported> {

@@ -76,6 +76,34 @@ fn files_and_redis_in_their_forms() {
     assert_eq!(value_of(&args, "--over-limit-cache"), Some("0"));
 }
 
+/// `REDIS_SENTINEL_AUTH`: the Sentinel nodes' own credentials, carried in
+/// the URL's query and read back exactly (a space, a plus and an at sign).
+#[test]
+fn redis_sentinel_auth_reaches_the_sentinel_credentials() {
+    let url_with = |auth: &'static str| {
+        let (args, _) = serve_args(&env(&[
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_TYPE", "SENTINEL"),
+            ("REDIS_URL", "mymaster,10.0.0.1:26379"),
+            ("REDIS_AUTH", "a b+c"),
+            ("REDIS_SENTINEL_AUTH", auth),
+        ]))
+        .expect("supported");
+        let url = value_of(&args, "--redis-url").expect("a URL").to_owned();
+        divvy::store::redis_url::parse_redis_url(&url, None).expect("parses")
+    };
+    let t = url_with("s p+w@d");
+    assert_eq!(t.password.as_deref(), Some("a b+c"));
+    assert_eq!(t.sentinel_credentials(), (None, Some("s p+w@d".into())));
+    let t = url_with("sentinel-user:pw");
+    assert_eq!(
+        t.sentinel_credentials(),
+        (Some("sentinel-user".into()), Some("pw".into()))
+    );
+    let t = url_with("");
+    assert_eq!(t.sentinel_credentials(), (None, Some("a b+c".into())));
+}
+
 #[test]
 fn local_cache_size_in_bytes_switches_the_over_limit_cache_on() {
     let redis = [("REDIS_SOCKET_TYPE", "tcp"), ("REDIS_URL", "redis:6379")];

@@ -3,11 +3,14 @@
 //! The forms are a contract:
 //! - `redis://[user:pass@]host:port[/db]` and `rediss://...` (TLS): one server;
 //! - `redis+cluster://[user:pass@]host:port[,host:port...]`: a Cluster, by seed nodes;
-//! - `redis+sentinel://[user:pass@]host:port[,host:port...]/<master-name>`: Sentinel.
+//! - `redis+sentinel://[user:pass@]host:port[,host:port...]/<master-name>`: Sentinel,
+//!   with `?sentinelUsername=...&sentinelPassword=...` when the Sentinel nodes
+//!   have credentials of their own (without them, the data nodes' are offered).
 //!
 //! `rediss+cluster://` and `rediss+sentinel://` add TLS. User and password
-//! may be percent-encoded. A password may instead come from `REDIS_PASSWORD`
-//! (the caller passes it in) so it stays out of command lines.
+//! may be percent-encoded (`@`, `?`, `&` and `%` in them must be). A password
+//! may instead come from `REDIS_PASSWORD` (the caller passes it in) so it
+//! stays out of command lines.
 
 use thiserror::Error;
 
@@ -55,6 +58,26 @@ pub struct RedisTarget {
     pub password: Option<String>,
     /// Whether to use TLS.
     pub tls: bool,
+    /// Sentinel's own ACL user name (`sentinelUsername`).
+    pub sentinel_username: Option<String>,
+    /// Sentinel's own password (`sentinelPassword`).
+    pub sentinel_password: Option<String>,
+}
+
+impl RedisTarget {
+    /// The user name and password to offer Sentinel nodes: their own when
+    /// the URL gives any, else the data nodes' (a Sentinel without a
+    /// password ignores them).
+    pub fn sentinel_credentials(&self) -> (Option<String>, Option<String>) {
+        if self.sentinel_username.is_some() || self.sentinel_password.is_some() {
+            (
+                self.sentinel_username.clone(),
+                self.sentinel_password.clone(),
+            )
+        } else {
+            (self.username.clone(), self.password.clone())
+        }
+    }
 }
 
 impl std::fmt::Debug for RedisTarget {
@@ -65,6 +88,11 @@ impl std::fmt::Debug for RedisTarget {
             .field("username", &self.username)
             .field("password", &self.password.as_ref().map(|_| "***"))
             .field("tls", &self.tls)
+            .field("sentinel_username", &self.sentinel_username)
+            .field(
+                "sentinel_password",
+                &self.sentinel_password.as_ref().map(|_| "***"),
+            )
             .finish()
     }
 }
@@ -107,6 +135,12 @@ pub fn parse_redis_url(
         Some((h, p)) => (h, Some(p)),
         None => (rest, None),
     };
+    // Only a Sentinel URL takes a query: its nodes' own credentials.
+    let (path, query) = match path.and_then(|p| p.split_once('?')) {
+        Some((p, q)) if kind == "sentinel" => (Some(p), Some(q)),
+        _ => (path, None),
+    };
+    let (sentinel_username, sentinel_password) = sentinel_query(query)?;
     let default_port = if kind == "sentinel" { 26379 } else { 6379 };
     let servers = hosts
         .split(',')
@@ -117,7 +151,29 @@ pub fn parse_redis_url(
         username,
         password,
         tls,
+        sentinel_username,
+        sentinel_password,
     })
+}
+
+/// `sentinelUsername` and `sentinelPassword` from a Sentinel URL's query
+/// (percent-decoded); any other parameter is refused.
+fn sentinel_query(query: Option<&str>) -> Result<(Option<String>, Option<String>), RedisUrlError> {
+    let (mut username, mut password) = (None, None);
+    for pair in query.into_iter().flat_map(|q| q.split('&')) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let value = Some(percent_decode(value)?).filter(|v| !v.is_empty());
+        match key {
+            "sentinelUsername" => username = value,
+            "sentinelPassword" => password = value,
+            _ => {
+                return Err(invalid(format!(
+                    "unknown parameter `{key}` (a Sentinel URL takes sentinelUsername and sentinelPassword)"
+                )))
+            }
+        }
+    }
+    Ok((username, password))
 }
 
 /// The user name and password of a URL's `userinfo` (percent-decoded);
@@ -294,6 +350,35 @@ mod tests {
             }
         );
         assert_eq!(t.password.as_deref(), Some("pw"));
+        assert_eq!(t.sentinel_credentials(), (None, Some("pw".into())));
+    }
+
+    #[test]
+    fn sentinel_credentials_of_their_own() {
+        let url = "redis+sentinel://:pw@s1/m?sentinelUsername=sen&sentinelPassword=p%40ss%2B%20x";
+        let t = parse_redis_url(url, None).unwrap();
+        assert_eq!(
+            t.topology,
+            Topology::Sentinel {
+                sentinels: vec![hp("s1", 26379)],
+                master: "m".into()
+            }
+        );
+        assert_eq!(t.password.as_deref(), Some("pw"));
+        assert_eq!(
+            t.sentinel_credentials(),
+            (Some("sen".into()), Some("p@ss+ x".into()))
+        );
+        assert!(!format!("{t:?}").contains("p@ss"), "{t:?}");
+        let t = parse_redis_url("redis+sentinel://s1/m?sentinelPassword=only", None).unwrap();
+        assert_eq!(t.sentinel_credentials(), (None, Some("only".into())));
+        for bad in [
+            "redis+sentinel://s1/m?password=x",
+            "redis+sentinel://s1/m?sentinelPassword=%zz",
+            "redis://h/0?sentinelPassword=x",
+        ] {
+            assert!(parse_redis_url(bad, None).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -30,7 +30,7 @@ pub struct Redis {
     /// Its port.
     pub port: u16,
     args: Vec<String>,
-    /// redis-cli's TLS options; empty for a plain server.
+    /// redis-cli's TLS and password options; empty for a plain server.
     tls_cli: Vec<String>,
     dir: PathBuf,
     _tmp: tempfile::TempDir,
@@ -40,6 +40,19 @@ impl Redis {
     /// A plain server with no persistence.
     pub fn start() -> Redis {
         Redis::start_with(&[])
+    }
+
+    /// A server that requires `password` (`requirepass`); its own `cli`
+    /// gives it.
+    pub fn start_with_password(password: &str) -> Redis {
+        for _ in 0..4 {
+            let mut r = Redis::unstarted(bus_free_port(), &["--requirepass", password]);
+            r.tls_cli = password_cli(password);
+            if r.try_spawn() {
+                return r;
+            }
+        }
+        panic!("redis-server with a password did not start");
     }
 
     /// A server with extra arguments.
@@ -154,16 +167,33 @@ impl Redis {
 
     /// A Sentinel watching `master_port` as `name`, quorum 1, quick failover.
     pub fn sentinel(master_port: u16, name: &str) -> Redis {
-        Redis::sentinel_conf(master_port, name, None)
+        Redis::sentinel_conf(master_port, name, None, None)
+    }
+
+    /// [`Redis::sentinel`] requiring `password` of its clients, reaching a
+    /// master that requires `master_password`.
+    pub fn sentinel_with_password(
+        master_port: u16,
+        name: &str,
+        master_password: &str,
+        password: &str,
+    ) -> Redis {
+        Redis::sentinel_conf(master_port, name, None, Some((master_password, password)))
     }
 
     /// [`Redis::sentinel`] speaking TLS only, to clients and to the master
     /// (see [`Redis::start_tls`]).
     pub fn sentinel_tls(master_port: u16, name: &str, certs: &Certs) -> Redis {
-        Redis::sentinel_conf(master_port, name, Some(certs))
+        Redis::sentinel_conf(master_port, name, Some(certs), None)
     }
 
-    fn sentinel_conf(master_port: u16, name: &str, certs: Option<&Certs>) -> Redis {
+    /// `passwords`: the master's and the Sentinel's own.
+    fn sentinel_conf(
+        master_port: u16,
+        name: &str,
+        certs: Option<&Certs>,
+        passwords: Option<(&str, &str)>,
+    ) -> Redis {
         let tmp = tempfile::tempdir().expect("temp dir");
         let port = free_port();
         let conf = tmp.path().join("sentinel.conf");
@@ -177,10 +207,16 @@ impl Redis {
                 c.ca.display()
             ),
         };
+        let auth = match passwords {
+            None => String::new(),
+            Some((master, own)) => {
+                format!("requirepass {own}\nsentinel auth-pass {name} {master}\n")
+            }
+        };
         std::fs::write(
             &conf,
             format!(
-                "{listen}bind 127.0.0.1\ndir {dir}\n\
+                "{listen}{auth}bind 127.0.0.1\ndir {dir}\n\
                  sentinel monitor {name} 127.0.0.1 {master_port} 1\n\
                  sentinel down-after-milliseconds {name} 1000\n\
                  sentinel failover-timeout {name} 3000\n\
@@ -193,7 +229,11 @@ impl Redis {
             child: None,
             port,
             args: vec![conf.display().to_string(), "--sentinel".into()],
-            tls_cli: certs.map(tls_cli).unwrap_or_default(),
+            tls_cli: match (certs, passwords) {
+                (Some(c), _) => tls_cli(c),
+                (None, Some((_, own))) => password_cli(own),
+                (None, None) => Vec::new(),
+            },
             dir: tmp.path().to_path_buf(),
             _tmp: tmp,
         };
@@ -288,6 +328,13 @@ impl Drop for Redis {
         self.resume();
         self.kill();
     }
+}
+
+/// redis-cli's options to give `password`.
+fn password_cli(password: &str) -> Vec<String> {
+    ["-a", password, "--no-auth-warning"]
+        .map(str::to_owned)
+        .to_vec()
 }
 
 /// redis-cli's options to reach a TLS server of `certs` (with the client

@@ -11,10 +11,15 @@ pub(super) fn fred_config(options: &RedisOptions) -> Result<Config, StoreError> 
             hosts: seeds.iter().map(server).collect(),
             policy: ClusterDiscoveryPolicy::default(),
         },
-        Topology::Sentinel { sentinels, master } => ServerConfig::Sentinel {
-            hosts: sentinels.iter().map(server).collect(),
-            service_name: master.clone(),
-        },
+        Topology::Sentinel { sentinels, master } => {
+            let (username, password) = t.sentinel_credentials();
+            ServerConfig::Sentinel {
+                hosts: sentinels.iter().map(server).collect(),
+                service_name: master.clone(),
+                username,
+                password,
+            }
+        }
     };
     let tls = if t.tls {
         let config = match &options.tls {

@@ -411,3 +411,47 @@ async fn cache_key_prefix_keeps_deployments_apart_on_one_redis() {
         "the same prefix shares the counter"
     );
 }
+
+/// envoyproxy/ratelimit's deploy: `RUNTIME_ROOT` is a symlink swapped to a
+/// new directory. The swap is noticed without a signal, and so is an edit
+/// in the new directory afterwards (the watch follows the swap).
+#[test]
+fn a_swap_of_the_runtime_root_symlink_reloads() {
+    let dir = tempfile::tempdir().unwrap();
+    let version = |name: &str, per_hour: u32| {
+        let config = dir.path().join(name).join("ratelimit/config");
+        std::fs::create_dir_all(&config).unwrap();
+        let yaml = format!(
+            "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {{unit: hour, requests_per_unit: {per_hour}}}\n"
+        );
+        let tmp = config.join(".api.yaml.tmp");
+        std::fs::write(&tmp, yaml).unwrap();
+        std::fs::rename(&tmp, config.join("api.yaml")).unwrap();
+    };
+    let current = dir.path().join("current");
+    version("v1", 1);
+    std::os::unix::fs::symlink("v1", &current).unwrap();
+    let server = ratelimit_with(&dir.path().join("bin"), &current, &[]);
+    let limit_becomes = |per_hour: u32| {
+        let want = format!("api.user: unit=HOUR requests_per_unit={per_hour},");
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let (_, text) = server.http("GET", "/rlconfig", "");
+            if text.contains(&want) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "no `{want}` in:\n{text}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    limit_becomes(1);
+    // Past the second look at the files a start takes (debounced, at most 1 s).
+    std::thread::sleep(Duration::from_millis(1500));
+    version("v2", 5);
+    let next = dir.path().join("current.next");
+    std::os::unix::fs::symlink("v2", &next).unwrap();
+    std::fs::rename(&next, &current).unwrap();
+    limit_becomes(5);
+    version("v2", 7);
+    limit_becomes(7);
+}

@@ -237,10 +237,11 @@ impl Reloader {
         // The file may have changed between the first load and the watcher
         // starting: look once more (free when the content is the same).
         let _ = tx.try_send(());
+        let tx_watch = tx.clone();
         spawn_sighup(tx);
         tokio::spawn(async move {
             // Keep the watcher alive as long as this task.
-            let _watcher = watcher;
+            let mut watcher = watcher;
             while rx.recv().await.is_some() {
                 // Debounce: wait until events stop for DEBOUNCE, but never
                 // longer than MAX_DEBOUNCE in all.
@@ -257,10 +258,22 @@ impl Reloader {
                         Err(_) => break,
                     }
                 }
+                // Watch afresh before reading: after a symlink swap the old
+                // watch still follows the directory it replaced.
+                if watcher.is_some() {
+                    watcher = rewatch(&path, &tx_watch).or(watcher);
+                }
                 let _ = self.reload().await;
             }
         })
     }
+}
+
+/// A new watcher of `path`; `None` (and the error logged) when it cannot start.
+fn rewatch(path: &Path, tx: &mpsc::Sender<()>) -> Option<notify::RecommendedWatcher> {
+    watch_dir(path, tx.clone())
+        .inspect_err(|e| tracing::warn!("cannot watch {} afresh ({e})", path.display()))
+        .ok()
 }
 
 /// Loads a policy (file or directory) and hashes what it was loaded from.
@@ -311,6 +324,8 @@ fn watch_dir(path: &Path, tx: mpsc::Sender<()>) -> notify::Result<notify::Recomm
         _ => PathBuf::from("."),
     };
     let name = path.file_name().map(|n| n.to_os_string());
+    let links = linked_ancestors(&dir);
+    let link_paths = links.clone();
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
         // Changes to the file itself (written, renamed over, deleted,
         // recreated) or to the ConfigMap's `..data` symlink; never mere
@@ -326,12 +341,34 @@ fn watch_dir(path: &Path, tx: mpsc::Sender<()>) -> notify::Result<notify::Recomm
                     Some(f) == name.as_deref() || f.to_string_lossy().starts_with("..data")
                 })
             });
-        if ours {
+        // A symlink on the way to the policy swapped to a new target.
+        let swapped = event.paths.iter().any(|p| link_paths.contains(p));
+        if ours || swapped {
             let _ = tx.try_send(());
         }
     })?;
     watcher.watch(&dir, RecursiveMode::NonRecursive)?;
+    for link in &links {
+        match link.parent() {
+            Some(parent) if parent != dir && !parent.as_os_str().is_empty() => {
+                watcher.watch(parent, RecursiveMode::NonRecursive)?;
+            }
+            _ => {}
+        }
+    }
     Ok(watcher)
+}
+
+/// `dir` and its ancestors that are symlinks (envoyproxy/ratelimit's
+/// `RUNTIME_ROOT`, `/srv/runtime_data/current`, is one, swapped to a new
+/// directory on each deploy). A watch follows the directory a link named
+/// when it began, so a swap is seen only by watching the link's parent.
+fn linked_ancestors(dir: &Path) -> Vec<PathBuf> {
+    dir.ancestors()
+        .filter(|a| !a.as_os_str().is_empty())
+        .filter(|a| std::fs::symlink_metadata(a).is_ok_and(|m| m.file_type().is_symlink()))
+        .map(Path::to_path_buf)
+        .collect()
 }
 
 #[cfg(unix)]

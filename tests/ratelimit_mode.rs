@@ -306,11 +306,12 @@ fn one_an_hour(dir: &Path) -> std::path::PathBuf {
 }
 
 /// `ratelimit` mode on the policy under `root` with `envs` added; `dir`
-/// holds the binary's link (one per process).
+/// holds the binary's link (one per process) and is its working directory.
 fn ratelimit_with(dir: &Path, root: &Path, envs: &[(&str, &str)]) -> Server {
     std::fs::create_dir_all(dir).unwrap();
     let mut command = common::as_ratelimit(dir);
     command
+        .current_dir(dir)
         .envs(common::RATELIMIT_ON_LOOPBACK)
         .envs([
             ("RUNTIME_ROOT", root.to_str().unwrap()),
@@ -414,7 +415,8 @@ async fn cache_key_prefix_keeps_deployments_apart_on_one_redis() {
 
 /// envoyproxy/ratelimit's deploy: `RUNTIME_ROOT` is a symlink swapped to a
 /// new directory. The swap is noticed without a signal, and so is an edit
-/// in the new directory afterwards (the watch follows the swap).
+/// in the new directory afterwards (the watch follows the swap). The root
+/// is given relative to the working directory, as a link one level deep.
 #[test]
 fn a_swap_of_the_runtime_root_symlink_reloads() {
     let dir = tempfile::tempdir().unwrap();
@@ -431,7 +433,8 @@ fn a_swap_of_the_runtime_root_symlink_reloads() {
     let current = dir.path().join("current");
     version("v1", 1);
     std::os::unix::fs::symlink("v1", &current).unwrap();
-    let server = ratelimit_with(&dir.path().join("bin"), &current, &[]);
+    // A relative RUNTIME_ROOT, from the working directory.
+    let server = ratelimit_with(dir.path(), Path::new("current"), &[]);
     let limit_becomes = |per_hour: u32| {
         let want = format!("api.user: unit=HOUR requests_per_unit={per_hour},");
         let deadline = Instant::now() + Duration::from_secs(15);

@@ -607,7 +607,8 @@ fn sentinel_failover_is_followed() {
 #[test]
 fn a_sentinel_with_a_password_of_its_own() {
     let master = Redis::start_with_password("master-pw");
-    let sentinel = Redis::sentinel_with_password(master.port, "mm", "master-pw", "sentinel+pw");
+    let sentinel =
+        Redis::sentinel_with_password(master.port, "mm", "master-pw", Some("sentinel+pw"));
     let url = format!(
         "redis+sentinel://:master-pw@127.0.0.1:{}/mm?sentinelPassword=sentinel%2Bpw",
         sentinel.port
@@ -626,5 +627,19 @@ fn a_sentinel_with_a_password_of_its_own() {
     std::thread::sleep(Duration::from_secs(1));
     let mut c = Conn::open(&server);
     assert!(!parse(&c.hit("HIT k=ten who=s")).0, "denied: no store");
+    assert_eq!(master.cli(&["GET", "divvy:k=ten who=*:s:10:3600"]), "9");
+}
+
+/// The common layout: a master with a password behind Sentinels without
+/// one. The URL's password is offered to the Sentinel too, which refuses it;
+/// the client goes on unauthenticated there and reaches the master.
+#[test]
+fn an_open_sentinel_in_front_of_a_master_with_a_password() {
+    let master = Redis::start_with_password("master-pw");
+    let sentinel = Redis::sentinel_with_password(master.port, "mm", "master-pw", None);
+    let url = format!("redis+sentinel://:master-pw@127.0.0.1:{}/mm", sentinel.port);
+    let server = serve(Some(&url), &["--on-store-failure", "deny"]);
+    let mut c = Conn::open(&server);
+    assert_eq!(c.hit("HIT k=ten who=s"), "OK true 9 3600");
     assert_eq!(master.cli(&["GET", "divvy:k=ten who=*:s:10:3600"]), "9");
 }

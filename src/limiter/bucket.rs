@@ -123,10 +123,12 @@ fn burst_of(limit: &LimitSpec) -> u64 {
     }
 }
 
-/// The limit an envoyproxy/ratelimit tree gives one descriptor.
+/// The limit an envoyproxy/ratelimit tree gives one descriptor; its key
+/// starts with `prefix` (`CACHE_KEY_PREFIX`).
 pub(super) fn tree_limit(
     tree: &crate::rules::descriptor_tree::DomainTree,
     entries: &[(&str, &str)],
+    prefix: &str,
 ) -> BucketLimit {
     let Some(m) = tree.find(entries) else {
         return BucketLimit::NoLimit;
@@ -151,7 +153,7 @@ pub(super) fn tree_limit(
     let unit = limit
         .unit
         .unwrap_or(crate::config::envoy_ratelimit::EnvoyUnit::Second);
-    let mut key = format!("divvy-rl:{}", tree.domain());
+    let mut key = format!("{prefix}divvy-rl:{}", tree.domain());
     for (k, v) in &m.counter_path {
         key.push(':');
         crate::rules::bounded::push_value(&mut key, k);

@@ -388,7 +388,7 @@ impl<'r> Engine<'r> for Tree<'_> {
     }
 
     fn bucket(&self, _domain: &str, entries: &[(&str, &str)]) -> BucketLimit {
-        bucket::tree_limit(self.tree, entries)
+        bucket::tree_limit(self.tree, entries, &self.settings.cache_key_prefix)
     }
 }
 

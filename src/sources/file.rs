@@ -317,15 +317,18 @@ fn read_hashed(path: &Path) -> Result<(Vec<config::SourceFile>, String), config:
 }
 
 fn watch_dir(path: &Path, tx: mpsc::Sender<()>) -> notify::Result<notify::RecommendedWatcher> {
+    // Absolute, symlinks kept: the links found below and the paths events
+    // carry are then in one form.
+    let path = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
     let whole_dir = path.is_dir();
     let dir = match path.parent() {
-        _ if whole_dir => path.to_path_buf(),
+        _ if whole_dir => path.clone(),
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => PathBuf::from("."),
     };
     let name = path.file_name().map(|n| n.to_os_string());
     let links = linked_ancestors(&dir);
-    let link_paths = links.clone();
+    let (watched, link_paths) = (dir.clone(), links.clone());
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
         // Changes to the file itself (written, renamed over, deleted,
         // recreated) or to the ConfigMap's `..data` symlink; never mere
@@ -334,12 +337,16 @@ fn watch_dir(path: &Path, tx: mpsc::Sender<()>) -> notify::Result<notify::Recomm
         if matches!(event.kind, notify::EventKind::Access(_)) {
             return;
         }
-        // A directory: any file in it added, changed or removed.
-        let ours = whole_dir
+        // Events dropped by the kernel come without paths: look again.
+        let ours = event.paths.is_empty()
             || event.paths.iter().any(|p| {
-                p.file_name().is_some_and(|f| {
-                    Some(f) == name.as_deref() || f.to_string_lossy().starts_with("..data")
-                })
+                let in_dir = p.parent() == Some(watched.as_path()) || *p == watched;
+                // A directory: any file in it added, changed or removed.
+                in_dir
+                    && (whole_dir
+                        || p.file_name().is_some_and(|f| {
+                            Some(f) == name.as_deref() || f.to_string_lossy().starts_with("..data")
+                        }))
             });
         // A symlink on the way to the policy swapped to a new target.
         let swapped = event.paths.iter().any(|p| link_paths.contains(p));
@@ -348,12 +355,16 @@ fn watch_dir(path: &Path, tx: mpsc::Sender<()>) -> notify::Result<notify::Recomm
         }
     })?;
     watcher.watch(&dir, RecursiveMode::NonRecursive)?;
-    for link in &links {
-        match link.parent() {
-            Some(parent) if parent != dir && !parent.as_os_str().is_empty() => {
-                watcher.watch(parent, RecursiveMode::NonRecursive)?;
-            }
-            _ => {}
+    for parent in links.iter().filter_map(|l| l.parent()) {
+        if parent == dir {
+            continue;
+        }
+        // Without it a swap goes unseen, but edits in place still reload.
+        if let Err(e) = watcher.watch(parent, RecursiveMode::NonRecursive) {
+            tracing::warn!(
+                "cannot watch {} for a swap of the symlink in it ({e}); reload with SIGHUP after one",
+                parent.display()
+            );
         }
     }
     Ok(watcher)

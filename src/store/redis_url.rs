@@ -8,7 +8,8 @@
 //!   have credentials of their own (without them, the data nodes' are offered).
 //!
 //! `rediss+cluster://` and `rediss+sentinel://` add TLS. User and password
-//! may be percent-encoded (`@`, `?`, `&` and `%` in them must be). A password
+//! may be percent-encoded (a `:` in the user name, and any `%` or `?`, must
+//! be); the query's values are form-encoded (`+` is a space). A password
 //! may instead come from `REDIS_PASSWORD` (the caller passes it in) so it
 //! stays out of command lines.
 
@@ -67,7 +68,7 @@ pub struct RedisTarget {
 impl RedisTarget {
     /// The user name and password to offer Sentinel nodes: their own when
     /// the URL gives any, else the data nodes' (a Sentinel without a
-    /// password ignores them).
+    /// password refuses them, and the client carries on unauthenticated).
     pub fn sentinel_credentials(&self) -> (Option<String>, Option<String>) {
         if self.sentinel_username.is_some() || self.sentinel_password.is_some() {
             (
@@ -131,16 +132,20 @@ pub fn parse_redis_url(
         None => (None, rest),
     };
     let (username, password) = credentials(userinfo, password_env)?;
+    // Only a Sentinel URL takes a query (its nodes' own credentials); it is
+    // never repeated in an error, since it may hold a password.
+    let (rest, query) = match rest.split_once('?') {
+        Some(_) if kind != "sentinel" => {
+            return Err(invalid("only a Sentinel URL takes a query"));
+        }
+        Some((r, q)) => (r, Some(q)),
+        None => (rest, None),
+    };
+    let (sentinel_username, sentinel_password) = sentinel_query(query)?;
     let (hosts, path) = match rest.split_once('/') {
         Some((h, p)) => (h, Some(p)),
         None => (rest, None),
     };
-    // Only a Sentinel URL takes a query: its nodes' own credentials.
-    let (path, query) = match path.and_then(|p| p.split_once('?')) {
-        Some((p, q)) if kind == "sentinel" => (Some(p), Some(q)),
-        _ => (path, None),
-    };
-    let (sentinel_username, sentinel_password) = sentinel_query(query)?;
     let default_port = if kind == "sentinel" { 26379 } else { 6379 };
     let servers = hosts
         .split(',')
@@ -157,19 +162,22 @@ pub fn parse_redis_url(
 }
 
 /// `sentinelUsername` and `sentinelPassword` from a Sentinel URL's query
-/// (percent-decoded); any other parameter is refused.
+/// (form-decoded: `+` is a space, as fred reads the same parameters); any
+/// other parameter is refused.
 fn sentinel_query(query: Option<&str>) -> Result<(Option<String>, Option<String>), RedisUrlError> {
     let (mut username, mut password) = (None, None);
     for pair in query.into_iter().flat_map(|q| q.split('&')) {
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-        let value = Some(percent_decode(value)?).filter(|v| !v.is_empty());
+        let value = percent_decode(&value.replace('+', " "))
+            .map_err(|_| invalid("bad percent-encoding in the Sentinel credentials"))?;
+        let value = Some(value).filter(|v| !v.is_empty());
         match key {
             "sentinelUsername" => username = value,
             "sentinelPassword" => password = value,
             _ => {
-                return Err(invalid(format!(
-                    "unknown parameter `{key}` (a Sentinel URL takes sentinelUsername and sentinelPassword)"
-                )))
+                return Err(invalid(
+                    "a Sentinel URL's query takes sentinelUsername and sentinelPassword only",
+                ))
             }
         }
     }
@@ -355,7 +363,7 @@ mod tests {
 
     #[test]
     fn sentinel_credentials_of_their_own() {
-        let url = "redis+sentinel://:pw@s1/m?sentinelUsername=sen&sentinelPassword=p%40ss%2B%20x";
+        let url = "redis+sentinel://:pw@s1/m?sentinelUsername=sen&sentinelPassword=p%40ss%2B+x";
         let t = parse_redis_url(url, None).unwrap();
         assert_eq!(
             t.topology,
@@ -373,11 +381,14 @@ mod tests {
         let t = parse_redis_url("redis+sentinel://s1/m?sentinelPassword=only", None).unwrap();
         assert_eq!(t.sentinel_credentials(), (None, Some("only".into())));
         for bad in [
-            "redis+sentinel://s1/m?password=x",
-            "redis+sentinel://s1/m?sentinelPassword=%zz",
-            "redis://h/0?sentinelPassword=x",
+            "redis+sentinel://s1/m?password=secret",
+            "redis+sentinel://s1/m?sentinelPassword=%zzsecret",
+            "redis+sentinel://s1:26379?sentinelPassword=secret",
+            "redis://h/0?sentinelPassword=secret",
+            "redis+cluster://h?sentinelPassword=secret",
         ] {
-            assert!(parse_redis_url(bad, None).is_err(), "{bad}");
+            let e = parse_redis_url(bad, None).expect_err(bad).to_string();
+            assert!(!e.contains("secret"), "{bad}: the error repeats it: {e}");
         }
     }
 

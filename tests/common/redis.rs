@@ -170,13 +170,13 @@ impl Redis {
         Redis::sentinel_conf(master_port, name, None, None)
     }
 
-    /// [`Redis::sentinel`] requiring `password` of its clients, reaching a
-    /// master that requires `master_password`.
+    /// [`Redis::sentinel`] reaching a master that requires
+    /// `master_password`, and requiring `password` of its clients if given.
     pub fn sentinel_with_password(
         master_port: u16,
         name: &str,
         master_password: &str,
-        password: &str,
+        password: Option<&str>,
     ) -> Redis {
         Redis::sentinel_conf(master_port, name, None, Some((master_password, password)))
     }
@@ -187,12 +187,12 @@ impl Redis {
         Redis::sentinel_conf(master_port, name, Some(certs), None)
     }
 
-    /// `passwords`: the master's and the Sentinel's own.
+    /// `passwords`: the master's and the Sentinel's own, if any.
     fn sentinel_conf(
         master_port: u16,
         name: &str,
         certs: Option<&Certs>,
-        passwords: Option<(&str, &str)>,
+        passwords: Option<(&str, Option<&str>)>,
     ) -> Redis {
         let tmp = tempfile::tempdir().expect("temp dir");
         let port = free_port();
@@ -210,7 +210,11 @@ impl Redis {
         let auth = match passwords {
             None => String::new(),
             Some((master, own)) => {
-                format!("requirepass {own}\nsentinel auth-pass {name} {master}\n")
+                let own = own.map(|p| format!("requirepass {p}\n"));
+                format!(
+                    "{}sentinel auth-pass {name} {master}\n",
+                    own.unwrap_or_default()
+                )
             }
         };
         std::fs::write(
@@ -231,8 +235,8 @@ impl Redis {
             args: vec![conf.display().to_string(), "--sentinel".into()],
             tls_cli: match (certs, passwords) {
                 (Some(c), _) => tls_cli(c),
-                (None, Some((_, own))) => password_cli(own),
-                (None, None) => Vec::new(),
+                (None, Some((_, Some(own)))) => password_cli(own),
+                (None, _) => Vec::new(),
             },
             dir: tmp.path().to_path_buf(),
             _tmp: tmp,

@@ -212,14 +212,7 @@ fn a_setting_divvy_cannot_honour_stops_the_start_naming_its_variable() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prometheus_mapper_yaml_renames_the_series() {
     let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().join("data");
-    let config = root.join("ratelimit/config");
-    std::fs::create_dir_all(&config).unwrap();
-    std::fs::write(
-        config.join("api.yaml"),
-        "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 1}\n",
-    )
-    .unwrap();
+    let root = one_an_hour(dir.path());
     let mapper = dir.path().join("mapper.yaml");
     std::fs::write(
         &mapper,

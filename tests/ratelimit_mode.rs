@@ -451,3 +451,39 @@ fn a_swap_of_the_runtime_root_symlink_reloads() {
     version("v2", 7);
     limit_becomes(7);
 }
+
+/// A configuration directory with no file yet (an empty ConfigMap) starts
+/// the service, as envoyproxy/ratelimit starts, instead of stopping it:
+/// unready, calls answered with their "no rate limit configuration loaded",
+/// until a file appears and is loaded without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_configuration_directory_waits_for_its_first_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("data");
+    let config = root.join("ratelimit/config");
+    std::fs::create_dir_all(&config).unwrap();
+    let server = ratelimit_with(&dir.path().join("bin"), &root, &[]);
+    let (status, body) = server.http("GET", "/readyz", "");
+    assert_eq!(status, 503, "{body}");
+    let mut client = server.client().await;
+    let ask = || request("api", vec![desc(&[("user", "ann")])]);
+    let err = client
+        .should_rate_limit(ask())
+        .await
+        .expect_err("no configuration yet");
+    assert!(
+        err.message().contains("no rate limit configuration loaded"),
+        "{err:?}"
+    );
+    one_an_hour(dir.path());
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let limit = loop {
+        if let Ok(r) = client.should_rate_limit(ask()).await {
+            break r.into_inner().statuses[0].current_limit.clone();
+        }
+        assert!(Instant::now() < deadline, "the new file was not loaded");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(limit.map(|l| l.requests_per_unit), Some(1));
+    assert_eq!(server.http("GET", "/readyz", "").0, 200);
+}

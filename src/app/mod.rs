@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
 use crate::config::Policy;
 use crate::coord::Coordination;
@@ -87,6 +87,10 @@ impl App {
     pub async fn build(settings: Settings) -> Result<App, AppError> {
         listeners::validate_metrics_path(&settings.metrics_path)?;
         let (policy, hash) = match &settings.config {
+            Some(path) if settings.config_may_start_empty && empty_dir(path) => {
+                warn!(dir = %path.display(), "no policy file yet: serving without a configuration until one appears");
+                (crate::config::no_policy()?, String::new())
+            }
             Some(path) => crate::sources::file::load_with_hash(path)?,
             None => (crate::config::no_policy()?, String::new()),
         };
@@ -206,6 +210,11 @@ const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(15);
 /// The store, the knobs (refreshed from the start), the limiter, global
 /// leases, and the agreement on the actor-hash key; with the coordination
 /// handle of the counters' Redis, which governors and RLQS share.
+/// Whether `path` is a directory that holds no policy file yet.
+fn empty_dir(path: &std::path::Path) -> bool {
+    path.is_dir() && crate::config::policy_files(path).is_ok_and(|f| f.is_empty())
+}
+
 async fn build_limiter(
     s: &Settings,
     policy: &Policy,

@@ -28,6 +28,10 @@ pub struct Settings {
     pub replica: String,
     /// The policy file or directory (`None`: no policy; xDS domains alone).
     pub config: Option<PathBuf>,
+    /// A policy directory with no file yet starts the service with no
+    /// configuration, loaded once files appear (ratelimit mode, as
+    /// envoyproxy/ratelimit starts); otherwise it stops the start.
+    pub config_may_start_empty: bool,
     /// Watch the policy file for changes (SIGHUP reloads it either way).
     pub watch: bool,
     /// The Envoy RateLimitService's (gRPC) address.
@@ -153,6 +157,7 @@ impl Default for Settings {
         Settings {
             replica: format!("localhost:{}", std::process::id()),
             config: None,
+            config_may_start_empty: false,
             watch: true,
             grpc_addr: any(8081),
             line_addr: any(8321),

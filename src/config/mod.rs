@@ -114,6 +114,26 @@ pub struct SourceFile {
     pub bytes: Vec<u8>,
 }
 
+/// The policy files of directory `dir`, sorted: `*.yaml` and `*.yml`
+/// files whose names do not start with a dot.
+pub fn policy_files(dir: &Path) -> std::io::Result<Vec<std::path::PathBuf>> {
+    let mut names: Vec<std::path::PathBuf> = std::fs::read_dir(dir)?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| {
+            let name = p.file_name().map(|n| n.to_string_lossy().into_owned());
+            name.is_some_and(|n| !n.starts_with('.'))
+                && matches!(
+                    p.extension().and_then(|e| e.to_str()),
+                    Some("yaml") | Some("yml")
+                )
+                && p.is_file()
+        })
+        .collect();
+    names.sort();
+    Ok(names)
+}
+
 /// Reads the config at `path`: the file, or every `*.yaml` / `*.yml` file
 /// directly in the directory, sorted by name (names starting with `.` are
 /// skipped, so a Kubernetes ConfigMap mount's `..data` entries are not
@@ -130,21 +150,7 @@ pub fn read_source(path: &Path) -> Result<Vec<SourceFile>, ConfigError> {
             bytes,
         }]);
     }
-    let mut names: Vec<std::path::PathBuf> = std::fs::read_dir(path)
-        .map_err(|e| read_err(path, e))?
-        .filter_map(Result::ok)
-        .map(|e| e.path())
-        .filter(|p| {
-            let name = p.file_name().map(|n| n.to_string_lossy().into_owned());
-            name.is_some_and(|n| !n.starts_with('.'))
-                && matches!(
-                    p.extension().and_then(|e| e.to_str()),
-                    Some("yaml") | Some("yml")
-                )
-                && p.is_file()
-        })
-        .collect();
-    names.sort();
+    let names = policy_files(path).map_err(|e| read_err(path, e))?;
     if names.is_empty() {
         return Err(ConfigError::Syntax {
             file: path.display().to_string(),

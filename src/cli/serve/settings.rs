@@ -70,6 +70,7 @@ pub(super) fn settings(args: &ServeArgs) -> anyhow::Result<Settings> {
         ready_requires_store: args.ready_requires_store,
         grpc_reflection: args.grpc_reflection,
         healthy_needs_config: mode.is_some_and(|m| m.healthy_needs_config),
+        config_may_start_empty: mode.is_some(),
         wait_for_xds: mode.is_some_and(|m| !m.force_start),
         ready_awaits_xds: mode.is_none(),
         shutdown_delay: Duration::from_secs(args.shutdown_delay_seconds),

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use tracing::{error, info, warn};
 
-use crate::config::Policy;
+use crate::config::{ConfigError, Policy};
 use crate::coord::Coordination;
 use crate::fair::FairShares;
 use crate::governor::Governors;
@@ -26,7 +26,7 @@ use crate::limiter::Limiter;
 use crate::rules::RuleSet;
 use crate::server::admin::AdminState;
 use crate::server::readiness::Readiness;
-use crate::sources::file::Reloader;
+use crate::sources::file::{load_with_hash, Reloader};
 use crate::sources::{xds, zookeeper, RuleSources};
 use listeners::Listeners;
 
@@ -86,12 +86,12 @@ impl App {
     /// sources and background tasks, and binds the three listeners.
     pub async fn build(settings: Settings) -> Result<App, AppError> {
         listeners::validate_metrics_path(&settings.metrics_path)?;
-        let (policy, hash) = match &settings.config {
-            Some(path) if settings.config_may_start_empty && empty_dir(path) => {
-                warn!(dir = %path.display(), "no policy file yet: serving without a configuration until one appears");
+        let (policy, hash) = match settings.config.as_deref().map(load_with_hash) {
+            Some(Err(ConfigError::NoPolicyFiles { dir })) if settings.config_may_start_empty => {
+                warn!(%dir, "no policy file yet: serving without a configuration until one appears");
                 (crate::config::no_policy()?, String::new())
             }
-            Some(path) => crate::sources::file::load_with_hash(path)?,
+            Some(loaded) => loaded?,
             None => (crate::config::no_policy()?, String::new()),
         };
         info!(rules = policy.rules.len(), source = %policy.source, "policy loaded");
@@ -210,11 +210,6 @@ const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(15);
 /// The store, the knobs (refreshed from the start), the limiter, global
 /// leases, and the agreement on the actor-hash key; with the coordination
 /// handle of the counters' Redis, which governors and RLQS share.
-/// Whether `path` is a directory that holds no policy file yet.
-fn empty_dir(path: &std::path::Path) -> bool {
-    path.is_dir() && crate::config::policy_files(path).is_ok_and(|f| f.is_empty())
-}
-
 async fn build_limiter(
     s: &Settings,
     policy: &Policy,

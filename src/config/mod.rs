@@ -78,6 +78,12 @@ pub enum ConfigError {
         /// Where and what, e.g. `line 4: unknown field ...`.
         message: String,
     },
+    /// A policy directory holds no policy file (yet).
+    #[error("{dir}: the directory holds no *.yaml or *.yml file")]
+    NoPolicyFiles {
+        /// The directory.
+        dir: String,
+    },
     /// The rules parsed but break the rules of the schema.
     #[error("{}", Problems { file, problems })]
     Invalid {
@@ -116,7 +122,7 @@ pub struct SourceFile {
 
 /// The policy files of directory `dir`, sorted: `*.yaml` and `*.yml`
 /// files whose names do not start with a dot.
-pub fn policy_files(dir: &Path) -> std::io::Result<Vec<std::path::PathBuf>> {
+fn policy_files(dir: &Path) -> std::io::Result<Vec<std::path::PathBuf>> {
     let mut names: Vec<std::path::PathBuf> = std::fs::read_dir(dir)?
         .filter_map(Result::ok)
         .map(|e| e.path())
@@ -152,9 +158,8 @@ pub fn read_source(path: &Path) -> Result<Vec<SourceFile>, ConfigError> {
     }
     let names = policy_files(path).map_err(|e| read_err(path, e))?;
     if names.is_empty() {
-        return Err(ConfigError::Syntax {
-            file: path.display().to_string(),
-            message: "the directory holds no *.yaml or *.yml file".to_owned(),
+        return Err(ConfigError::NoPolicyFiles {
+            dir: path.display().to_string(),
         });
     }
     names

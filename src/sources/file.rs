@@ -322,9 +322,8 @@ fn watch_dir(path: &Path, tx: mpsc::Sender<()>) -> notify::Result<notify::Recomm
     let path = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
     let whole_dir = path.is_dir();
     let dir = match path.parent() {
-        _ if whole_dir => path.clone(),
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => PathBuf::from("."),
+        Some(d) if !whole_dir => d.to_path_buf(),
+        _ => path.clone(),
     };
     let name = path.file_name().map(|n| n.to_os_string());
     let links = linked_ancestors(&dir);

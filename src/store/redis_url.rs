@@ -8,8 +8,8 @@
 //!   have credentials of their own (without them, the data nodes' are offered).
 //!
 //! `rediss+cluster://` and `rediss+sentinel://` add TLS. User and password
-//! may be percent-encoded (a `:` in the user name, and any `%` or `?`, must
-//! be); the query's values are form-encoded (`+` is a space). A password
+//! may be percent-encoded (a `:` in the user name and any `%` must be); the
+//! query's values are form-encoded (`+` is a space). A password
 //! may instead come from `REDIS_PASSWORD` (the caller passes it in) so it
 //! stays out of command lines.
 
@@ -338,6 +338,10 @@ mod tests {
         let t = parse_redis_url("redis://:urlpw@localhost", Some("envpw".into())).unwrap();
         assert_eq!(t.password.as_deref(), Some("urlpw"));
         assert!(!format!("{t:?}").contains("urlpw"));
+        // `?` and `@` in a password need no encoding: the last `@` ends it.
+        let t = parse_redis_url("redis+sentinel://:p?w@d@h/m?sentinelPassword=s", None).unwrap();
+        assert_eq!(t.password.as_deref(), Some("p?w@d"));
+        assert_eq!(t.sentinel_password.as_deref(), Some("s"));
     }
 
     #[test]
